@@ -1,0 +1,1 @@
+"""Drafters: anything that proposes a draft tree for the target to verify."""

@@ -1,0 +1,41 @@
+"""The drafter protocol.
+
+A drafter proposes a `DraftTree` per sequence and then follows the committed prefix. It never
+changes what is committed: the verifier decides that, exactly. Drafters keep their own state
+(an index over the text so far, a draft model's KV cache) and `update` rolls it to the committed
+prefix after each round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from ..spec.types import DraftTree, VerifyResult
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much to draft this round: at most `depth` tokens deep and `nodes` drafts in all."""
+
+    depth: int
+    nodes: int
+
+
+class Drafter(Protocol):
+    name: str
+    gives_probs: bool  # True when trees carry draft_probs (exact rejection sampling can use them)
+
+    def start(self, seq_id: int, prompt: list[int]) -> None:
+        """A new sequence whose committed tokens so far are `prompt`."""
+
+    def propose(self, seq_id: int, tokens: list[int], budget: Budget) -> DraftTree:
+        """A tree rooted at tokens[-1] (the last committed token) within `budget`."""
+
+    def update(self, seq_id: int, result: VerifyResult, hidden: torch.Tensor | None = None) -> None:
+        """The round committed `result.tokens`; follow the committed prefix."""
+
+    def finish(self, seq_id: int, tokens: list[int]) -> None:
+        """The sequence ended with these committed tokens (prompt + output)."""

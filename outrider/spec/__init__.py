@@ -1,0 +1,1 @@
+"""Speculative decoding: draft trees, exact verifiers and the round."""

@@ -1,0 +1,78 @@
+"""The vocabulary of one speculative round, as plain data.
+
+A **draft tree** holds `n` nodes. Node 0 is the **root**: the last committed token, whose K/V is
+not yet in the cache (the verify forward writes it). Every other node is a drafted token whose
+parent has a smaller index. A **chain** of k drafts has parents `[-1, 0, 1, ..., k-1]`.
+Autoregressive decoding is the round with a tree of the root alone.
+
+Worked example (root `r`, two candidates for the first draft, one continuation of the first):
+
+    node     0    1    2    3
+    token    r    a    b    c        parents = [-1, 0, 0, 1]
+    depth    0    1    1    2        position of node i = cache_len + depth[i]
+
+`draft_probs[i]` (optional) is the drafter's distribution over the token that follows node i:
+the children of node i were drawn from it. Exact sampling verifiers need it; greedy does not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    tokens: torch.Tensor  # [n] long; tokens[0] is the root
+    parents: torch.Tensor  # [n] long; parents[0] == -1, parents[i] < i
+    draft_probs: torch.Tensor | None = None  # [n, vocab] float, row i: q(. | path to node i)
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @staticmethod
+    def root_only(root: int) -> "DraftTree":
+        return DraftTree(torch.tensor([root]), torch.tensor([-1]))
+
+    @staticmethod
+    def chain(root: int, drafts: list[int], draft_probs: torch.Tensor | None = None) -> "DraftTree":
+        tokens = torch.tensor([root, *drafts], dtype=torch.long)
+        parents = torch.arange(-1, len(drafts), dtype=torch.long)
+        return DraftTree(tokens, parents, draft_probs)
+
+    def is_chain(self) -> bool:
+        return bool(torch.equal(self.parents, torch.arange(-1, self.size - 1)))
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """What one slot commits this round.
+
+    `accepted_nodes` are the indices of the accepted draft nodes, root to leaf (the root is
+    never listed). `tokens` are the committed tokens: the accepted drafts followed by one more,
+    the bonus (all children of the last accepted node were accepted or it had none) or the
+    recovered token (sampled after a rejection). So `len(tokens) == len(accepted_nodes) + 1`.
+    """
+
+    accepted_nodes: list[int]
+    tokens: list[int]
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.accepted_nodes)
+
+
+@dataclass
+class RoundStats:
+    """Per-request counters, summed over rounds."""
+
+    rounds: int = 0
+    committed: int = 0
+    drafted: int = 0
+    accepted_by_position: list[int] = field(default_factory=list)  # [depth-1] -> accepted count
+    proposed_by_position: list[int] = field(default_factory=list)  # [depth-1] -> rounds with a draft there
+    accepted_length_hist: list[int] = field(default_factory=list)  # [num_accepted] -> rounds
+    draft_s: float = 0.0
+    verify_s: float = 0.0
