@@ -1,0 +1,64 @@
+"""Per-slot preallocated K/V cache.
+
+Layout per layer: `k[layer]`, `v[layer]`: [num_slots, kv_heads, max_len + 1, head_dim]. Row r of a
+slot holds the K/V of the token at cache position r (for a tree, node i of this round is written
+to row `length + i` and reads its rotary position from the batch, not from its row). The extra
+last row is a scratch row that padded tokens of a ragged batch write into.
+
+Lengths live on the host (`lengths[slot]`): the engine always knows them, so building a batch
+never reads the device. Rolling back rejected drafts is setting a length. Committing a tree path
+that is not contiguous copies those rows down (`compact`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        max_len: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
+        shape = (num_slots, kv_heads, max_len + 1, head_dim)
+        # zeros, not empty: masked rows are multiplied by a zero weight, and 0 * NaN is NaN.
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.max_len = max_len
+        self.scratch_row = max_len
+        self.lengths = [0] * num_slots
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.lengths)
+
+    def free_rows(self, slot: int) -> int:
+        return self.max_len - self.lengths[slot]
+
+    def set_length(self, slot: int, length: int) -> None:
+        """Advance after a commit or roll back rejected rows: only the length moves."""
+        if not 0 <= length <= self.max_len:
+            raise ValueError(f"slot {slot}: length {length} outside [0, {self.max_len}]")
+        self.lengths[slot] = length
+
+    def compact(self, slot: int, src_rows: list[int], dst_start: int) -> None:
+        """Copy rows `src_rows` (increasing) to `dst_start, dst_start + 1, ...`.
+
+        Example: length 10, tree nodes 0..5 written at rows 10..15, accepted path [0, 2, 5]:
+        compact(slot, [10, 12, 15], 10) moves rows 12 -> 11 and 15 -> 12. Rows already in
+        place are skipped, so a chain (always contiguous) costs nothing.
+        """
+        moves = [(s, dst_start + i) for i, s in enumerate(src_rows) if s != dst_start + i]
+        if not moves:
+            return
+        src = torch.tensor([s for s, _ in moves], device=self.k[0].device)
+        dst = torch.tensor([d for _, d in moves], device=self.k[0].device)
+        for cache in (*self.k, *self.v):
+            rows = cache[slot].index_select(1, src)  # [kv_heads, m, head_dim]
+            cache[slot].index_copy_(1, dst, rows)

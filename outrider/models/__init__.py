@@ -1,0 +1,1 @@
+"""The model runtime: our own decoder, its loader, and the packaged models."""

@@ -1,0 +1,108 @@
+"""One forward's input: a batch of slots, each with its own new tokens.
+
+Slot b brings `num_new[b]` new tokens (padded to T). New token i sits at cache row
+`cache_lens[b] + i`, has rotary position `positions[b, i]`, and attends to the slot's committed
+rows `[0, cache_lens[b])` plus the new tokens that `tree_mask[b, i]` allows (causal when there is
+no tree). Padded tokens write to the cache's scratch row and are seen by nobody.
+
+Example (one slot, cache_len 7, tree parents [-1, 0, 0]):
+    rows       7 8 9           positions  7 8 8
+    tree_mask  [[1,0,0],[1,1,0],[1,0,1]]  -> node 2 sees rows 0..6, 7 and 9, not 8.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..spec.tree import ancestor_mask, depths
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    slot_ids: list[int]  # host copy of the slots, one per row of the batch
+    tokens: torch.Tensor  # [B, T] long
+    positions: torch.Tensor  # [B, T] long, rotary positions
+    rows: torch.Tensor  # [B, T] long, cache row each new token's K/V goes to (scratch row for padding)
+    attn_mask: torch.Tensor | None  # [B, 1, T, kv_len] bool, None: plain causal over one slot
+    kv_len: int  # attention reads cache rows [0, kv_len)
+    logits_rows: torch.Tensor | None  # [B, R] long: rows of the new tokens to score; None: all
+    hidden_layers: tuple[int, ...] = ()  # hidden states to return (0 = embeddings, l = after layer l)
+
+    @property
+    def slots(self) -> torch.Tensor:
+        return torch.tensor(self.slot_ids, device=self.tokens.device)
+
+
+def pack(
+    slot_ids: list[int],
+    cache_lens: list[int],
+    new_tokens: list[torch.Tensor],
+    parents: list[torch.Tensor | None] | None = None,
+    logits: str | list[list[int]] = "all",
+    hidden_layers: tuple[int, ...] = (),
+    scratch_row: int = -1,
+    device: torch.device | str = "cpu",
+) -> ForwardBatch:
+    """Build a ForwardBatch from host-side lengths and per-slot tokens (and trees).
+
+    new_tokens[b]: [n_b] long. parents[b]: [n_b] long tree parents, or None for a causal run.
+    logits: "all", "last" (the last real token of each slot), "none", or explicit rows per slot.
+    """
+    B = len(slot_ids)
+    counts = [int(t.shape[0]) for t in new_tokens]
+    T = max(counts)
+    tokens = torch.zeros(B, T, dtype=torch.long)
+    positions = torch.zeros(B, T, dtype=torch.long)
+    rows = torch.full((B, T), scratch_row, dtype=torch.long)
+    tree = torch.zeros(B, T, T, dtype=torch.bool)
+    for b, (n, start) in enumerate(zip(counts, cache_lens)):
+        tokens[b, :n] = new_tokens[b].cpu()
+        rows[b, :n] = torch.arange(start, start + n)
+        tree_parents = parents[b] if parents is not None else None
+        if tree_parents is None:
+            positions[b, :n] = torch.arange(start, start + n)
+            tree[b, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+        else:
+            positions[b, :n] = start + depths(tree_parents.cpu())
+            tree[b, :n, :n] = ancestor_mask(tree_parents.cpu())
+    kv_len = max(start + n for start, n in zip(cache_lens, counts))
+    simple = B == 1 and (parents is None or parents[0] is None) and cache_lens[0] + T == kv_len
+    attn_mask = None if (simple and (T == 1 or cache_lens[0] == 0)) else _mask(cache_lens, tree, kv_len)
+    if logits == "all":
+        logits_rows = None
+    elif logits == "last":
+        logits_rows = torch.tensor([[n - 1] for n in counts])
+    elif logits == "none":
+        logits_rows = torch.zeros(B, 0, dtype=torch.long)
+    else:
+        width = max(len(r) for r in logits)
+        logits_rows = torch.tensor([list(r) + [r[-1] if r else 0] * (width - len(r)) for r in logits])
+    to = lambda x: x.to(device, non_blocking=True)  # noqa: E731
+    return ForwardBatch(
+        slot_ids=list(slot_ids),
+        tokens=to(tokens),
+        positions=to(positions),
+        rows=to(rows),
+        attn_mask=None if attn_mask is None else to(attn_mask),
+        kv_len=kv_len,
+        logits_rows=None if logits_rows is None else to(logits_rows),
+        hidden_layers=tuple(hidden_layers),
+    )
+
+
+def _mask(cache_lens: list[int], tree: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """cache_lens: B ints, tree: [B, T, T] bool -> [B, 1, T, kv_len] bool."""
+    B, T, _ = tree.shape
+    lens = torch.tensor(cache_lens).view(B, 1)  # [B, 1]
+    cols = torch.arange(kv_len).view(1, kv_len)  # [1, kv_len]
+    prefix = (cols < lens).unsqueeze(1).expand(B, T, kv_len)  # committed rows: everyone sees them
+    rel = cols - lens  # [B, kv_len]: index among this round's new tokens
+    in_new = (rel >= 0) & (rel < T)
+    idx = rel.clamp(0, T - 1).unsqueeze(1).expand(B, T, kv_len)
+    new = torch.gather(tree, 2, idx) & in_new.unsqueeze(1)
+    mask = prefix | new
+    # A padded row sees nothing; let it see row 0 so its (unused) output stays finite.
+    mask[..., 0] |= ~mask.any(-1)
+    return mask.unsqueeze(1)

@@ -1,0 +1,114 @@
+"""The decoder-only transformer shared by the Llama, Qwen2 and Qwen3 families.
+
+`Decoder.forward(batch, cache)` runs a batch of slots (see `batch.py`): it writes each new
+token's K/V into its slot's cache rows, and returns logits for the rows asked for and hidden
+states at the layers asked for, from the same pass. Nothing here reads a tensor back to the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..kv import KVCache
+from .batch import ForwardBatch
+from .config import ModelConfig
+from .layers import apply_rotary, attention, rms_norm, rotary_tables, swiglu_mlp
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor  # [E]
+    qkv: torch.Tensor  # [(H + 2G) * D, E]
+    qkv_bias: torch.Tensor | None  # [(H + 2G) * D]
+    o: torch.Tensor  # [E, H * D]
+    q_norm: torch.Tensor | None  # [D]
+    k_norm: torch.Tensor | None  # [D]
+    post_norm: torch.Tensor  # [E]
+    gate_up: torch.Tensor  # [2I, E]
+    down: torch.Tensor  # [E, I]
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [B, R, vocab] float32 (R = T when all rows were asked for)
+    hidden: dict[int, torch.Tensor]  # layer -> [B, T, E]
+
+
+class Decoder:
+    def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[LayerWeights],
+                 norm: torch.Tensor, lm_head: torch.Tensor):
+        self.config = config
+        self.embed = embed  # [vocab, E]
+        self.layers = layers
+        self.norm = norm  # [E]
+        self.lm_head = lm_head  # [vocab, E]; the same tensor as embed when tied
+        c = config
+        self.inv_freq = 1.0 / (
+            c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=embed.device) / c.head_dim)
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    def new_cache(self, num_slots: int, max_len: int, num_layers: int | None = None) -> KVCache:
+        c = self.config
+        return KVCache(num_layers or c.num_layers, num_slots, max_len, c.num_kv_heads, c.head_dim,
+                       self.dtype, self.device)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: KVCache, num_layers: int | None = None) -> ForwardOutput:
+        """Run the first `num_layers` layers (all by default), then the final norm and head.
+
+        Fewer layers give the self-speculative early-exit drafter; it needs its own cache.
+        """
+        c = self.config
+        B, T = batch.tokens.shape
+        H, G, D = c.num_heads, c.num_kv_heads, c.head_dim
+        slots = batch.slots
+        contiguous = batch.slot_ids == list(range(batch.slot_ids[0], batch.slot_ids[0] + B))
+        first = batch.slot_ids[0]
+        cos, sin = rotary_tables(batch.positions, self.inv_freq, self.dtype)
+        x = F.embedding(batch.tokens, self.embed)  # [B, T, E]
+        hidden = {}
+        if 0 in batch.hidden_layers:
+            hidden[0] = x
+        layers = self.layers[: num_layers or len(self.layers)]
+        for index, w in enumerate(layers):
+            h = rms_norm(x, w.input_norm, c.rms_norm_eps)
+            qkv = F.linear(h, w.qkv, w.qkv_bias)  # [B, T, (H + 2G) * D]
+            q, k, v = qkv.split((H * D, G * D, G * D), dim=-1)
+            q = q.view(B, T, H, D).transpose(1, 2)  # [B, H, T, D]
+            k = k.view(B, T, G, D).transpose(1, 2)  # [B, G, T, D]
+            v = v.view(B, T, G, D)  # [B, T, G, D]
+            if w.q_norm is not None:
+                q = rms_norm(q, w.q_norm, c.rms_norm_eps)
+                k = rms_norm(k, w.k_norm, c.rms_norm_eps)
+            q = apply_rotary(q, cos, sin)
+            k = apply_rotary(k, cos, sin).transpose(1, 2)  # [B, T, G, D]
+            k_cache, v_cache = cache.k[index], cache.v[index]
+            # Advanced indices split by a slice: the indexed view is [B, T, G, D].
+            k_cache[slots.unsqueeze(1), :, batch.rows] = k
+            v_cache[slots.unsqueeze(1), :, batch.rows] = v
+            if contiguous:
+                keys = k_cache[first : first + B, :, : batch.kv_len]  # [B, G, L, D], a view
+                values = v_cache[first : first + B, :, : batch.kv_len]
+            else:
+                keys = k_cache[slots, :, : batch.kv_len]
+                values = v_cache[slots, :, : batch.kv_len]
+            out = attention(q, keys, values, batch.attn_mask)  # [B, H, T, D]
+            x = x + F.linear(out.transpose(1, 2).reshape(B, T, H * D), w.o)
+            x = x + swiglu_mlp(rms_norm(x, w.post_norm, c.rms_norm_eps), w.gate_up, w.down)
+            if index + 1 in batch.hidden_layers:
+                hidden[index + 1] = x
+        if batch.logits_rows is not None:
+            x = torch.gather(x, 1, batch.logits_rows.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        logits = F.linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head).float()
+        return ForwardOutput(logits=logits, hidden=hidden)

@@ -1,0 +1,65 @@
+"""The arithmetic of a decoder layer, as plain functions over weight tensors.
+
+Shapes: B slots, T new tokens per slot, H query heads, G kv heads, D head dim, E hidden size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: [..., E] -> [..., E]; computed in float32 like the reference implementations."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
+    """positions: [B, T] long, inv_freq: [D/2] -> cos, sin: [B, 1, T, D] (half-split layout)."""
+    freqs = positions.unsqueeze(-1).float() * inv_freq  # [B, T, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [B, 1, T, D]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, heads, T, D] -> same; rotates the two halves of each head."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def swiglu_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """x: [B, T, E], gate_up: [2I, E] (gate rows then up rows), down: [E, I] -> [B, T, E]."""
+    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, down)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """q: [B, H, T, D], k/v: [B, G, L, D], mask: [B, 1, T, L] bool or None -> [B, H, T, D].
+
+    mask None means one slot whose new tokens are the last T of L, causal among themselves.
+    """
+    B, H, T, D = q.shape
+    G, L = k.shape[1], k.shape[2]
+    groups = H // G
+    if mask is None and T > 1:
+        if T != L:
+            raise ValueError("a causal run without a mask must start at an empty cache")
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    # Fold each kv head's query heads into the token axis instead of copying K/V per head:
+    # query head h = g * groups + j reads kv head g (the layout of grouped-query attention).
+    q = q.reshape(B, G, groups * T, D)
+    if mask is not None:
+        mask = mask.unsqueeze(2).expand(B, 1, groups, T, L).reshape(B, 1, groups * T, L)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, G, groups*T, D]
+    return out.reshape(B, H, T, D)

@@ -1,0 +1,95 @@
+"""One speculative round for a batch of slots: draft, verify in one target forward, commit.
+
+    trees   = [drafter.propose(seq) for seq in batch]           # root-only without a drafter
+    out     = target.forward(pack(trees), cache)                # logits at every node
+    result  = verify(tree, logits, sampling, rng)               # exact
+    cache   : compact the accepted path, set the new length     # rollback is the length
+    drafter.update(seq, result)                                 # drafter follows the commit
+
+Invariant between rounds: `cache.lengths[slot] == len(seq.tokens) - 1` (the root, the last
+committed token, is not in the cache yet: this round's forward writes it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..kv import KVCache
+from ..models.batch import pack
+from ..models.decoder import Decoder
+from ..sampling import SamplingParams
+from .types import DraftTree, RoundStats, VerifyResult
+
+Verifier = Callable[[DraftTree, torch.Tensor, SamplingParams, object], VerifyResult]
+Proposer = Callable[["Sequence"], DraftTree]
+
+
+@dataclass
+class Sequence:
+    seq_id: int
+    slot: int
+    tokens: list[int]  # committed: prompt + output so far
+    prompt_len: int
+    params: SamplingParams
+    rng: object  # the verifier's randomness (see spec/random.py)
+    stats: RoundStats = field(default_factory=RoundStats)
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[self.prompt_len:]
+
+
+def run_round(
+    target: Decoder,
+    cache: KVCache,
+    seqs: list[Sequence],
+    propose: Proposer,
+    verify: Verifier,
+    hidden_layers: tuple[int, ...] = (),
+) -> tuple[list[VerifyResult], dict[int, torch.Tensor]]:
+    """Advance every sequence by one round; returns each one's result and the tapped hidden states."""
+    start = time.perf_counter()
+    trees = [propose(seq) for seq in seqs]
+    drafted = time.perf_counter()
+    lens = [cache.lengths[seq.slot] for seq in seqs]
+    batch = pack(
+        [seq.slot for seq in seqs], lens, [t.tokens for t in trees], [t.parents for t in trees],
+        logits="all", hidden_layers=hidden_layers, scratch_row=cache.scratch_row, device=target.device,
+    )
+    out = target.forward(batch, cache)
+    results = []
+    for b, (seq, tree, length) in enumerate(zip(seqs, trees, lens)):
+        result = verify(tree, out.logits[b, : tree.size], seq.params, seq.rng)
+        path = [0, *result.accepted_nodes]
+        cache.compact(seq.slot, [length + node for node in path], length)
+        cache.set_length(seq.slot, length + len(path))
+        seq.tokens.extend(result.tokens)
+        _count(seq.stats, tree, result)
+        results.append(result)
+    verified = time.perf_counter()
+    share = 1.0 / len(seqs)
+    for seq in seqs:
+        seq.stats.draft_s += (drafted - start) * share
+        seq.stats.verify_s += (verified - drafted) * share
+    return results, out.hidden
+
+
+def _count(stats: RoundStats, tree: DraftTree, result: VerifyResult) -> None:
+    from .tree import depths
+
+    stats.rounds += 1
+    stats.committed += len(result.tokens)
+    stats.drafted += tree.size - 1
+    max_depth = int(depths(tree.parents).max()) if tree.size > 1 else 0
+    for lst, n in ((stats.accepted_by_position, max_depth), (stats.proposed_by_position, max_depth),
+                   (stats.accepted_length_hist, result.num_accepted + 1)):
+        lst.extend([0] * (n - len(lst)))
+    for d in range(max_depth):
+        stats.proposed_by_position[d] += 1
+    for d in range(result.num_accepted):
+        stats.accepted_by_position[d] += 1
+    stats.accepted_length_hist[result.num_accepted] += 1

@@ -1,0 +1,47 @@
+"""Tiny random models of each family, saved as Hugging Face folders (transformers is the reference)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+
+
+def make_tiny(family: str, folder: Path, vocab: int = 96, seed: int = 0, layers: int = 3, tied: bool = True) -> Path:
+    """Save a tiny random `family` model to `folder`; returns the folder."""
+    import transformers as tf
+
+    common = dict(
+        vocab_size=vocab, hidden_size=64, intermediate_size=112, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        rms_norm_eps=1e-5, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
+    )
+    if family == "llama":
+        config = tf.LlamaConfig(**common, rope_theta=10000.0)
+        cls = tf.LlamaForCausalLM
+    elif family == "qwen2":
+        config = tf.Qwen2Config(**common, rope_theta=1e6)
+        cls = tf.Qwen2ForCausalLM
+    elif family == "qwen3":
+        config = tf.Qwen3Config(**common, head_dim=16, rope_theta=1e6)
+        cls = tf.Qwen3ForCausalLM
+    else:
+        raise ValueError(family)
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    with torch.no_grad():  # larger weights than the init, so logits are far from uniform
+        for p in model.parameters():
+            p.mul_(4.0 if p.dim() > 1 else 1.0)
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+    model.save_pretrained(folder)
+    return Path(folder)
+
+
+def reference(folder: Path):
+    import transformers as tf
+
+    return tf.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
