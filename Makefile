@@ -1,0 +1,36 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   creates .venv, installs Outrider, pulls the default model, runs the main job
+#   make test   creates .venv if needed, pulls what the tests need, runs the suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU wheel of torch 2.13.0; override (e.g. TORCH=torch) to take another build.
+TORCH ?= torch==2.13.0
+DEFAULT_MODEL := smollm2-135m-instruct
+PROMPT ?= Write a Python function that checks whether a number is prime.
+
+.PHONY: demo test test-unit install clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/outrider models pull $(DEFAULT_MODEL)
+	$(VENV)/bin/outrider generate --chat --max-new-tokens 128 "$(PROMPT)"
+
+test: install
+	$(VENV)/bin/outrider models pull $(DEFAULT_MODEL)
+	$(PY) -m pytest -q
+
+# the unit tests alone: tiny random models, no download
+test-unit: install
+	$(PY) -m pytest -q -m "not model"
+
+clean:
+	rm -rf $(VENV) .pytest_cache
