@@ -86,6 +86,12 @@ def test_budget_caps_depth_and_nodes():
         assert tree.size - 1 == min(budget.depth, budget.nodes)
 
 
+def test_max_nodes_is_the_depth_and_params_are_accepted():
+    drafter = NgramDrafter()
+    drafter.start(0, [1, 2, 1], params=None)
+    assert drafter.max_nodes(5) == 5
+
+
 def test_parameters_are_validated():
     with pytest.raises(ConfigError):
         NgramDrafter(min_ngram=0)

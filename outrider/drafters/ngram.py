@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import ConfigError
+from ..sampling import SamplingParams
 from ..spec.types import DraftTree, VerifyResult
 from .base import Budget
 
@@ -59,7 +60,12 @@ class NgramDrafter:
 
     # -- protocol -----------------------------------------------------------------------------
 
-    def start(self, seq_id: int, prompt: list[int]) -> None:
+    def max_nodes(self, depth: int) -> int:
+        """Drafts in a proposal of this depth at most: a chain."""
+        return depth
+
+    def start(self, seq_id: int, prompt: list[int], params: SamplingParams | None = None) -> None:
+        """`params` is accepted and unused: the drafts do not depend on sampling."""
         state = NgramState()
         self._append(state, prompt)
         self._states[seq_id] = state
