@@ -16,9 +16,11 @@ import torch
 from .errors import ConfigError
 from .models.batch import pack
 from .models.decoder import Decoder
-from .sampling import SamplingParams, sample, warp_probs
+from .sampling import SamplingParams
 from .spec.round import Sequence, run_round
-from .spec.types import DraftTree, RoundStats, VerifyResult
+from .spec.random import TorchRandom
+from .spec.types import DraftTree, RoundStats
+from .spec.verifiers import choose_verifier
 
 
 @dataclass
@@ -50,7 +52,8 @@ def generate_ids(
     speculation=None,
     on_commit: OnCommit | None = None,
 ) -> list[Finished]:
-    """Generate for every request at once, one slot each. `speculation` (spec/setup.py) drafts."""
+    """Generate for every request at once, one slot each. `speculation` (a spec.setup.Speculator)
+    drafts; without it every round is one autoregressive step."""
     context = target.config.max_position_embeddings
     headroom = speculation.max_tree_size if speculation is not None else 1
     longest = max(len(r.prompt_ids) + r.max_new_tokens for r in requests)
@@ -70,13 +73,14 @@ def generate_ids(
     seqs = []
     for i, r in enumerate(requests):
         gen = torch.Generator().manual_seed(r.params.seed) if r.params.seed is not None else None
-        seqs.append(Sequence(i, i, list(r.prompt_ids), len(r.prompt_ids), r.params, gen))
+        verify = (speculation.verifier_for(r.params) if speculation is not None
+                  else choose_verifier("chain", False, r.params).verifier)
+        seqs.append(Sequence(i, i, list(r.prompt_ids), len(r.prompt_ids), r.params, TorchRandom(gen), verify))
     _prefill(target, cache, seqs)
     if speculation is not None:
         for seq in seqs:
             speculation.start(seq)
     prefill_s = time.perf_counter() - start
-    verify = speculation.verifier if speculation is not None else _verify_root
     finished: dict[int, Finished] = {}
     active = list(seqs)
     while active:
@@ -84,7 +88,7 @@ def generate_ids(
             propose = lambda seq: DraftTree.root_only(seq.tokens[-1])  # noqa: E731
         else:
             propose = lambda seq: speculation.propose(seq, cache.free_rows(seq.slot))  # noqa: E731
-        results, hidden = run_round(target, cache, active, propose, verify,
+        results, hidden = run_round(target, cache, active, propose,
                                     speculation.hidden_layers if speculation else ())
         still = []
         for seq, result in zip(active, results):
@@ -100,13 +104,6 @@ def generate_ids(
                                                 time.perf_counter() - start)
         active = still
     return [finished[i] for i in range(len(seqs))]
-
-
-def _verify_root(tree: DraftTree, logits: torch.Tensor, params: SamplingParams, rng) -> VerifyResult:
-    """Autoregressive decoding: the next token from the target at the root."""
-    if params.greedy:
-        return VerifyResult([], [int(logits[0].argmax())])
-    return VerifyResult([], [int(sample(warp_probs(logits[0], params), rng))])
 
 
 def _prefill(target: Decoder, cache, seqs: list[Sequence]) -> None:

@@ -62,3 +62,17 @@ class KVCache:
         for cache in (*self.k, *self.v):
             rows = cache[slot].index_select(1, src)  # [kv_heads, m, head_dim]
             cache[slot].index_copy_(1, dst, rows)
+
+    def ensure_capacity(self, slot_rows: int) -> None:
+        """Grow every slot to hold at least `slot_rows` rows (doubling), keeping what is stored."""
+        if slot_rows <= self.max_len:
+            return
+        new_len = max(slot_rows, 2 * self.max_len)
+        for caches in (self.k, self.v):
+            for i, old in enumerate(caches):
+                shape = (old.shape[0], old.shape[1], new_len + 1, old.shape[3])
+                grown = torch.zeros(shape, dtype=old.dtype, device=old.device)
+                grown[:, :, : self.max_len] = old[:, :, : self.max_len]
+                caches[i] = grown
+        self.max_len = new_len
+        self.scratch_row = new_len

@@ -10,8 +10,12 @@ from tiny import FAMILIES, make_tiny  # noqa: E402
 
 @pytest.fixture(scope="session")
 def tiny_folders(tmp_path_factory) -> dict[str, Path]:
-    """One tiny random model per family (tied embeddings) plus an untied Qwen2."""
+    """One tiny random model per family, a tied-embedding Llama, and a second Llama to draft.
+
+    Untied by default: a tiny random model with tied embeddings mostly repeats its input token,
+    which would make speculative tests too easy."""
     root = tmp_path_factory.mktemp("tiny")
     folders = {fam: make_tiny(fam, root / fam) for fam in FAMILIES}
-    folders["qwen2-untied"] = make_tiny("qwen2", root / "qwen2-untied", seed=3, tied=False)
+    folders["llama-tied"] = make_tiny("llama", root / "llama-tied", seed=2, tied=True)
+    folders["llama-draft"] = make_tiny("llama", root / "llama-draft", seed=3)
     return folders

@@ -8,7 +8,7 @@ from outrider.models.batch import pack
 from outrider.models.loader import load_decoder
 from tiny import reference
 
-KINDS = ["llama", "qwen2", "qwen3", "qwen2-untied"]
+KINDS = ["llama", "qwen2", "qwen3", "llama-tied"]
 
 
 def run_all(decoder, tokens, hidden_layers=()):

@@ -9,7 +9,7 @@ import torch
 FAMILIES = ("llama", "qwen2", "qwen3")
 
 
-def make_tiny(family: str, folder: Path, vocab: int = 96, seed: int = 0, layers: int = 3, tied: bool = True) -> Path:
+def make_tiny(family: str, folder: Path, vocab: int = 96, seed: int = 0, layers: int = 3, tied: bool = False) -> Path:
     """Save a tiny random `family` model to `folder`; returns the folder."""
     import transformers as tf
 

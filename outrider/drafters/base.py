@@ -18,10 +18,15 @@ from ..spec.types import DraftTree, VerifyResult
 
 @dataclass(frozen=True)
 class Budget:
-    """How much to draft this round: at most `depth` tokens deep and `nodes` drafts in all."""
+    """How much to draft this round: at most `depth` tokens deep and `nodes` drafts in all.
+
+    A drafter with confidences may stop a path early once its probability (the product of the
+    draft probabilities along it) falls below `min_confidence`.
+    """
 
     depth: int
     nodes: int
+    min_confidence: float = 0.0
 
 
 class Drafter(Protocol):

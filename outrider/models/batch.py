@@ -44,31 +44,38 @@ def pack(
     hidden_layers: tuple[int, ...] = (),
     scratch_row: int = -1,
     device: torch.device | str = "cpu",
+    first_nodes: list[int] | None = None,
 ) -> ForwardBatch:
     """Build a ForwardBatch from host-side lengths and per-slot tokens (and trees).
 
-    new_tokens[b]: [n_b] long. parents[b]: [n_b] long tree parents, or None for a causal run.
+    new_tokens[b]: [n_b] long. parents[b]: tree parents, or None for a causal run.
     logits: "all", "last" (the last real token of each slot), "none", or explicit rows per slot.
+    first_nodes[b] (default 0): the new tokens are nodes first..first+n_b-1 of the tree
+    `parents[b]`; its earlier nodes were written by an earlier forward at rows
+    cache_len + node (a drafter growing its tree one depth at a time).
     """
     B = len(slot_ids)
     counts = [int(t.shape[0]) for t in new_tokens]
+    firsts = first_nodes or [0] * B
     T = max(counts)
+    width = max(f + n for f, n in zip(firsts, counts))  # tree nodes visible this forward
     tokens = torch.zeros(B, T, dtype=torch.long)
     positions = torch.zeros(B, T, dtype=torch.long)
     rows = torch.full((B, T), scratch_row, dtype=torch.long)
-    tree = torch.zeros(B, T, T, dtype=torch.bool)
-    for b, (n, start) in enumerate(zip(counts, cache_lens)):
+    tree = torch.zeros(B, T, width, dtype=torch.bool)
+    for b, (n, start, first) in enumerate(zip(counts, cache_lens, firsts)):
         tokens[b, :n] = new_tokens[b].cpu()
-        rows[b, :n] = torch.arange(start, start + n)
+        rows[b, :n] = torch.arange(start + first, start + first + n)
         tree_parents = parents[b] if parents is not None else None
         if tree_parents is None:
-            positions[b, :n] = torch.arange(start, start + n)
-            tree[b, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+            positions[b, :n] = torch.arange(start + first, start + first + n)
+            tree[b, :n, : first + n] = torch.ones(first + n, first + n, dtype=torch.bool).tril()[first:]
         else:
-            positions[b, :n] = start + depths(tree_parents.cpu())
-            tree[b, :n, :n] = ancestor_mask(tree_parents.cpu())
-    kv_len = max(start + n for start, n in zip(cache_lens, counts))
-    simple = B == 1 and (parents is None or parents[0] is None) and cache_lens[0] + T == kv_len
+            tree_parents = tree_parents.cpu()
+            positions[b, :n] = start + depths(tree_parents)[first : first + n]
+            tree[b, :n, : first + n] = ancestor_mask(tree_parents)[first : first + n, : first + n]
+    kv_len = max(start + f + n for start, f, n in zip(cache_lens, firsts, counts))
+    simple = B == 1 and (parents is None or parents[0] is None) and firsts[0] == 0
     attn_mask = None if (simple and (T == 1 or cache_lens[0] == 0)) else _mask(cache_lens, tree, kv_len)
     if logits == "all":
         logits_rows = None
@@ -93,14 +100,14 @@ def pack(
 
 
 def _mask(cache_lens: list[int], tree: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """cache_lens: B ints, tree: [B, T, T] bool -> [B, 1, T, kv_len] bool."""
-    B, T, _ = tree.shape
+    """cache_lens: B ints, tree: [B, T, W] bool (new token x tree node) -> [B, 1, T, kv_len] bool."""
+    B, T, W = tree.shape
     lens = torch.tensor(cache_lens).view(B, 1)  # [B, 1]
     cols = torch.arange(kv_len).view(1, kv_len)  # [1, kv_len]
     prefix = (cols < lens).unsqueeze(1).expand(B, T, kv_len)  # committed rows: everyone sees them
     rel = cols - lens  # [B, kv_len]: index among this round's new tokens
-    in_new = (rel >= 0) & (rel < T)
-    idx = rel.clamp(0, T - 1).unsqueeze(1).expand(B, T, kv_len)
+    in_new = (rel >= 0) & (rel < W)
+    idx = rel.clamp(0, W - 1).unsqueeze(1).expand(B, T, kv_len)
     new = torch.gather(tree, 2, idx) & in_new.unsqueeze(1)
     mask = prefix | new
     # A padded row sees nothing; let it see row 0 so its (unused) output stays finite.

@@ -36,6 +36,7 @@ class Sequence:
     prompt_len: int
     params: SamplingParams
     rng: object  # the verifier's randomness (see spec/random.py)
+    verify: "Verifier"  # exact for this sequence's drafts and sampling (spec/verifiers.py)
     stats: RoundStats = field(default_factory=RoundStats)
 
     @property
@@ -48,7 +49,6 @@ def run_round(
     cache: KVCache,
     seqs: list[Sequence],
     propose: Proposer,
-    verify: Verifier,
     hidden_layers: tuple[int, ...] = (),
 ) -> tuple[list[VerifyResult], dict[int, torch.Tensor]]:
     """Advance every sequence by one round; returns each one's result and the tapped hidden states."""
@@ -63,7 +63,7 @@ def run_round(
     out = target.forward(batch, cache)
     results = []
     for b, (seq, tree, length) in enumerate(zip(seqs, trees, lens)):
-        result = verify(tree, out.logits[b, : tree.size], seq.params, seq.rng)
+        result = seq.verify(tree, out.logits[b, : tree.size], seq.params, seq.rng)
         path = [0, *result.accepted_nodes]
         cache.compact(seq.slot, [length + node for node in path], length)
         cache.set_length(seq.slot, length + len(path))

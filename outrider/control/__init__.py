@@ -1,0 +1,1 @@
+"""Speculation-length controllers and the measured verify-cost profile."""

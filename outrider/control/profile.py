@@ -1,0 +1,93 @@
+"""The target's verify cost: forward time against the number of new tokens, on this machine.
+
+Measured once per (model, dtype, device, threads, processor) and cached as JSON under the cache
+directory, because it is a property of the machine: on a 2-core CPU 1 to 4 new tokens cost about
+what 1 does and 16 about twice, while a GPU stays flat much further. `cost(n)` interpolates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..models.batch import pack
+from ..models.decoder import Decoder
+
+SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+@dataclass(frozen=True)
+class VerifyCostProfile:
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]  # median forward time for each size
+
+    def cost(self, n: int) -> float:
+        """Seconds for one target forward over n new tokens (linear between measured sizes)."""
+        if n <= self.sizes[0]:
+            return self.seconds[0]
+        for (a, ta), (b, tb) in zip(zip(self.sizes, self.seconds), zip(self.sizes[1:], self.seconds[1:])):
+            if n <= b:
+                return ta + (tb - ta) * (n - a) / (b - a)
+        slope = (self.seconds[-1] - self.seconds[-2]) / (self.sizes[-1] - self.sizes[-2])
+        return self.seconds[-1] + slope * (n - self.sizes[-1])
+
+    def relative(self) -> dict[int, float]:
+        return {n: t / self.seconds[0] for n, t in zip(self.sizes, self.seconds)}
+
+
+def measure(target: Decoder, context: int = 256, repeats: int = 5) -> VerifyCostProfile:
+    cache = target.new_cache(1, context + max(SIZES) + 1)
+    prefix = torch.randint(0, target.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0))
+    target.forward(pack([0], [0], [prefix], logits="none", scratch_row=cache.scratch_row,
+                        device=target.device), cache)
+    seconds = []
+    for n in SIZES:
+        chain = torch.tensor([-1, *range(n - 1)])
+        batch = pack([0], [context], [prefix[:n]], [chain], scratch_row=cache.scratch_row, device=target.device)
+        times = []
+        for _ in range(repeats + 1):
+            _sync(target)
+            start = time.perf_counter()
+            target.forward(batch, cache)
+            _sync(target)
+            times.append(time.perf_counter() - start)
+        seconds.append(statistics.median(times[1:]))
+    return VerifyCostProfile(SIZES, tuple(seconds))
+
+
+def _sync(target: Decoder) -> None:
+    if target.device.type == "cuda":
+        torch.cuda.synchronize(target.device)
+
+
+def profile_key(model_path: Path, target: Decoder) -> str:
+    parts = [str(Path(model_path).resolve()), str(target.dtype), str(target.device), str(torch.get_num_threads()),
+             platform.processor() or platform.machine(), torch.__version__]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def load_or_measure(model_path: Path, target: Decoder, folder: Path, log=None) -> VerifyCostProfile:
+    path = Path(folder) / f"verify-cost-{profile_key(model_path, target)}.json"
+    if path.exists():
+        try:
+            raw = json.loads(path.read_text())
+            return VerifyCostProfile(tuple(raw["sizes"]), tuple(raw["seconds"]))
+        except (ValueError, KeyError):
+            pass  # a damaged profile is measured again
+    if log:
+        log(f"measuring the verify-cost profile of {model_path} (once per machine)...")
+    profile = measure(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"sizes": profile.sizes, "seconds": profile.seconds,
+                               "model": str(model_path), "device": str(target.device)}))
+    os.replace(tmp, path)
+    return profile

@@ -1,0 +1,67 @@
+"""Shapes of draft trees for drafters that give a distribution at every node.
+
+    chain           one token per depth; sampled from q when sampling (exact rejection sampling)
+    static:2,2,1    branching per depth: the root gets 2 children, each of those 2, then 1 each
+                    (top-b of q at each node: deterministic, verified by the tree walk)
+    dynamic:K,N     best-first (EAGLE-2 style): at each depth expand the K nodes with the highest
+                    cumulative draft log-probability, then keep the best N nodes of all
+
+Parsing is pure and refuses bad strings with a one-line ConfigError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    kind: str  # "chain", "static" or "dynamic"
+    branching: tuple[int, ...] = ()  # static: children per node at each depth
+    top_k: int = 0  # dynamic: nodes expanded per depth (and children tried per node)
+    max_nodes: int = 0  # dynamic: drafted nodes kept
+
+    @property
+    def is_chain(self) -> bool:
+        return self.kind == "chain"
+
+    def max_drafts(self, depth: int) -> int:
+        """Most draft nodes (root excluded) this shape makes when `depth` deep."""
+        if self.kind == "chain":
+            return depth
+        if self.kind == "static":
+            total, width = 0, 1
+            for b in self.branching[:depth]:
+                width *= b
+                total += width
+            return total
+        return self.max_nodes
+
+    def max_depth(self, depth: int) -> int:
+        return min(depth, len(self.branching)) if self.kind == "static" else depth
+
+    def __str__(self) -> str:
+        if self.kind == "static":
+            return "static:" + ",".join(map(str, self.branching))
+        if self.kind == "dynamic":
+            return f"dynamic:{self.top_k},{self.max_nodes}"
+        return "chain"
+
+
+def parse_shape(text: str) -> TreeShape:
+    kind, _, args = text.partition(":")
+    try:
+        numbers = tuple(int(x) for x in args.split(",")) if args else ()
+    except ValueError:
+        raise ConfigError(f"--tree {text!r}: numbers expected after ':' (e.g. static:2,2,1 or dynamic:4,16)") from None
+    if kind == "chain" and not numbers:
+        return TreeShape("chain")
+    if kind == "static" and numbers and all(1 <= n <= 16 for n in numbers):
+        return TreeShape("static", branching=numbers)
+    if kind == "dynamic" and len(numbers) == 2 and 1 <= numbers[0] <= 16 and numbers[1] >= 1:
+        return TreeShape("dynamic", top_k=numbers[0], max_nodes=numbers[1])
+    raise ConfigError(
+        f"--tree {text!r} is not a tree shape: use chain, static:B1,B2,... (1-16 per depth) or dynamic:K,N"
+    )

@@ -1,0 +1,73 @@
+"""Greedy speculative output is the greedy autoregressive output, token for token, for every
+drafter and tree shape (tiny random models; the drafts themselves may be good or bad)."""
+
+import pytest
+import torch
+
+from outrider.control.controllers import AdaptiveController, CostController, FixedController
+from outrider.control.profile import VerifyCostProfile
+from outrider.drafters.model import ModelDrafter
+from outrider.generation import Request, generate_ids
+from outrider.models.loader import load_decoder
+from outrider.spec.setup import SpecOptions, Speculator
+from outrider.spec.shapes import parse_shape
+
+SHAPES = ["chain", "static:2,2,1", "static:3,1,1,1", "dynamic:3,8"]
+
+
+def prompts():
+    g = torch.Generator().manual_seed(5)
+    base = [torch.randint(3, 96, (n,), generator=g).tolist() for n in (1, 7)]
+    return base + [[10, 11, 12, 13, 10, 11, 12, 13, 10, 11]]  # a repeat, so lookups find matches
+
+
+def speculator(drafter, shape="chain", controller=None):
+    options = SpecOptions(drafter.name, shape, "fixed:4")
+    return Speculator(options, drafter, controller or FixedController(4), parse_shape(shape))
+
+
+def run(target, spec=None, n=16):
+    return [f.output_ids for f in generate_ids(target, [Request(p, n) for p in prompts()], set(), speculation=spec)]
+
+
+@pytest.fixture(scope="module")
+def target(tiny_folders):
+    return load_decoder(tiny_folders["llama"], "cpu")
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    return run(target)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_early_exit(target, plain, shape):
+    spec = speculator(ModelDrafter(target, parse_shape(shape), num_layers=1, name="early-exit:1"), shape)
+    assert run(target, spec) == plain
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_self_draft_accepts_everything(target, plain, shape):
+    """The target drafting for itself: every draft is accepted, so every commit path is exercised."""
+    spec = speculator(ModelDrafter(target, parse_shape(shape), name="self"), shape)
+    outs = generate_ids(target, [Request(p, 16) for p in prompts()], set(), speculation=spec)
+    assert [f.output_ids for f in outs] == plain
+    # fixed:4 drafts 4 deep and all is accepted (dynamic:3,8 keeps the 8 best nodes: 2 deep)
+    expected_tau = 3.0 if shape.startswith("dynamic") else 4.0
+    for f in outs:
+        assert f.stats.committed / f.stats.rounds >= expected_tau
+
+
+@pytest.mark.parametrize("shape", ["chain", "static:2,2"])
+def test_independent_draft_model(tiny_folders, target, plain, shape):
+    draft = load_decoder(tiny_folders["llama-draft"], "cpu")
+    spec = speculator(ModelDrafter(draft, parse_shape(shape), name="draft-model:tiny"), shape)
+    assert run(target, spec) == plain
+
+
+def test_controllers_keep_output(target, plain):
+    profile = VerifyCostProfile((1, 4, 16), (1.0, 1.1, 2.0))
+    for controller in (AdaptiveController(max_depth=6), CostController(profile, max_depth=6), FixedController(0)):
+        spec = speculator(ModelDrafter(target, parse_shape("chain"), num_layers=2, name="early-exit:2"),
+                          controller=controller)
+        assert run(target, spec) == plain
