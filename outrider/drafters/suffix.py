@@ -223,7 +223,7 @@ class SuffixDrafter:
 
         A path stops below `min_prob` or below the budget's `min_confidence`, whichever is higher.
         """
-        min_prob = max(self.min_prob, budget.min_confidence)
+        min_prob = max(self.min_prob, getattr(budget, "min_confidence", 0.0))
         best = Speculation()
         sources = (state.tree, state.tree.repeated_suffixes()), (self.global_tree, self._global_matches(state))
         for tree, matches in sources:
