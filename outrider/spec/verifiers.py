@@ -1,0 +1,127 @@
+"""Which exact verifier fits a drafter and the sampling parameters, decided at configuration time.
+
+Every verifier has the signature `verify(tree, target_logits [n, vocab], params, rng) -> VerifyResult`
+(rng: spec/random.py). The choice depends on three facts, all known before the first round:
+
+- `tree_kind`: "chain" (parents [-1, 0, ..., k-1]) or "tree";
+- `gives_probs`: the drafter's children of node i are random draws from draft_probs[i]
+  (a drafter that takes the top-k of its distribution does not qualify: say False);
+- `sampling.greedy` (temperature 0), and for trees with probabilities whether the siblings were
+  drawn without replacement.
+
+    greedy                   chain -> greedy_chain          tree -> greedy_tree
+    sampling, probabilities  chain -> rejection_chain       tree -> multidraft[_without_replacement]
+    sampling, none           chain -> chain_walk            tree -> tree_walk
+
+A combination that cannot be verified exactly is refused with a reason, never run lossy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..sampling import SamplingParams
+from .types import DraftTree, VerifyResult
+from .verify_chain import verify_chain, verify_chain_reference
+from .verify_greedy import verify_greedy_chain, verify_greedy_reference, verify_greedy_tree
+from .verify_multidraft import MultiDraftVerifier
+from .verify_tree import verify_chain_walk, verify_tree_walk, verify_tree_walk_reference
+
+Verifier = Callable[[DraftTree, torch.Tensor, SamplingParams, object], VerifyResult]
+
+TREE_KINDS = ("chain", "tree")
+
+
+@dataclass(frozen=True)
+class Entry:
+    verify: Verifier
+    kinds: tuple[str, ...]  # tree kinds it handles
+    needs_probs: bool  # needs children drawn from draft_probs
+    greedy_only: bool  # exact at temperature 0 only
+
+
+VERIFIERS: dict[str, Entry] = {
+    "greedy_chain": Entry(verify_greedy_chain, ("chain",), False, True),
+    "greedy_tree": Entry(verify_greedy_tree, TREE_KINDS, False, True),
+    "greedy_reference": Entry(verify_greedy_reference, TREE_KINDS, False, True),
+    "rejection_chain": Entry(verify_chain, ("chain",), True, False),
+    "rejection_chain_reference": Entry(verify_chain_reference, ("chain",), True, False),
+    "chain_walk": Entry(verify_chain_walk, ("chain",), False, False),
+    "tree_walk": Entry(verify_tree_walk, TREE_KINDS, False, False),
+    "tree_walk_reference": Entry(verify_tree_walk_reference, TREE_KINDS, False, False),
+    "multidraft": Entry(MultiDraftVerifier(without_replacement=False), TREE_KINDS, True, False),
+    "multidraft_without_replacement": Entry(MultiDraftVerifier(without_replacement=True), TREE_KINDS, True, False),
+}
+
+
+@dataclass(frozen=True)
+class VerifierChoice:
+    """The chosen verifier and its name, or `verifier is None` and `reason` says why."""
+
+    name: str
+    verifier: Verifier | None
+    reason: str
+
+    @property
+    def ok(self) -> bool:
+        return self.verifier is not None
+
+
+def choose_verifier(
+    tree_kind: str,
+    gives_probs: bool,
+    sampling: SamplingParams,
+    *,
+    without_replacement: bool = False,
+    name: str | None = None,
+) -> VerifierChoice:
+    """The best exact verifier for this combination, or the one called `name` if it fits."""
+    if tree_kind not in TREE_KINDS:
+        return VerifierChoice("", None, f"tree_kind must be one of {TREE_KINDS}, got {tree_kind!r}")
+    if name is None:
+        name = _default(tree_kind, gives_probs, sampling, without_replacement)
+    entry = VERIFIERS.get(name)
+    if entry is None:
+        return VerifierChoice(name, None, f"no verifier called {name!r}; known: {', '.join(VERIFIERS)}")
+    refusal = _refusal(name, entry, tree_kind, gives_probs, sampling, without_replacement)
+    if refusal:
+        return VerifierChoice(name, None, refusal)
+    return VerifierChoice(name, entry.verify, f"{name}: exact for a {tree_kind}{_facts(gives_probs, sampling)}")
+
+
+def _default(tree_kind: str, gives_probs: bool, sampling: SamplingParams, without_replacement: bool) -> str:
+    if sampling.greedy:
+        return f"greedy_{tree_kind}"
+    if not gives_probs:
+        return f"{tree_kind}_walk"
+    if tree_kind == "chain":
+        return "rejection_chain"
+    return "multidraft_without_replacement" if without_replacement else "multidraft"
+
+
+def _refusal(
+    name: str, entry: Entry, tree_kind: str, gives_probs: bool, sampling: SamplingParams, without_replacement: bool
+) -> str | None:
+    if tree_kind not in entry.kinds:
+        return f"{name} verifies only a {' or a '.join(entry.kinds)}, not a {tree_kind}"
+    if entry.greedy_only and not sampling.greedy:
+        return f"{name} is exact only at temperature 0 (got {sampling.temperature}); use a sampling verifier"
+    if entry.needs_probs and not gives_probs:
+        return f"{name} needs drafts drawn from draft_probs; this drafter gives none (use tree_walk)"
+    assumes = entry.verify.without_replacement if isinstance(entry.verify, MultiDraftVerifier) else None
+    if tree_kind == "tree" and assumes is not None and assumes != without_replacement:
+        return f"{name} assumes siblings drawn {_mode(assumes)}, but this drafter draws them {_mode(without_replacement)}"
+    return None
+
+
+def _mode(without_replacement: bool) -> str:
+    return "without replacement" if without_replacement else "with replacement"
+
+
+def _facts(gives_probs: bool, sampling: SamplingParams) -> str:
+    probs = "drafts drawn from draft_probs" if gives_probs else "drafts without probabilities"
+    mode = "greedy" if sampling.greedy else f"temperature {sampling.temperature}"
+    return f" of {probs}, {mode}"

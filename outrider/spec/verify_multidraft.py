@@ -1,0 +1,87 @@
+"""Multi-draft recursive rejection sampling (RRS; SpecTr, SpecInfer, the EAGLE codebases).
+
+The children of node i, in index order, are **siblings** the drafter drew from q = draft_probs[i],
+in that order, in one of two **modes** (the tree does not record it; the verifier is built for one):
+
+- with replacement: the siblings are i.i.d. draws from q;
+- without replacement: sibling j was drawn from q with siblings 1..j-1 removed and renormalised.
+
+At the current node, with p the target's distribution there, try the siblings in order:
+
+    accept sibling x with probability min(1, p(x) / q(x))      -> move to it, repeat at that node
+    on rejection   p <- norm(max(p - q, 0))                     (the residual, verify_chain.py)
+                   q <- q                                       (with replacement)
+                   q <- q with x removed, renormalised          (without replacement)
+    all rejected, or no children: commit y ~ p and stop
+
+Why it is exact, by induction on the number of siblings left: if the remaining siblings are
+drawn (in the node's mode) from the current q, the token committed at this position has law p.
+No sibling left: y ~ p. Otherwise the first one gives min(p, q) on acceptance; on rejection the
+rest produce norm(max(p - q, 0)) (the hypothesis, whatever x was rejected, because the next
+sibling is drawn from the updated q), with total mass P(reject) = sum max(p - q, 0); the sum is p.
+An accepted sibling's subtree then repeats the argument one position further.
+
+Degenerate cases. p <= q everywhere means p == q: acceptance is certain and the residual never
+drawn from (verify_chain.residual falls back to p for rounding). A sibling with q(x) == 0 cannot
+have been drawn from q; verify_chain.accept_probability takes the limit. Tokens cut by top-k or
+top-p have p(x) == 0: never accepted, never in a residual, never drawn.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..sampling import SamplingParams
+from .random import Random
+from .types import DraftTree, VerifyResult
+from .verify_chain import accept_probability, draft_distribution, residual, target_probs
+from .verify_greedy import children_of
+
+
+class MultiDraftVerifier:
+    """verify(tree, target_logits [n, vocab], params, rng) -> VerifyResult for siblings drawn
+    with replacement (`without_replacement=False`) or without."""
+
+    def __init__(self, without_replacement: bool) -> None:
+        self.without_replacement = without_replacement
+        self.name = "multidraft_without_replacement" if without_replacement else "multidraft"
+
+    def __call__(
+        self, tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams, rng: Random
+    ) -> VerifyResult:
+        tokens = tree.tokens.tolist()
+        kids = children_of(tree.parents.tolist())
+        node, accepted = 0, []
+        while True:
+            p = target_probs(target_logits[node], params)  # [vocab]
+            child, p = self._try_siblings(tree, node, kids[node], p, rng)
+            if child is None:
+                return VerifyResult(accepted, [tokens[i] for i in accepted] + [rng.categorical(p)])
+            accepted.append(child)
+            node = child
+
+    def _try_siblings(
+        self, tree: DraftTree, node: int, siblings: list[int], p: torch.Tensor, rng: Random
+    ) -> tuple[int | None, torch.Tensor]:
+        """(the accepted sibling, p) or, all rejected, (None, the final residual). p: [vocab]."""
+        if not siblings:
+            return None, p
+        if tree.draft_probs is None:
+            raise ValueError("multi-draft rejection sampling needs draft_probs (use the tree walk without them)")
+        q = draft_distribution(tree.draft_probs[node])  # [vocab]
+        for child in siblings:
+            x = int(tree.tokens[child])
+            if rng.uniform_below(accept_probability(p, q, x)):
+                return child, p
+            p = residual(p, q)
+            if self.without_replacement:
+                q = _without(q, x)
+        return None, p
+
+
+def _without(q: torch.Tensor, x: int) -> torch.Tensor:
+    """q with token x removed and renormalised. q: [vocab]. All zeros if q was all on x."""
+    q = q.clone()
+    q[x] = 0.0
+    mass = float(q.sum())
+    return q / mass if mass > 0.0 else q

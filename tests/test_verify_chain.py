@@ -1,0 +1,128 @@
+"""Chain rejection sampling is exact: the enumerated law of a whole speculative generation equals
+the autoregressive law of the warped target, to 1e-9; a deliberately wrong verifier is caught."""
+
+import pytest
+import torch
+from enumerate_law import (
+    ToyModel,
+    autoregressive_law,
+    enumerate_law,
+    generate,
+    generation_law,
+    max_law_difference,
+    one_round,
+    sampled_tree,
+)
+
+from outrider.sampling import SamplingParams
+from outrider.spec.random import TorchRandom
+from outrider.spec.types import DraftTree, VerifyResult
+from outrider.spec.verify_chain import (
+    accept_probability,
+    residual,
+    target_probs,
+    verify_chain,
+    verify_chain_reference,
+)
+
+PROMPT = [0, 1]
+LENGTH = 3
+TARGET = ToyModel(3, seed=1)
+DRAFTER = ToyModel(3, seed=2)
+BLIND_DRAFTER = ToyModel(3, seed=3, banned=2)  # q(2) == 0 everywhere: only residuals produce token 2
+PARAMS = {
+    "t1": SamplingParams(temperature=1.0),
+    "t0.7_topk2": SamplingParams(temperature=0.7, top_k=2),
+    "t1.5_topp0.8": SamplingParams(temperature=1.5, top_p=0.8),
+    "greedy": SamplingParams(temperature=0.0),
+}
+
+
+def chain_law(verify, k, params, drafter=DRAFTER, length=LENGTH):
+    return generation_law(PROMPT, length, TARGET, sampled_tree(drafter, [1] * k, False), verify, params)
+
+
+CASES = [(1, "t1"), (1, "greedy"), (2, "t1"), (2, "t0.7_topk2"), (2, "t1.5_topp0.8"), (2, "greedy")]
+
+
+@pytest.mark.parametrize("k, params", CASES, ids=[f"k{k}-{p}" for k, p in CASES])
+@pytest.mark.parametrize("verify", [verify_chain_reference, verify_chain], ids=["reference", "fast"])
+def test_chain_is_exact(verify, k, params):
+    law = chain_law(verify, k, PARAMS[params])
+    assert max_law_difference(law, autoregressive_law(PROMPT, LENGTH, TARGET, PARAMS[params])) < 1e-9
+
+
+@pytest.mark.parametrize("verify", [verify_chain_reference, verify_chain], ids=["reference", "fast"])
+def test_chain_of_three_is_exact(verify):
+    law = chain_law(verify, 3, PARAMS["t0.7_topk2"], length=3)
+    assert max_law_difference(law, autoregressive_law(PROMPT, 3, TARGET, PARAMS["t0.7_topk2"])) < 1e-9
+
+
+@pytest.mark.parametrize("verify", [verify_chain_reference, verify_chain], ids=["reference", "fast"])
+def test_drafter_blind_spot_is_filled_by_residuals(verify):
+    law = chain_law(verify, 2, PARAMS["t1.5_topp0.8"], drafter=BLIND_DRAFTER)
+    expected = autoregressive_law(PROMPT, LENGTH, TARGET, PARAMS["t1.5_topp0.8"])
+    assert any(2 in seq for seq in expected)
+    assert max_law_difference(law, expected) < 1e-9
+
+
+@pytest.mark.parametrize("verify", [verify_chain_reference, verify_chain], ids=["reference", "fast"])
+def test_target_as_drafter_accepts_everything(verify):
+    """p == q up to warp_probs' float32 rounding: every draft is accepted, the residual is (almost) never used."""
+    propose = sampled_tree(TARGET, [1, 1], False)
+    law = enumerate_law(lambda rng: len(one_round(PROMPT, rng, TARGET, propose, verify, PARAMS["t1"])))
+    assert law[3] > 1 - 1e-6
+
+
+def test_whole_loop_law_equals_composed_round_laws():
+    """enumerating the generation loop in one piece gives the composition generation_law uses."""
+    params = PARAMS["t1"]
+    propose = sampled_tree(DRAFTER, [1], False)
+    whole = enumerate_law(lambda rng: generate(PROMPT, 2, rng, TARGET, propose, verify_chain, params))
+    assert max_law_difference(whole, chain_law(verify_chain, 1, params, length=2)) < 1e-12
+
+
+def recovered_from_p(tree, target_logits, params, rng):
+    """Wrong on purpose: after a rejection, draws from p instead of the residual."""
+    tokens = tree.tokens.tolist()
+    p = target_probs(target_logits, params)
+    for i in range(len(tokens) - 1):
+        if not rng.uniform_below(accept_probability(p[i], tree.draft_probs[i], tokens[i + 1])):
+            return VerifyResult(list(range(1, i + 1)), tokens[1 : i + 1] + [rng.categorical(p[i])])
+    return VerifyResult(list(range(1, len(tokens))), tokens[1:] + [rng.categorical(p[-1])])
+
+
+def test_negative_control_wrong_recovery_is_caught():
+    law = chain_law(recovered_from_p, 1, PARAMS["t1"])
+    assert max_law_difference(law, autoregressive_law(PROMPT, LENGTH, TARGET, PARAMS["t1"])) > 1e-3
+
+
+def test_accept_probability_guards():
+    p = torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64)
+    q = torch.tensor([0.0, 0.25, 0.75], dtype=torch.float64)
+    assert accept_probability(p, q, 0) == 1.0  # q(x) == 0 (not drawn from q): the limit
+    assert accept_probability(p, q, 1) == 1.0
+    assert accept_probability(p, q, 2) == 0.0  # outside p's support: never
+    assert residual(p, q).tolist() == pytest.approx([2 / 3, 1 / 3, 0.0])
+    assert residual(q, q).tolist() == q.tolist()  # no positive part: p itself
+
+
+def test_undrawable_draft_never_commits_outside_support():
+    params = PARAMS["t0.7_topk2"]
+    logits = _logits(2)
+    p = target_probs(logits, params)
+    cut = int(p[0].argmin())
+    assert p[0, cut] == 0.0
+    q = torch.full((3, 3), 1 / 3, dtype=torch.float64)
+    q[0, cut] = 0.0  # the drafter says it could not draw `cut`, yet drafted it
+    tree = DraftTree.chain(PROMPT[-1], [cut, 0], q)
+    for verify in (verify_chain_reference, verify_chain):
+        law = enumerate_law(lambda rng: tuple(verify(tree, logits, params, rng).tokens))
+        assert all(seq[0] != cut for seq in law)
+    rng = TorchRandom.seeded(0)
+    assert all(verify_chain(tree, logits, params, rng).tokens[0] != cut for _ in range(50))
+
+
+def _logits(k):
+    """Target logits [k+1, vocab] along the path the target itself would take... any fixed rows do."""
+    return torch.stack([TARGET.logits(PROMPT + [0] * i) for i in range(k + 1)])

@@ -1,0 +1,66 @@
+"""choose_verifier: the right exact verifier per (tree kind, probabilities, sampling), and a
+reason instead of a verifier for combinations that cannot be verified exactly."""
+
+import pytest
+import torch
+
+from outrider.sampling import SamplingParams
+from outrider.spec.random import TorchRandom
+from outrider.spec.types import DraftTree
+from outrider.spec.verifiers import VERIFIERS, choose_verifier
+
+GREEDY = SamplingParams()
+SAMPLE = SamplingParams(temperature=0.8, top_p=0.9)
+
+
+@pytest.mark.parametrize(
+    "tree_kind, gives_probs, sampling, without_replacement, expected",
+    [
+        ("chain", False, GREEDY, False, "greedy_chain"),
+        ("chain", True, GREEDY, False, "greedy_chain"),
+        ("tree", True, GREEDY, True, "greedy_tree"),
+        ("chain", True, SAMPLE, False, "rejection_chain"),
+        ("chain", False, SAMPLE, False, "chain_walk"),
+        ("tree", False, SAMPLE, False, "tree_walk"),
+        ("tree", True, SAMPLE, False, "multidraft"),
+        ("tree", True, SAMPLE, True, "multidraft_without_replacement"),
+    ],
+)
+def test_default_choices(tree_kind, gives_probs, sampling, without_replacement, expected):
+    choice = choose_verifier(tree_kind, gives_probs, sampling, without_replacement=without_replacement)
+    assert choice.ok and choice.name == expected and choice.verifier is VERIFIERS[expected].verify
+    assert expected in choice.reason
+
+
+@pytest.mark.parametrize(
+    "tree_kind, gives_probs, sampling, without_replacement, name, words",
+    [
+        ("dag", False, GREEDY, False, None, "tree_kind"),
+        ("chain", False, SAMPLE, False, "greedy_chain", "temperature 0"),
+        ("tree", False, GREEDY, False, "greedy_chain", "only a chain"),
+        ("tree", True, SAMPLE, False, "rejection_chain", "only a chain"),
+        ("chain", False, SAMPLE, False, "rejection_chain", "draft_probs"),
+        ("tree", False, SAMPLE, False, "multidraft", "draft_probs"),
+        ("tree", True, SAMPLE, True, "multidraft", "without replacement"),
+        ("tree", True, SAMPLE, False, "multidraft_without_replacement", "with replacement"),
+        ("chain", True, SAMPLE, False, "typical_acceptance", "no verifier called"),
+    ],
+)
+def test_refusals_say_why(tree_kind, gives_probs, sampling, without_replacement, name, words):
+    choice = choose_verifier(tree_kind, gives_probs, sampling, without_replacement=without_replacement, name=name)
+    assert not choice.ok and choice.verifier is None and words in choice.reason
+
+
+def test_named_choice_that_fits():
+    choice = choose_verifier("tree", True, SAMPLE, name="tree_walk")
+    assert choice.ok and choice.name == "tree_walk"
+
+
+def test_every_verifier_runs_on_a_chain_of_its_kind():
+    tree = DraftTree.chain(0, [1, 2], torch.full((3, 4), 0.25))
+    logits = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    for name, entry in VERIFIERS.items():
+        params = GREEDY if entry.greedy_only else SAMPLE
+        result = entry.verify(tree, logits, params, TorchRandom.seeded(0))
+        assert len(result.tokens) == result.num_accepted + 1, name
+        assert result.accepted_nodes == list(range(1, result.num_accepted + 1)), name
