@@ -18,7 +18,8 @@ through a fixed random table indexed by its last two tokens; a target and a draf
 of them. `one_round` drafts a tree with a proposer, computes the target's logits at every
 node from that node's context, verifies and returns the committed tokens. `generation_law`
 composes exact round laws into the exact law of the first `length` generated tokens (rounds
-depend only on the committed prefix, so round laws are memoised by prefix);
+depend only on the committed prefix, so round laws are memoised by prefix); `generate` is the
+plain loop, whose law enumerated in one piece is the same (tested), only slower to compute.
 `autoregressive_law` is the law plain sampling from p gives.
 """
 

@@ -58,6 +58,13 @@ def test_chain_of_three_is_exact(verify):
     assert max_law_difference(law, autoregressive_law(PROMPT, 3, TARGET, PARAMS["t0.7_topk2"])) < 1e-9
 
 
+@pytest.mark.parametrize("vocab, length", [(4, 3), (3, 4)])
+def test_wider_vocabulary_and_longer_output(vocab, length):
+    target, drafter, params = ToyModel(vocab, seed=11), ToyModel(vocab, seed=12), PARAMS["t1.5_topp0.8"]
+    law = generation_law(PROMPT, length, target, sampled_tree(drafter, [1], False), verify_chain, params)
+    assert max_law_difference(law, autoregressive_law(PROMPT, length, target, params)) < 1e-9
+
+
 @pytest.mark.parametrize("verify", [verify_chain_reference, verify_chain], ids=["reference", "fast"])
 def test_drafter_blind_spot_is_filled_by_residuals(verify):
     law = chain_law(verify, 2, PARAMS["t1.5_topp0.8"], drafter=BLIND_DRAFTER)

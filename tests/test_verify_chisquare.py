@@ -21,7 +21,7 @@ from outrider.spec.verify_tree import verify_tree_walk
 
 PROMPT = [0, 1]
 LENGTH = 2
-RUNS = 2000
+RUNS = 1000
 BOUND = 1e-4
 TARGET = ToyModel(3, seed=1)
 DRAFTER = ToyModel(3, seed=2)
@@ -40,7 +40,9 @@ def p_value(propose, verify, params, seed):
     rng = TorchRandom.seeded(seed)
     with one_thread():
         counts = Counter(generate(PROMPT, LENGTH, rng, TARGET, propose, verify, params) for _ in range(RUNS))
-    return chi_square_p_value(counts, autoregressive_law(PROMPT, LENGTH, TARGET, params), RUNS)
+    law = autoregressive_law(PROMPT, LENGTH, TARGET, params)
+    assert min(law.values()) * RUNS >= 10  # expected counts large enough for the chi-square approximation
+    return chi_square_p_value(counts, law, RUNS)
 
 
 CASES = {
@@ -58,4 +60,4 @@ def test_empirical_law_matches_exact_law(case):
 
 def test_negative_control_has_power():
     propose = sampled_tree(DRAFTER, [3], True)  # drawn without replacement, verified as if with
-    assert p_value(propose, MultiDraftVerifier(False), SamplingParams(temperature=1.0), seed=1234) < BOUND
+    assert p_value(propose, MultiDraftVerifier(False), SamplingParams(temperature=1.2), seed=1234) < BOUND

@@ -64,3 +64,16 @@ def test_every_verifier_runs_on_a_chain_of_its_kind():
         result = entry.verify(tree, logits, params, TorchRandom.seeded(0))
         assert len(result.tokens) == result.num_accepted + 1, name
         assert result.accepted_nodes == list(range(1, result.num_accepted + 1)), name
+
+
+def test_verifiers_leave_their_arguments_alone():
+    probs = torch.softmax(torch.randn(4, 4, generator=torch.Generator().manual_seed(1)), -1)
+    tree = DraftTree(torch.tensor([0, 1, 2, 1]), torch.tensor([-1, 0, 0, 1]), probs)
+    logits = torch.randn(4, 4, generator=torch.Generator().manual_seed(2))
+    before = [t.clone() for t in (tree.tokens, tree.parents, probs, logits)]
+    for name, entry in VERIFIERS.items():
+        if "tree" not in entry.kinds:
+            continue
+        entry.verify(tree, logits, GREEDY if entry.greedy_only else SAMPLE, TorchRandom.seeded(0))
+        after = (tree.tokens, tree.parents, probs, logits)
+        assert all(torch.equal(a, b) for a, b in zip(before, after)), name

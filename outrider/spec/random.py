@@ -54,7 +54,8 @@ class TorchRandom:
             return True
         if prob <= 0.0:
             return False
-        return float(torch.rand((), dtype=torch.float64, generator=self.generator)) < prob
+        device = self.generator.device if self.generator is not None else None
+        return float(torch.rand((), dtype=torch.float64, device=device, generator=self.generator)) < prob
 
     def uniform_below_rows(self, probs: torch.Tensor) -> torch.Tensor:
         # probs: [n]; u in [0, 1), so P(u < prob) == prob, and prob 1 is always True.

@@ -41,6 +41,7 @@ class Entry:
     kinds: tuple[str, ...]  # tree kinds it handles
     needs_probs: bool  # needs children drawn from draft_probs
     greedy_only: bool  # exact at temperature 0 only
+    without_replacement: bool | None = None  # the sibling mode it assumes on trees (None: any)
 
 
 VERIFIERS: dict[str, Entry] = {
@@ -52,8 +53,8 @@ VERIFIERS: dict[str, Entry] = {
     "chain_walk": Entry(verify_chain_walk, ("chain",), False, False),
     "tree_walk": Entry(verify_tree_walk, TREE_KINDS, False, False),
     "tree_walk_reference": Entry(verify_tree_walk_reference, TREE_KINDS, False, False),
-    "multidraft": Entry(MultiDraftVerifier(without_replacement=False), TREE_KINDS, True, False),
-    "multidraft_without_replacement": Entry(MultiDraftVerifier(without_replacement=True), TREE_KINDS, True, False),
+    "multidraft": Entry(MultiDraftVerifier(without_replacement=False), TREE_KINDS, True, False, False),
+    "multidraft_without_replacement": Entry(MultiDraftVerifier(without_replacement=True), TREE_KINDS, True, False, True),
 }
 
 
@@ -111,7 +112,7 @@ def _refusal(
         return f"{name} is exact only at temperature 0 (got {sampling.temperature}); use a sampling verifier"
     if entry.needs_probs and not gives_probs:
         return f"{name} needs drafts drawn from draft_probs; this drafter gives none (use tree_walk)"
-    assumes = entry.verify.without_replacement if isinstance(entry.verify, MultiDraftVerifier) else None
+    assumes = entry.without_replacement
     if tree_kind == "tree" and assumes is not None and assumes != without_replacement:
         return f"{name} assumes siblings drawn {_mode(assumes)}, but this drafter draws them {_mode(without_replacement)}"
     return None

@@ -73,7 +73,7 @@ def verify_chain_reference(
     tokens = tree.tokens.tolist()
     k = len(tokens) - 1
     p = target_probs(target_logits, params)  # [n, vocab]
-    q = _chain_q(tree, k)  # [k, vocab]
+    q = _chain_q(tree, k).to(p.device)  # [k, vocab]
     for i in range(k):
         x = tokens[i + 1]
         if not rng.uniform_below(accept_probability(p[i], q[i], x)):

@@ -54,23 +54,23 @@ class MultiDraftVerifier:
         node, accepted = 0, []
         while True:
             p = target_probs(target_logits[node], params)  # [vocab]
-            child, p = self._try_siblings(tree, node, kids[node], p, rng)
+            child, p = self._try_siblings(tree, node, kids[node], tokens, p, rng)
             if child is None:
                 return VerifyResult(accepted, [tokens[i] for i in accepted] + [rng.categorical(p)])
             accepted.append(child)
             node = child
 
     def _try_siblings(
-        self, tree: DraftTree, node: int, siblings: list[int], p: torch.Tensor, rng: Random
+        self, tree: DraftTree, node: int, siblings: list[int], tokens: list[int], p: torch.Tensor, rng: Random
     ) -> tuple[int | None, torch.Tensor]:
         """(the accepted sibling, p) or, all rejected, (None, the final residual). p: [vocab]."""
         if not siblings:
             return None, p
         if tree.draft_probs is None:
             raise ValueError("multi-draft rejection sampling needs draft_probs (use the tree walk without them)")
-        q = draft_distribution(tree.draft_probs[node])  # [vocab]
+        q = draft_distribution(tree.draft_probs[node]).to(p.device)  # [vocab]
         for child in siblings:
-            x = int(tree.tokens[child])
+            x = tokens[child]
             if rng.uniform_below(accept_probability(p, q, x)):
                 return child, p
             p = residual(p, q)
