@@ -45,14 +45,16 @@ def reference_proposal(drafter: SuffixDrafter, tokens: list[int], outputs: list[
     best, source = None, "none"
     for name, sequences in (("request", [tokens]), ("global", outputs)):
         children = brute_children(sequences, drafter.max_depth)
-        for length in range(min(drafter.max_match, len(tokens)), 0, -1):
-            path = tuple(tokens[len(tokens) - length :])
-            if children(path)[1]:
-                max_spec = min(budget.nodes, int(drafter.alpha * length))
-                spec = speculate(children, path, max_spec, budget.depth, drafter.min_prob)
-                if spec.tokens and (best is None or spec.score > best.score):
-                    best, source = spec, name
+        usable = [n for n in range(min(drafter.max_match, len(tokens)), 0, -1) if children(tuple(tokens[-n:]))[1]]
+        length = usable[0] if usable else 0
+        while length >= 1:
+            max_spec = min(budget.nodes, int(drafter.alpha * length))
+            if max_spec <= (best.score if best else 0.0):
                 break
+            spec = speculate(children, tuple(tokens[-length:]), max_spec, budget.depth, drafter.min_prob)
+            if spec.tokens and (best is None or spec.score > best.score):
+                best, source = spec, name
+            length //= 2
     return ([], []) if best is None else (best.tokens, best.parents), source
 
 
@@ -206,6 +208,14 @@ def test_own_text_is_found_by_the_per_request_tree():
     assert tree.is_chain() and tree.tokens[1:].tolist() == [*phrase[2:], 3, 4, 10]
 
 
+def test_a_shorter_match_wins_in_a_repeat():
+    tokens = [5] + [7] * 9  # the longest earlier match (8 sevens) is followed by one seven only
+    drafter = SuffixDrafter()
+    drafter.start(0, tokens)
+    tree = drafter.propose(0, tokens, Budget(depth=8, nodes=8))
+    assert tree.is_chain() and tree.tokens[1:].tolist() == [7] * 4  # the match of 4: four sevens after
+
+
 def test_no_match_is_root_only():
     drafter = SuffixDrafter()
     drafter.start(0, [1, 2, 3, 4])
@@ -228,9 +238,10 @@ def test_alpha_scales_speculation_with_match_length():
     drafter = SuffixDrafter(max_depth=64, max_match=16, alpha=1.0)  # the match counts as 16
     drafter.start(0, prompt)
     assert drafter.propose(0, prompt, budget).tokens[1:].tolist() == after[:16]
-    drafter = SuffixDrafter(max_depth=20, max_match=16, alpha=4.0)  # 20 - 16: 4 tokens below it
+    # windows of 20 tokens: below the match of 16 lie 4 tokens, of 8 lie 12, of 4 lie 16 (the best)
+    drafter = SuffixDrafter(max_depth=20, max_match=16, alpha=4.0)
     drafter.start(0, prompt)
-    assert drafter.propose(0, prompt, budget).tokens[1:].tolist() == after[:4]
+    assert drafter.propose(0, prompt, budget).tokens[1:].tolist() == after[:16]
 
 
 def test_branches_follow_frequencies_and_min_prob():

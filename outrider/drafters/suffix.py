@@ -15,18 +15,23 @@ its context. Candidates below `min_prob` are dropped; at most `max_spec` nodes a
     max_spec = min(budget.nodes, floor(alpha * match_length))
 
 so a long match (a confident context) speculates further than a short one. `budget.depth` caps
-the depth. Of the two trees' proposals the one with the larger total score (the sum of its node
-scores: the expected number of accepted tokens if the counts were the truth) is kept, as in the
-paper; the per-request one wins ties. Keeping one rather than merging spends the whole node budget
-on the better-informed source and keeps the scores comparable.
+the depth. A speculation's score is the sum of its node scores (the expected number of accepted
+tokens if the counts were the truth), and the best-scoring one is kept, as in the paper: between
+the two trees (the per-request one wins ties), and also between the longest match m and the
+shorter matches m // 2, m // 4, ... (tried only while their max_spec could still win). The
+shorter matches matter in repeats: in `x x x x x x` the longest earlier match `x x x x x` is
+followed by one token before the text ends, while `x x` (5 // 2) is followed by four. Keeping one tree
+rather than merging spends the whole node budget on the better-informed source and keeps the
+scores comparable.
 
 Denominators count continuations only: a window that ends at a node (the end of a sequence, the
 depth cap, or the request's own latest suffix) says nothing about what follows.
 
 Defaults, from `scripts/bench_suffix_drafting.py` (an oracle target over Python source, budget
-depth 8 / 16 nodes): alpha 1, the low end of the paper's range, because alpha 2 and 4 raised tau
-by only 0.10 and 0.16 for 1.7x and 2.8x the drafted tokens, poor value where each verified token
-costs (the CPU); raise it where verification is nearly free. min_prob 0.1 as in the paper.
+depth 8 / 16 nodes): alpha 1, the low end of the usual 1 to 4, because alpha 2 and 4 raised tau
+by only 0.09 and 0.16 for 1.7x and 2.7x the drafted tokens, poor value where each verified token
+costs (the CPU); raise it where verification is nearly free. min_prob 0.1: a path must have
+followed its context at least one time in ten.
 max_depth 32 with max_match 16: tau was the same from 64/32 down to 16/8 while per-token update
 cost grows with the depth; 32 leaves 16 tokens of speculation below the longest match.
 
@@ -219,22 +224,29 @@ class SuffixDrafter:
     # -- drafting -----------------------------------------------------------------------------
 
     def speculation(self, state: SuffixState, budget: Budget) -> Speculation:
-        """The better of the per-request and the global tree's speculations.
+        """The best-scoring speculation over both trees and a few match lengths.
 
-        A path stops below `min_prob` or below the budget's `min_confidence`, whichever is higher.
+        In each tree: the longest usable match m, then m // 2, m // 4, ... down to 1, stopping once
+        a length's node cap (min(budget.nodes, alpha * length)) cannot beat the best score. A path
+        stops below `min_prob` or below the budget's `min_confidence`, whichever is higher.
         """
         min_prob = max(self.min_prob, getattr(budget, "min_confidence", 0.0))
         best = Speculation()
         sources = (state.tree, state.tree.repeated_suffixes()), (self.global_tree, self._global_matches(state))
         for tree, matches in sources:
-            for length, position in matches:
-                if length > self.max_match or not has_continuation(position):
-                    continue  # the longest usable match only
+            usable = [(n, p) for n, p in matches if n <= self.max_match and has_continuation(p)]
+            if not usable:
+                continue
+            by_length = dict(usable)  # every length below a usable match is usable too
+            length = usable[0][0]
+            while length >= 1:
                 max_spec = min(budget.nodes, int(self.alpha * length))
-                spec = speculate(tree.continuations, position, max_spec, budget.depth, min_prob)
+                if max_spec <= best.score:
+                    break  # shorter matches have lower caps still
+                spec = speculate(tree.continuations, by_length[length], max_spec, budget.depth, min_prob)
                 if spec.score > best.score:
                     best = spec
-                break
+                length //= 2
         return best
 
     def _global_matches(self, state: SuffixState) -> list[tuple[int, Position]]:
