@@ -43,6 +43,11 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     gen.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     gen.add_argument("--threads", type=int, default=None)
+    gen.add_argument("--drafter", default=None,
+                     help="ngram | suffix | draft-model:NAME | early-exit:K (default: none, autoregressive)")
+    gen.add_argument("--tree", default="chain", help="chain | static:2,2,1 | dynamic:K,N (model drafters)")
+    gen.add_argument("--controller", default="fixed:4", help="fixed:N | adaptive[:MAX] | cost[:MAX]")
+    gen.add_argument("--stats", action="store_true", help="print speculation statistics to stderr")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     gen.set_defaults(run=_generate)
 
@@ -64,7 +69,8 @@ def _generate(args) -> int:
     from .sampling import SamplingParams
 
     SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)  # refuse bad values before loading
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, threads=args.threads)
+    llm = LLM(args.model, drafter=args.drafter, tree=args.tree, controller=args.controller,
+              device=args.device, dtype=args.dtype, threads=args.threads)
     shown = [0]
 
     def on_text(index: int, text: str) -> None:
@@ -82,6 +88,10 @@ def _generate(args) -> int:
                           "finish_reason": result.finish_reason, "stats": result.stats}))
     else:
         sys.stdout.write(result.text[shown[0]:] + "\n")
+    if args.stats:
+        from .stats import format_stats
+
+        print(format_stats(result.stats), file=sys.stderr)
     return 0
 
 

@@ -10,7 +10,6 @@ The engine owns the tokenizer and the chat template; the runtime below it sees t
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 import torch
@@ -19,6 +18,8 @@ from .errors import ConfigError, ModelError
 from .generation import Finished, Request, generate_ids
 from .models.loader import load_decoder
 from .sampling import SamplingParams
+from .spec.setup import SpecOptions, Speculator
+from .stats import summarize
 
 
 @dataclass
@@ -30,18 +31,24 @@ class Completion:
 
 
 class LLM:
-    def __init__(self, model: str | None = None, *, device: str | None = None, dtype: str | None = None,
+    def __init__(self, model: str | None = None, *, drafter: str | None = None, tree: str = "chain",
+                 controller: str = "fixed:4", device: str | None = None, dtype: str | None = None,
                  threads: int | None = None):
+        """`drafter`: None (autoregressive), "ngram", "suffix", "draft-model:NAME" or
+        "early-exit:K"; `tree`: chain, static:B1,B2,... or dynamic:K,N; `controller`:
+        fixed:N, adaptive[:MAX] or cost[:MAX]. Bad strings are refused before loading."""
         from .models.catalog import DEFAULT_MODEL, resolve_model
 
+        options = SpecOptions(drafter, tree, controller).check() if drafter else None
+        torch_dtype = _parse_dtype(dtype)
         if threads is not None:
             torch.set_num_threads(threads)
         self.name = model or DEFAULT_MODEL
         self.path = resolve_model(self.name)
-        torch_dtype = _parse_dtype(dtype)
         self.target = load_decoder(self.path, device, torch_dtype)
         self.tokenizer = _load_tokenizer(self.path)
         self.eos_ids = _eos_ids(self.path, self.tokenizer)
+        self.speculator = Speculator.build(options, self.target, self.path) if options else None
 
     # -- prompts -------------------------------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
@@ -80,28 +87,17 @@ class LLM:
                 return None
             return _tokens_before(self, output, text[:cut])
 
-        start = time.perf_counter()
-        finished = generate_ids(self.target, requests, self.eos_ids, on_commit=on_commit)
-        total = time.perf_counter() - start
-        out = [self._completion(f, stops, total) for f in finished]
+        finished = generate_ids(self.target, requests, self.eos_ids, speculation=self.speculator,
+                                on_commit=on_commit)
+        out = [self._completion(f, stops) for f in finished]
         return out[0] if single else out
 
-    def _completion(self, f: Finished, stops: list[str], total_s: float) -> Completion:
+    def _completion(self, f: Finished, stops: list[str]) -> Completion:
         text = self.decode(f.output_ids)
         cut = _stop_cut(text, stops)
         if cut is not None:
             text = text[:cut]
-        s = f.stats
-        decode_s = max(f.total_s - f.prefill_s, 1e-9)
-        stats = {
-            "new_tokens": len(f.output_ids),
-            "tokens_per_s": len(f.output_ids) / max(f.total_s, 1e-9),
-            "decode_tokens_per_s": len(f.output_ids) / decode_s,
-            "prefill_s": f.prefill_s,
-            "total_s": f.total_s,
-            "rounds": s.rounds,
-            "mean_accepted_length": s.committed / max(s.rounds, 1),
-        }
+        stats = summarize(f)
         return Completion(text, f.output_ids, f.finish_reason, stats)
 
 

@@ -26,6 +26,8 @@ class Controller(Protocol):
     name: str
     max_depth: int
 
+    def start(self, seq_id: int) -> None: ...
+
     def budget(self, seq_id: int) -> Budget: ...
 
     def observe(self, seq_id: int, tree: DraftTree, result: VerifyResult) -> None: ...
@@ -35,6 +37,9 @@ class FixedController:
     def __init__(self, depth: int):
         self.name = f"fixed:{depth}"
         self.max_depth = depth
+
+    def start(self, seq_id: int) -> None:
+        pass
 
     def budget(self, seq_id: int) -> Budget:
         return Budget(depth=self.max_depth, nodes=self.max_depth)
@@ -56,16 +61,19 @@ class AdaptiveController:
                  raise_above: float = 0.75, lower_below: float = 0.35):
         self.name = "adaptive"
         self.max_depth = max_depth
-        self.start, self.alpha = start, alpha
+        self.start_depth, self.alpha = start, alpha
         self.raise_above, self.lower_below = raise_above, lower_below
         self._seqs: dict[int, _Moving] = {}
 
+    def start(self, seq_id: int) -> None:
+        self._seqs[seq_id] = _Moving(self.start_depth)
+
     def budget(self, seq_id: int) -> Budget:
-        depth = self._seqs.setdefault(seq_id, _Moving(self.start)).depth
+        depth = self._seqs.setdefault(seq_id, _Moving(self.start_depth)).depth
         return Budget(depth=depth, nodes=depth)
 
     def observe(self, seq_id: int, tree: DraftTree, result: VerifyResult) -> None:
-        state = self._seqs.setdefault(seq_id, _Moving(self.start))
+        state = self._seqs.setdefault(seq_id, _Moving(self.start_depth))
         drafted = tree.size - 1
         if drafted == 0:
             return
@@ -101,6 +109,9 @@ class CostController:
         self.decay, self.prior = decay, prior
         self.draft_step_s = 0.0  # measured by the caller as rounds go (drafting time per depth)
         self._seqs: dict[int, _PerPosition] = {}
+
+    def start(self, seq_id: int) -> None:
+        self._seqs[seq_id] = _PerPosition()
 
     def acceptance(self, seq_id: int) -> list[float]:
         st = self._seqs.setdefault(seq_id, _PerPosition())

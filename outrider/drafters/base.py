@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from ..sampling import SamplingParams
 from ..spec.types import DraftTree, VerifyResult
 
 
@@ -33,8 +34,11 @@ class Drafter(Protocol):
     name: str
     gives_probs: bool  # True when trees carry draft_probs (exact rejection sampling can use them)
 
-    def start(self, seq_id: int, prompt: list[int]) -> None:
-        """A new sequence whose committed tokens so far are `prompt`."""
+    def max_nodes(self, depth: int) -> int:
+        """The most draft nodes (root excluded) a proposal of this depth may hold."""
+
+    def start(self, seq_id: int, prompt: list[int], params: SamplingParams | None = None) -> None:
+        """A new sequence whose committed tokens so far are `prompt`, sampled with `params`."""
 
     def propose(self, seq_id: int, tokens: list[int], budget: Budget) -> DraftTree:
         """A tree rooted at tokens[-1] (the last committed token) within `budget`."""

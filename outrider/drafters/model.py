@@ -54,7 +54,8 @@ class ModelDrafter:
     def max_nodes(self, depth: int) -> int:
         return self.shape.max_drafts(depth)
 
-    def start(self, seq_id: int, prompt: list[int], params: SamplingParams = SamplingParams()) -> None:
+    def start(self, seq_id: int, prompt: list[int], params: SamplingParams | None = None) -> None:
+        params = params or SamplingParams()
         layers = self.num_layers or self.decoder.config.num_layers
         cache = self.decoder.new_cache(1, max(256, 2 * len(prompt)), num_layers=layers)
         gen = torch.Generator().manual_seed(params.seed + 7919) if params.seed is not None else None

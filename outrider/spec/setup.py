@@ -116,6 +116,7 @@ class Speculator:
 
     # -- the loop's hooks ---------------------------------------------------------------------
     def start(self, seq) -> None:
+        self.controller.start(seq.seq_id)
         self.drafter.start(seq.seq_id, list(seq.tokens), seq.params)
 
     def propose(self, seq, free_rows: int) -> DraftTree:

@@ -1,0 +1,1 @@
+"""Benchmarking: workloads from real text, methods side by side, reports."""

@@ -1,0 +1,83 @@
+"""Run one method over a list of prompts, one request at a time, and keep every raw figure.
+
+Every method sees the same prompt ids, generates the same number of tokens (EOS is ignored so
+each does the same work; the lossless audit compares token for token), in the same process.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..generation import Request, generate_ids
+from ..models.decoder import Decoder
+from ..stats import summarize
+
+
+@dataclass
+class PromptRun:
+    output_ids: list[int]
+    seconds: float
+    stats: dict = field(default_factory=dict)
+
+
+def run_ours(target: Decoder, speculator, prompt_ids: list[int], max_new_tokens: int) -> PromptRun:
+    start = time.perf_counter()
+    finished = generate_ids(target, [Request(prompt_ids, max_new_tokens)], set(), speculation=speculator)[0]
+    seconds = time.perf_counter() - start
+    return PromptRun(finished.output_ids, seconds, summarize(finished))
+
+
+def run_transformers(model, prompt_ids: list[int], max_new_tokens: int, assistant=None,
+                     prompt_lookup: int | None = None) -> PromptRun:
+    """transformers' generate (plain, assisted by a draft model, or prompt lookup), greedy."""
+    kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
+    if assistant is not None:
+        kwargs["assistant_model"] = assistant
+    if prompt_lookup is not None:
+        kwargs["prompt_lookup_num_tokens"] = prompt_lookup
+    with torch.inference_mode():
+        start = time.perf_counter()
+        out = model.generate(torch.tensor([prompt_ids]), **kwargs)
+        seconds = time.perf_counter() - start
+    ids = out[0, len(prompt_ids):].tolist()
+    return PromptRun(ids, seconds, {"new_tokens": len(ids), "tokens_per_s": len(ids) / seconds})
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two outputs differ (None when identical)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def aggregate(runs: list[PromptRun]) -> dict:
+    """Totals over prompts: tokens/s over the whole run, tau, acceptance by position."""
+    tokens = sum(len(r.output_ids) for r in runs)
+    seconds = sum(r.seconds for r in runs)
+    out = {"new_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9)}
+    if runs and "rounds" in runs[0].stats:
+        rounds = sum(r.stats["rounds"] for r in runs)
+        committed = sum(r.stats["committed"] for r in runs)
+        depth = max(len(r.stats["acceptance_by_position"]) for r in runs)
+        hist_len = max(len(r.stats["accepted_length_hist"]) for r in runs)
+        hist = [sum(r.stats["accepted_length_hist"][i] for r in runs if i < len(r.stats["accepted_length_hist"]))
+                for i in range(hist_len)]
+        accepted = [0] * depth
+        proposed = [0] * depth
+        for r in runs:
+            for i, (a, p) in enumerate(zip(r.stats["accepted_by_position"], r.stats["proposed_by_position"])):
+                accepted[i] += a
+                proposed[i] += p
+        out.update({
+            "rounds": rounds,
+            "mean_accepted_length": committed / max(rounds, 1),
+            "acceptance_by_position": [a / max(p, 1) for a, p in zip(accepted, proposed)],
+            "accepted_length_hist": hist,
+            "draft_s": sum(r.stats["draft_s"] for r in runs),
+            "verify_s": sum(r.stats["verify_s"] for r in runs),
+        })
+    return out

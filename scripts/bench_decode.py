@@ -1,0 +1,122 @@
+"""Autoregressive decode speed: Outrider's runtime vs transformers' generate, same run.
+
+Greedy, fixed number of new tokens (EOS ignored on both sides so both do the same work), on
+five code prompts in completion mode. Also the memory-bandwidth floor: the bytes of weights one
+token reads divided by the copy bandwidth measured in this same run.
+
+    .venv/bin/python scripts/bench_decode.py [--model smollm2-135m-instruct] [--threads 2]
+
+Prints a table and, with --json PATH, writes every raw figure. Speed is a ratio against the
+baseline measured in the same process; absolute numbers move with the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+
+PROMPTS = [
+    "def quicksort(arr):\n    \"\"\"Sort a list of numbers with quicksort.\"\"\"\n",
+    "import json\n\n\ndef load_config(path):\n    \"\"\"Read a JSON config file and fill in defaults.\"\"\"\n",
+    "class Stack:\n    \"\"\"A last-in first-out stack backed by a Python list.\"\"\"\n\n    def __init__(self):\n",
+    "def fibonacci(n: int) -> list[int]:\n    \"\"\"Return the first n Fibonacci numbers.\"\"\"\n",
+    "# Parse a CSV file and print the average of the second column\nimport csv\n\n",
+]
+
+
+def copy_bandwidth(megabytes: int = 512, repeats: int = 7) -> float:
+    """Best-of-n copy bandwidth in bytes/s, counting bytes read + bytes written (STREAM copy)."""
+    src = torch.ones(megabytes * 2**20 // 4)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.numel() * 4 / best
+
+
+def weight_bytes_per_token(decoder) -> int:
+    """Bytes of weights one decode step reads: every layer, the final norm and the output head."""
+    total = decoder.lm_head.numel() + decoder.norm.numel()
+    for w in decoder.layers:
+        total += sum(t.numel() for t in (w.input_norm, w.qkv, w.o, w.post_norm, w.gate_up, w.down))
+        total += sum(t.numel() for t in (w.qkv_bias, w.q_norm, w.k_norm) if t is not None)
+    return total * decoder.embed.element_size()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from outrider.generation import Request, generate_ids
+    from outrider.models.catalog import resolve_model
+    from outrider.models.loader import load_decoder
+
+    path = resolve_model(args.model)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    ours = load_decoder(path, "cpu", torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    n = args.new_tokens
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+
+    # warm-up both (allocator, thread pools, lazy inits)
+    generate_ids(ours, [Request(prompts[0], 8)], eos_ids=set())
+    with torch.no_grad():
+        ref.generate(torch.tensor([prompts[0]]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
+
+    rows = []
+    for i, p in enumerate(prompts):
+        t = time.perf_counter()
+        out = generate_ids(ours, [Request(p, n)], eos_ids=set())[0]
+        ours_s = time.perf_counter() - t
+        with torch.no_grad():
+            t = time.perf_counter()
+            hf = ref.generate(torch.tensor([p]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            hf_s = time.perf_counter() - t
+        hf_ids = hf[0, len(p):].tolist()
+        rows.append({"prompt": i, "prompt_tokens": len(p), "new_tokens": len(out.output_ids),
+                     "ours_s": ours_s, "transformers_s": hf_s,
+                     "ours_tok_s": len(out.output_ids) / ours_s, "transformers_tok_s": len(hf_ids) / hf_s,
+                     "same_tokens": out.output_ids == hf_ids})
+        print(f"prompt {i}: ours {rows[-1]['ours_tok_s']:.1f} tok/s, transformers "
+              f"{rows[-1]['transformers_tok_s']:.1f} tok/s, identical greedy output: {rows[-1]['same_tokens']}")
+
+    bandwidth = copy_bandwidth()
+    wbytes = weight_bytes_per_token(ours)
+    floor_tok_s = bandwidth / wbytes
+    ours_tok_s = statistics.mean(r["ours_tok_s"] for r in rows)
+    hf_tok_s = statistics.mean(r["transformers_tok_s"] for r in rows)
+    summary = {
+        "model": args.model, "threads": args.threads, "new_tokens": n, "dtype": "float32",
+        "ours_tok_s": ours_tok_s, "transformers_tok_s": hf_tok_s, "speedup_vs_transformers": ours_tok_s / hf_tok_s,
+        "weight_bytes_per_token": wbytes, "copy_bandwidth_gb_s": bandwidth / 1e9,
+        "floor_tok_s": floor_tok_s, "fraction_of_floor": ours_tok_s / floor_tok_s,
+        "all_identical": all(r["same_tokens"] for r in rows),
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "machine": platform.processor() or platform.machine(),
+    }
+    print(f"\nours {ours_tok_s:.1f} tok/s | transformers {hf_tok_s:.1f} tok/s | "
+          f"speed-up {summary['speedup_vs_transformers']:.2f}x")
+    print(f"weights read per token {wbytes / 1e6:.0f} MB | copy bandwidth {bandwidth / 1e9:.1f} GB/s | "
+          f"floor {floor_tok_s:.1f} tok/s | ours at {100 * summary['fraction_of_floor']:.0f}% of the floor")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"summary": summary, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
