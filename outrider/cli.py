@@ -51,6 +51,19 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     gen.set_defaults(run=_generate)
 
+    bench = sub.add_parser("bench", help="every method side by side on real workloads, with a report")
+    bench.add_argument("--preset", default=None, help="quick (default, ~3 min on 2 cores) or full")
+    bench.add_argument("--methods", default=None, help="a methods TOML file (see outrider/bench/presets/)")
+    bench.add_argument("--model", action="append", default=None, help="target model(s), overriding the file")
+    bench.add_argument("--workload", action="append", default=None,
+                       help="humaneval | toolcall | code-edit | jsonl:PATH (repeatable), overriding the file")
+    bench.add_argument("--prompts", type=int, default=None, help="prompts per workload")
+    bench.add_argument("--max-new-tokens", type=int, default=None)
+    bench.add_argument("--threads", type=int, default=None)
+    bench.add_argument("--out", default=None, help="output folder (default: bench-results/<time>)")
+    bench.add_argument("--no-progress", action="store_true")
+    bench.set_defaults(run=_bench)
+
     models = sub.add_parser("models", help="the catalog of packaged models")
     msub = models.add_subparsers(dest="models_command", required=True)
     ls = msub.add_parser("list", help="show the catalog and what is pulled")
@@ -92,6 +105,48 @@ def _generate(args) -> int:
         from .stats import format_stats
 
         print(format_stats(result.stats), file=sys.stderr)
+    return 0
+
+
+def _bench(args) -> int:
+    import dataclasses
+    import time
+    from pathlib import Path
+
+    from .bench.methods import load_config, parse_config, preset_path
+    from .bench.report import write_report
+    from .bench.run import needs_exit_failure, plan, run_bench, write_results
+    from .bench.table import summary_table
+    from .errors import ConfigError
+
+    if args.preset and args.methods:
+        raise ConfigError("give --preset or --methods, not both")
+    preset = None if args.methods else (args.preset or "quick")
+    config = load_config(args.methods or preset_path(preset))
+    overrides = {}
+    if args.model:
+        overrides["models"] = tuple(args.model)
+    if args.workload:
+        overrides["workloads"] = tuple(args.workload)
+    for key in ("prompts", "max_new_tokens", "threads"):
+        value = getattr(args, key)
+        if value is not None:
+            if value < 1:
+                raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
+            overrides[key] = value
+    config = dataclasses.replace(config, **overrides)
+    log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+    the_plan = plan(config, log=log)
+    results = run_bench(the_plan, threads=config.threads, log=log, progress=not args.no_progress)
+    results["preset"] = preset
+    out = Path(args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S"))
+    write_results(results, out)
+    files = write_report(results, out)
+    print(summary_table(results))
+    print(f"\nresults: {out / 'results.json'}\nreport:  {files.get('html', out / 'report.html')}")
+    if needs_exit_failure(results):
+        print("error: the lossless audit failed (see the report); this is a bug in a method", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,0 +1,171 @@
+"""The bench configuration: models, workloads and methods, from one TOML file.
+
+    models = ["smollm2-135m-instruct"]
+    workloads = ["humaneval", "toolcall", "code-edit"]     # or "jsonl:my_prompts.jsonl"
+    prompts = 3                     # per workload (optional: all)
+    max_new_tokens = 64             # optional: each workload's default otherwise
+
+    [[method]]                      # ours: a drafter, a tree shape and a controller
+    name = "suffix"
+    drafter = "suffix"
+    controller = "fixed:6"
+
+    [[method]]                      # a peer, run on the same model and prompts
+    name = "transformers"
+    peer = "transformers"           # transformers | transformers-assisted | transformers-prompt-lookup
+                                    # | llama.cpp | llama.cpp-prompt-lookup
+    [[method]]
+    name = "draft-0.5b"
+    drafter = "draft-model:qwen2.5-coder-0.5b-instruct"
+    models = ["qwen2.5-coder-1.5b-instruct"]   # run only for these targets
+
+Our autoregressive baseline is always run first and is not listed. Everything here is checked
+before any model is loaded; errors name the file and, where there is one, the line.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..spec.setup import SpecOptions
+
+PEERS = ("transformers", "transformers-assisted", "transformers-prompt-lookup", "llama.cpp",
+         "llama.cpp-prompt-lookup")
+METHOD_KEYS = {"name", "drafter", "tree", "controller", "peer", "assistant", "lookup", "models"}
+TOP_KEYS = {"models", "workloads", "prompts", "max_new_tokens", "threads", "method"}
+PRESETS = Path(__file__).parent / "presets"
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    line: int  # where its [[method]] table starts in the file (0 when unknown)
+    spec: SpecOptions | None = None  # ours
+    peer: str | None = None  # a peer's kind
+    assistant: str | None = None  # transformers-assisted: the draft model
+    lookup: int = 10  # prompt lookup peers: tokens per lookup
+    models: tuple[str, ...] = ()  # empty: every model
+
+    @property
+    def kind(self) -> str:
+        return "peer" if self.peer else "ours"
+
+    @property
+    def label(self) -> str:
+        if self.spec:
+            return f"{self.name} ({self.spec.drafter}, {self.spec.tree}, {self.spec.controller})"
+        extra = f", assistant {self.assistant}" if self.assistant else ""
+        return f"{self.name} (peer: {self.peer}{extra})"
+
+    def runs_on(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    source: str
+    models: tuple[str, ...]
+    workloads: tuple[str, ...]
+    methods: tuple[Method, ...]
+    prompts: int | None = None
+    max_new_tokens: int | None = None
+    threads: int | None = None
+    raw: dict = field(default_factory=dict)
+
+
+def preset_path(name: str) -> Path:
+    path = PRESETS / f"{name}.toml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in PRESETS.glob("*.toml")))
+        raise ConfigError(f"unknown preset '{name}': known presets are {known}")
+    return path
+
+
+def load_config(path: str | Path) -> BenchConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read it ({err.strerror}); give a methods TOML file") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: malformed TOML: {err}") from None
+    return parse_config(raw, str(path), _method_lines(text))
+
+
+def parse_config(raw: dict, source: str, lines: list[int] | None = None) -> BenchConfig:
+    unknown = set(raw) - TOP_KEYS
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(TOP_KEYS))}")
+    models = _strings(raw.get("models", ["smollm2-135m-instruct"]), f"{source}: models")
+    workloads = _strings(raw.get("workloads", ["humaneval"]), f"{source}: workloads")
+    methods = []
+    for i, table in enumerate(raw.get("method", [])):
+        line = lines[i] if lines and i < len(lines) else 0
+        methods.append(_method(table, f"{source}:{line}" if line else source, line))
+    names = [m.name for m in methods]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise ConfigError(f"{source}: method name(s) used twice: {', '.join(sorted(dupes))}")
+    if "autoregressive" in names:
+        raise ConfigError(f"{source}: 'autoregressive' is the built-in baseline; give your method another name")
+    return BenchConfig(source, tuple(models), tuple(workloads), tuple(methods),
+                       _positive(raw.get("prompts"), f"{source}: prompts"),
+                       _positive(raw.get("max_new_tokens"), f"{source}: max_new_tokens"),
+                       _positive(raw.get("threads"), f"{source}: threads"), raw)
+
+
+def _method(table: dict, where: str, line: int) -> Method:
+    if not isinstance(table, dict) or "name" not in table or not isinstance(table["name"], str):
+        raise ConfigError(f"{where}: a [[method]] needs a name = \"...\"")
+    name = table["name"]
+    unknown = set(table) - METHOD_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: method '{name}' has unknown key(s) {', '.join(sorted(unknown))}; "
+                          f"known: {', '.join(sorted(METHOD_KEYS))}")
+    models = tuple(_strings(table.get("models", []), f"{where}: method '{name}' models"))
+    if "peer" in table:
+        peer = table["peer"]
+        if peer not in PEERS:
+            raise ConfigError(f"{where}: method '{name}': unknown peer '{peer}'; known: {', '.join(PEERS)}")
+        if "drafter" in table:
+            raise ConfigError(f"{where}: method '{name}' has both peer and drafter; a method is one or the other")
+        assistant = table.get("assistant")
+        if peer == "transformers-assisted" and not assistant:
+            raise ConfigError(f"{where}: method '{name}': transformers-assisted needs assistant = \"MODEL\"")
+        lookup = table.get("lookup", 10)
+        if not isinstance(lookup, int) or lookup < 1:
+            raise ConfigError(f"{where}: method '{name}': lookup must be a positive integer")
+        return Method(name, line, peer=peer, assistant=assistant, lookup=lookup, models=models)
+    if "drafter" not in table:
+        raise ConfigError(f"{where}: method '{name}' needs a drafter = \"...\" or a peer = \"...\"")
+    try:
+        spec = SpecOptions(str(table["drafter"]), str(table.get("tree", "chain")),
+                           str(table.get("controller", "fixed:4"))).check()
+    except ConfigError as err:
+        raise ConfigError(f"{where}: method '{name}': {err}") from None
+    return Method(name, line, spec=spec, models=models)
+
+
+def _method_lines(text: str) -> list[int]:
+    return [i + 1 for i, line in enumerate(text.splitlines()) if line.strip().startswith("[[method]]")]
+
+
+def _strings(value, where: str) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{where} must be a list of names")
+    return value
+
+
+def _positive(value, where: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{where} must be a positive integer, got {value!r}")
+    return value
