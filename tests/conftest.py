@@ -5,7 +5,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny import FAMILIES, make_tiny  # noqa: E402
+from tiny import FAMILIES, add_tokenizer, make_tiny  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -18,4 +18,6 @@ def tiny_folders(tmp_path_factory) -> dict[str, Path]:
     folders = {fam: make_tiny(fam, root / fam) for fam in FAMILIES}
     folders["llama-tied"] = make_tiny("llama", root / "llama-tied", seed=2, tied=True)
     folders["llama-draft"] = make_tiny("llama", root / "llama-draft", seed=3)
+    for folder in folders.values():
+        add_tokenizer(folder)
     return folders

@@ -45,3 +45,26 @@ def reference(folder: Path):
     import transformers as tf
 
     return tf.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def add_tokenizer(folder: Path, vocab: int = 96) -> Path:
+    """A word-level tokenizer over `vocab` ids: <unk>, <|im_start|>, <|im_end|>, then w3, w4, ..."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    words.update({f"w{i}": i for i in range(3, vocab)})
+    tok = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>",
+                                   bos_token="<|im_start|>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(folder)
+    return Path(folder)
