@@ -1,0 +1,208 @@
+"""The terminal summary of a bench run, and the small readers of results.json the report shares.
+
+One table per model: a row per method (our autoregressive baseline first, then ours, then peers)
+and, per workload, tokens/s, the speed-up over our autoregressive baseline ("x AR", measured in
+the same process on the same prompts) and tau (tokens committed per round, bonus included). The
+last column says whether the greedy output equalled the baseline's token for token:
+
+    ok              every prompt matched
+    MISMATCH@17     one of our methods differed, first at output token 17: a bug, said loudly
+    differs@17      a peer differed (its numerics are not ours; peers are not audited)
+    -               not known
+
+A figure that does not apply (a peer has no tau) or was not measured is shown as "-".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+KIND_ORDER = {"baseline": 0, "ours": 1, "peer": 2}
+MISSING = "-"
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str  # the method's key in results.json
+    label: str  # what people read, e.g. "suffix / chain / fixed:6"
+    kind: str  # "baseline" | "ours" | "peer"
+
+
+def model_names(results: dict) -> list[str]:
+    """Models in the order they ran."""
+    return list(dict.fromkeys(run["model"] for run in results.get("runs", [])))
+
+
+def workload_names(results: dict, model: str) -> list[str]:
+    """Workloads of one model, in the order they ran."""
+    return list(dict.fromkeys(run["workload"] for run in results.get("runs", []) if run["model"] == model))
+
+
+def methods(results: dict, model: str) -> list[Method]:
+    """Methods of one model: the baseline, then ours, then peers, each group in the order run."""
+    seen: dict[str, Method] = {}
+    for run in results.get("runs", []):
+        if run["model"] == model and run["method"] not in seen:
+            kind = run.get("kind") or "ours"
+            seen[run["method"]] = Method(run["method"], str(run.get("label") or run["method"]), kind)
+    return sorted(seen.values(), key=lambda m: KIND_ORDER.get(m.kind, len(KIND_ORDER)))
+
+
+def find_run(results: dict, model: str, workload: str, method: str) -> dict | None:
+    for run in results.get("runs", []):
+        if run["model"] == model and run["workload"] == workload and run["method"] == method:
+            return run
+    return None
+
+
+def summary_of(run: dict | None) -> dict:
+    return (run or {}).get("summary") or {}
+
+
+def number(value) -> float | None:
+    """A finite float, or None for anything missing, null or not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def speedup(results: dict, run: dict | None) -> float | None:
+    """tokens/s over our baseline's on the same model and workload (as recorded, else computed)."""
+    s = summary_of(run)
+    if number(s.get("speedup_vs_baseline")) is not None:
+        return number(s["speedup_vs_baseline"])
+    if run is None or number(s.get("tokens_per_s")) is None:
+        return None
+    base = next((summary_of(r) for r in results.get("runs", []) if r.get("kind") == "baseline"
+                 and r["model"] == run["model"] and r["workload"] == run["workload"]), {})
+    base_tps = number(base.get("tokens_per_s"))
+    return number(s["tokens_per_s"]) / base_tps if base_tps else None
+
+
+def tau(run: dict | None) -> float | None:
+    return number(summary_of(run).get("mean_accepted_length"))
+
+
+def first_difference(results: dict, run: dict | None) -> int | None:
+    """The earliest output position where any prompt of this run differed from the baseline."""
+    if run is None:
+        return None
+    diffs = [p.get("first_difference") for p in run.get("prompts", [])]
+    diffs += [m.get("first_difference") for m in (results.get("audit") or {}).get("mismatches", [])
+              if (m.get("model"), m.get("workload"), m.get("method"))
+              == (run["model"], run["workload"], run["method"])]
+    diffs = [d for d in diffs if isinstance(d, int) and not isinstance(d, bool)]
+    return min(diffs) if diffs else None
+
+
+def differs(results: dict, run: dict | None) -> bool:
+    s = summary_of(run)
+    return s.get("lossless") is False or bool(s.get("mismatches")) or first_difference(results, run) is not None
+
+
+def lossless_mark(results: dict, run: dict | None) -> str:
+    """"ok", "MISMATCH@17" (ours), "differs@17" (a peer) or "-" (see the module docstring)."""
+    if run is None:
+        return MISSING
+    if differs(results, run):
+        word = "differs" if run.get("kind") == "peer" else "MISMATCH"
+        at = first_difference(results, run)
+        return word if at is None else f"{word}@{at}"
+    return "ok" if summary_of(run).get("lossless") is True else MISSING
+
+
+def row_mark(results: dict, model: str, method: str, workloads: list[str]) -> str:
+    """One mark for a method over all workloads; a difference names its workload(s)."""
+    marks = [(w, lossless_mark(results, find_run(results, model, w, method))) for w in workloads]
+    bad = [f"{mark} {w}" for w, mark in marks if mark.startswith(("MISMATCH", "differs"))]
+    if bad:
+        return "; ".join(bad)
+    known = [mark for _, mark in marks if mark != MISSING]
+    return "ok" if known and all(mark == "ok" for mark in known) else MISSING
+
+
+def fmt(value, pattern: str) -> str:
+    """`pattern` applied to a finite number, else "-"."""
+    value = number(value)
+    return MISSING if value is None else pattern.format(value)
+
+
+def fmt_tps(value) -> str:
+    return fmt(value, "{:.1f}")
+
+
+def fmt_ratio(value) -> str:
+    return fmt(value, "{:.2f}x")
+
+
+def fmt_tau(value) -> str:
+    return fmt(value, "{:.2f}")
+
+
+def summary_grid(results: dict, model: str, vs_transformers: bool = False):
+    """The figures of one model's table as text.
+
+    Returns (workloads, per_workload_columns, rows); a row is
+    [label, kind, *per workload (tok/s, x AR[, x HF], tau), lossless]."""
+    loads = workload_names(results, model)
+    per = ["tok/s", "x AR"] + (["x HF"] if vs_transformers else []) + ["tau"]
+    rows = []
+    for m in methods(results, model):
+        row = [m.label, m.kind]
+        for w in loads:
+            run = find_run(results, model, w, m.name)
+            s = summary_of(run)
+            row += [fmt_tps(s.get("tokens_per_s")), fmt_ratio(speedup(results, run))]
+            if vs_transformers:
+                row.append(fmt_ratio(s.get("speedup_vs_transformers")))
+            row.append(fmt_tau(tau(run)))
+        row.append(row_mark(results, model, m.name, loads))
+        rows.append(row)
+    return loads, per, rows
+
+
+def _text_table(loads: list[str], per: list[str], rows: list[list[str]]) -> list[str]:
+    header = ["method", "kind"] + per * len(loads) + ["lossless"]
+    cells = [header] + rows
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    left = {0, 1, len(header) - 1}  # text columns; figures are right-aligned
+    # A workload's name spans its columns; widen the last of them if the name is longer.
+    span = len(per)
+    for j, w in enumerate(loads):
+        cols = range(2 + j * span, 2 + (j + 1) * span)
+        short = len(w) - (sum(widths[i] for i in cols) + 2 * (span - 1))
+        if short > 0:
+            widths[cols[-1]] += short
+    groups = " " * (widths[0] + widths[1] + 4)
+    groups += "  ".join(w.ljust(sum(widths[i] for i in range(2 + j * span, 2 + (j + 1) * span)) + 2 * (span - 1))
+                        for j, w in enumerate(loads))
+
+    def line(row):
+        return "  ".join(c.ljust(widths[i]) if i in left else c.rjust(widths[i]) for i, c in enumerate(row))
+
+    rule = "-" * len(line(header))
+    return [groups.rstrip(), line(header).rstrip(), rule] + [line(r).rstrip() for r in rows]
+
+
+def summary_table(results: dict) -> str:
+    """A plain-text table per model, aligned for a terminal, then the audit's verdict."""
+    out = []
+    for model in model_names(results):
+        loads, per, rows = summary_grid(results, model)
+        out.append(f"{model}: tokens/s, x AR = speed-up over our autoregressive baseline (same run), "
+                   f"tau = tokens per round")
+        out += _text_table(loads, per, rows) + [""]
+    if not out:
+        return "no runs"
+    audit = results.get("audit") or {}
+    bad = audit.get("mismatches") or []
+    if audit.get("ok") is False or bad:
+        first = min((m["first_difference"] for m in bad if isinstance(m.get("first_difference"), int)),
+                    default=None)
+        at = "" if first is None else f", first at output token {first}"
+        out.append(f"LOSSLESS AUDIT FAILED: {len(bad)} output(s) of our methods differ from "
+                   f"autoregressive{at}")
+    elif audit.get("ok") is True:
+        out.append("lossless audit: ok (every output of our methods equals autoregressive, token for token)")
+    return "\n".join(out).rstrip()
