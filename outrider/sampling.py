@@ -37,12 +37,13 @@ class SamplingParams:
 def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Target distribution after temperature, top-k and top-p.
 
-    logits: [..., vocab] -> probs: [..., vocab] (float32; rows sum to 1).
-    Greedy returns the one-hot distribution of the argmax.
+    logits: [..., vocab] -> probs: [..., vocab] (float64 for float64 logits, else float32; rows
+    sum to 1). Greedy returns the one-hot distribution of the argmax.
     """
-    logits = logits.float()
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    logits = logits.to(dtype)
     if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(dtype)
     logits = logits / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
