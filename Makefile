@@ -1,5 +1,6 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   creates .venv, installs Outrider, pulls the default model, runs the main job
+#               (`outrider bench --preset quick`: every method side by side, report in bench-results/)
 #   make test   creates .venv if needed, pulls what the tests need, runs the suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -22,7 +23,8 @@ install: $(VENV)/.installed
 
 demo: install
 	$(VENV)/bin/outrider models pull $(DEFAULT_MODEL)
-	$(VENV)/bin/outrider generate --chat --max-new-tokens 128 "$(PROMPT)"
+	$(VENV)/bin/outrider generate --chat --max-new-tokens 64 --drafter suffix --stats "$(PROMPT)"
+	$(VENV)/bin/outrider bench --preset quick --out bench-results/quick
 
 test: install
 	$(VENV)/bin/outrider models pull $(DEFAULT_MODEL)

@@ -47,7 +47,7 @@ class LLM:
         self.path = resolve_model(self.name)
         self.target = load_decoder(self.path, device, torch_dtype)
         self.tokenizer = _load_tokenizer(self.path)
-        self.eos_ids = _eos_ids(self.path, self.tokenizer)
+        self.eos_ids = eos_ids_of(self.path, self.tokenizer)
         self.speculator = Speculator.build(options, self.target, self.path) if options else None
 
     # -- prompts -------------------------------------------------------------------------------
@@ -134,7 +134,7 @@ def _load_tokenizer(path: Path):
         raise ModelError(f"{path}: cannot load the tokenizer ({first}); re-pull the model") from None
 
 
-def _eos_ids(path: Path, tokenizer) -> set[int]:
+def eos_ids_of(path: Path, tokenizer) -> set[int]:
     ids: set[int] = set()
     gen = Path(path) / "generation_config.json"
     if gen.exists():

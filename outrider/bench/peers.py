@@ -61,9 +61,10 @@ class LlamaCppPeer:
         out: list[int] = []
         start = time.perf_counter()
         self.llm.reset()
+        eos = self.llm.token_eos()
         for token in self.llm.generate(prompt_ids, temp=0.0, top_k=1, reset=True):
             out.append(int(token))
-            if len(out) >= max_new_tokens:
+            if token == eos or len(out) >= max_new_tokens:
                 break
         seconds = time.perf_counter() - start
         return PromptRun(out, seconds, {"new_tokens": len(out), "tokens_per_s": len(out) / seconds})

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from .. import __version__
+from ..engine import eos_ids_of
 from ..errors import ConfigError
 from ..models.catalog import CATALOG, is_present, pull, resolve_model
 from ..models.config import ModelConfig
@@ -92,6 +93,7 @@ def run_bench(p: Plan, threads: int | None = None, log=print, progress: bool = T
         path = p.model_paths[model]
         target = load_decoder(path)
         tok = AutoTokenizer.from_pretrained(str(path))
+        eos = eos_ids_of(path, tok)
         methods = [m for m in p.config.methods if m.runs_on(model)]
         peers = {}
         for m in methods:
@@ -109,13 +111,13 @@ def run_bench(p: Plan, threads: int | None = None, log=print, progress: bool = T
             per_method.update({m.name: [] for m in methods if m.spec or m.name in peers})
             run_ours(target, None, prompts[0][:8], 2)  # warm-up
             for i, (prompt, ids) in enumerate(zip(w.prompts, prompts)):
-                new = prompt.max_new_tokens or w.max_new_tokens
+                new = w.budget(prompt)
                 for name in per_method:
                     bar.set_description(f"{model} | {w.name} | {i + 1}/{len(prompts)} | {name}")
                     if name == BASELINE:
-                        r = run_ours(target, None, ids, new)
+                        r = run_ours(target, None, ids, new, eos)
                     elif name in specs:
-                        r = run_ours(target, specs[name], ids, new)
+                        r = run_ours(target, specs[name], ids, new, eos)
                     else:
                         r = peers[name].run(ids, new)
                     r.stats["first_difference"] = None

@@ -1,7 +1,8 @@
 """Run one method over a list of prompts, one request at a time, and keep every raw figure.
 
-Every method sees the same prompt ids, generates the same number of tokens (EOS is ignored so
-each does the same work; the lossless audit compares token for token), in the same process.
+Every method sees the same prompt ids, stops at the model's end-of-generation tokens or after
+the same number of new tokens, in the same process; the lossless audit compares token for token.
+Speed is tokens per second of wall time, prefill included, for every method alike.
 """
 
 from __future__ import annotations
@@ -23,17 +24,24 @@ class PromptRun:
     stats: dict = field(default_factory=dict)
 
 
-def run_ours(target: Decoder, speculator, prompt_ids: list[int], max_new_tokens: int) -> PromptRun:
+def run_ours(target: Decoder, speculator, prompt_ids: list[int], max_new_tokens: int,
+             eos_ids: set[int] = frozenset()) -> PromptRun:
     start = time.perf_counter()
-    finished = generate_ids(target, [Request(prompt_ids, max_new_tokens)], set(), speculation=speculator)[0]
+    finished = generate_ids(target, [Request(prompt_ids, max_new_tokens)], set(eos_ids), speculation=speculator)[0]
     seconds = time.perf_counter() - start
     return PromptRun(finished.output_ids, seconds, summarize(finished))
 
 
 def run_transformers(model, prompt_ids: list[int], max_new_tokens: int, assistant=None,
-                     prompt_lookup: int | None = None) -> PromptRun:
-    """transformers' generate (plain, assisted by a draft model, or prompt lookup), greedy."""
-    kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
+                     prompt_lookup: int | None = None, fixed_length: bool = False) -> PromptRun:
+    """transformers' generate (plain, assisted by a draft model, or prompt lookup), greedy.
+
+    fixed_length: suppress end-of-generation tokens so exactly max_new_tokens come out (a decode
+    benchmark's equal work); otherwise it stops at the model's EOS like our runs do.
+    """
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False)
+    if fixed_length:
+        kwargs["min_new_tokens"] = max_new_tokens
     if assistant is not None:
         kwargs["assistant_model"] = assistant
     if prompt_lookup is not None:
