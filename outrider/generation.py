@@ -72,7 +72,7 @@ def generate_ids(
     cache = target.new_cache(len(requests), max_len)
     seqs = []
     for i, r in enumerate(requests):
-        gen = torch.Generator().manual_seed(r.params.seed) if r.params.seed is not None else None
+        gen = torch.Generator(device=target.device).manual_seed(r.params.seed) if r.params.seed is not None else None
         verify = (speculation.verifier_for(r.params) if speculation is not None
                   else choose_verifier("chain", False, r.params).verifier)
         seqs.append(Sequence(i, i, list(r.prompt_ids), len(r.prompt_ids), r.params, TorchRandom(gen), verify))

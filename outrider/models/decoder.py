@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from ..kv import KVCache
 from .batch import ForwardBatch
 from .config import ModelConfig
-from .layers import apply_rotary, attention, rms_norm, rotary_tables, swiglu_mlp
+from .layers import apply_rotary, attention, linear, rms_norm, rotary_tables, swiglu_mlp
 
 
 @dataclass
@@ -83,7 +83,7 @@ class Decoder:
         layers = self.layers[: num_layers or len(self.layers)]
         for index, w in enumerate(layers):
             h = rms_norm(x, w.input_norm, c.rms_norm_eps)
-            qkv = F.linear(h, w.qkv, w.qkv_bias)  # [B, T, (H + 2G) * D]
+            qkv = linear(h, w.qkv, w.qkv_bias)  # [B, T, (H + 2G) * D]
             q, k, v = qkv.split((H * D, G * D, G * D), dim=-1)
             q = q.view(B, T, H, D).transpose(1, 2)  # [B, H, T, D]
             k = k.view(B, T, G, D).transpose(1, 2)  # [B, G, T, D]
@@ -104,11 +104,11 @@ class Decoder:
                 keys = k_cache[slots, :, : batch.kv_len]
                 values = v_cache[slots, :, : batch.kv_len]
             out = attention(q, keys, values, batch.attn_mask)  # [B, H, T, D]
-            x = x + F.linear(out.transpose(1, 2).reshape(B, T, H * D), w.o)
+            x = x + linear(out.transpose(1, 2).reshape(B, T, H * D), w.o)
             x = x + swiglu_mlp(rms_norm(x, w.post_norm, c.rms_norm_eps), w.gate_up, w.down)
             if index + 1 in batch.hidden_layers:
                 hidden[index + 1] = x
         if batch.logits_rows is not None:
             x = torch.gather(x, 1, batch.logits_rows.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-        logits = F.linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head).float()
+        logits = linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head).float()
         return ForwardOutput(logits=logits, hidden=hidden)

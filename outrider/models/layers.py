@@ -9,8 +9,31 @@ import torch
 import torch.nn.functional as F
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [..., in], weight: [out, in] -> [..., out]: F.linear, laid out for the CPU's BLAS.
+
+    On the CPU, F.linear sends few rows through a path that reads the weights at well under
+    the memory bandwidth (measured here: 16.8 ms for the 49152 x 576 head at 1 row, 38.8 ms at
+    4 rows), while `weight @ x.T` takes the GEMM path (11.8 ms at 4 rows). One row is doubled to
+    stay on that path. Same arithmetic, another summation order: equal to F.linear within
+    float rounding (tests/test_layers.py). On CUDA this is plain F.linear.
+    """
+    if x.device.type != "cpu":
+        return F.linear(x, weight, bias)
+    flat = x.reshape(-1, x.shape[-1])  # [M, in]
+    rows = flat.shape[0]
+    if rows == 1:
+        flat = torch.cat((flat, flat))  # a real copy: a stride-0 view falls back to the slow path
+    out = torch.mm(weight, flat.t()).t()[:rows]  # [M, out]
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x: [..., E] -> [..., E]; computed in float32 like the reference implementations."""
+    if x.dtype == torch.float32:  # the fused kernel: same result, fewer ops
+        return F.rms_norm(x, weight.shape, weight, eps)
     dtype = x.dtype
     x = x.float()
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
@@ -33,8 +56,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 def swiglu_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """x: [B, T, E], gate_up: [2I, E] (gate rows then up rows), down: [E, I] -> [B, T, E]."""
-    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, down)
+    gate, up = linear(x, gate_up).chunk(2, dim=-1)
+    return linear(F.silu(gate) * up, down)
 
 
 def attention(

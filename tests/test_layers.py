@@ -1,0 +1,27 @@
+"""Fast paths of the layer arithmetic against their plain torch references."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from outrider.models.layers import linear, rms_norm
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 7])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_equals_f_linear(rows, bias):
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(1, rows, 64, generator=g)
+    w = torch.randn(96, 64, generator=g)
+    b = torch.randn(96, generator=g) if bias else None
+    torch.testing.assert_close(linear(x, w, b), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+    assert linear(x, w, b).shape == (1, rows, 96)
+
+
+def test_rms_norm_fused_equals_reference():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 64, generator=g)
+    w = torch.randn(64, generator=g)
+    reference = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
+    torch.testing.assert_close(rms_norm(x, w, 1e-5), reference)
+    torch.testing.assert_close(rms_norm(x.double(), w.double(), 1e-5), reference.double(), atol=1e-6, rtol=1e-6)
