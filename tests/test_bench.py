@@ -1,0 +1,153 @@
+"""`outrider bench`: the methods file, metric arithmetic, a whole run on a tiny model with its
+report, and the lossless audit catching a method that perturbs a token."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from outrider.bench.methods import load_config, parse_config, preset_path
+from outrider.bench.run import plan, run_bench, write_results
+from outrider.bench.runner import PromptRun, aggregate, first_difference
+from outrider.cli import main
+from outrider.errors import ConfigError
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def write(tmp_path, text: str) -> Path:
+    path = tmp_path / "methods.toml"
+    path.write_text(text)
+    return path
+
+
+def test_presets_parse():
+    for name in ("quick", "full"):
+        config = load_config(preset_path(name))
+        assert config.methods and config.models and config.workloads
+    with pytest.raises(ConfigError, match="unknown preset 'fast'"):
+        preset_path("fast")
+
+
+@pytest.mark.parametrize("text,expect", [
+    ("models = [\n[[method]]\n", "malformed TOML"),
+    ('[[method]]\nname = "a"\ndrafter = "ngram"\nspeed = 3\n', "methods.toml:1: method 'a' has unknown key"),
+    ('[[method]]\nname = "a"\ndrafter = "ngram"\n\n[[method]]\nname = "b"\ndrafter = "warp"\n',
+     "methods.toml:5: method 'b': --drafter 'warp': unknown drafter"),
+    ('[[method]]\nname = "a"\npeer = "vllm"\n', "unknown peer 'vllm'"),
+    ('[[method]]\nname = "a"\ndrafter = "ngram"\n[[method]]\nname = "a"\ndrafter = "suffix"\n', "used twice"),
+    ('[[method]]\nname = "a"\n', "needs a drafter"),
+    ('prompts = 0\n', "prompts must be a positive integer"),
+    ('colour = "red"\n', "unknown key(s) colour"),
+])
+def test_methods_file_errors_name_file_and_line(tmp_path, text, expect):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    message = str(err.value)
+    assert expect in message and "methods.toml" in message and "\n" not in message
+
+
+def test_bad_methods_file_is_one_line_on_the_cli(tmp_path, capsys):
+    path = write(tmp_path, '[[method]]\nname = "a"\ndrafter = "ngram"\ntree = "static:2"\n')
+    assert main(["bench", "--methods", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "methods.toml:1" in err[0] and "model drafters" in err[0]
+
+
+def test_unknown_workload_is_refused_before_loading(tmp_path):
+    config = parse_config({"workloads": ["gsm8k"], "models": ["/nonexistent"]}, "x.toml")
+    with pytest.raises(ConfigError, match="unknown workload"):
+        plan(config)
+
+
+def test_aggregate_arithmetic():
+    runs = [
+        PromptRun([1, 2, 3, 4], 2.0, {"rounds": 2, "committed": 4, "accepted_by_position": [2, 0],
+                                      "proposed_by_position": [2, 2], "accepted_length_hist": [0, 2],
+                                      "acceptance_by_position": [1.0, 0.0], "draft_s": 0.1, "verify_s": 1.5}),
+        PromptRun([5, 6], 2.0, {"rounds": 2, "committed": 2, "accepted_by_position": [0],
+                                "proposed_by_position": [2], "accepted_length_hist": [2],
+                                "acceptance_by_position": [0.0], "draft_s": 0.1, "verify_s": 1.0}),
+    ]
+    agg = aggregate(runs)
+    assert agg["tokens_per_s"] == pytest.approx(6 / 4.0)
+    assert agg["mean_accepted_length"] == pytest.approx(6 / 4)
+    assert agg["acceptance_by_position"] == pytest.approx([2 / 4, 0 / 2])
+    assert agg["accepted_length_hist"] == [2, 2]
+    assert agg["draft_s"] == pytest.approx(0.2) and agg["verify_s"] == pytest.approx(2.5)
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 9, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def tiny_config(folder: Path, extra: str = "") -> dict:
+    import tomllib
+
+    text = f"""
+models = ["{folder}"]
+workloads = ["jsonl:{FIXTURES / 'prompts.jsonl'}"]
+max_new_tokens = 8
+
+[[method]]
+name = "ngram"
+drafter = "ngram"
+
+[[method]]
+name = "early-exit"
+drafter = "early-exit:1"
+tree = "static:2,1"
+controller = "fixed:2"
+
+[[method]]
+name = "transformers"
+peer = "transformers"
+{extra}"""
+    return tomllib.loads(text)
+
+
+def test_whole_run_on_a_tiny_model_writes_results_and_report(tiny_folders, tmp_path):
+    from outrider.bench.report import write_report
+    from outrider.bench.table import summary_table
+
+    config = parse_config(tiny_config(tiny_folders["llama"]), "tiny.toml")
+    results = run_bench(plan(config), threads=1, progress=False)
+    assert results["audit"]["ok"]
+    names = [r["method"] for r in results["runs"]]
+    assert names == ["autoregressive", "ngram", "early-exit", "transformers"]
+    base = results["runs"][0]
+    assert base["summary"]["speedup_vs_baseline"] == pytest.approx(1.0)
+    for run in results["runs"]:
+        assert len(run["prompts"]) == 3
+        assert run["summary"]["lossless"] is True
+        if run["kind"] == "ours":
+            assert run["summary"]["mean_accepted_length"] >= 1.0
+            assert [p["output_ids"] for p in run["prompts"]] == [p["output_ids"] for p in base["prompts"]]
+    write_results(results, tmp_path)
+    files = write_report(json.loads((tmp_path / "results.json").read_text()), tmp_path)
+    assert files["html"].exists() and "data:image/png;base64," in files["html"].read_text()
+    assert "lossless audit: ok" in summary_table(results)
+
+
+def test_audit_catches_a_method_that_perturbs_a_token(tiny_folders, monkeypatch):
+    from outrider.spec import setup
+    from outrider.spec.types import VerifyResult
+
+    real = setup.Speculator.verifier_for
+
+    def perturbing(self, params):
+        verify = real(self, params)
+        if self.options.drafter != "ngram":
+            return verify
+
+        def broken(tree, logits, p, rng):
+            result = verify(tree, logits, p, rng)
+            return VerifyResult(result.accepted_nodes, result.tokens[:-1] + [(result.tokens[-1] + 1) % 96])
+        return broken
+
+    monkeypatch.setattr(setup.Speculator, "verifier_for", perturbing)
+    config = parse_config(tiny_config(tiny_folders["llama"]), "tiny.toml")
+    results = run_bench(plan(config), threads=1, progress=False)
+    assert not results["audit"]["ok"]
+    bad = {m["method"] for m in results["audit"]["mismatches"]}
+    assert bad == {"ngram"}
+    assert all(m["first_difference"] == 0 for m in results["audit"]["mismatches"])

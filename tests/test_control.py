@@ -1,0 +1,77 @@
+"""Controllers and the verify-cost profile: the arithmetic that decides how deep to draft."""
+
+import json
+
+import pytest
+
+from outrider.control.controllers import (AdaptiveController, CostController, FixedController,
+                                          parse_controller)
+from outrider.control.profile import VerifyCostProfile, load_or_measure, measure
+from outrider.errors import ConfigError
+from outrider.models.loader import load_decoder
+from outrider.spec.types import DraftTree, VerifyResult
+
+
+def chain_round(depth: int, accepted: int):
+    tree = DraftTree.chain(0, list(range(1, depth + 1)))
+    return tree, VerifyResult(list(range(1, accepted + 1)), list(range(accepted + 1)))
+
+
+def test_profile_interpolates():
+    p = VerifyCostProfile((1, 4, 16), (1.0, 1.3, 2.5))
+    assert p.cost(1) == 1.0 and p.cost(4) == pytest.approx(1.3)
+    assert p.cost(10) == pytest.approx(1.3 + 1.2 * 6 / 12)
+    assert p.cost(20) == pytest.approx(2.5 + 0.1 * 4)
+
+
+def test_cost_controller_drafts_deeper_when_verify_is_flat():
+    flat = CostController(VerifyCostProfile((1, 16), (1.0, 1.05)), max_depth=8)
+    steep = CostController(VerifyCostProfile((1, 2, 16), (1.0, 2.0, 16.0)), max_depth=8)
+    good = [0.9] * 8
+    assert flat.best_depth(good) == 8
+    assert steep.best_depth(good) == 0  # a second token doubles the cost: drafting cannot pay
+    assert flat.best_depth([0.05] * 8) < flat.best_depth(good)
+
+
+def test_cost_controller_learns_acceptance():
+    ctl = CostController(VerifyCostProfile((1, 4, 8), (1.0, 1.1, 1.6)), max_depth=6)
+    ctl.start(0)
+    for _ in range(30):
+        ctl.observe(0, *chain_round(4, 0))
+    low = ctl.budget(0).depth
+    ctl.start(1)
+    for _ in range(30):
+        ctl.observe(1, *chain_round(4, 4))
+    assert ctl.budget(1).depth > low
+
+
+def test_adaptive_moves_with_hysteresis():
+    ctl = AdaptiveController(max_depth=6, start=3)
+    ctl.start(0)
+    for _ in range(10):
+        ctl.observe(0, *chain_round(ctl.budget(0).depth, ctl.budget(0).depth))
+    assert ctl.budget(0).depth == 6
+    for _ in range(10):
+        ctl.observe(0, *chain_round(ctl.budget(0).depth, 0))
+    assert ctl.budget(0).depth == 1
+
+
+def test_parse_controller():
+    assert isinstance(parse_controller("fixed:3"), FixedController)
+    assert parse_controller("adaptive:5").max_depth == 5
+    for bad in ("fixed", "fixed:x", "fast", "adaptive:0", "fixed:99"):
+        with pytest.raises(ConfigError):
+            parse_controller(bad)
+
+
+def test_profile_measured_once_and_cached(tiny_folders, tmp_path):
+    target = load_decoder(tiny_folders["llama"], "cpu")
+    profile = load_or_measure(tiny_folders["llama"], target, tmp_path)
+    assert len(profile.sizes) == len(profile.seconds) and all(s > 0 for s in profile.seconds)
+    files = list(tmp_path.glob("verify-cost-*.json"))
+    assert len(files) == 1
+    raw = json.loads(files[0].read_text())
+    raw["seconds"] = [7.0] * len(raw["seconds"])  # a cached profile is read back, not measured again
+    files[0].write_text(json.dumps(raw))
+    assert load_or_measure(tiny_folders["llama"], target, tmp_path).seconds[0] == 7.0
+    assert measure is not None
