@@ -72,7 +72,9 @@ def generate_ids(
     cache = target.new_cache(len(requests), max_len)
     seqs = []
     for i, r in enumerate(requests):
-        gen = torch.Generator(device=target.device).manual_seed(r.params.seed) if r.params.seed is not None else None
+        gen = None
+        if r.params.seed is not None:
+            gen = torch.Generator(device=target.device).manual_seed(r.params.seed)
         verify = (speculation.verifier_for(r.params) if speculation is not None
                   else choose_verifier("chain", False, r.params).verifier)
         seqs.append(Sequence(i, i, list(r.prompt_ids), len(r.prompt_ids), r.params, TorchRandom(gen), verify))
@@ -83,13 +85,13 @@ def generate_ids(
     prefill_s = time.perf_counter() - start
     finished: dict[int, Finished] = {}
     active = list(seqs)
+    if speculation is None:
+        propose = lambda seq: DraftTree.root_only(seq.tokens[-1])  # noqa: E731
+    else:
+        propose = lambda seq: speculation.propose(seq, cache.free_rows(seq.slot))  # noqa: E731
+    taps = speculation.hidden_layers if speculation is not None else ()
     while active:
-        if speculation is None:
-            propose = lambda seq: DraftTree.root_only(seq.tokens[-1])  # noqa: E731
-        else:
-            propose = lambda seq: speculation.propose(seq, cache.free_rows(seq.slot))  # noqa: E731
-        results, hidden = run_round(target, cache, active, propose,
-                                    speculation.hidden_layers if speculation else ())
+        results, hidden = run_round(target, cache, active, propose, taps)
         still = []
         for seq, result in zip(active, results):
             reason = _stop(seq, requests[seq.seq_id], len(result.tokens), eos_ids, cache, on_commit)

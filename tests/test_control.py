@@ -22,6 +22,17 @@ def test_profile_interpolates():
     assert p.cost(1) == 1.0 and p.cost(4) == pytest.approx(1.3)
     assert p.cost(10) == pytest.approx(1.3 + 1.2 * 6 / 12)
     assert p.cost(20) == pytest.approx(2.5 + 0.1 * 4)
+    noisy = VerifyCostProfile((1, 2, 3, 4), (1.0, 1.3, 1.6, 1.5))  # a dip is noise
+    assert noisy.seconds == (1.0, 1.3, 1.6, 1.6)
+
+
+def test_unexplored_depths_inherit_the_deepest_estimate():
+    ctl = CostController(VerifyCostProfile((1, 8), (1.0, 1.2)), max_depth=6)
+    ctl.start(0)
+    for _ in range(20):
+        ctl.observe(0, *chain_round(1, 1))  # only depth 1 drafted so far, always accepted
+    accept = ctl.acceptance(0)
+    assert accept[0] > 0.9 and accept[1:] == [accept[0]] * 5
 
 
 def test_cost_controller_drafts_deeper_when_verify_is_flat():

@@ -114,12 +114,19 @@ class CostController:
         self._seqs[seq_id] = _PerPosition()
 
     def acceptance(self, seq_id: int) -> list[float]:
+        """Estimated acceptance at each depth, given the depth before it was accepted.
+
+        A depth with (almost) no observations inherits the estimate of the deepest one that has
+        them, so a controller that drafted shallow so far can still find that deeper pays."""
         st = self._seqs.setdefault(seq_id, _PerPosition())
         out = []
         for d in range(self.max_depth):
             reached = st.reached[d] if d < len(st.reached) else 0.0
             accepted = st.accepted[d] if d < len(st.accepted) else 0.0
-            out.append((accepted + self.prior) / (reached + 1.0))
+            if reached < 1.0 and out:
+                out.append(out[-1])
+            else:
+                out.append((accepted + self.prior) / (reached + 1.0))
         return out
 
     def best_depth(self, accept: list[float]) -> int:

@@ -27,7 +27,16 @@ SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 @dataclass(frozen=True)
 class VerifyCostProfile:
     sizes: tuple[int, ...]
-    seconds: tuple[float, ...]  # median forward time for each size
+    seconds: tuple[float, ...]  # median forward time for each size, made non-decreasing
+
+    def __post_init__(self) -> None:
+        # More new tokens never cost less; a dip is measurement noise and would fool the
+        # marginal rule into stopping at the size before it.
+        running, smooth = 0.0, []
+        for t in self.seconds:
+            running = max(running, t)
+            smooth.append(running)
+        object.__setattr__(self, "seconds", tuple(smooth))
 
     def cost(self, n: int) -> float:
         """Seconds for one target forward over n new tokens (linear between measured sizes)."""

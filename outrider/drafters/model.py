@@ -58,7 +58,9 @@ class ModelDrafter:
         params = params or SamplingParams()
         layers = self.num_layers or self.decoder.config.num_layers
         cache = self.decoder.new_cache(1, max(256, 2 * len(prompt)), num_layers=layers)
-        gen = torch.Generator(device=self.decoder.device).manual_seed(params.seed + 7919) if params.seed is not None else None
+        gen = None
+        if params.seed is not None:  # its own stream, apart from the verifier's
+            gen = torch.Generator(device=self.decoder.device).manual_seed(params.seed + 7919)
         self._states[seq_id] = _State(cache, params, gen)
 
     def propose(self, seq_id: int, tokens: list[int], budget: Budget) -> DraftTree:

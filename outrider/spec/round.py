@@ -22,9 +22,10 @@ from ..kv import KVCache
 from ..models.batch import pack
 from ..models.decoder import Decoder
 from ..sampling import SamplingParams
+from .tree import depths
 from .types import DraftTree, RoundStats, VerifyResult
+from .verifiers import Verifier
 
-Verifier = Callable[[DraftTree, torch.Tensor, SamplingParams, object], VerifyResult]
 Proposer = Callable[["Sequence"], DraftTree]
 
 
@@ -36,7 +37,7 @@ class Sequence:
     prompt_len: int
     params: SamplingParams
     rng: object  # the verifier's randomness (see spec/random.py)
-    verify: "Verifier"  # exact for this sequence's drafts and sampling (spec/verifiers.py)
+    verify: Verifier  # exact for this sequence's drafts and sampling (spec/verifiers.py)
     stats: RoundStats = field(default_factory=RoundStats)
 
     @property
@@ -79,8 +80,6 @@ def run_round(
 
 
 def _count(stats: RoundStats, tree: DraftTree, result: VerifyResult) -> None:
-    from .tree import depths
-
     stats.rounds += 1
     stats.committed += len(result.tokens)
     stats.drafted += tree.size - 1
