@@ -71,3 +71,15 @@ def test_controllers_keep_output(target, plain):
         spec = speculator(ModelDrafter(target, parse_shape("chain"), num_layers=2, name="early-exit:2"),
                           controller=controller)
         assert run(target, spec) == plain
+
+
+@pytest.mark.parametrize("depth", [2, 6])
+def test_training_free_drafters(target, plain, depth):
+    from outrider.drafters.ngram import NgramDrafter
+    from outrider.drafters.suffix import SuffixDrafter
+
+    for drafter in (NgramDrafter(), SuffixDrafter()):
+        outs = generate_ids(target, [Request(p, 16) for p in prompts()], set(),
+                            speculation=speculator(drafter, controller=FixedController(depth)))
+        assert [f.output_ids for f in outs] == plain
+        assert sum(f.stats.committed for f in outs) > sum(f.stats.rounds for f in outs)  # the repeat is found

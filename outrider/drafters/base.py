@@ -48,3 +48,18 @@ class Drafter(Protocol):
 
     def finish(self, seq_id: int, tokens: list[int]) -> None:
         """The sequence ended with these committed tokens (prompt + output)."""
+
+
+def missing_tail(known: list[int], tokens: list[int]) -> list[int] | None:
+    """What a drafter that has seen `known` must append to follow `tokens` (the committed prefix).
+
+    [] when it is in step, the missing tail when it is behind, None when it must rebuild. Only the
+    lengths and one token are compared (O(1)): the engine only ever extends the committed prefix
+    it told the drafter about through start/update.
+    """
+    n = len(known)
+    if n == len(tokens) and n and tokens[-1] == known[-1]:
+        return []
+    if 0 < n < len(tokens) and tokens[n - 1] == known[-1]:
+        return tokens[n:]
+    return None

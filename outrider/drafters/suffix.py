@@ -52,7 +52,7 @@ import torch
 from ..errors import ConfigError
 from ..sampling import SamplingParams
 from ..spec.types import DraftTree, VerifyResult
-from .base import Budget
+from .base import Budget, missing_tail
 from .suffix_tree import Position, SuffixTree, has_continuation, step
 
 LOCAL_KEY = 0  # the one sequence of a per-request tree
@@ -279,16 +279,14 @@ class SuffixDrafter:
     def _synced_state(self, seq_id: int, tokens: list[int]) -> SuffixState:
         """The state for `tokens`: kept when it matches, extended when behind, rebuilt otherwise.
 
-        Only the length and the last token are checked (O(1)); the engine's contract is that
-        `tokens` is the committed prefix the drafter was told about through start/update.
+        See `base.missing_tail` for how the two are compared.
         """
         state = self._states.get(seq_id)
         if state is not None:
-            known = len(state.tokens)
-            if known == len(tokens) and tokens[-1] == state.tokens[-1]:
-                return state
-            if 0 < known < len(tokens) and tokens[known - 1] == state.tokens[-1]:
-                self._append(state, tokens[known:])
+            tail = missing_tail(state.tokens, tokens)
+            if tail is not None:
+                if tail:
+                    self._append(state, tail)
                 return state
         prompt_len = state.prompt_len if state is not None else len(tokens)
         self.start(seq_id, tokens)
