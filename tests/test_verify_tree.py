@@ -16,7 +16,7 @@ from enumerate_law import (
 from outrider.sampling import SamplingParams
 from outrider.spec.types import DraftTree, VerifyResult
 from outrider.spec.verify_chain import target_probs
-from outrider.spec.verify_greedy import children_of
+from outrider.spec.tree import children
 from outrider.spec.verify_tree import verify_chain_walk, verify_tree_walk, verify_tree_walk_reference
 
 PROMPT = [0, 1]
@@ -93,7 +93,7 @@ def wrong_bonus(tree, target_logits, params, rng):
     """Wrong on purpose: commits the first child's token when nothing matched."""
     result = verify_tree_walk_reference(tree, target_logits, params, rng)
     node = result.accepted_nodes[-1] if result.accepted_nodes else 0
-    kids = children_of(tree.parents.tolist())[node]
+    kids = children(tree.parents.tolist())[node]
     if not kids:
         return result
     return VerifyResult(result.accepted_nodes, result.tokens[:-1] + [int(tree.tokens[kids[0]])])

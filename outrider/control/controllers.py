@@ -19,6 +19,7 @@ from typing import Protocol
 
 from ..drafters.base import Budget
 from ..errors import ConfigError
+from ..spec.tree import depths
 from ..spec.types import DraftTree, VerifyResult
 
 
@@ -77,7 +78,7 @@ class AdaptiveController:
         drafted = tree.size - 1
         if drafted == 0:
             return
-        depth_reached = max(_depths(tree)) if drafted else 0
+        depth_reached = int(depths(tree.parents).max()) if drafted else 0
         rate = result.num_accepted / max(depth_reached, 1)
         state.rate = (1 - self.alpha) * state.rate + self.alpha * rate
         if state.rate > self.raise_above and result.num_accepted == depth_reached:
@@ -157,7 +158,7 @@ class CostController:
 
     def observe(self, seq_id: int, tree: DraftTree, result: VerifyResult) -> None:
         st = self._seqs.setdefault(seq_id, _PerPosition())
-        reached = max(_depths(tree)) if tree.size > 1 else 0
+        reached = int(depths(tree.parents).max()) if tree.size > 1 else 0
         for lst in (st.reached, st.accepted):
             lst.extend([0.0] * (self.max_depth - len(lst)))
             for i in range(len(lst)):
@@ -166,14 +167,6 @@ class CostController:
             st.reached[d] += 1.0
             if d < result.num_accepted:
                 st.accepted[d] += 1.0
-
-
-def _depths(tree: DraftTree) -> list[int]:
-    parents = tree.parents.tolist()
-    out = [0] * len(parents)
-    for i, p in enumerate(parents[1:], start=1):
-        out[i] = out[p] + 1
-    return out
 
 
 def parse_controller(text: str, profile_factory=None) -> Controller:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..sampling import SamplingParams
+from .tree import children
 from .types import DraftTree, VerifyResult
 
 
@@ -29,7 +30,7 @@ def verify_greedy_reference(
     """The walk node by node. target_logits: [n, vocab]."""
     tokens = tree.tokens.tolist()
     best = target_logits.argmax(-1).tolist()  # [n]
-    kids = children_of(tree.parents.tolist())
+    kids = children(tree.parents.tolist())
     node, accepted = 0, []
     while True:
         nxt = next((c for c in kids[node] if tokens[c] == best[node]), None)
@@ -98,11 +99,3 @@ def follow_tree(tree: DraftTree, choice: torch.Tensor) -> VerifyResult:
     accepted = [i for i in range(1, n) if host[0][i]]
     leaf = accepted[-1] if accepted else 0
     return VerifyResult(accepted, [host[2][i] for i in accepted] + [host[1][leaf]])
-
-
-def children_of(parents: list[int]) -> list[list[int]]:
-    """Each node's children, in index order. parents [-1, 0, 0, 1] -> [[1, 2], [3], [], []]."""
-    kids: list[list[int]] = [[] for _ in parents]
-    for i, parent in enumerate(parents[1:], start=1):
-        kids[parent].append(i)
-    return kids

@@ -35,7 +35,7 @@ from ..sampling import SamplingParams
 from .random import Random
 from .types import DraftTree, VerifyResult
 from .verify_chain import accept_probability, draft_distribution, residual, target_probs
-from .verify_greedy import children_of
+from .tree import children
 
 
 class MultiDraftVerifier:
@@ -50,7 +50,7 @@ class MultiDraftVerifier:
         self, tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams, rng: Random
     ) -> VerifyResult:
         tokens = tree.tokens.tolist()
-        kids = children_of(tree.parents.tolist())
+        kids = children(tree.parents.tolist())
         node, accepted = 0, []
         while True:
             p = target_probs(target_logits[node], params)  # [vocab]

@@ -19,7 +19,8 @@ from ..sampling import SamplingParams
 from .random import Random
 from .types import DraftTree, VerifyResult
 from .verify_chain import target_probs
-from .verify_greedy import children_of, follow_chain, follow_tree
+from .tree import children
+from .verify_greedy import follow_chain, follow_tree
 
 
 def verify_tree_walk_reference(
@@ -27,7 +28,7 @@ def verify_tree_walk_reference(
 ) -> VerifyResult:
     """The walk node by node, drawing only at the nodes it visits. target_logits: [n, vocab]."""
     tokens = tree.tokens.tolist()
-    kids = children_of(tree.parents.tolist())
+    kids = children(tree.parents.tolist())
     node, accepted = 0, []
     while True:
         y = rng.categorical(target_probs(target_logits[node], params))
