@@ -73,8 +73,9 @@ class LLM:
         """
         single = isinstance(prompts, str)
         batch = [prompts] if single else list(prompts)
-        params = [SamplingParams(temperature, top_k, top_p, None if seed is None else seed + i)
-                  for i in range(len(batch))]
+        # one seed for every prompt: a prompt's text depends on (prompt, seed), not on its place
+        # in the batch (randomness is drawn by output position, spec/random.py)
+        params = [SamplingParams(temperature, top_k, top_p, seed) for _ in batch]
         requests = [Request(self.encode(p, chat), max_new_tokens, sp) for p, sp in zip(batch, params)]
         stops = [s for s in (stop or []) if s]
 

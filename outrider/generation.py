@@ -7,6 +7,7 @@ so the output is exactly what plain decoding would have produced up to the same 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -18,7 +19,7 @@ from .models.batch import pack
 from .models.decoder import Decoder
 from .sampling import SamplingParams
 from .spec.round import Sequence, run_round
-from .spec.random import TorchRandom
+from .spec.random import PositionalRandom
 from .spec.types import DraftTree, RoundStats
 from .spec.verifiers import choose_verifier
 
@@ -72,12 +73,10 @@ def generate_ids(
     cache = target.new_cache(len(requests), max_len)
     seqs = []
     for i, r in enumerate(requests):
-        gen = None
-        if r.params.seed is not None:
-            gen = torch.Generator(device=target.device).manual_seed(r.params.seed)
-        verify = (speculation.verifier_for(r.params) if speculation is not None
-                  else choose_verifier("chain", False, r.params).verifier)
-        seqs.append(Sequence(i, i, list(r.prompt_ids), len(r.prompt_ids), r.params, TorchRandom(gen), verify))
+        params = with_seed(r.params)
+        verify = (speculation.verifier_for(params) if speculation is not None
+                  else choose_verifier("chain", False, params).verifier)
+        seqs.append(Sequence(i, i, list(r.prompt_ids), len(r.prompt_ids), params, PositionalRandom(params.seed), verify))
     _prefill(target, cache, seqs)
     if speculation is not None:
         for seq in seqs:
@@ -106,6 +105,15 @@ def generate_ids(
                                                 time.perf_counter() - start)
         active = still
     return [finished[i] for i in range(len(seqs))]
+
+
+def with_seed(params: SamplingParams) -> SamplingParams:
+    """`params` with a definite seed: its own, or one drawn from torch's global generator (so
+    `torch.manual_seed` still makes unseeded runs repeatable). Every random draw of the request,
+    the verifier's and a drafter's, is then a function of this seed and the output position."""
+    if params.seed is not None:
+        return params
+    return dataclasses.replace(params, seed=int(torch.randint(0, 2**63 - 1, ())))
 
 
 def _prefill(target: Decoder, cache, seqs: list[Sequence]) -> None:

@@ -58,19 +58,26 @@ class EnumeratingRandom:
         self.weight *= w
         return i
 
-    def uniform_below(self, prob: float) -> bool:
+    def uniform_below(self, prob: float, offset: int = 0, index: int = 0) -> bool:
         prob = min(max(float(prob), 0.0), 1.0)
         return self._branch([prob, 1.0 - prob]) == 0
 
-    def uniform_below_rows(self, probs: torch.Tensor) -> torch.Tensor:
+    def uniform_below_rows(self, probs: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
         return torch.tensor([self.uniform_below(p) for p in probs.tolist()], dtype=torch.bool)
 
-    def categorical(self, probs: torch.Tensor) -> int:
+    def categorical(self, probs: torch.Tensor, offset: int = 0, index: int = 0) -> int:
         probs = probs.double()
         return self._branch((probs / probs.sum()).tolist())
 
-    def categorical_rows(self, probs: torch.Tensor) -> torch.Tensor:
+    def categorical_rows(self, probs: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
         return torch.tensor([self.categorical(row) for row in probs], dtype=torch.long)
+
+    # every call is its own independent draw here, whatever its position: views are the rng itself
+    def at(self, first: int) -> "EnumeratingRandom":
+        return self
+
+    def drafting(self) -> "EnumeratingRandom":
+        return self
 
 
 @contextmanager
@@ -156,13 +163,14 @@ def sampled_tree(drafter: ToyModel, widths: list[int], without_replacement: bool
     def propose(committed: list[int], rng: EnumeratingRandom) -> DraftTree:
         tokens, parents, rows = [committed[-1]], [-1], []
         frontier = [(0, list(committed))]
-        for width in widths:
+        draws = rng.drafting()  # the drafter's own streams (a positional rng: apart from the verifier's)
+        for depth, width in enumerate(widths):
             next_frontier = []
             for node, context in frontier:
                 q = drafter.probs(context)  # [vocab]
                 left = q.clone()
-                for _ in range(width):
-                    x = rng.categorical(left)
+                for j in range(width):
+                    x = draws.categorical(left, offset=depth, index=j)
                     if without_replacement:
                         left[x] = 0.0
                     tokens.append(x)
@@ -200,6 +208,7 @@ def one_round(
     committed: list[int], rng, target: ToyModel, propose: Proposer, verify: Verifier, params: SamplingParams
 ) -> list[int]:
     """Draft, compute the target's logits at every node, verify: the tokens this round commits."""
+    rng = rng.at(len(committed))  # offset 0: the first token this round commits
     tree = propose(committed, rng)
     result = verify(tree, target_logits(committed, tree, target), params, rng)
     assert len(result.tokens) == result.num_accepted + 1

@@ -48,7 +48,7 @@ PROMPT = [3, 4, 5, 3, 4, 5, 3]  # repeats, so the ngram drafter finds matches
 LENGTH = 3  # output tokens whose joint law is compared
 BOUND = 1e-4
 LEAST = 5.0  # smallest expected count of a chi-square cell
-SEED = 7000  # request i has seed SEED + i (the model drafter's own stream is seed + 7919)
+SEED = 7000  # request i has seed SEED + i (the model drafter draws from its own streams of it)
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +168,7 @@ def test_first_tokens_follow_the_target_law(models, case):
 def accept_all(tree, target_logits, params, rng) -> VerifyResult:
     """Broken on purpose: every draft is accepted without the min(1, p/q) test; bonus from p."""
     k = tree.size - 1
-    bonus = rng.categorical(target_probs(target_logits[k], params))
+    bonus = rng.categorical(target_probs(target_logits[k], params), offset=k)
     return VerifyResult(list(range(1, k + 1)), tree.tokens[1:].tolist() + [bonus])
 
 
@@ -180,9 +180,9 @@ def recover_from_p(tree, target_logits, params, rng) -> VerifyResult:
     q = draft_distribution(tree.draft_probs[:k])  # [k, vocab]
     drafts = tree.tokens[1:].tolist()
     for i, x in enumerate(drafts):
-        if not rng.uniform_below(accept_probability(p[i], q[i], x)):
-            return VerifyResult(list(range(1, i + 1)), drafts[:i] + [rng.categorical(p[i])])
-    return VerifyResult(list(range(1, k + 1)), drafts + [rng.categorical(p[k])])
+        if not rng.uniform_below(accept_probability(p[i], q[i], x), offset=i):
+            return VerifyResult(list(range(1, i + 1)), drafts[:i] + [rng.categorical(p[i], offset=i)])
+    return VerifyResult(list(range(1, k + 1)), drafts + [rng.categorical(p[k], offset=k)])
 
 
 @pytest.mark.parametrize("broken", [accept_all, recover_from_p])

@@ -1,4 +1,4 @@
-"""The sampling paths with a real torch generator: many independent generations of two tokens,
+"""The sampling paths with the production rng (PositionalRandom): many independent generations of two tokens,
 their empirical law against the exact autoregressive law, by a chi-square test.
 
 Bound: each test passes when the p-value exceeds 1e-4 (a correct verifier would fail with
@@ -14,7 +14,7 @@ import torch
 from enumerate_law import ToyModel, autoregressive_law, generate, one_thread, sampled_tree
 
 from outrider.sampling import SamplingParams
-from outrider.spec.random import TorchRandom
+from outrider.spec.random import PositionalRandom
 from outrider.spec.verify_chain import verify_chain
 from outrider.spec.verify_multidraft import MultiDraftVerifier
 from outrider.spec.verify_tree import verify_tree_walk
@@ -37,9 +37,9 @@ def chi_square_p_value(counts: Counter, law: dict, runs: int) -> float:
 
 
 def p_value(propose, verify, params, seed):
-    rng = TorchRandom.seeded(seed)
-    with one_thread():
-        counts = Counter(generate(PROMPT, LENGTH, rng, TARGET, propose, verify, params) for _ in range(RUNS))
+    with one_thread():  # run r draws from its own seed; within a run, by position (spec/random.py)
+        counts = Counter(generate(PROMPT, LENGTH, PositionalRandom(seed + r), TARGET, propose, verify, params)
+                         for r in range(RUNS))
     law = autoregressive_law(PROMPT, LENGTH, TARGET, params)
     assert min(law.values()) * RUNS >= 10  # expected counts large enough for the chi-square approximation
     return chi_square_p_value(counts, law, RUNS)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from outrider.sampling import SamplingParams
-from outrider.spec.random import TorchRandom
+from outrider.spec.random import PositionalRandom
 from outrider.spec.types import DraftTree
 from outrider.spec.verifiers import VERIFIERS, choose_verifier
 
@@ -61,7 +61,7 @@ def test_every_verifier_runs_on_a_chain_of_its_kind():
     logits = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
     for name, entry in VERIFIERS.items():
         params = GREEDY if entry.greedy_only else SAMPLE
-        result = entry.verify(tree, logits, params, TorchRandom.seeded(0))
+        result = entry.verify(tree, logits, params, PositionalRandom(0))
         assert len(result.tokens) == result.num_accepted + 1, name
         assert result.accepted_nodes == list(range(1, result.num_accepted + 1)), name
 
@@ -74,6 +74,6 @@ def test_verifiers_leave_their_arguments_alone():
     for name, entry in VERIFIERS.items():
         if "tree" not in entry.kinds:
             continue
-        entry.verify(tree, logits, GREEDY if entry.greedy_only else SAMPLE, TorchRandom.seeded(0))
+        entry.verify(tree, logits, GREEDY if entry.greedy_only else SAMPLE, PositionalRandom(0))
         after = (tree.tokens, tree.parents, probs, logits)
         assert all(torch.equal(a, b) for a, b in zip(before, after)), name

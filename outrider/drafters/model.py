@@ -21,7 +21,8 @@ import torch
 from ..kv import KVCache
 from ..models.batch import pack
 from ..models.decoder import Decoder
-from ..sampling import SamplingParams, sample, warp_probs
+from ..sampling import SamplingParams, warp_probs
+from ..spec.random import PositionalRandom
 from ..spec.shapes import TreeShape
 from ..spec.types import DraftTree, VerifyResult
 from .base import Budget
@@ -31,7 +32,7 @@ from .base import Budget
 class _State:
     cache: KVCache
     params: SamplingParams
-    generator: torch.Generator | None
+    rng: PositionalRandom  # the request's drafting streams (sampled chains draw from q)
     cached: int = 0  # rows of committed tokens in the cache
     base: int = 0  # len(tokens) - 1 at the last proposal: row of the root
     fed: set[int] = field(default_factory=set)  # tree nodes whose K/V this round wrote
@@ -58,10 +59,8 @@ class ModelDrafter:
         params = params or SamplingParams()
         layers = self.num_layers or self.decoder.config.num_layers
         cache = self.decoder.new_cache(1, max(256, 2 * len(prompt)), num_layers=layers)
-        gen = None
-        if params.seed is not None:  # its own stream, apart from the verifier's
-            gen = torch.Generator(device=self.decoder.device).manual_seed(params.seed + 7919)
-        self._states[seq_id] = _State(cache, params, gen)
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**63 - 1, ()))
+        self._states[seq_id] = _State(cache, params, PositionalRandom(seed).drafting())  # apart from the verifier's
 
     def propose(self, seq_id: int, tokens: list[int], budget: Budget) -> DraftTree:
         st = self._states[seq_id]
@@ -122,9 +121,10 @@ class ModelDrafter:
         sampling = not st.params.greedy
         drafts, qs = [], []
         logits = q_root
+        rng = st.rng.at(st.base + 1)  # offset d - 1: the token at depth d (position base + d)
         for d in range(1, k + 1):
             q = self._q(logits, st.params)
-            token = int(sample(q, st.generator)) if sampling else int(logits[: self.target_vocab].argmax())
+            token = rng.categorical(q, offset=d - 1) if sampling else int(logits[: self.target_vocab].argmax())
             drafts.append(token)
             qs.append(q)
             if d < k:

@@ -22,6 +22,7 @@ from ..kv import KVCache
 from ..models.batch import pack
 from ..models.decoder import Decoder
 from ..sampling import SamplingParams
+from .random import PositionalRandom
 from .tree import depths
 from .types import DraftTree, RoundStats, VerifyResult
 from .verifiers import Verifier
@@ -36,7 +37,7 @@ class Sequence:
     tokens: list[int]  # committed: prompt + output so far
     prompt_len: int
     params: SamplingParams
-    rng: object  # the verifier's randomness (see spec/random.py)
+    rng: PositionalRandom  # the request's randomness, by output position (spec/random.py)
     verify: Verifier  # exact for this sequence's drafts and sampling (spec/verifiers.py)
     stats: RoundStats = field(default_factory=RoundStats)
 
@@ -64,7 +65,8 @@ def run_round(
     out = target.forward(batch, cache)
     results = []
     for b, (seq, tree, length) in enumerate(zip(seqs, trees, lens)):
-        result = seq.verify(tree, out.logits[b, : tree.size], seq.params, seq.rng)
+        rng = seq.rng.at(len(seq.tokens))  # offset 0: the position of the root's next token
+        result = seq.verify(tree, out.logits[b, : tree.size], seq.params, rng)
         path = [0, *result.accepted_nodes]
         cache.compact(seq.slot, [length + node for node in path], length)
         cache.set_length(seq.slot, length + len(path))

@@ -76,10 +76,10 @@ def verify_chain_reference(
     q = _chain_q(tree, k).to(p.device)  # [k, vocab]
     for i in range(k):
         x = tokens[i + 1]
-        if not rng.uniform_below(accept_probability(p[i], q[i], x)):
-            recovered = rng.categorical(residual(p[i], q[i]))
+        if not rng.uniform_below(accept_probability(p[i], q[i], x), offset=i):
+            recovered = rng.categorical(residual(p[i], q[i]), offset=i)
             return VerifyResult(list(range(1, i + 1)), tokens[1 : i + 1] + [recovered])
-    bonus = rng.categorical(p[k])
+    bonus = rng.categorical(p[k], offset=k)
     return VerifyResult(list(range(1, k + 1)), tokens[1:] + [bonus])
 
 
@@ -103,17 +103,17 @@ def verify_chain(
     k = tree.size - 1
     p = target_probs(target_logits, params)  # [n, vocab]
     if k == 0:
-        return VerifyResult([], rng.categorical_rows(p).tolist())
+        return VerifyResult([], rng.categorical_rows(p, torch.zeros(1, dtype=torch.long, device=p.device)).tolist())
     q = _chain_q(tree, k).to(p.device)  # [k, vocab]
     drafts = tree.tokens[1:].to(p.device)  # [k]
     px = p[:k].gather(1, drafts[:, None])[:, 0]  # [k]
     qx = q.gather(1, drafts[:, None])[:, 0]  # [k]
     limit = (px > 0).to(p.dtype)  # q(x) == 0: see accept_probability
     accept = torch.where(qx > 0, px / torch.where(qx > 0, qx, 1.0), limit).clamp(max=1.0)  # [k]
-    accepted = rng.uniform_below_rows(accept)  # [k] bool
+    accepted = rng.uniform_below_rows(accept, torch.arange(k, device=p.device))  # [k] bool; row i decides offset i
     num_accepted = accepted.long().cumprod(0).sum()  # [] drafts before the first rejection
     final_rows = torch.cat([residual(p[:k], q), p[k:]])  # [n, vocab]
-    last = rng.categorical_rows(final_rows.index_select(0, num_accepted.view(1)))  # [1]
+    last = rng.categorical_rows(final_rows.index_select(0, num_accepted.view(1)), num_accepted.view(1))  # [1]
     host = torch.cat([num_accepted.view(1), last.view(1), drafts]).tolist()  # the one sync
     a = host[0]
     return VerifyResult(list(range(1, a + 1)), host[2 : 2 + a] + [host[1]])

@@ -52,16 +52,17 @@ class MultiDraftVerifier:
         tokens = tree.tokens.tolist()
         kids = children(tree.parents.tolist())
         node, accepted = 0, []
-        while True:
+        while True:  # the token after `node` sits at offset len(accepted) (its depth)
             p = target_probs(target_logits[node], params)  # [vocab]
-            child, p = self._try_siblings(tree, node, kids[node], tokens, p, rng)
+            child, p = self._try_siblings(tree, node, kids[node], tokens, p, rng, len(accepted))
             if child is None:
-                return VerifyResult(accepted, [tokens[i] for i in accepted] + [rng.categorical(p)])
+                return VerifyResult(accepted, [tokens[i] for i in accepted] + [rng.categorical(p, offset=len(accepted))])
             accepted.append(child)
             node = child
 
     def _try_siblings(
-        self, tree: DraftTree, node: int, siblings: list[int], tokens: list[int], p: torch.Tensor, rng: Random
+        self, tree: DraftTree, node: int, siblings: list[int], tokens: list[int], p: torch.Tensor, rng: Random,
+        offset: int,
     ) -> tuple[int | None, torch.Tensor]:
         """(the accepted sibling, p) or, all rejected, (None, the final residual). p: [vocab]."""
         if not siblings:
@@ -69,9 +70,9 @@ class MultiDraftVerifier:
         if tree.draft_probs is None:
             raise ValueError("multi-draft rejection sampling needs draft_probs (use the tree walk without them)")
         q = draft_distribution(tree.draft_probs[node]).to(p.device)  # [vocab]
-        for child in siblings:
+        for j, child in enumerate(siblings):  # sibling j's test has its own draw at this offset
             x = tokens[child]
-            if rng.uniform_below(accept_probability(p, q, x)):
+            if rng.uniform_below(accept_probability(p, q, x), offset=offset, index=j):
                 return child, p
             p = residual(p, q)
             if self.without_replacement:

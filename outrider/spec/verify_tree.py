@@ -19,7 +19,7 @@ from ..sampling import SamplingParams
 from .random import Random
 from .types import DraftTree, VerifyResult
 from .verify_chain import target_probs
-from .tree import children
+from .tree import children, depths
 from .verify_greedy import follow_chain, follow_tree
 
 
@@ -29,9 +29,10 @@ def verify_tree_walk_reference(
     """The walk node by node, drawing only at the nodes it visits. target_logits: [n, vocab]."""
     tokens = tree.tokens.tolist()
     kids = children(tree.parents.tolist())
+    depth = depths(tree.parents).tolist()
     node, accepted = 0, []
     while True:
-        y = rng.categorical(target_probs(target_logits[node], params))
+        y = rng.categorical(target_probs(target_logits[node], params), offset=depth[node])
         nxt = next((c for c in kids[node] if tokens[c] == y), None)
         if nxt is None:
             return VerifyResult(accepted, [tokens[i] for i in accepted] + [y])
@@ -43,11 +44,13 @@ def verify_tree_walk(
     tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams, rng: Random
 ) -> VerifyResult:
     """The walk on any tree, vectorized: a draw at every node, one host sync. target_logits: [n, vocab]."""
-    return follow_tree(tree, rng.categorical_rows(target_probs(target_logits, params)))
+    p = target_probs(target_logits, params)  # [n, vocab]
+    return follow_tree(tree, rng.categorical_rows(p, depths(tree.parents).to(p.device)))
 
 
 def verify_chain_walk(
     tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams, rng: Random
 ) -> VerifyResult:
     """The walk on a chain, vectorized: a draw at every node, one host sync. target_logits: [n, vocab]."""
-    return follow_chain(tree, rng.categorical_rows(target_probs(target_logits, params)))
+    p = target_probs(target_logits, params)  # [n, vocab]
+    return follow_chain(tree, rng.categorical_rows(p, torch.arange(tree.size, device=p.device)))
