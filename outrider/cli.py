@@ -60,7 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompts", type=int, default=None, help="prompts per workload")
     bench.add_argument("--max-new-tokens", type=int, default=None)
     bench.add_argument("--threads", type=int, default=None)
-    bench.add_argument("--out", default=None, help="output folder (default: bench-results/<time>)")
+    bench.add_argument("--out", default=None,
+                       help="output folder, new or empty (default: bench-results/<time>); "
+                            "finished prompts are saved there as they go")
+    bench.add_argument("--resume", action="store_true",
+                       help="finish the interrupted run in --out (same settings), skipping its finished prompts")
     bench.add_argument("--no-progress", action="store_true")
     bench.set_defaults(run=_bench)
 
@@ -116,11 +120,14 @@ def _bench(args) -> int:
     from .bench.methods import load_config, parse_config, preset_path
     from .bench.report import write_report
     from .bench.run import needs_exit_failure, plan, run_bench, write_results
+    from .bench.store import BenchInterrupted, check_out
     from .bench.table import summary_table
     from .errors import ConfigError
 
     if args.preset and args.methods:
         raise ConfigError("give --preset or --methods, not both")
+    if args.resume and not args.out:
+        raise ConfigError("--resume needs --out FOLDER: the folder of the interrupted run")
     preset = None if args.methods else (args.preset or "quick")
     config = load_config(args.methods or preset_path(preset))
     overrides = {}
@@ -135,11 +142,19 @@ def _bench(args) -> int:
                 raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
             overrides[key] = value
     config = dataclasses.replace(config, **overrides)
+    out = Path(args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S"))
+    check_out(out, args.resume)  # before anything is pulled or loaded
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     the_plan = plan(config, log=log)
-    results = run_bench(the_plan, threads=config.threads, log=log, progress=not args.no_progress)
+    try:
+        results = run_bench(the_plan, threads=config.threads, log=log, progress=not args.no_progress,
+                            out=out, resume=args.resume)
+    except BenchInterrupted as stop:
+        again = "--resume" if args.out else f"--out {out} --resume"
+        print(f"interrupted: {stop.done} of {stop.total} prompts are saved in {out}; to finish, run the same "
+              f"command with {again}", file=sys.stderr)
+        return 130
     results["preset"] = preset
-    out = Path(args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S"))
     write_results(results, out)
     files = write_report(results, out)
     print(summary_table(results))

@@ -39,6 +39,8 @@ def test_presets_parse():
     ('[[method]]\nname = "a"\n', "needs a drafter"),
     ('prompts = 0\n', "prompts must be a positive integer"),
     ('colour = "red"\n', "unknown key(s) colour"),
+    ("", "no [[method]] table; a methods file needs at least one, with a name and a drafter or a peer"),
+    ('models = ["smollm2-135m-instruct"]\nprompts = 2\n', "no [[method]] table"),
 ])
 def test_methods_file_errors_name_file_and_line(tmp_path, text, expect):
     with pytest.raises(ConfigError) as err:
@@ -54,8 +56,18 @@ def test_bad_methods_file_is_one_line_on_the_cli(tmp_path, capsys):
     assert len(err) == 1 and "methods.toml:1" in err[0] and "model drafters" in err[0]
 
 
+def test_empty_methods_file_is_refused_on_the_cli(tmp_path, capsys, monkeypatch):
+    import outrider.bench.run as bench_run
+
+    monkeypatch.setattr(bench_run, "plan", lambda *a, **k: pytest.fail("planned a run of no method"))
+    assert main(["bench", "--methods", str(write(tmp_path, "# nothing yet\n"))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "needs at least one" in err[0]
+
+
 def test_unknown_workload_is_refused_before_loading(tmp_path):
-    config = parse_config({"workloads": ["gsm8k"], "models": ["/nonexistent"]}, "x.toml")
+    config = parse_config({"workloads": ["gsm8k"], "models": ["/nonexistent"],
+                           "method": [{"name": "ngram", "drafter": "ngram"}]}, "x.toml")
     with pytest.raises(ConfigError, match="unknown workload"):
         plan(config)
 

@@ -19,7 +19,8 @@
     drafter = "draft-model:qwen2.5-coder-0.5b-instruct"
     models = ["qwen2.5-coder-1.5b-instruct"]   # run only for these targets
 
-Our autoregressive baseline is always run first and is not listed. Everything here is checked
+Our autoregressive baseline is always run first and is not listed; at least one [[method]] is
+needed. Everything here is checked
 before any model is loaded; errors name the file and, where there is one, the line.
 """
 
@@ -113,10 +114,12 @@ def parse_config(raw: dict, source: str, lines: list[int] | None = None) -> Benc
         raise ConfigError(f"{source}: method name(s) used twice: {', '.join(sorted(dupes))}")
     if "autoregressive" in names:
         raise ConfigError(f"{source}: 'autoregressive' is the built-in baseline; give your method another name")
-    return BenchConfig(source, tuple(models), tuple(workloads), tuple(methods),
-                       _positive(raw.get("prompts"), f"{source}: prompts"),
-                       _positive(raw.get("max_new_tokens"), f"{source}: max_new_tokens"),
-                       _positive(raw.get("threads"), f"{source}: threads"), raw)
+    numbers = [_positive(raw.get(key), f"{source}: {key}") for key in ("prompts", "max_new_tokens", "threads")]
+    if not methods:
+        raise ConfigError(f"{source}: no [[method]] table; a methods file needs at least one, with a name and "
+                          f"a drafter or a peer (e.g. [[method]] name = \"ngram\" drafter = \"ngram\"; "
+                          f"see outrider/bench/presets/quick.toml)")
+    return BenchConfig(source, tuple(models), tuple(workloads), tuple(methods), *numbers, raw)
 
 
 def _method(table: dict, where: str, line: int) -> Method:

@@ -54,9 +54,12 @@ def build_blocks(results: dict, plot_files: dict[str, Path]) -> list[tuple]:
     """The report as blocks: ("h", level, text), ("p", text), ("list", [text]), ("alarm", text),
     ("table", header, rows), ("code", text), ("img", path, alt)."""
     preset = results.get("preset") or "custom"
+    sessions = results.get("sessions") or 1
+    resumed = (f" Resumed: it ran in {sessions} sessions (processes); each prompt's methods still ran "
+               "back to back in one." if sessions > 1 else "")
     b: list[tuple] = [("h", 1, "outrider bench"),
                       ("p", f"outrider {results.get('outrider_version', '?')}, {preset} run, "
-                            f"created {results.get('created', '?')}.")]
+                            f"created {results.get('created', '?')}.{resumed}")]
     audit = results.get("audit") or {}
     bad = audit.get("mismatches") or []
     if audit.get("ok") is False or bad:

@@ -1,27 +1,26 @@
-"""`outrider bench`: every method on the same model and prompts, in one process.
+"""`outrider bench`: every method on the same model and prompts, each prompt's methods back to back.
 
 Order of work, so that bad input fails before anything heavy happens:
-    1. parse the methods TOML (methods.py) and load the workloads (data, fetched once);
-    2. pull what is missing, then check that each drafter fits each model (tokenizer, layers);
-    3. per model: load it, then per workload run every prompt through every method back to back
-       (interleaved, so a slow drift of the machine hits all methods alike);
-    4. the lossless audit: each of our methods' greedy output against our autoregressive output.
+    1. parse the methods TOML (methods.py); check the out folder (store.check_out);
+    2. load the workloads (data, fetched once); pull what is missing, then check that each
+       drafter fits each model (tokenizer, layers);
+    3. open the run's store: a fresh run saves what it is (results.identity); --resume checks
+       that it is the same run and reads the prompts finished before;
+    4. per model (loaded only if a prompt is left): per workload run every unfinished prompt
+       through every method back to back (interleaved, so a slow drift of the machine hits all
+       methods alike), saving the prompt's line as soon as it is done;
+    5. the results, lossless audit included (each of our methods' greedy output against our
+       autoregressive output), built from the saved prompts (results.assemble).
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
-import json
-import os
-import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .. import __version__
 from ..engine import eos_ids_of
 from ..errors import ConfigError
 from ..models.catalog import CATALOG, is_present, pull, resolve_model
@@ -30,11 +29,11 @@ from ..models.loader import load_decoder
 from ..spec.setup import Speculator, tokenizer_mismatch
 from .methods import BenchConfig
 from .peers import PeerUnavailable, make_peer
+from .results import BASELINE, assemble, identity, method_names, model_facts
+from .results import needs_exit_failure, write_results  # noqa: F401 (the CLI's imports)
 from .runner import PromptRun, first_difference, run_ours
-from .summary import summarize_run
+from .store import BenchInterrupted, RunStore, check_out
 from .workloads import Workload, load_workload
-
-BASELINE = "autoregressive"
 
 
 @dataclass
@@ -77,88 +76,119 @@ def plan(config: BenchConfig, log=print) -> Plan:
     return Plan(config, workloads, paths)
 
 
-def run_bench(p: Plan, threads: int | None = None, log=print, progress: bool = True) -> dict:
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
+def run_bench(p: Plan, threads: int | None = None, log=print, progress: bool = True,
+              out: Path | None = None, resume: bool = False) -> dict:
+    """Run every prompt of the plan, save each as it finishes, and return the results.
+
+    out: the folder that keeps the finished prompts (store.py); None keeps them in memory.
+    resume: finish the unfinished run in `out` (same settings, or a ConfigError says which differ).
+    Ctrl-C raises BenchInterrupted once the bar is closed; the finished prompts stay saved."""
     from tqdm import tqdm
+    from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # a peer's "Loading weights" bar would break into ours
     threads = threads or p.config.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
-    runs, mismatches, skipped = [], [], []
+    if out is not None:
+        check_out(out, resume)
+    facts = {name: model_facts(name, path) for name, path in p.model_paths.items()}
+    store = RunStore.open(out, identity(p, facts, threads), resume)
+    prompts = sum(len(w.prompts) for w in p.workloads) * len(p.config.models)
+    if store.prompts:
+        log(f"resuming: {len(store.prompts)} of {prompts} prompts were finished before")
     total = sum(len(w.prompts) * (1 + sum(m.runs_on(model) for m in p.config.methods))
                 for model in p.config.models for w in p.workloads)
-    bar = tqdm(total=total, disable=not progress, file=sys.stderr, dynamic_ncols=True)
-    for model in p.config.models:
-        path = p.model_paths[model]
-        target = load_decoder(path)
-        tok = AutoTokenizer.from_pretrained(str(path))
-        eos = eos_ids_of(path, tok)
-        methods = [m for m in p.config.methods if m.runs_on(model)]
-        peers = {}
-        for m in methods:
-            if m.peer:
-                try:
-                    peers[m.name] = make_peer(m.peer, path, assistant_path=p.model_paths.get(m.assistant),
-                                              lookup=m.lookup, threads=threads)
-                except PeerUnavailable as why:
-                    skipped.append({"model": model, "method": m.name, "reason": str(why)})
-                    log(f"skipping peer {m.name} on {model}: {why}")
-        for w in p.workloads:
-            prompts = [_encode(tok, w, prompt) for prompt in w.prompts]
-            specs = {m.name: Speculator.build(m.spec, target, path) for m in methods if m.spec}
-            per_method: dict[str, list[PromptRun]] = {BASELINE: []}
-            per_method.update({m.name: [] for m in methods if m.spec or m.name in peers})
-            run_ours(target, None, prompts[0][:8], 2)  # warm-up
-            for i, (prompt, ids) in enumerate(zip(w.prompts, prompts)):
-                new = w.budget(prompt)
-                for name in per_method:
-                    bar.set_description(f"{model} | {w.name} | {i + 1}/{len(prompts)} | {name}")
-                    if name == BASELINE:
-                        r = run_ours(target, None, ids, new, eos)
-                    elif name in specs:
-                        r = run_ours(target, specs[name], ids, new, eos)
-                    else:
-                        r = peers[name].run(ids, new)
-                    r.stats["first_difference"] = None
-                    per_method[name].append(r)
-                    bar.set_postfix_str(f"{len(r.output_ids) / max(r.seconds, 1e-9):.1f} tok/s")
-                    bar.update(1)
-                base = per_method[BASELINE][-1].output_ids
-                for name, lst in per_method.items():
-                    diff = first_difference(base, lst[-1].output_ids)
-                    lst[-1].stats["first_difference"] = diff
-                    if diff is not None and name in specs:
-                        mismatches.append({"model": model, "workload": w.name, "method": name,
-                                           "prompt": prompt.id, "first_difference": diff})
-                        log(f"LOSSLESS AUDIT FAILED: {name} on {w.name} {prompt.id} differs from "
-                            f"autoregressive at output token {diff}")
-            by_name = {m.name: m for m in methods}
-            for name, lst in per_method.items():
-                method = by_name.get(name)
-                kind = "baseline" if name == BASELINE else method.kind
-                label = "autoregressive (ours)" if name == BASELINE else method.label
-                runs.append(summarize_run(model, w, name, label, kind, lst, [x.id for x in w.prompts],
-                                          peer=method.peer if method else None))
-        del target
-    bar.close()
-    _speedups(runs)
-    return {
-        "outrider_version": __version__,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "preset": None,
-        "machine": {"processor": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "threads": threads, "device": "cuda" if torch.cuda.is_available() else "cpu",
-                    "platform": platform.platform()},
-        "versions": _versions(),
-        "models": {name: _model_facts(name, path) for name, path in p.model_paths.items()},
-        "config": {"source": p.config.source, **p.config.raw},
-        "workloads": [{"name": w.name, "prompts": len(w.prompts), "chat": w.chat, "max_new_tokens": w.max_new_tokens,
-                       "source": w.source, "description": w.description} for w in p.workloads],
-        "runs": runs,
-        "skipped": skipped,
-        "audit": {"ok": not mismatches, "mismatches": mismatches},
-    }
+    bar = tqdm(total=total, initial=sum(len(line["runs"]) for line in store.prompts.values()),
+               disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    try:
+        for model in p.config.models:
+            _run_model(p, model, store, threads, bar, log)
+    except KeyboardInterrupt:
+        raise BenchInterrupted(len(store.prompts), prompts, out) from None
+    finally:
+        bar.close()
+    return assemble(p, store, facts, threads)
+
+
+def _run_model(p: Plan, model: str, store: RunStore, threads: int, bar, log) -> None:
+    """Every unfinished prompt of every workload on `model`; the model loads only if one is left."""
+    from transformers import AutoTokenizer
+
+    if all(store.done(model, w.name, q.id) for w in p.workloads for q in w.prompts):
+        return
+    path = p.model_paths[model]
+    target = load_decoder(path)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    eos = eos_ids_of(path, tok)
+    peers = _peers(p, model, store, threads, log)
+    names = method_names(p, model, store)
+    for w in p.workloads:
+        if all(store.done(model, w.name, q.id) for q in w.prompts):
+            continue
+        ids = {q.id: _encode(tok, w, q) for q in w.prompts}
+        specs = {m.name: Speculator.build(m.spec, target, path) for m in p.config.methods
+                 if m.spec and m.runs_on(model)}
+        run_ours(target, None, ids[w.prompts[0].id][:8], 2)  # warm-up
+        for i, prompt in enumerate(w.prompts):
+            saved = store.done(model, w.name, prompt.id)
+            if saved:
+                _replay(specs, ids[prompt.id], saved)
+                continue
+            runs: dict[str, PromptRun] = {}
+            for name in names:
+                bar.set_description(f"{model} | {w.name} | {i + 1}/{len(w.prompts)} | {name}")
+                if name == BASELINE:
+                    r = run_ours(target, None, ids[prompt.id], w.budget(prompt), eos)
+                elif name in specs:
+                    r = run_ours(target, specs[name], ids[prompt.id], w.budget(prompt), eos)
+                else:
+                    r = peers[name].run(ids[prompt.id], w.budget(prompt))
+                runs[name] = r
+                bar.set_postfix_str(f"{len(r.output_ids) / max(r.seconds, 1e-9):.1f} tok/s")
+                bar.update(1)
+            base = runs[BASELINE].output_ids
+            for name, r in runs.items():
+                r.stats["first_difference"] = diff = first_difference(base, r.output_ids)
+                if diff is not None and name in specs:
+                    log(f"LOSSLESS AUDIT FAILED: {name} on {w.name} {prompt.id} differs from "
+                        f"autoregressive at output token {diff}")
+            store.add_prompt(model, w.name, prompt.id, {
+                name: {"output_ids": r.output_ids, "seconds": r.seconds, "stats": r.stats}
+                for name, r in runs.items()})
+    del target
+
+
+def _peers(p: Plan, model: str, store: RunStore, threads: int, log) -> dict:
+    """The peers that run on `model`. One that cannot run here is skipped (and saved as skipped);
+    one that ran in an earlier part of this run must run now too."""
+    peers, skipped = {}, store.skipped_on(model)
+    for m in p.config.methods:
+        if not m.peer or not m.runs_on(model):
+            continue
+        if m.name in skipped:
+            log(f"skipping peer {m.name} on {model}: {skipped[m.name]}")
+            continue
+        try:
+            peers[m.name] = make_peer(m.peer, p.model_paths[model], assistant_path=p.model_paths.get(m.assistant),
+                                      lookup=m.lookup, threads=threads)
+        except PeerUnavailable as why:
+            if any(key[0] == model and m.name in line["runs"] for key, line in store.prompts.items()):
+                raise ConfigError(f"peer {m.name} ran on {model} before this run was interrupted but cannot "
+                                  f"run now ({why}); resume where it can run") from None
+            store.add_skipped(model, m.name, str(why))
+            log(f"skipping peer {m.name} on {model}: {why}")
+    return peers
+
+
+def _replay(specs: dict[str, Speculator], prompt_ids: list[int], saved: dict) -> None:
+    """Show each drafter a prompt finished in an earlier session, as the loop would have shown it
+    (start, then finish with prompt + output): a drafter that learns across requests (suffix's
+    global tree) then drafts the rest exactly as in an uninterrupted run."""
+    for name, spec in specs.items():
+        output = saved["runs"][name]["output_ids"]
+        spec.drafter.start(0, list(prompt_ids))
+        spec.drafter.finish(0, list(prompt_ids) + output)
 
 
 def _encode(tok, w: Workload, prompt) -> list[int]:
@@ -167,48 +197,3 @@ def _encode(tok, w: Workload, prompt) -> list[int]:
         text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return tok(text, add_special_tokens=False)["input_ids"]
     return tok(prompt.text)["input_ids"]
-
-
-def _speedups(runs: list[dict]) -> None:
-    """Ratios within the same (model, workload): vs our baseline and vs transformers' generate."""
-    for r in runs:
-        same = [x for x in runs if x["model"] == r["model"] and x["workload"] == r["workload"]]
-        base = next(x for x in same if x["method"] == BASELINE)["summary"]["tokens_per_s"]
-        hf = next((x["summary"]["tokens_per_s"] for x in same if x.get("peer") == "transformers"), None)
-        s = r["summary"]
-        s["speedup_vs_baseline"] = s["tokens_per_s"] / base if base else None
-        s["speedup_vs_transformers"] = s["tokens_per_s"] / hf if hf else None
-
-
-def _versions() -> dict:
-    import transformers
-
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
-
-
-def _model_facts(name: str, path: Path) -> dict:
-    marker = Path(path) / "outrider.json"
-    if marker.exists():
-        facts = json.loads(marker.read_text())
-        return {"path": str(path), "sha256": facts.get("sha256"), "sha256_of": "original GGUF",
-                "params": getattr(CATALOG.get(name), "params", None)}
-    digest = hashlib.sha256()
-    for f in sorted(Path(path).glob("*.safetensors")):
-        with open(f, "rb") as handle:
-            while chunk := handle.read(1 << 24):
-                digest.update(chunk)
-    return {"path": str(path), "sha256": digest.hexdigest(), "sha256_of": "safetensors files", "params": None}
-
-
-def write_results(results: dict, out_dir: Path) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "results.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=2))
-    os.replace(tmp, path)
-    return path
-
-
-def needs_exit_failure(results: dict) -> bool:
-    return not results["audit"]["ok"]
-
