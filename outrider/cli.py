@@ -47,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="ngram | suffix | draft-model:NAME | early-exit:K (default: none, autoregressive)")
     gen.add_argument("--tree", default="chain", help="chain | static:2,2,1 | dynamic:K,N (model drafters)")
     gen.add_argument("--controller", default="fixed:4", help="fixed:N | adaptive[:MAX] | cost[:MAX]")
+    gen.add_argument("--max-tree-nodes", type=int, default=256,
+                     help="refuse drafters/trees/controllers whose rounds could hold more draft nodes (default 256)")
     gen.add_argument("--stats", action="store_true", help="print speculation statistics to stderr")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     gen.set_defaults(run=_generate)
@@ -87,7 +89,7 @@ def _generate(args) -> int:
 
     SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)  # refuse bad values before loading
     llm = LLM(args.model, drafter=args.drafter, tree=args.tree, controller=args.controller,
-              device=args.device, dtype=args.dtype, threads=args.threads)
+              device=args.device, dtype=args.dtype, threads=args.threads, max_tree_nodes=args.max_tree_nodes)
     shown = [0]
 
     def on_text(index: int, text: str) -> None:

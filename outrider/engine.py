@@ -18,7 +18,7 @@ from .errors import ConfigError, ModelError
 from .generation import Finished, Request, generate_ids
 from .models.loader import load_decoder
 from .sampling import SamplingParams
-from .spec.setup import SpecOptions, Speculator
+from .spec.setup import MAX_TREE_NODES, SpecOptions, Speculator
 from .stats import summarize
 
 
@@ -33,13 +33,13 @@ class Completion:
 class LLM:
     def __init__(self, model: str | None = None, *, drafter: str | None = None, tree: str = "chain",
                  controller: str = "fixed:4", device: str | None = None, dtype: str | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, max_tree_nodes: int = MAX_TREE_NODES):
         """`drafter`: None (autoregressive), "ngram", "suffix", "draft-model:NAME" or
         "early-exit:K"; `tree`: chain, static:B1,B2,... or dynamic:K,N; `controller`:
         fixed:N, adaptive[:MAX] or cost[:MAX]. Bad strings are refused before loading."""
         from .models.catalog import DEFAULT_MODEL, resolve_model
 
-        options = SpecOptions(drafter, tree, controller).check() if drafter else None
+        options = SpecOptions(drafter, tree, controller, max_tree_nodes).check() if drafter else None
         torch_dtype = _parse_dtype(dtype)
         if threads is not None:
             torch.set_num_threads(threads)

@@ -129,7 +129,15 @@ def _prefill(target: Decoder, cache, seqs: list[Sequence]) -> None:
 
 
 def _stop(seq: Sequence, request: Request, new: int, eos_ids: set[int], cache, on_commit) -> str | None:
-    """Truncate what this round committed (`new` tokens) at the first stopping point; say why."""
+    """Truncate what this round committed (`new` tokens) at the first stopping point; say why.
+    Tokens cut here were never output, so the stats do not count them as committed."""
+    before = len(seq.tokens)
+    reason = _stop_reason(seq, request, new, eos_ids, cache, on_commit)
+    seq.stats.committed -= before - len(seq.tokens)
+    return reason
+
+
+def _stop_reason(seq: Sequence, request: Request, new: int, eos_ids: set[int], cache, on_commit) -> str | None:
     out = seq.output
     reason, keep = None, len(out)
     for i in range(len(out) - new, len(out)):

@@ -67,7 +67,7 @@ class ModelDrafter:
         depth = self.shape.max_depth(budget.depth)
         st.base = len(tokens) - 1
         st.fed = {0}
-        st.cache.ensure_capacity(len(tokens) + self.shape.max_drafts(depth) + 1)
+        st.cache.ensure_capacity(len(tokens) + self.shape.fed_nodes(depth))  # rows 0..base, then fed nodes
         q_root = self._catch_up(st, tokens)  # [vocab] logits after the root
         if depth < 1 or budget.nodes < 1:
             return DraftTree.root_only(tokens[-1])

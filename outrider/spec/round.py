@@ -23,11 +23,15 @@ from ..models.batch import pack
 from ..models.decoder import Decoder
 from ..sampling import SamplingParams
 from .random import PositionalRandom
-from .tree import depths
+from .tree import depths, tree_problem
 from .types import DraftTree, RoundStats, VerifyResult
 from .verifiers import Verifier
 
 Proposer = Callable[["Sequence"], DraftTree]
+
+
+class DraftError(RuntimeError):
+    """A drafter broke the draft-tree contract (spec/types.py): a bug, refused before the forward."""
 
 
 @dataclass
@@ -56,6 +60,12 @@ def run_round(
     """Advance every sequence by one round; returns each one's result and the tapped hidden states."""
     start = time.perf_counter()
     trees = [propose(seq) for seq in seqs]
+    vocab = target.config.vocab_size
+    for seq, tree in zip(seqs, trees):
+        problem = tree_problem(tree.tokens, tree.parents, tree.draft_probs, vocab)
+        if problem:
+            raise DraftError(f"the drafter proposed an invalid draft tree for sequence {seq.seq_id}: {problem} "
+                             "(a bug in the drafter; nothing was committed this round)")
     drafted = time.perf_counter()
     lens = [cache.lengths[seq.slot] for seq in seqs]
     batch = pack(

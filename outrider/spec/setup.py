@@ -29,6 +29,7 @@ from .types import DraftTree, VerifyResult
 from .verifiers import choose_verifier
 
 DRAFTER_KINDS = ("ngram", "suffix", "draft-model", "early-exit")
+MAX_TREE_NODES = 256  # draft nodes per sequence per round, unless the user raises it
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class SpecOptions:
     drafter: str  # e.g. "ngram", "draft-model:qwen2.5-coder-0.5b-instruct", "early-exit:8"
     tree: str = "chain"
     controller: str = "fixed:4"
+    max_tree_nodes: int = MAX_TREE_NODES  # refuse shapes whose rounds could draft or feed more
 
     @property
     def kind(self) -> str:
@@ -66,8 +68,19 @@ class SpecOptions:
                     raise ValueError
             except ValueError:
                 raise ConfigError(f"--drafter {self.drafter!r}: early-exit:K needs a layer count K >= 1") from None
-        parse_controller(self.controller, profile_factory=lambda: None)
+        if not (isinstance(self.max_tree_nodes, int) and self.max_tree_nodes >= 1):
+            raise ConfigError(f"max_tree_nodes must be a positive integer, got {self.max_tree_nodes!r}")
+        depth = parse_controller(self.controller, profile_factory=lambda: None).max_depth
+        self.check_nodes(max(shape.max_drafts(depth), shape.fed_nodes(depth)), depth)
         return self
+
+    def check_nodes(self, nodes: int, depth: int) -> None:
+        """Refuse a configuration whose rounds may hold more than `max_tree_nodes` draft nodes."""
+        if nodes > self.max_tree_nodes:
+            raise ConfigError(
+                f"--tree {self.tree} with --controller {self.controller} (depth up to {depth}) makes up to "
+                f"{nodes} draft nodes per round, over the limit of {self.max_tree_nodes}; use a smaller "
+                f"tree or a lower depth, or raise the limit with --max-tree-nodes")
 
     def label(self) -> str:
         return f"{self.drafter} {self.tree} {self.controller}"
@@ -84,6 +97,7 @@ class Speculator:
         self.hidden_layers: tuple[int, ...] = ()
         self._trees: dict[int, DraftTree] = {}
         self.tree_kind = "chain" if (shape.is_chain and options.kind != "suffix") else "tree"
+        options.check_nodes(self.max_tree_size - 1, controller.max_depth)
 
     # -- construction -------------------------------------------------------------------------
     @staticmethod

@@ -39,6 +39,16 @@ class TreeShape:
             return total
         return self.max_nodes
 
+    def fed_nodes(self, depth: int) -> int:
+        """Most nodes a model drafter feeds through its own forward (so writes to its cache,
+        after the root's row) while drafting `depth` deep: every depth but the last is fed.
+        Dynamic trees feed the K expanded nodes per depth, which can exceed the N they keep."""
+        if self.kind == "chain":
+            return max(depth - 1, 0)
+        if self.kind == "static":
+            return self.max_drafts(self.max_depth(depth) - 1)
+        return self.top_k * max(depth - 1, 0)
+
     def max_depth(self, depth: int) -> int:
         return min(depth, len(self.branching)) if self.kind == "static" else depth
 

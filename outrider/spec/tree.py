@@ -15,12 +15,32 @@ from __future__ import annotations
 import torch
 
 
-def check_parents(parents: list[int]) -> None:
-    if not parents or parents[0] != -1:
-        raise ValueError(f"a draft tree starts at its root (parents[0] == -1), got {parents[:4]}")
-    for i, p in enumerate(parents[1:], start=1):
-        if not 0 <= p < i:
-            raise ValueError(f"node {i} has parent {p}; parents must point to an earlier node")
+def tree_problem(tokens: torch.Tensor, parents: torch.Tensor, draft_probs: torch.Tensor | None,
+                 vocab: int) -> str | None:
+    """Why a drafted tree cannot be verified, or None when it is well formed. Checked before every
+    verify forward (a few microseconds for the trees drafters build), so a drafter bug cannot
+    build a wrong ancestor mask silently.
+
+    tokens: [n] long in [0, vocab); parents: [n] long, parents[0] == -1 and 0 <= parents[i] < i;
+    draft_probs: None or [n, >= vocab] (the drafter's q per node).
+    """
+    n = tokens.shape[0] if tokens.dim() == 1 else -1
+    if n < 1 or parents.dim() != 1 or parents.shape[0] != n:
+        return f"tokens {tuple(tokens.shape)} and parents {tuple(parents.shape)} must both be [n], n >= 1"
+    if tokens.dtype != torch.long or parents.dtype != torch.long:
+        return f"tokens and parents must be int64 tensors, got {tokens.dtype} and {parents.dtype}"
+    if draft_probs is not None and (draft_probs.dim() != 2 or draft_probs.shape[0] != n):
+        return f"draft_probs {tuple(draft_probs.shape)} must be [n={n}, vocab]"
+    plist, tlist = parents.tolist(), tokens.tolist()  # trees are small: lists beat tensor ops here
+    if plist[0] != -1:
+        return f"node 0 (the root) must have parent -1, got {plist[0]}"
+    for i in range(1, n):
+        if not 0 <= plist[i] < i:
+            return f"node {i} has parent {plist[i]}; parents must point to an earlier node (0 <= parent < {i})"
+    for i, t in enumerate(tlist):
+        if not 0 <= t < vocab:
+            return f"node {i} holds token {t}, outside the target's vocabulary [0, {vocab})"
+    return None
 
 
 def depths(parents: torch.Tensor) -> torch.Tensor:
