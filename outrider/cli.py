@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        _check_counts(args)
         return args.run(args) or 0
     except OutriderError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -26,23 +27,39 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+COUNTS = ("max_new_tokens", "threads", "prompts")  # options that must be positive integers
+
+
+def _check_counts(args) -> None:
+    """Refuse a count below 1 by its flag's name, before any model is pulled or loaded."""
+    from .errors import ConfigError
+
+    for key in COUNTS:
+        value = getattr(args, key, None)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
+
+
 def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="outrider", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"outrider {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate text from a prompt")
     gen.add_argument("prompt")
     gen.add_argument("--model", default=None, help="catalog name or model folder (default: smollm2-135m-instruct)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    gen.add_argument("--max-new-tokens", type=int, default=128)
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--max-new-tokens", type=int, default=128, help="a positive integer (default: 128)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy, else at least 1e-4")
+    gen.add_argument("--top-k", type=int, default=0, help="keep the K likeliest tokens (0: off)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1: off)")
+    gen.add_argument("--seed", type=int, default=None, help="an integer in [0, 2**64)")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    gen.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
     gen.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
-    gen.add_argument("--threads", type=int, default=None)
+    gen.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1 (default: torch's)")
     gen.add_argument("--drafter", default=None,
                      help="ngram | suffix | draft-model:NAME | early-exit:K (default: none, autoregressive)")
     gen.add_argument("--tree", default="chain", help="chain | static:2,2,1 | dynamic:K,N (model drafters)")

@@ -10,13 +10,14 @@ The engine owns the tokenizer and the chat template; the runtime below it sees t
 from __future__ import annotations
 
 import json
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 import torch
 
 from .errors import ConfigError, ModelError
 from .generation import Finished, Request, generate_ids
-from .models.loader import load_decoder
+from .models.loader import load_decoder, resolve_device
 from .sampling import SamplingParams
 from .spec.setup import MAX_TREE_NODES, SpecOptions, Speculator
 from .stats import summarize
@@ -41,11 +42,12 @@ class LLM:
 
         options = SpecOptions(drafter, tree, controller, max_tree_nodes).check() if drafter else None
         torch_dtype = _parse_dtype(dtype)
+        torch_device = resolve_device(device)  # an unknown or absent device is refused here, not mid-load
         if threads is not None:
-            torch.set_num_threads(threads)
+            torch.set_num_threads(_check_threads(threads))
         self.name = model or DEFAULT_MODEL
         self.path = resolve_model(self.name)
-        self.target = load_decoder(self.path, device, torch_dtype)
+        self.target = load_decoder(self.path, torch_device, torch_dtype)
         self.tokenizer = _load_tokenizer(self.path)
         self.eos_ids = eos_ids_of(self.path, self.tokenizer)
         self.speculator = Speculator.build(options, self.target, self.path) if options else None
@@ -113,6 +115,15 @@ def _tokens_before(llm: LLM, output: list[int], kept_text: str) -> int:
         if len(llm.decode(output[:n])) >= len(kept_text):
             return n
     return len(output)
+
+
+def _check_threads(threads) -> int:
+    """CPU threads for torch: an integer >= 1."""
+    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral):
+        raise TypeError(f"threads must be an integer >= 1 (or None for torch's default), got {threads!r}")
+    if threads < 1:
+        raise ConfigError(f"threads must be a positive integer, got {threads}")
+    return int(threads)
 
 
 def _parse_dtype(name: str | None) -> torch.dtype | None:

@@ -63,7 +63,7 @@ def test_invalid_sampling_values(capsys, tiny_folders):
     one_line_error(capsys, "generate", "--model", m, "--temperature", "-1", "x", expect="temperature")
     one_line_error(capsys, "generate", "--model", m, "--top-p", "0", "x", expect="top_p")
     one_line_error(capsys, "generate", "--model", m, "--top-k", "-2", "x", expect="top_k")
-    one_line_error(capsys, "generate", "--model", m, "--max-new-tokens", "0", "x", expect="max_new_tokens")
+    one_line_error(capsys, "generate", "--model", m, "--max-new-tokens", "0", "x", expect="--max-new-tokens")
 
 
 def test_bad_speculation_options(capsys, tiny_folders):

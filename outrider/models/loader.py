@@ -6,18 +6,62 @@ projections are fused at load time so a layer does two matmuls fewer per token.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 
-from ..errors import ModelError
+from ..errors import ConfigError, ModelError
 from .config import ModelConfig
 from .decoder import Decoder, LayerWeights
 
 
+DEVICES = "cpu, cuda, cuda:N or mps"  # the forms `resolve_device` accepts
+
+
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    """The device to load on, checked before any weights are read.
+
+    None: CUDA when available, else the CPU. Accepts "cpu", "cuda", "cuda:N", "mps" (or a
+    torch.device of those types); anything else, or a device this machine or this PyTorch build
+    lacks, is a one-line ConfigError.
+    """
+    if device is None:
+        return default_device()
+    if isinstance(device, torch.device):
+        name = str(device)
+    elif isinstance(device, str):
+        name = device
+    else:
+        raise TypeError(f"device must be a string ({DEVICES}) or a torch.device, got {type(device).__name__}")
+    match = re.fullmatch(r"(cpu|mps|cuda)(?::(\d+))?", name)
+    if match is None or (match[1] != "cuda" and match[2] not in (None, "0")):
+        raise ConfigError(f"unknown device '{name}': use {DEVICES}")
+    kind, index = match[1], int(match[2] or 0)
+    if kind == "cuda":
+        _check_cuda(name, index)
+    elif kind == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("device 'mps' is not available here (it needs Apple silicon and an MPS build of "
+                          "PyTorch); use --device cpu")
+    return torch.device(name)
+
+
+def _check_cuda(name: str, index: int) -> None:
+    if torch.version.cuda is None and torch.version.hip is None:
+        raise ConfigError(f"device '{name}' needs a CUDA build of PyTorch, and this one "
+                          f"({torch.__version__}) has none; use --device cpu or install a CUDA build of torch")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ConfigError(f"device '{name}': no CUDA GPU is visible (check the driver and "
+                          "CUDA_VISIBLE_DEVICES); use --device cpu")
+    if index >= count:
+        raise ConfigError(f"device '{name}' does not exist: this machine has {count} CUDA GPU(s), "
+                          f"cuda:0 to cuda:{count - 1}")
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -60,7 +104,7 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None) -> Decoder:
     folder = Path(folder)
     config = ModelConfig.load(folder)
-    device = torch.device(device) if device is not None else default_device()
+    device = resolve_device(device)
     dtype = dtype or default_dtype(device)
     weights = _Tensors(folder)
     get = lambda name: weights.get(name, dtype, device)  # noqa: E731
