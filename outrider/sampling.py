@@ -97,8 +97,3 @@ def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
 
-
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row. probs: [..., vocab] -> [...] long."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
