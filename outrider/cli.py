@@ -107,16 +107,18 @@ def _parser() -> argparse.ArgumentParser:
 def _generate(args) -> int:
     from .engine import LLM
     from .sampling import SamplingParams
+    from .text import check_text
 
     SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)  # refuse bad values before loading
+    check_text(args.prompt, "the prompt")
+    for i, stop in enumerate(args.stop):
+        check_text(stop, f"stop string {i}")
     llm = LLM(args.model, drafter=args.drafter, tree=args.tree, controller=args.controller,
               device=args.device, dtype=args.dtype, threads=args.threads, max_tree_nodes=args.max_tree_nodes)
-    shown = [0]
 
-    def on_text(index: int, text: str) -> None:
-        sys.stdout.write(text[shown[0]:])
+    def on_text(index: int, new_text: str) -> None:  # only stable text: it adds up to result.text
+        sys.stdout.write(new_text)
         sys.stdout.flush()
-        shown[0] = len(text)
 
     result = llm.generate(
         args.prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -127,7 +129,7 @@ def _generate(args) -> int:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids,
                           "finish_reason": result.finish_reason, "stats": result.stats}))
     else:
-        sys.stdout.write(result.text[shown[0]:] + "\n")
+        sys.stdout.write("\n")
     if args.stats:
         from .stats import format_stats
 

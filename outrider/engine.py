@@ -19,12 +19,17 @@ from .errors import ConfigError, ModelError
 from .generation import Finished, Request, generate_ids
 from .models.loader import load_decoder, resolve_device
 from .sampling import SamplingParams
-from .spec.setup import MAX_TREE_NODES, SpecOptions, Speculator
+from .spec.speculator import MAX_TREE_NODES, SpecOptions, Speculator
 from .stats import summarize
+from .text import TextStream, check_text
 
 
 @dataclass
 class Completion:
+    """One prompt's output. `text` ends exactly before the earliest stop string found;
+    `token_ids` are the output tokens that text came from, so when a stop string starts inside a
+    token, that token is kept and its text runs past `text` (finish_reason "stop")."""
+
     text: str
     token_ids: list[int]
     finish_reason: str
@@ -54,6 +59,9 @@ class LLM:
 
     # -- prompts -------------------------------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
+        check_text(prompt, "the prompt")
         if chat:
             if not getattr(self.tokenizer, "chat_template", None):
                 raise ConfigError(f"model '{self.name}' has no chat template; run without --chat")
@@ -63,58 +71,98 @@ class LLM:
         return self.tokenizer(prompt)["input_ids"]
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        """Text of token ids, special tokens skipped, spaces left as the tokens have them."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     # -- generation ----------------------------------------------------------------------------
     def generate(self, prompts: str | list[str], max_new_tokens: int = 128, *, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None,
+                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: str | list[str] | None = None,
                  chat: bool = False, on_text=None) -> Completion | list[Completion]:
         """Generate for one prompt (returns a Completion) or a list (returns a list).
 
-        on_text(index, text_so_far) is called after every round, for streaming.
+        stop: a stop string or a list of them (empty ones are ignored). The text ends exactly
+        before the earliest one; `token_ids` keep the token in which it starts (see Completion).
+        on_text(index, new_text), for streaming, receives only stable new text of prompt `index`
+        (never an incomplete character nor a tail that may start a stop string; what is held
+        back comes at the end): its pieces add up to that Completion's `text`.
         """
-        single = isinstance(prompts, str)
-        batch = [prompts] if single else list(prompts)
+        single, batch = _check_prompts(prompts)
+        max_new_tokens = _check_max_new_tokens(max_new_tokens)
+        stops = _check_stops(stop)
+        if not isinstance(chat, bool):
+            raise TypeError(f"chat must be True or False, got {chat!r}")
+        if on_text is not None and not callable(on_text):
+            raise TypeError(f"on_text must be a function on_text(index, new_text) or None, got {on_text!r}")
         # one seed for every prompt: a prompt's text depends on (prompt, seed), not on its place
         # in the batch (randomness is drawn by output position, spec/random.py)
         params = [SamplingParams(temperature, top_k, top_p, seed) for _ in batch]
         requests = [Request(self.encode(p, chat), max_new_tokens, sp) for p, sp in zip(batch, params)]
-        stops = [s for s in (stop or []) if s]
+        streams = [TextStream(self.decode, stops) for _ in batch]
 
         def on_commit(index: int, output: list[int]) -> int | None:
-            text = self.decode(output)
-            cut = _stop_cut(text, stops)
-            if on_text is not None:
-                on_text(index, text if cut is None else text[:cut])
-            if cut is None:
-                return None
-            return _tokens_before(self, output, text[:cut])
+            stream = streams[index]
+            if len(output) < stream.fed:
+                raise RuntimeError(f"on_commit got {len(output)} output tokens after {stream.fed}: "
+                                   "a sequence's output must only grow")
+            _show(on_text, index, stream.add(output[stream.fed:]))
+            return stream.kept_tokens if stream.stopped else None
 
         finished = generate_ids(self.target, requests, self.eos_ids, speculation=self.speculator,
                                 on_commit=on_commit)
-        out = [self._completion(f, stops) for f in finished]
+        out = [self._completion(i, f, streams[i], on_text) for i, f in enumerate(finished)]
         return out[0] if single else out
 
-    def _completion(self, f: Finished, stops: list[str]) -> Completion:
-        text = self.decode(f.output_ids)
-        cut = _stop_cut(text, stops)
-        if cut is not None:
-            text = text[:cut]
-        stats = summarize(f)
-        return Completion(text, f.output_ids, f.finish_reason, stats)
+    def _completion(self, index: int, f: Finished, stream: TextStream, on_text) -> Completion:
+        """Finish the text of `f` (showing its held-back rest) and wrap it up."""
+        ids, reason = f.output_ids, f.finish_reason
+        rest = stream.add(ids[stream.fed:]) if len(ids) > stream.fed else ""
+        _show(on_text, index, rest + stream.finish())
+        if stream.stopped:
+            ids, reason = ids[:stream.kept_tokens], "stop"
+        return Completion(stream.text, ids, reason, summarize(f))
 
 
-def _stop_cut(text: str, stops: list[str]) -> int | None:
-    hits = [text.find(s) for s in stops if s in text]
-    return min(hits) if hits else None
+def _show(on_text, index: int, new_text: str) -> None:
+    if new_text and on_text is not None:
+        on_text(index, new_text)
 
 
-def _tokens_before(llm: LLM, output: list[int], kept_text: str) -> int:
-    """The fewest output tokens whose text covers `kept_text` (the stop string's own tokens go)."""
-    for n in range(len(output) + 1):
-        if len(llm.decode(output[:n])) >= len(kept_text):
-            return n
-    return len(output)
+def _check_prompts(prompts) -> tuple[bool, list[str]]:
+    """(single, batch): a str is one prompt; a list or tuple of str is a batch."""
+    if isinstance(prompts, str):
+        return True, [prompts]
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be a str or a list of str, got {type(prompts).__name__}")
+    if not prompts:
+        raise ValueError("generate() needs at least one prompt: pass a str or a non-empty list of str")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str):
+            raise TypeError(f"prompts[{i}] must be a str, got {type(p).__name__}")
+        check_text(p, f"prompt {i}")
+    return False, list(prompts)
+
+
+def _check_max_new_tokens(max_new_tokens) -> int:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+        raise TypeError(f"max_new_tokens must be an int >= 1, got {type(max_new_tokens).__name__} "
+                        f"{max_new_tokens!r}")
+    if max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    return int(max_new_tokens)
+
+
+def _check_stops(stop) -> list[str]:
+    """Stop strings as a list: None, one str, or a list or tuple of str."""
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, (list, tuple)):
+        raise TypeError(f"stop must be a str or a list of str, got {type(stop).__name__}")
+    for i, s in enumerate(stops):
+        if not isinstance(s, str):
+            raise TypeError(f"stop[{i}] must be a str, got {type(s).__name__}")
+        check_text(s, f"stop string {i}")
+    return [s for s in stops if s]
 
 
 def _check_threads(threads) -> int:
@@ -126,11 +174,13 @@ def _check_threads(threads) -> int:
     return int(threads)
 
 
-def _parse_dtype(name: str | None) -> torch.dtype | None:
+def _parse_dtype(name: str | None) -> torch.dtype | str | None:
+    """A float dtype, or "q8_0" / "q4": weights kept quantized (models/quant_load.py)."""
     table = {None: None, "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+             "q8_0": "q8_0", "q4": "q4"}
     if name not in table:
-        raise ConfigError(f"unknown dtype '{name}': use float32, bfloat16 or float16")
+        raise ConfigError(f"unknown dtype '{name}': use float32, bfloat16, float16, q8_0 or q4")
     return table[name]
 
 
