@@ -19,7 +19,7 @@ from .errors import ConfigError, ModelError
 from .generation import Finished, Request, generate_ids
 from .models.loader import load_decoder, resolve_device
 from .sampling import SamplingParams
-from .spec.speculator import MAX_TREE_NODES, SpecOptions, Speculator
+from .spec.setup import MAX_TREE_NODES, SpecOptions, Speculator
 from .stats import summarize
 from .text import TextStream, check_text
 
@@ -174,13 +174,11 @@ def _check_threads(threads) -> int:
     return int(threads)
 
 
-def _parse_dtype(name: str | None) -> torch.dtype | str | None:
-    """A float dtype, or "q8_0" / "q4": weights kept quantized (models/quant_load.py)."""
+def _parse_dtype(name: str | None) -> torch.dtype | None:
     table = {None: None, "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-             "q8_0": "q8_0", "q4": "q4"}
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
     if name not in table:
-        raise ConfigError(f"unknown dtype '{name}': use float32, bfloat16, float16, q8_0 or q4")
+        raise ConfigError(f"unknown dtype '{name}': use float32, bfloat16 or float16")
     return table[name]
 
 
