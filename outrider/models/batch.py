@@ -8,6 +8,12 @@ no tree). Padded tokens write to the cache's scratch row and are seen by nobody.
 Example (one slot, cache_len 7, tree parents [-1, 0, 0]):
     rows       7 8 9           positions  7 8 8
     tree_mask  [[1,0,0],[1,1,0],[1,0,1]]  -> node 2 sees rows 0..6, 7 and 9, not 8.
+
+Slots need not be contiguous nor in order: the forward attends over the **span** of cache slots
+`[span_first, span_first + span_size)` that covers them, as a view of the cache (no K/V copy);
+`span_place[b]` is batch row b's place in the span (None when the slots are exactly the span,
+in order). Span slots that are not in the batch (holes) get a query of zeros that sees one row,
+and their output is dropped. Example: slots [5, 2] -> span 2..5, span_place [3, 0], holes 3, 4.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ class ForwardBatch:
     kv_len: int  # attention reads cache rows [0, kv_len)
     logits_rows: torch.Tensor | None  # [B, R] long: rows of the new tokens to score; None: all
     hidden_layers: tuple[int, ...] = ()  # hidden states to return (0 = embeddings, l = after layer l)
+    span_first: int = 0  # attention reads cache slots [span_first, span_first + span_size)
+    span_size: int = 1
+    span_place: torch.Tensor | None = None  # [B] long: batch row b is span row span_place[b]; None: b
 
     @property
     def slots(self) -> torch.Tensor:
@@ -86,6 +95,11 @@ def pack(
     else:
         width = max(len(r) for r in logits)
         logits_rows = torch.tensor([list(r) + [r[-1] if r else 0] * (width - len(r)) for r in logits])
+    first_slot, span_size = min(slot_ids), max(slot_ids) - min(slot_ids) + 1
+    in_order = list(slot_ids) == list(range(first_slot, first_slot + B))
+    place = None if in_order else torch.tensor(slot_ids, dtype=torch.long) - first_slot
+    if place is not None and len(set(slot_ids)) != B:
+        raise ValueError(f"slot_ids must be distinct, got {list(slot_ids)}")
     to = lambda x: x.to(device, non_blocking=True)  # noqa: E731
     return ForwardBatch(
         slot_ids=list(slot_ids),
@@ -96,6 +110,9 @@ def pack(
         kv_len=kv_len,
         logits_rows=None if logits_rows is None else to(logits_rows),
         hidden_layers=tuple(hidden_layers),
+        span_first=first_slot,
+        span_size=span_size,
+        span_place=None if place is None else to(place),
     )
 
 

@@ -73,8 +73,8 @@ class Decoder:
         B, T = batch.tokens.shape
         H, G, D = c.num_heads, c.num_kv_heads, c.head_dim
         slots = batch.slots
-        contiguous = batch.slot_ids == list(range(batch.slot_ids[0], batch.slot_ids[0] + B))
-        first = batch.slot_ids[0]
+        first, span, place = batch.span_first, batch.span_size, batch.span_place
+        mask = batch.attn_mask if place is None else _span_mask(batch.attn_mask, place, span)
         cos, sin = rotary_tables(batch.positions, self.inv_freq, self.dtype)
         x = F.embedding(batch.tokens, self.embed)  # [B, T, E]
         hidden = {}
@@ -97,13 +97,13 @@ class Decoder:
             # Advanced indices split by a slice: the indexed view is [B, T, G, D].
             k_cache[slots.unsqueeze(1), :, batch.rows] = k
             v_cache[slots.unsqueeze(1), :, batch.rows] = v
-            if contiguous:
-                keys = k_cache[first : first + B, :, : batch.kv_len]  # [B, G, L, D], a view
-                values = v_cache[first : first + B, :, : batch.kv_len]
-            else:
-                keys = k_cache[slots, :, : batch.kv_len]
-                values = v_cache[slots, :, : batch.kv_len]
-            out = attention(q, keys, values, batch.attn_mask)  # [B, H, T, D]
+            keys = k_cache[first : first + span, :, : batch.kv_len]  # [S, G, L, D], a view
+            values = v_cache[first : first + span, :, : batch.kv_len]
+            if place is None:
+                out = attention(q, keys, values, mask)  # [B, H, T, D]
+            else:  # slots with holes or out of order: queries go to their span rows (batch.py)
+                q_span = q.new_zeros(span, H, T, D).index_copy_(0, place, q)  # [S, H, T, D]
+                out = attention(q_span, keys, values, mask).index_select(0, place)  # [B, H, T, D]
             x = x + linear(out.transpose(1, 2).reshape(B, T, H * D), w.o)
             x = x + swiglu_mlp(rms_norm(x, w.post_norm, c.rms_norm_eps), w.gate_up, w.down)
             if index + 1 in batch.hidden_layers:
@@ -112,3 +112,9 @@ class Decoder:
             x = torch.gather(x, 1, batch.logits_rows.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
         logits = linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head).float()
         return ForwardOutput(logits=logits, hidden=hidden)
+
+def _span_mask(mask: torch.Tensor, place: torch.Tensor, span: int) -> torch.Tensor:
+    """[B, 1, T, L] bool -> [S, 1, T, L]: batch row b at span row place[b]; a hole sees row 0 only."""
+    out = torch.zeros((span, *mask.shape[1:]), dtype=torch.bool, device=mask.device)
+    out[..., 0] = True
+    return out.index_copy_(0, place, mask)
