@@ -3,25 +3,23 @@
 Autoregressive decoding is the round with a root-only tree; a drafter makes the trees larger.
 Stopping (EOS, max new tokens, context, a caller's stop rule) truncates what a round committed,
 so the output is exactly what plain decoding would have produced up to the same point.
+`generate_ids` runs a fixed list of requests; the serving engine (serve/engine_loop.py) runs the
+same rounds and stopping rules for requests that come and go.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from .errors import ConfigError
-from .models.batch import pack
 from .models.decoder import Decoder
 from .sampling import SamplingParams
-from .spec.round import Sequence, run_round
-from .spec.random import PositionalRandom
-from .spec.types import DraftTree, RoundStats
-from .spec.verifiers import choose_verifier
+from .spec.round import Sequence
+from .spec.types import RoundStats
 
 
 @dataclass
@@ -29,12 +27,14 @@ class Request:
     prompt_ids: list[int]
     max_new_tokens: int = 128
     params: SamplingParams = field(default_factory=SamplingParams)
+    speculate: bool = True  # False: plain decoding for this request even when the engine drafts
+    max_draft_tokens: int | None = None  # at most this many draft nodes per round (None: the controller's)
 
 
 @dataclass
 class Finished:
     output_ids: list[int]
-    finish_reason: str  # "eos", "length", "stop" or "context"
+    finish_reason: str  # "eos", "length", "stop", "context" or "cancelled"
     stats: RoundStats
     prefill_s: float
     total_s: float
@@ -53,58 +53,40 @@ def generate_ids(
     speculation=None,
     on_commit: OnCommit | None = None,
 ) -> list[Finished]:
-    """Generate for every request at once, one slot each. `speculation` (a spec.setup.Speculator)
-    drafts; without it every round is one autoregressive step."""
-    context = target.config.max_position_embeddings
+    """Generate for every request at once, one slot each. `speculation` (a spec.speculator.Speculator)
+    drafts; without it every round is one autoregressive step.
+
+    A thin loop over the serving engine (serve/engine_loop.py) with every request admitted at
+    once, every prompt prefilled in one forward, and a cache of `max_len` rows per slot."""
+    from .serve.engine_loop import EngineLoop
+
     headroom = speculation.max_tree_size if speculation is not None else 1
     longest = max(len(r.prompt_ids) + r.max_new_tokens for r in requests)
-    max_len = max_len or min(context, longest + headroom)
+    max_len = max_len or min(target.config.max_position_embeddings, longest + headroom)
     for i, r in enumerate(requests):
-        if not r.prompt_ids:
-            raise ConfigError(f"prompt {i} is empty: give at least one token of prompt")
-        if len(r.prompt_ids) >= max_len:
-            raise ConfigError(
-                f"prompt {i} has {len(r.prompt_ids)} tokens but the context holds {max_len}: "
-                "shorten the prompt or pass a larger max_len"
-            )
-        if r.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {r.max_new_tokens}")
-    start = time.perf_counter()
-    cache = target.new_cache(len(requests), max_len)
-    seqs = []
-    for i, r in enumerate(requests):
-        params = with_seed(r.params)
-        verify = (speculation.verifier_for(params) if speculation is not None
-                  else choose_verifier("chain", False, params).verifier)
-        seqs.append(Sequence(i, i, list(r.prompt_ids), len(r.prompt_ids), params, PositionalRandom(params.seed), verify))
-    _prefill(target, cache, seqs)
-    if speculation is not None:
-        for seq in seqs:
-            speculation.start(seq)
-    prefill_s = time.perf_counter() - start
+        check_request(r, max_len, f"prompt {i}", "pass a larger max_len")
+    engine = EngineLoop(target, eos_ids, speculation, max_running=len(requests), max_len=max_len,
+                        on_commit=on_commit)
+    ids = [engine.add(r) for r in requests]  # 0, 1, ...: on_commit's index
     finished: dict[int, Finished] = {}
-    active = list(seqs)
-    if speculation is None:
-        propose = lambda seq: DraftTree.root_only(seq.tokens[-1])  # noqa: E731
-    else:
-        propose = lambda seq: speculation.propose(seq, cache.free_rows(seq.slot))  # noqa: E731
-    taps = speculation.hidden_layers if speculation is not None else ()
-    while active:
-        results, hidden = run_round(target, cache, active, propose, taps)
-        still = []
-        for seq, result in zip(active, results):
-            reason = _stop(seq, requests[seq.seq_id], len(result.tokens), eos_ids, cache, on_commit)
-            if speculation is not None:
-                speculation.update(seq, result, hidden)
-            if reason is None:
-                still.append(seq)
-            else:
-                if speculation is not None:
-                    speculation.finish(seq)
-                finished[seq.seq_id] = Finished(seq.output, reason, seq.stats, prefill_s,
-                                                time.perf_counter() - start)
-        active = still
-    return [finished[i] for i in range(len(seqs))]
+    while engine.has_work:
+        for event in engine.step():
+            if event.finished is not None:
+                finished[event.request_id] = event.finished
+    return [finished[i] for i in ids]
+
+
+def check_request(r: Request, max_len: int, what: str = "the prompt", larger: str = "raise the context") -> None:
+    """Refuse a request that can never run in slots of `max_len` rows (one-line ConfigError)."""
+    if not r.prompt_ids:
+        raise ConfigError(f"{what} is empty: give at least one token of prompt")
+    if len(r.prompt_ids) >= max_len:
+        raise ConfigError(f"{what} has {len(r.prompt_ids)} tokens but the context holds {max_len}: "
+                          f"shorten the prompt or {larger}")
+    if r.max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be >= 1, got {r.max_new_tokens}")
+    if r.max_draft_tokens is not None and r.max_draft_tokens < 0:
+        raise ConfigError(f"max_draft_tokens must be >= 0 (0: no drafts), got {r.max_draft_tokens}")
 
 
 def with_seed(params: SamplingParams) -> SamplingParams:
@@ -116,19 +98,7 @@ def with_seed(params: SamplingParams) -> SamplingParams:
     return dataclasses.replace(params, seed=int(torch.randint(0, 2**63 - 1, ())))
 
 
-def _prefill(target: Decoder, cache, seqs: list[Sequence]) -> None:
-    """Write the K/V of every prompt token but the last (the first round's root)."""
-    todo = [s for s in seqs if len(s.tokens) > 1]
-    if not todo:
-        return
-    batch = pack([s.slot for s in todo], [0] * len(todo), [torch.tensor(s.tokens[:-1]) for s in todo],
-                 logits="none", scratch_row=cache.scratch_row, device=target.device)
-    target.forward(batch, cache)
-    for s in todo:
-        cache.set_length(s.slot, len(s.tokens) - 1)
-
-
-def _stop(seq: Sequence, request: Request, new: int, eos_ids: set[int], cache, on_commit) -> str | None:
+def stop_after_round(seq: Sequence, request: Request, new: int, eos_ids: set[int], cache, on_commit) -> str | None:
     """Truncate what this round committed (`new` tokens) at the first stopping point; say why.
     Tokens cut here were never output, so the stats do not count them as committed."""
     before = len(seq.tokens)
