@@ -103,8 +103,22 @@ def stop_after_round(seq: Sequence, request: Request, new: int, eos_ids: set[int
     Tokens cut here were never output, so the stats do not count them as committed."""
     before = len(seq.tokens)
     reason = _stop_reason(seq, request, new, eos_ids, cache, on_commit)
-    seq.stats.committed -= before - len(seq.tokens)
+    if len(seq.tokens) < before:
+        _uncount_cut(seq.stats, len(seq.output))
     return reason
+
+
+def _uncount_cut(stats, kept: int) -> None:
+    """The output was cut to `kept` tokens (a limit, EOS or a stop string, possibly reaching back
+    over earlier rounds): count as committed only those, and as rounds only the rounds that
+    produced at least one of them, so tau is kept tokens per round that produced them."""
+    rounds, done = 0, 0
+    for size in stats.committed_by_round:
+        if done >= kept:
+            break
+        done, rounds = done + size, rounds + 1
+    stats.committed, stats.rounds = kept, rounds
+    del stats.committed_by_round[rounds:]
 
 
 def _stop_reason(seq: Sequence, request: Request, new: int, eos_ids: set[int], cache, on_commit) -> str | None:

@@ -155,3 +155,19 @@ def test_stats_do_not_count_tokens_cut_by_the_limit(two_layers):
     f = generate_ids(target, [Request([3, 4, 5, 6], 5)], set(), speculation=spec)[0]
     assert len(f.output_ids) == 5 and f.stats.rounds == 1 and f.stats.accepted_by_position[0] == 1
     assert f.stats.committed == 5  # tau 5.00, not 9.00
+
+
+def test_stats_of_a_stop_string_reaching_back_over_rounds(tiny_folders):
+    """Plain decoding cut by a stop string: tau stays 1.00 (the rounds after the stop's start are
+    not counted), the committed tokens are those kept."""
+    from outrider import LLM
+
+    llm = LLM(str(tiny_folders["llama"]))
+    full = llm.generate("w5 w6 w7", max_new_tokens=12)
+    words = full.text.split()
+    stop = " ".join(words[4:7])  # three words: the stop string spans three rounds
+    cut = llm.generate("w5 w6 w7", max_new_tokens=12, stop=stop)
+    assert cut.finish_reason == "stop" and stop not in cut.text
+    assert cut.stats["new_tokens"] == len(cut.token_ids) < len(full.token_ids)
+    assert cut.stats["rounds"] == cut.stats["committed"] == len(cut.token_ids)
+    assert cut.stats["mean_accepted_length"] == 1.0

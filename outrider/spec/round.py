@@ -94,6 +94,7 @@ def run_round(
 def _count(stats: RoundStats, tree: DraftTree, result: VerifyResult) -> None:
     stats.rounds += 1
     stats.committed += len(result.tokens)
+    stats.committed_by_round.append(len(result.tokens))
     stats.drafted += tree.size - 1
     max_depth = int(depths(tree.parents).max()) if tree.size > 1 else 0
     for lst, n in ((stats.accepted_by_position, max_depth), (stats.proposed_by_position, max_depth),

@@ -74,5 +74,6 @@ class RoundStats:
     accepted_by_position: list[int] = field(default_factory=list)  # [depth-1] -> accepted count
     proposed_by_position: list[int] = field(default_factory=list)  # [depth-1] -> rounds with a draft there
     accepted_length_hist: list[int] = field(default_factory=list)  # [num_accepted] -> rounds
+    committed_by_round: list[int] = field(default_factory=list)  # tokens each round committed, in order
     draft_s: float = 0.0
     verify_s: float = 0.0
