@@ -87,6 +87,26 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-progress", action="store_true")
     bench.set_defaults(run=_bench)
 
+    srv = sub.add_parser("serve", help="an OpenAI-compatible server (continuous batching, speculation, metrics)")
+    srv.add_argument("--model", default=None, help="catalog name or model folder (default: smollm2-135m-instruct)")
+    srv.add_argument("--drafter", default=None, help="as for generate (default: none, autoregressive)")
+    srv.add_argument("--tree", default="chain", help="chain | static:2,2,1 | dynamic:K,N (model drafters)")
+    srv.add_argument("--controller", default="fixed:4", help="fixed:N | adaptive[:MAX] | cost[:MAX]")
+    srv.add_argument("--max-tree-nodes", type=int, default=256, help="as for generate (default 256)")
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY on every route but /health")
+    srv.add_argument("--max-running", type=int, default=16, help="sequences decoding at once (K/V slots)")
+    srv.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot before 429")
+    srv.add_argument("--max-model-len", type=int, default=2048, help="K/V rows per slot: prompt + output")
+    srv.add_argument("--max-kv-rows", type=int, default=None,
+                     help="K/V rows all running requests may reserve (default: every slot full)")
+    srv.add_argument("--chunk-size", type=int, default=512, help="prompt tokens prefilled per step")
+    srv.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps")
+    srv.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
+    srv.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1")
+    srv.set_defaults(run=_serve)
+
     models = sub.add_parser("models", help="the catalog of packaged models")
     msub = models.add_subparsers(dest="models_command", required=True)
     ls = msub.add_parser("list", help="show the catalog and what is pulled")
@@ -188,6 +208,14 @@ def _bench(args) -> int:
         print("error: the lossless audit failed (see the report); this is a bug in a method", file=sys.stderr)
         return 1
     return 0
+
+
+def _serve(args) -> int:
+    from .serve.server import ServeOptions, serve
+
+    keys = ("model", "drafter", "tree", "controller", "max_tree_nodes", "host", "port", "api_key", "max_running",
+            "max_queue", "max_model_len", "max_kv_rows", "chunk_size", "device", "dtype", "threads")
+    return serve(ServeOptions(**{k: getattr(args, k) for k in keys}).check())
 
 
 def _models_list(args) -> int:

@@ -29,6 +29,7 @@ class Request:
     params: SamplingParams = field(default_factory=SamplingParams)
     speculate: bool = True  # False: plain decoding for this request even when the engine drafts
     max_draft_tokens: int | None = None  # at most this many draft nodes per round (None: the controller's)
+    ignore_eos: bool = False  # run on past end-of-sequence tokens (load tests)
 
 
 @dataclass

@@ -91,18 +91,24 @@ class EngineLoop:
         self._next_id = 0
 
     # -- requests ---------------------------------------------------------------------------------
+    def check(self, request: Request) -> int:
+        """The K/V rows `request` reserves; ConfigError when it can never run here. Reads only
+        settings, so another thread may call it."""
+        check_request(request, self.max_len)
+        rows = min(self.max_len, len(request.prompt_ids) + request.max_new_tokens + self.headroom)
+        if rows > self.scheduler.max_kv_rows:
+            raise ConfigError(f"the request needs {rows} K/V rows but the engine holds {self.scheduler.max_kv_rows}: "
+                              "ask for fewer tokens or raise the K/V row limit")
+        return rows
+
     def add(self, request: Request) -> int:
         """Queue a request; returns its id. ConfigError when it can never run here."""
-        check_request(request, self.max_len)
+        rows = self.check(request)
         params = with_seed(request.params)
         speculate = (self.speculation is not None and request.speculate
                      and request.max_draft_tokens != 0)
         verify = (self.speculation.verifier_for(params) if speculate
                   else choose_verifier("chain", False, params).verifier)
-        rows = min(self.max_len, len(request.prompt_ids) + request.max_new_tokens + self.headroom)
-        if rows > self.scheduler.max_kv_rows:
-            raise ConfigError(f"the request needs {rows} K/V rows but the engine holds {self.scheduler.max_kv_rows}: "
-                              "ask for fewer tokens or raise the K/V row limit")
         rid = self._next_id
         self._next_id += 1
         prompt = list(request.prompt_ids)
@@ -200,8 +206,8 @@ class EngineLoop:
         events = []
         for entry, result, old in zip(entries, results, before):
             seq = entry.seq
-            reason = stop_after_round(seq, entry.request, len(result.tokens), self.eos_ids, self.cache,
-                                      self.on_commit)
+            eos = set() if entry.request.ignore_eos else self.eos_ids
+            reason = stop_after_round(seq, entry.request, len(result.tokens), eos, self.cache, self.on_commit)
             if entry.speculate:
                 spec.update(seq, result, hidden)
             new = seq.output[old:]

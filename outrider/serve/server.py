@@ -1,0 +1,114 @@
+"""`outrider serve`: load the model, start the engine thread, run uvicorn; drain on SIGINT/SIGTERM.
+
+Draining: the first SIGINT or SIGTERM makes new requests get 503 (and /health 503) while the
+running and queued ones finish; then the server stops and the process exits 0. A second SIGINT
+stops at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+EXTRA = "pip install 'outrider[serve]'"
+
+
+@dataclass
+class ServeOptions:
+    model: str | None = None
+    drafter: str | None = None
+    tree: str = "chain"
+    controller: str = "fixed:4"
+    max_tree_nodes: int = 256
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_running: int = 16
+    max_queue: int = 256
+    max_model_len: int = 2048
+    max_kv_rows: int | None = None
+    chunk_size: int = 512
+    device: str | None = None
+    dtype: str | None = None
+    threads: int | None = None
+
+    def check(self) -> "ServeOptions":
+        """Refuse bad values by their flag's name, before anything loads."""
+        for key in ("max_running", "max_queue", "max_model_len", "chunk_size", "max_kv_rows"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
+        if not (isinstance(self.port, int) and 0 <= self.port <= 65535):
+            raise ConfigError(f"--port must be in 0..65535, got {self.port}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError("--api-key is empty: give a key or leave the option out")
+        return self
+
+
+def require_extra() -> None:
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as err:
+        raise ConfigError(f"outrider serve needs {err.name}, which is not installed: {EXTRA}") from None
+
+
+def build(options: ServeOptions, log=None):
+    """Load the model and return (app, state); the engine thread is not started yet."""
+    require_extra()
+    options.check()
+    from ..engine import LLM
+    from .api import ServerState, create_app
+    from .engine_loop import EngineLoop
+    from .metrics import Metrics
+    from .worker import EngineWorker
+
+    llm = LLM(options.model, drafter=options.drafter, tree=options.tree, controller=options.controller,
+              device=options.device, dtype=options.dtype, threads=options.threads,
+              max_tree_nodes=options.max_tree_nodes)
+    engine = EngineLoop(llm.target, llm.eos_ids, llm.speculator, max_running=options.max_running,
+                        max_len=options.max_model_len, max_kv_rows=options.max_kv_rows,
+                        chunk_size=options.chunk_size)
+    metrics = Metrics(llm.name)
+    worker = EngineWorker(engine, metrics, options.max_queue)
+    state = ServerState(llm, worker, metrics, llm.name, options.api_key)
+    return create_app(state), state
+
+
+def serve(options: ServeOptions, log=print) -> int:
+    require_extra()
+    import uvicorn
+
+    app, state = build(options)
+    state.worker.start()
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            if state.worker.draining:
+                if sig == signal.SIGINT:
+                    super().handle_exit(sig, frame)  # a second Ctrl-C: stop now
+                return
+            log(f"draining: finishing {state.worker.engine.num_running + state.worker.queued} requests, "
+                "refusing new ones", file=sys.stderr)
+            state.worker.drain()
+
+            def stop_when_idle():
+                state.worker.wait_idle()
+                self.should_exit = True
+
+            threading.Thread(target=stop_when_idle, daemon=True).start()
+
+    config = uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
+                            timeout_graceful_shutdown=5)
+    server = DrainingServer(config)
+    log(f"outrider serve: {state.model_name} on http://{options.host}:{options.port}/v1", file=sys.stderr)
+    try:
+        server.run()
+    finally:
+        state.worker.stop()
+    return 0
