@@ -174,11 +174,13 @@ def _check_threads(threads) -> int:
     return int(threads)
 
 
-def _parse_dtype(name: str | None) -> torch.dtype | None:
+def _parse_dtype(name: str | None) -> torch.dtype | str | None:
+    """A float dtype, or "q8_0" / "q4": weights kept quantized (models/quant_load.py)."""
     table = {None: None, "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+             "q8_0": "q8_0", "q4": "q4"}
     if name not in table:
-        raise ConfigError(f"unknown dtype '{name}': use float32, bfloat16 or float16")
+        raise ConfigError(f"unknown dtype '{name}': use float32, bfloat16, float16, q8_0 or q4")
     return table[name]
 
 

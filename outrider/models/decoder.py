@@ -10,12 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ..kv import KVCache
 from .batch import ForwardBatch
 from .config import ModelConfig
-from .layers import apply_rotary, attention, linear, rms_norm, rotary_tables, swiglu_mlp
+from .layers import apply_rotary, attention, embedding, linear, rms_norm, rotary_tables, swiglu_mlp
 
 
 @dataclass
@@ -39,12 +38,13 @@ class ForwardOutput:
 
 class Decoder:
     def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[LayerWeights],
-                 norm: torch.Tensor, lm_head: torch.Tensor):
+                 norm: torch.Tensor, lm_head: torch.Tensor, quantization: str | None = None):
         self.config = config
-        self.embed = embed  # [vocab, E]
+        self.embed = embed  # [vocab, E], or QuantBlocks when quantized
         self.layers = layers
         self.norm = norm  # [E]
-        self.lm_head = lm_head  # [vocab, E]; the same tensor as embed when tied
+        self.lm_head = lm_head  # [vocab, E]; the same tensor as embed when tied (a QuantLinear when quantized)
+        self.quantization = quantization  # None, or "q8_0" / "q4": what load_decoder was asked for
         c = config
         self.inv_freq = 1.0 / (
             c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=embed.device) / c.head_dim)
@@ -56,6 +56,7 @@ class Decoder:
 
     @property
     def dtype(self) -> torch.dtype:
+        """The compute dtype (activations, K/V); quantized weights compute in it too."""
         return self.embed.dtype
 
     def new_cache(self, num_slots: int, max_len: int, num_layers: int | None = None) -> KVCache:
@@ -76,7 +77,7 @@ class Decoder:
         first, span, place = batch.span_first, batch.span_size, batch.span_place
         mask = batch.attn_mask if place is None else _span_mask(batch.attn_mask, place, span)
         cos, sin = rotary_tables(batch.positions, self.inv_freq, self.dtype)
-        x = F.embedding(batch.tokens, self.embed)  # [B, T, E]
+        x = embedding(batch.tokens, self.embed)  # [B, T, E]
         hidden = {}
         if 0 in batch.hidden_layers:
             hidden[0] = x
@@ -112,6 +113,7 @@ class Decoder:
             x = torch.gather(x, 1, batch.logits_rows.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
         logits = linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head).float()
         return ForwardOutput(logits=logits, hidden=hidden)
+
 
 def _span_mask(mask: torch.Tensor, place: torch.Tensor, span: int) -> torch.Tensor:
     """[B, 1, T, L] bool -> [S, 1, T, L]: batch row b at span row place[b]; a hole sees row 0 only."""

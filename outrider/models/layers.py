@@ -16,8 +16,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     the memory bandwidth (measured here: 16.8 ms for the 49152 x 576 head at 1 row, 38.8 ms at
     4 rows), while `weight @ x.T` takes the GEMM path (11.8 ms at 4 rows). One row is doubled to
     stay on that path. Same arithmetic, another summation order: equal to F.linear within
-    float rounding (tests/test_layers.py). On CUDA this is plain F.linear.
+    float rounding (tests/test_layers.py). On CUDA this is plain F.linear. A weight kept
+    quantized (quant_linear.QuantLinear) does its own product: `weight.linear(x, bias)`.
     """
+    if not isinstance(weight, torch.Tensor):
+        return weight.linear(x, bias)
     if x.device.type != "cpu":
         return F.linear(x, weight, bias)
     flat = x.reshape(-1, x.shape[-1])  # [M, in]
@@ -28,6 +31,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def embedding(tokens: torch.Tensor, table) -> torch.Tensor:
+    """tokens: [B, T] long -> [B, T, E]; `table` is [vocab, E] or quantized blocks (`lookup`)."""
+    if isinstance(table, torch.Tensor):
+        return F.embedding(tokens, table)
+    return table.lookup(tokens)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -99,15 +99,27 @@ class _Tensors:
             raise ModelError(f"{self.where[name]}: cannot read '{name}' ({err}); re-pull the model") from None
         return tensor.to(device=device, dtype=dtype)
 
+    def projection(self, names: list[str], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """The weights `names` stacked along `out` (fused Q/K/V, gate/up)."""
+        parts = [self.get(name, dtype, device) for name in names]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
 
 def load_decoder(folder: str | Path, device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None) -> Decoder:
+                 dtype: torch.dtype | str | None = None) -> Decoder:
+    """dtype: a float dtype, or "q8_0" / "q4" for weights kept quantized (see quant_load.py)."""
     folder = Path(folder)
     config = ModelConfig.load(folder)
     device = resolve_device(device)
-    dtype = dtype or default_dtype(device)
+    quantized = dtype if isinstance(dtype, str) else None
+    dtype = default_dtype(device) if quantized or dtype is None else dtype
     weights = _Tensors(folder)
+    if quantized:
+        from .quant_load import QuantTensors
+
+        weights = QuantTensors(folder, quantized, weights)
     get = lambda name: weights.get(name, dtype, device)  # noqa: E731
+    proj = lambda *names: weights.projection(list(names), dtype, device)  # noqa: E731
     embed = get("model.embed_tokens.weight")
     if embed.shape[0] != config.vocab_size:
         raise ModelError(f"{folder}: embedding has {embed.shape[0]} rows but vocab_size is {config.vocab_size}")
@@ -120,17 +132,17 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
             qkv_bias = torch.cat([get(attn + f"{n}_proj.bias") for n in "qkv"])
         layers.append(LayerWeights(
             input_norm=get(p + "input_layernorm.weight"),
-            qkv=torch.cat([get(attn + f"{n}_proj.weight") for n in "qkv"]),
+            qkv=proj(*[attn + f"{n}_proj.weight" for n in "qkv"]),
             qkv_bias=qkv_bias,
-            o=get(attn + "o_proj.weight"),
+            o=proj(attn + "o_proj.weight"),
             q_norm=get(attn + "q_norm.weight") if config.qk_norm else None,
             k_norm=get(attn + "k_norm.weight") if config.qk_norm else None,
             post_norm=get(p + "post_attention_layernorm.weight"),
-            gate_up=torch.cat([get(mlp + "gate_proj.weight"), get(mlp + "up_proj.weight")]),
-            down=get(mlp + "down_proj.weight"),
+            gate_up=proj(mlp + "gate_proj.weight", mlp + "up_proj.weight"),
+            down=proj(mlp + "down_proj.weight"),
         ))
     if weights.has("lm_head.weight") and not config.tie_word_embeddings:
-        lm_head = get("lm_head.weight")
+        lm_head = proj("lm_head.weight")
     else:
-        lm_head = embed
-    return Decoder(config, embed, layers, get("model.norm.weight"), lm_head)
+        lm_head = embed if not quantized else proj("model.embed_tokens.weight")  # tied: the same blocks
+    return Decoder(config, embed, layers, get("model.norm.weight"), lm_head, quantization=quantized)

@@ -1,0 +1,178 @@
+"""Where a quantized model's weights come from: the folder's GGUF, kept as it is, or its float
+safetensors, quantized at load. `load_decoder(folder, dtype="q4" | "q8_0")` reads through this.
+
+    --dtype q4     the GGUF's own blocks when the folder keeps a GGUF (original.gguf) whose layer
+                   projections are 4-bit (Q4_0 / Q4_1 load natively; other types are refused with
+                   a one-line error); otherwise the float weights quantized at load: projections
+                   to Q4_1, the output head and embedding to Q8_0 (as the packaged SmolLM2 GGUF has
+                   them: the head decides the argmax, and is read once per token either way).
+    --dtype q8_0   the GGUF's own blocks when its projections are Q8_0; otherwise every projection,
+                   the head and the embedding quantized to Q8_0 at load.
+
+What stays float: RMSNorm weights, projection biases (Qwen2), rotary tables, the K/V cache and
+activations (the compute dtype: float32 on the CPU), and any projection whose input size is not
+a multiple of 32 (GGUF's block) or that the GGUF stores as F32 / F16 / BF16. Quantizing at load
+works one tensor at a time, so no float copy of the whole model ever exists; a GGUF's blocks are
+copied as bytes, with no float values made.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import ModelError
+from .gguf_import import ARCHITECTURES, hf_tensor_name, unpermute_rotary_rows
+from .marker import GGUF_NAME
+from .quant import BLOCK, QuantBlocks, blocks_from_gguf, cat_rows, check_gguf_kind, quantize
+from .quant_linear import QuantLinear
+
+QUANT_DTYPES = ("q8_0", "q4")  # the names --dtype takes for quantized weights
+_FAMILY = {"q8_0": "Q8", "q4": "Q4"}  # a GGUF is used natively when its projections are of this family
+_AT_LOAD = {"q8_0": ("q8_0", "q8_0"), "q4": ("q4_1", "q8_0")}  # (projections, head and embedding)
+_FLOAT_TYPES = ("F32", "F16", "BF16")
+_TABLES = ("model.embed_tokens.weight", "lm_head.weight")
+_PROJECTION = re.compile(r"blk\.\d+\.(attn_(q|k|v|output)|ffn_(gate|up|down))\.weight")
+
+
+class RowStack:
+    """Fused projections whose parts are of different kinds (a GGUF may keep V in Q8_0 and Q, K
+    in Q4_1): each part multiplies on its own and the outputs are joined, [..., sum of outs]."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        from .layers import linear
+
+        out = torch.cat([linear(x, p) for p in self.parts], dim=-1)
+        return out if bias is None else out + bias
+
+
+class QuantTensors:
+    """The loader's weight source for a quantized model (the same calls as loader._Tensors, plus
+    `projection`): float tensors by name, tables (embedding) as QuantBlocks, projections as
+    QuantLinear."""
+
+    def __init__(self, folder: Path, dtype_name: str, floats):
+        if dtype_name not in QUANT_DTYPES:
+            raise ValueError(f"dtype_name must be one of {', '.join(QUANT_DTYPES)}, got {dtype_name!r}")
+        self.name = dtype_name
+        self.floats = floats  # loader._Tensors over the folder's safetensors
+        self.gguf = _NativeGGUF.open_if_native(folder / GGUF_NAME, dtype_name)
+        self.cache: dict[str, QuantBlocks | torch.Tensor] = {}
+
+    @property
+    def source(self) -> str:
+        return f"GGUF blocks ({self.gguf.path.name})" if self.gguf else "float weights quantized at load"
+
+    def has(self, name: str) -> bool:
+        return self.gguf.has(name) if self.gguf else self.floats.has(name)
+
+    def get(self, name: str, dtype: torch.dtype, device: torch.device):
+        """A float tensor; the embedding table comes as QuantBlocks (rows dequantized on lookup)."""
+        if name == "model.embed_tokens.weight":
+            table = self._weight(name)
+            if isinstance(table, QuantBlocks):
+                return table.to(device, dtype)
+            return table.to(device=device, dtype=dtype)
+        if self.gguf:
+            return self.gguf.floats(name).to(device=device, dtype=dtype)
+        return self.floats.get(name, dtype, device)
+
+    def projection(self, names: list[str], dtype: torch.dtype, device: torch.device):
+        """The weights `names` stacked along `out` as one QuantLinear (a float tensor when they
+        cannot be quantized, a RowStack when their kinds differ)."""
+        parts = [self._weight(n) for n in names]
+        if all(isinstance(p, QuantBlocks) for p in parts) and len({p.kind for p in parts}) == 1:
+            return QuantLinear(cat_rows(parts).to(device), dtype)
+        if all(isinstance(p, torch.Tensor) for p in parts):
+            return torch.cat(parts).to(device=device, dtype=dtype)
+        return RowStack([QuantLinear(p.to(device), dtype) if isinstance(p, QuantBlocks)
+                         else p.to(device=device, dtype=dtype) for p in parts])
+
+    def _weight(self, name: str) -> QuantBlocks | torch.Tensor:
+        """One 2-D weight as blocks (or float when it stays float); tables are kept for reuse
+        (a tied head is the embedding)."""
+        if name in self.cache:
+            return self.cache[name]
+        if self.gguf:
+            weight = self.gguf.weight(name)
+        else:
+            projections, tables = _AT_LOAD[self.name]
+            floats = self.floats.get(name, torch.float32, torch.device("cpu"))
+            kind = tables if name in _TABLES else projections
+            weight = quantize(floats, kind) if floats.shape[1] % BLOCK == 0 else floats
+        if name in _TABLES:
+            self.cache[name] = weight
+        return weight
+
+
+class _NativeGGUF:
+    """A GGUF's tensors under Hugging Face names: quantized ones as their own blocks (llama Q/K
+    rows put back in Hugging Face order), float ones as float32."""
+
+    def __init__(self, path: Path, reader):
+        self.path = path
+        self.tensors = {hf_tensor_name(t.name): t for t in reader.tensors}
+        arch = str(reader.fields["general.architecture"].contents())
+        permuted = ARCHITECTURES.get(arch, (None, None, False))[2]
+        key = lambda k: reader.fields[f"{arch}.{k}"].contents()  # noqa: E731
+        heads = int(key("attention.head_count"))
+        kv_heads = int(key("attention.head_count_kv")) if f"{arch}.attention.head_count_kv" in reader.fields else heads
+        self.rotary_heads = {"self_attn.q_proj": heads, "self_attn.k_proj": kv_heads} if permuted else {}
+
+    @classmethod
+    def open_if_native(cls, path: Path, dtype_name: str) -> "_NativeGGUF | None":
+        """The GGUF when its layer projections are of the family asked for (4-bit for q4, 8-bit
+        for q8_0); None when there is no GGUF or it is of another kind (then floats are quantized)."""
+        if not path.is_file():
+            return None
+        import gguf
+
+        try:
+            reader = gguf.GGUFReader(str(path))
+        except (ValueError, OSError, KeyError) as err:
+            raise ModelError(f"{path} is not a readable GGUF file ({err}); re-pull the model") from None
+        types = {t.tensor_type.name for t in reader.tensors if _PROJECTION.fullmatch(t.name)}
+        if not any(name.startswith(_FAMILY[dtype_name]) for name in types):
+            return None
+        native = cls(path, reader)
+        for tensor in reader.tensors:  # refuse what cannot be kept quantized before reading anything
+            if tensor.tensor_type.name not in _FLOAT_TYPES:
+                check_gguf_kind(tensor.tensor_type.name, tensor.name)
+        return native
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def _tensor(self, name: str):
+        if name not in self.tensors:
+            raise ModelError(f"{self.path} is missing tensor '{name}'; the file is incomplete or not this architecture")
+        return self.tensors[name]
+
+    def _unpermute(self, name: str, rows: np.ndarray) -> np.ndarray:
+        for proj, heads in self.rotary_heads.items():
+            if f".{proj}." in name:
+                return unpermute_rotary_rows(rows, heads)
+        return rows
+
+    def floats(self, name: str) -> torch.Tensor:
+        from gguf.quants import dequantize
+
+        tensor = self._tensor(name)
+        shape = tuple(int(n) for n in reversed(tensor.shape))
+        values = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
+        return torch.from_numpy(np.array(self._unpermute(name, values)))  # a writable copy
+
+    def weight(self, name: str) -> QuantBlocks | torch.Tensor:
+        tensor = self._tensor(name)
+        if tensor.tensor_type.name in _FLOAT_TYPES:
+            return self.floats(name)
+        kind = check_gguf_kind(tensor.tensor_type.name, tensor.name)
+        raw = self._unpermute(name, np.asarray(tensor.data))  # uint8 [out, blocks * bytes]
+        return blocks_from_gguf(raw, kind)
+
