@@ -50,7 +50,7 @@ def main() -> None:
     from outrider.bench.runner import aggregate, first_difference, run_ours, run_transformers
     from outrider.models.catalog import resolve_model
     from outrider.models.loader import load_decoder
-    from outrider.spec.setup import SpecOptions, Speculator
+    from outrider.spec.speculator import SpecOptions, Speculator
 
     pair = PAIRS[args.pair]
     path = resolve_model(pair["target"])

@@ -141,10 +141,10 @@ def test_whole_run_on_a_tiny_model_writes_results_and_report(tiny_folders, tmp_p
 
 
 def test_audit_catches_a_method_that_perturbs_a_token(tiny_folders, monkeypatch):
-    from outrider.spec import setup
+    from outrider.spec import speculator
     from outrider.spec.types import VerifyResult
 
-    real = setup.Speculator.verifier_for
+    real = speculator.Speculator.verifier_for
 
     def perturbing(self, params):
         verify = real(self, params)
@@ -156,7 +156,7 @@ def test_audit_catches_a_method_that_perturbs_a_token(tiny_folders, monkeypatch)
             return VerifyResult(result.accepted_nodes, result.tokens[:-1] + [(result.tokens[-1] + 1) % 96])
         return broken
 
-    monkeypatch.setattr(setup.Speculator, "verifier_for", perturbing)
+    monkeypatch.setattr(speculator.Speculator, "verifier_for", perturbing)
     config = parse_config(tiny_config(tiny_folders["llama"]), "tiny.toml")
     results = run_bench(plan(config), threads=1, progress=False)
     assert not results["audit"]["ok"]

@@ -22,7 +22,7 @@ from outrider.drafters.suffix import SuffixDrafter
 from outrider.generation import Request, generate_ids
 from outrider.models.loader import load_decoder
 from outrider.sampling import SamplingParams
-from outrider.spec.setup import SpecOptions, Speculator
+from outrider.spec.speculator import SpecOptions, Speculator
 from outrider.spec.shapes import parse_shape
 
 PROMPTS = [[3, 4, 5, 3, 4, 5, 3], [6, 7, 3, 6, 7, 3, 6], [5, 5, 4, 5, 5, 4, 5]]

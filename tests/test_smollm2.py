@@ -65,7 +65,7 @@ def test_greedy_matches_transformers_on_five_prompts(smol):
 def test_speculative_greedy_equals_autoregressive(smol, drafter, tree):
     from outrider.generation import Request, generate_ids
     from outrider.models.catalog import resolve_model
-    from outrider.spec.setup import SpecOptions, Speculator
+    from outrider.spec.speculator import SpecOptions, Speculator
 
     ours, _, tok = smol
     spec = Speculator.build(SpecOptions(drafter, tree, "fixed:4"), ours, resolve_model("smollm2-135m-instruct"))

@@ -9,7 +9,7 @@ from outrider.control.profile import VerifyCostProfile
 from outrider.drafters.model import ModelDrafter
 from outrider.generation import Request, generate_ids
 from outrider.models.loader import load_decoder
-from outrider.spec.setup import SpecOptions, Speculator
+from outrider.spec.speculator import SpecOptions, Speculator
 from outrider.spec.shapes import parse_shape
 
 SHAPES = ["chain", "static:2,2,1", "static:3,1,1,1", "dynamic:3,8"]

@@ -12,7 +12,7 @@ from outrider.errors import ConfigError
 from outrider.generation import Request, generate_ids
 from outrider.models.loader import load_decoder
 from outrider.spec.round import DraftError
-from outrider.spec.setup import SpecOptions, Speculator
+from outrider.spec.speculator import SpecOptions, Speculator
 from outrider.spec.shapes import parse_shape
 from outrider.spec.tree import tree_problem
 from outrider.spec.types import DraftTree

@@ -37,7 +37,7 @@ from outrider.generation import Request, generate_ids
 from outrider.models.batch import pack
 from outrider.models.loader import load_decoder
 from outrider.sampling import SamplingParams, warp_probs
-from outrider.spec.setup import SpecOptions, Speculator
+from outrider.spec.speculator import SpecOptions, Speculator
 from outrider.spec.shapes import parse_shape
 from outrider.spec.types import VerifyResult
 from outrider.spec.verifiers import VERIFIERS

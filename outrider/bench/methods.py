@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..spec.setup import SpecOptions
+from ..spec.speculator import SpecOptions
 
 PEERS = ("transformers", "transformers-assisted", "transformers-prompt-lookup", "llama.cpp",
          "llama.cpp-prompt-lookup")

@@ -2,8 +2,8 @@
 
 Order of work, so that bad input fails before anything heavy happens:
     1. parse the methods TOML (methods.py); check the out folder (store.check_out);
-    2. load the workloads (data, fetched once); pull what is missing, then check that each
-       drafter fits each model (tokenizer, layers);
+    2. load the workloads (data, fetched once); pull what each drafter needs (its registry
+       entry says), then check that each drafter fits each model (tokenizer, layers);
     3. open the run's store: a fresh run saves what it is (results.identity); --resume checks
        that it is the same run and reads the prompts finished before;
     4. per model (loaded only if a prompt is left): per workload run every unfinished prompt
@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from ..models.catalog import CATALOG, is_present, pull, resolve_model
 from ..models.config import ModelConfig
 from ..models.loader import load_decoder
-from ..spec.setup import Speculator, tokenizer_mismatch
+from ..spec.speculator import Speculator
 from .methods import BenchConfig
 from .peers import PeerUnavailable, make_peer
 from .results import BASELINE, assemble, identity, method_names, model_facts
@@ -49,8 +49,7 @@ def plan(config: BenchConfig, log=print) -> Plan:
                  for w in config.workloads]
     needed = list(config.models)
     for m in config.methods:
-        for extra in ([m.spec.argument] if m.spec and m.spec.kind == "draft-model" else []) + (
-                [m.assistant] if m.assistant else []):
+        for extra in (m.spec.models_needed() if m.spec else ()) + ((m.assistant,) if m.assistant else ()):
             if extra not in needed:
                 needed.append(extra)
     paths = {}
@@ -60,19 +59,15 @@ def plan(config: BenchConfig, log=print) -> Plan:
             pull(name, log=log)
         paths[name] = resolve_model(name)
     for model in config.models:
-        layers = ModelConfig.load(paths[model]).num_layers
+        target_config = ModelConfig.load(paths[model])
         for m in config.methods:
             if not m.runs_on(model) or not m.spec:
                 continue
             where = f"{config.source}:{m.line}" if m.line else config.source
-            if m.spec.kind == "draft-model":
-                reason = tokenizer_mismatch(paths[model], paths[m.spec.argument])
-                if reason:
-                    raise ConfigError(f"{where}: method '{m.name}' does not fit {model}: {reason}; "
-                                      f"limit it with models = [...]")
-            if m.spec.kind == "early-exit" and int(m.spec.argument) >= layers:
-                raise ConfigError(f"{where}: method '{m.name}': {model} has {layers} layers, so early-exit "
-                                  f"needs K below that; limit it with models = [...]")
+            reason = m.spec.misfit(target_config, paths[model])
+            if reason:
+                raise ConfigError(f"{where}: method '{m.name}' does not fit {model}: {reason}; "
+                                  f"limit it with models = [...]")
     return Plan(config, workloads, paths)
 
 

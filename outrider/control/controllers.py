@@ -33,6 +33,9 @@ class Controller(Protocol):
 
     def observe(self, seq_id: int, tree: DraftTree, result: VerifyResult) -> None: ...
 
+    def observe_draft_time(self, seconds_per_depth: float) -> None:
+        """A proposal took this long per depth drafted (measured by the speculator)."""
+
 
 class FixedController:
     def __init__(self, depth: int):
@@ -47,6 +50,9 @@ class FixedController:
 
     def observe(self, seq_id: int, tree: DraftTree, result: VerifyResult) -> None:
         pass
+
+    def observe_draft_time(self, seconds_per_depth: float) -> None:
+        pass  # the depth is fixed
 
 
 @dataclass
@@ -86,6 +92,9 @@ class AdaptiveController:
         elif state.rate < self.lower_below:
             state.depth = max(1, state.depth - 1)
 
+    def observe_draft_time(self, seconds_per_depth: float) -> None:
+        pass  # acceptance alone moves the depth
+
 
 @dataclass
 class _PerPosition:
@@ -108,7 +117,7 @@ class CostController:
         self.profile = profile  # control.profile.VerifyCostProfile
         self.max_depth = max_depth
         self.decay, self.prior = decay, prior
-        self.draft_step_s = 0.0  # measured by the caller as rounds go (drafting time per depth)
+        self.draft_step_s = 0.0  # drafting time per depth: a moving average of observe_draft_time
         self._seqs: dict[int, _PerPosition] = {}
 
     def start(self, seq_id: int) -> None:
@@ -167,6 +176,9 @@ class CostController:
             st.reached[d] += 1.0
             if d < result.num_accepted:
                 st.accepted[d] += 1.0
+
+    def observe_draft_time(self, seconds_per_depth: float) -> None:
+        self.draft_step_s = 0.8 * self.draft_step_s + 0.2 * seconds_per_depth
 
 
 def parse_controller(text: str, profile_factory=None) -> Controller:

@@ -4,6 +4,10 @@ A drafter proposes a `DraftTree` per sequence and then follows the committed pre
 changes what is committed: the verifier decides that, exactly. Drafters keep their own state
 (an index over the text so far, a draft model's KV cache) and `update` rolls it to the committed
 prefix after each round.
+
+A drafter is registered by name (registry.py) with the capabilities it declares
+(capabilities.py); the engine chooses the verifier and the hidden-state taps from those, never
+from the drafter's name or type.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 
 from ..sampling import SamplingParams
 from ..spec.types import DraftTree, VerifyResult
+from .capabilities import Capabilities
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,7 @@ class Budget:
 
 class Drafter(Protocol):
     name: str
-    gives_probs: bool  # True when trees carry draft_probs (exact rejection sampling can use them)
+    capabilities: Capabilities  # what it builds and what its drafts are (capabilities.py)
 
     def max_nodes(self, depth: int) -> int:
         """The most draft nodes (root excluded) a proposal of this depth may hold."""

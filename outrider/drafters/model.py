@@ -26,6 +26,7 @@ from ..spec.random import PositionalRandom
 from ..spec.shapes import TreeShape
 from ..spec.types import DraftTree, VerifyResult
 from .base import Budget
+from .capabilities import Capabilities, Drafts
 
 
 @dataclass
@@ -39,7 +40,14 @@ class _State:
 
 
 class ModelDrafter:
-    gives_probs = False  # set per instance: a sampled chain gives q
+    """Drafts with a `Decoder` of its own (or the target's first layers); registered as the
+    `draft-model` (draft_model.py) and `early-exit` (early_exit.py) drafters."""
+
+    capabilities = Capabilities(trees={
+        "chain": Drafts("chain", gives_probs=True),  # sampled: each draft drawn from q, q kept
+        "static": Drafts("tree"),  # top-b children of q: not draws
+        "dynamic": Drafts("tree"),  # best nodes by cumulative log q: not draws
+    })
 
     def __init__(self, decoder: Decoder, shape: TreeShape, *, num_layers: int | None = None,
                  name: str = "draft-model", target_vocab: int | None = None):
@@ -47,7 +55,6 @@ class ModelDrafter:
         self.shape = shape
         self.num_layers = num_layers
         self.name = name
-        self.gives_probs = shape.is_chain
         self.target_vocab = target_vocab or decoder.config.vocab_size
         self._states: dict[int, _State] = {}
 

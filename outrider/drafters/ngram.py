@@ -33,6 +33,8 @@ from ..errors import ConfigError
 from ..sampling import SamplingParams
 from ..spec.types import DraftTree, VerifyResult
 from .base import Budget, missing_tail
+from .capabilities import Capabilities, Drafts
+from .registry import DrafterEntry, register
 
 
 @dataclass
@@ -47,7 +49,7 @@ class NgramDrafter:
     """Prompt lookup: the chain that followed the most recent earlier match of the last n-gram."""
 
     name = "ngram"
-    gives_probs = False
+    capabilities = Capabilities(trees={"chain": Drafts("chain")})  # copies, without probabilities
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if min_ngram < 1:
@@ -124,3 +126,7 @@ class NgramDrafter:
                 return state
         self.start(seq_id, tokens)
         return self._states[seq_id]
+
+
+register(DrafterEntry("ngram", "ngram", NgramDrafter.capabilities,
+                      build=lambda argument, shape, target, target_path: NgramDrafter()))

@@ -53,6 +53,8 @@ from ..errors import ConfigError
 from ..sampling import SamplingParams
 from ..spec.types import DraftTree, VerifyResult
 from .base import Budget, missing_tail
+from .capabilities import Capabilities, Drafts
+from .registry import DrafterEntry, register
 from .suffix_tree import Position, SuffixTree, has_continuation, step
 
 LOCAL_KEY = 0  # the one sequence of a per-request tree
@@ -140,7 +142,8 @@ class SuffixDrafter:
     """Speculation trees from a per-request and a global suffix tree (training-free)."""
 
     name = "suffix"
-    gives_probs = False
+    # it asks for no shape: its speculation trees branch where the counts do, without probabilities
+    capabilities = Capabilities(trees={"chain": Drafts("tree")})
 
     def __init__(
         self,
@@ -292,3 +295,7 @@ class SuffixDrafter:
         self.start(seq_id, tokens)
         self._states[seq_id].prompt_len = min(prompt_len, len(tokens))
         return self._states[seq_id]
+
+
+register(DrafterEntry("suffix", "suffix", SuffixDrafter.capabilities,
+                      build=lambda argument, shape, target, target_path: SuffixDrafter()))

@@ -1,0 +1,76 @@
+"""What a drafter declares about its drafts, so that nothing else needs to know which drafter it is.
+
+From these facts the speculator chooses the exact verifier (spec/verifiers.py), the options
+refuse a `--tree` the drafter cannot build, and the target's forward taps the hidden states of
+the layers the drafter reads. The built-in drafters declare:
+
+    drafter                --tree    the verifier gets   gives_probs
+    ngram                  chain     a chain             no
+    suffix                 chain     a tree              no (its trees come from counts)
+    draft-model, early-exit chain    a chain             yes: a sampled chain draws each draft from q
+                           static    a tree              no: the top-b children of q
+                           dynamic   a tree              no: the best nodes by cumulative log q
+
+How `gives_probs` depends on the shape and on sampling: it is declared per `--tree` kind, and it
+states what the drafts are *when sampling* (temperature > 0): every child drawn at random from
+`draft_probs` of its parent. At temperature 0 every drafter drafts deterministically and the
+greedy verifiers need no q, so nothing more is declared for greedy decoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+TREE_KINDS = ("chain", "tree")  # what a verifier receives (spec/verifiers.py)
+
+
+@dataclass(frozen=True)
+class Drafts:
+    """What a drafter proposes for one `--tree` kind.
+
+    tree_kind: "chain" when every proposal is a chain (parents -1, 0, ..., k-1), else "tree";
+    gives_probs: when sampling, each child is a random draw from `draft_probs` of its parent,
+        and the tree carries those probabilities (a top-k child is not a draw: say False);
+    without_replacement: with gives_probs on a tree, siblings are drawn without replacement.
+    """
+
+    tree_kind: str
+    gives_probs: bool = False
+    without_replacement: bool = False
+
+    def __post_init__(self):
+        if self.tree_kind not in TREE_KINDS:
+            raise ValueError(f"tree_kind must be one of {TREE_KINDS}, got {self.tree_kind!r}")
+        if self.without_replacement and not self.gives_probs:
+            raise ValueError("without_replacement describes sampled siblings: it needs gives_probs=True")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Everything a drafter declares.
+
+    trees: the `--tree` kinds it can build ("chain", "static", "dynamic"), each with the drafts
+        it proposes for that kind;
+    needs_hidden: the target layers whose hidden states (the output of layer i) it reads after
+        each round; () for drafters that read only tokens.
+    """
+
+    trees: Mapping[str, Drafts]
+    needs_hidden: tuple[int, ...] = field(default=())
+
+    def __post_init__(self):
+        if not self.trees:
+            raise ValueError("a drafter must build at least one --tree kind (e.g. {'chain': Drafts('chain')})")
+        if any(not isinstance(i, int) or i < 0 for i in self.needs_hidden):
+            raise ValueError(f"needs_hidden must hold layer indices >= 0, got {self.needs_hidden!r}")
+
+    def builds(self, shape_kind: str) -> bool:
+        return shape_kind in self.trees
+
+    def drafts(self, shape_kind: str) -> Drafts:
+        """The drafts for `--tree` of this kind; ValueError when the drafter does not build it
+        (options refuse that earlier, with a ConfigError: spec/speculator.py)."""
+        if shape_kind not in self.trees:
+            raise ValueError(f"this drafter builds only --tree {' or '.join(self.trees)}, not {shape_kind}")
+        return self.trees[shape_kind]
