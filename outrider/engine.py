@@ -19,7 +19,7 @@ from .errors import ConfigError, ModelError
 from .generation import Finished, Request, generate_ids
 from .models.loader import load_decoder, resolve_device
 from .sampling import SamplingParams
-from .spec.setup import MAX_TREE_NODES, SpecOptions, Speculator
+from .spec.speculator import MAX_TREE_NODES, SpecOptions, Speculator
 from .stats import summarize
 from .text import TextStream, check_text
 
