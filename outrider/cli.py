@@ -58,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None, help="an integer in [0, 2**64)")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
-    gen.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
+    gen.add_argument("--dtype", default=None,
+                     help="float32 (CPU default), bfloat16 (CUDA default), or q8_0 / q4: weights kept quantized")
     gen.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1 (default: torch's)")
     gen.add_argument("--drafter", default=None,
                      help="ngram | suffix | draft-model:NAME | early-exit:K (default: none, autoregressive)")
@@ -103,7 +104,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="K/V rows all running requests may reserve (default: every slot full)")
     srv.add_argument("--chunk-size", type=int, default=512, help="prompt tokens prefilled per step")
     srv.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps")
-    srv.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
+    srv.add_argument("--dtype", default=None,
+                     help="float32 (CPU default), bfloat16 (CUDA default), or q8_0 / q4: weights kept quantized")
     srv.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1")
     srv.set_defaults(run=_serve)
 
