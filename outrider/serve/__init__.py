@@ -1,6 +1,10 @@
 """Serving: many requests at once on one target, with speculation inside the batch.
 
-    scheduler.py    which requests hold a slot (limits on running sequences and KV rows)
+    scheduler.py    which requests hold a slot (limits on running sequences and reserved K/V rows)
     engine_loop.py  the step-able engine: admit, prefill a chunk, one round, retire
-    api.py          `outrider serve`: the OpenAI-compatible HTTP layer over the engine thread
+    worker.py       the engine in its own thread; jobs, streamed text, cancellation, draining
+    protocol.py     OpenAI request bodies checked field by field; responses and stream chunks
+    api.py          the FastAPI app: completions, chat, models, health, metrics, API key
+    metrics.py      Prometheus metrics under vLLM's names
+    server.py       `outrider serve`: build, run uvicorn, drain on SIGINT/SIGTERM
 """
