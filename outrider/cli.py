@@ -59,7 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
     gen.add_argument("--dtype", default=None,
-                     help="float32 (CPU default), bfloat16 (CUDA default), or q8_0 / q4: weights kept quantized")
+                     help="float32 (CPU default), bfloat16 (CUDA default), q8_0 or q4 (weights kept "
+                          "quantized), q8_0-bf16 or q4-bf16 (faster int4 kernel, not yet lossless)")
     gen.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1 (default: torch's)")
     gen.add_argument("--drafter", default=None,
                      help="ngram | suffix | draft-model:NAME | early-exit:K (default: none, autoregressive)")
@@ -105,7 +106,8 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--chunk-size", type=int, default=512, help="prompt tokens prefilled per step")
     srv.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps")
     srv.add_argument("--dtype", default=None,
-                     help="float32 (CPU default), bfloat16 (CUDA default), or q8_0 / q4: weights kept quantized")
+                     help="float32 (CPU default), bfloat16 (CUDA default), q8_0 or q4 (weights kept "
+                          "quantized), q8_0-bf16 or q4-bf16 (faster int4 kernel, not yet lossless)")
     srv.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1")
     srv.set_defaults(run=_serve)
 

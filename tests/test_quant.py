@@ -172,19 +172,24 @@ def test_int4_formula_is_code_minus_8_times_scale_plus_zero():
 
 
 def test_choose_kernel():
-    assert choose_kernel(random_blocks("q4_0", 32, 64)) == "int4pack"
-    assert choose_kernel(random_blocks("q4_1", 32, 64)) == "int4pack"
-    assert choose_kernel(random_blocks("q8_0", 32, 64)) == "int4pair"
-    assert choose_kernel(random_blocks("q4_1", 40, 64)) == "blockwise"  # the int4 kernel needs out % 16 == 0
+    assert choose_kernel(random_blocks("q4_1", 32, 64)) == "blockwise"  # exact unless asked
+    assert choose_kernel(random_blocks("q4_0", 32, 64), fast=True) == "int4pack"
+    assert choose_kernel(random_blocks("q4_1", 32, 64), fast=True) == "int4pack"
+    assert choose_kernel(random_blocks("q8_0", 32, 64), fast=True) == "int4pair"
+    assert choose_kernel(random_blocks("q4_1", 40, 64), fast=True) == "blockwise"  # int4 needs out % 16 == 0
+    assert QuantLinear(random_blocks("q8_0", 32, 64)).kernel == "blockwise"
     with pytest.raises(ValueError, match="use blockwise"):
         QuantLinear(random_blocks("q4_1", 40, 64), kernel="int4pack")
     with pytest.raises(ValueError, match="use int4pack"):
         QuantLinear(random_blocks("q4_1", 32, 64), kernel="int4pair")
 
 
-def test_quantized_memory_is_small():
-    """What a forward reads: Q4 about 0.75 byte a weight, Q8_0 about 1.5 (two 4-bit halves with
-    their float32 scales and zeros), against 4 for float32."""
-    for kind, limit in (("q4_1", 0.8), ("q4_0", 0.8), ("q8_0", 1.55)):
-        weight = QuantLinear(random_blocks(kind, 64, 576))
-        assert weight.nbytes() <= limit * 64 * 576
+@pytest.mark.parametrize("kind,kernel,limit", [
+    ("q4_1", "int4pack", 0.8), ("q4_0", "int4pack", 0.8), ("q8_0", "int4pair", 1.55),
+    ("q4_1", "blockwise", 1.3), ("q8_0", "blockwise", 1.15)])
+def test_quantized_memory_is_small(kind, kernel, limit):
+    """Bytes a forward reads per weight (float32: 4): Q4 in the int4 kernel about 0.56, Q8_0 as
+    two 4-bit halves about 1.5 (their bfloat16 scales and zeros), the blockwise kernel's codes one
+    a byte plus a float32 scale (and offset) per 32."""
+    weight = QuantLinear(random_blocks(kind, 64, 576), kernel=kernel)
+    assert weight.nbytes() <= limit * 64 * 576

@@ -39,21 +39,12 @@ def make_quantizable(folder: Path, seed: int = 0) -> Path:
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    """torch's int4 kernel splits even these tiny products across threads; on a shared 2-core
-    machine that made each test here 10-20x slower. These tests check outputs, not speed."""
+    """torch's int4 kernel (the -bf16 dtypes) splits even these tiny products across threads; on a
+    shared 2-core machine that made a test 10-20x slower. These tests check outputs, not speed."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture
-def exact_kernels(monkeypatch):
-    """Every quantized weight through the float32 "blockwise" kernel: exact up to float32
-    rounding, so a model's logits can be compared tightly with its float reference."""
-    from outrider.models import quant_linear
-
-    monkeypatch.setattr(quant_linear, "choose_kernel", lambda blocks: "blockwise")
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +76,9 @@ KINDS_OF = {"q8_0": {"projections": "q8_0", "head": "q8_0"}, "q4": {"projections
 
 
 @pytest.mark.parametrize("dtype", KINDS_OF)
-def test_quantized_at_load_equals_dequantized_float_model(folder, dtype, exact_kernels):
-    """With the exact float32 kernel, the forward is the float model of the dequantized blocks,
-    up to float32 rounding: the loader quantizes and wires every weight as it should."""
+def test_quantized_at_load_equals_dequantized_float_model(folder, dtype):
+    """The forward (float32 kernel) is the float model of the dequantized blocks, up to float32
+    rounding: the loader quantizes and wires every weight as it should."""
     kinds = KINDS_OF[dtype]
     model = load_decoder(folder, "cpu", dtype)
     assert model.dtype == torch.float32 and model.device.type == "cpu" and model.quantization == dtype
@@ -95,6 +86,7 @@ def test_quantized_at_load_equals_dequantized_float_model(folder, dtype, exact_k
         for name in PROJECTIONS:
             weight = getattr(layer, name)
             assert isinstance(weight, QuantLinear) and weight.kind == kinds["projections"]
+            assert weight.kernel == "blockwise"
     assert isinstance(model.lm_head, QuantLinear) and model.lm_head.kind == kinds["head"]
     assert isinstance(model.embed, QuantBlocks) and model.embed.kind == kinds["head"]
     tokens = [5, 17, 3, 88, 41, 41, 9]
@@ -105,11 +97,12 @@ def test_quantized_at_load_equals_dequantized_float_model(folder, dtype, exact_k
 
 
 @pytest.mark.parametrize("dtype", KINDS_OF)
-def test_default_kernels_stay_close_to_the_dequantized_model(folder, dtype):
-    """The int4 kernels compute in bfloat16 (quant_linear.py): the logits stay within 3% of their
-    scale of the dequantized model's, and well closer to it than to the float model."""
-    model = load_decoder(folder, "cpu", dtype)
-    assert model.layers[0].qkv.kernel in ("int4pack", "int4pair")
+def test_bf16_kernels_stay_close_to_the_dequantized_model(folder, dtype):
+    """"q4-bf16" / "q8_0-bf16": torch's int4 kernel in bfloat16 (quant_linear.py); the logits stay
+    within 3% of their scale of the dequantized model's, and well closer to it than to the float
+    model's."""
+    model = load_decoder(folder, "cpu", f"{dtype}-bf16")
+    assert model.layers[0].qkv.kernel in ("int4pack", "int4pair") and model.quantization == f"{dtype}-bf16"
     tokens = [5, 17, 3, 88, 41, 41, 9]
     got = logits_of(model, tokens)
     ref = logits_of(dequantized_copy(model, folder, KINDS_OF[dtype]), tokens)
@@ -217,7 +210,7 @@ def gguf_folder(root: Path, qtype: str = "Q4_1", odd_tensor: tuple[str, str] | N
     return folder
 
 
-def test_gguf_blocks_load_natively(tmp_path, exact_kernels):
+def test_gguf_blocks_load_natively(tmp_path):
     """--dtype q4 on a Q4_1 GGUF keeps its blocks (llama Q/K rows put back in Hugging Face order):
     the same logits as the float folder converted from the same GGUF, up to float rounding."""
     from outrider.models.quant_load import QuantTensors
@@ -242,7 +235,7 @@ def test_gguf_of_another_family_is_quantized_from_floats(tmp_path):
     assert load_decoder(folder, "cpu", "q8_0").layers[1].gate_up.kind == "q8_0"
 
 
-def test_mixed_kinds_are_stacked(tmp_path, exact_kernels):
+def test_mixed_kinds_are_stacked(tmp_path):
     """A GGUF that keeps V in Q8_0 and Q, K in Q4_1 (llama.cpp's mixed presets do): the fused QKV
     is a RowStack, and the forward still equals the float model's."""
     folder = gguf_folder(tmp_path / "mixed", odd_tensor=("model.layers.0.self_attn.v_proj.weight", "Q8_0"))
@@ -270,5 +263,5 @@ def test_llm_takes_quantized_dtypes(tiny_folders):
     llm = LLM(str(tiny_folders["llama"]), dtype="q8_0", drafter="suffix")
     assert isinstance(llm.target.layers[0].qkv, QuantLinear)
     assert isinstance(llm.generate("w5 w6 w7", max_new_tokens=8).text, str)
-    with pytest.raises(ConfigError, match="q8_0 or q4"):
+    with pytest.raises(ConfigError, match="q8_0, q4, q8_0-bf16 or q4-bf16"):
         LLM(str(tiny_folders["llama"]), dtype="q3")

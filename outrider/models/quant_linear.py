@@ -1,34 +1,38 @@
 """The weight-only quantized linear: x [rows, in] times a weight kept in GGUF blocks -> [rows, out].
 
-    w = QuantLinear(quantize(weight, "q4_1"))      # or blocks read from a GGUF
-    y = w.linear(x)                                 # x: [..., in] -> [..., out]; what layers.linear calls
-    reference_linear(x, blocks)                     # the slow, plain path: dequantize, then x @ w.T
+    w = QuantLinear(quantize(weight, "q4_1"))              # exact: the "blockwise" kernel
+    w = QuantLinear(blocks, kernel=choose_kernel(blocks, fast=True))   # torch's int4 kernel, bf16
+    y = w.linear(x)                                         # x: [..., in] -> [..., out]
+    reference_linear(x, blocks)                             # the plain path: dequantize, then x @ w.T
 
-Each weight goes through one kernel, chosen once when it is built (`choose_kernel`):
+Kernels (one per weight, chosen when it is built):
 
-- "int4pack" (Q4_0, Q4_1 on an x86 CPU): torch's packed int4 kernel, `_weight_int4pack_mm_for_cpu`,
-  group 32. It computes w = (code - 8) * scale + zero per group (tests/test_quant.py checks the
-  formula), so Q4_0 maps onto it with scale d, zero 0, and Q4_1 (w = d q + m) with scale d,
-  zero m + 8 d. Needs `out` a multiple of 16.
-- "int4pair" (Q8_0 on an x86 CPU): a Q8_0 code q in -128..127 is 16 h + l with h = q >> 4 in -8..7
-  and l = q & 15, so a Q8_0 block is two 4-bit blocks: codes h + 8 with scale 16 d and zero 0,
-  codes l with scale d and zero 8 d. The same int4 kernel runs once over [x, x] against
-  [high | low] (`in` doubled): Q8_0's own blocks, not quantized again. torch's int8 kernel
-  (`_weight_int8pack_mm`) takes one scale per output row, which Q8_0's 32-value blocks do not
-  map onto without quantizing again (a different model), so it is not used.
-- "blockwise" (any kind, any device; the fallback): dequantize a few hundred rows at a time into
-  the compute dtype and multiply, so no full float copy ever exists. The path on CUDA and MPS
-  (device-agnostic torch; not run on a GPU here), on CPUs without AVX2, and for shapes the int4
-  kernel refuses. In float32 it is exact up to the summation order.
+- "blockwise" (any kind, any device; the default): dequantize a few hundred rows at a time into
+  the compute dtype (codes * scale + offset, exactly the reference's values) and multiply with
+  the float GEMM, so no full float copy ever exists. In float32 it differs from the reference only
+  in summation order, like the float32 model does between a 1-token and a k-token forward: greedy
+  speculative output stays equal to autoregressive output. Device-agnostic torch (the path on CUDA
+  and MPS too; not run on a GPU here). Slower than a float32 matmul on this CPU (measured).
+- "int4pack" (Q4_0, Q4_1 on an x86 CPU, fast=True): torch's packed int4 kernel,
+  `_weight_int4pack_mm_for_cpu`, group 32. It computes w = (code - 8) * scale + zero per group
+  (tests/test_quant.py checks the formula), so Q4_0 maps onto it with scale d, zero 0, and Q4_1
+  (w = d q + m) with scale d, zero m + 8 d. Needs `out` a multiple of 16.
+- "int4pair" (Q8_0 on an x86 CPU, fast=True): a Q8_0 code q in -128..127 is 16 h + l with
+  h = q >> 4 in -8..7 and l = q & 15, so a Q8_0 block is two 4-bit blocks: codes h + 8 with scale
+  16 d and zero 0, codes l with scale d and zero 8 d. The same int4 kernel runs once over [x, x]
+  against [high | low] (`in` doubled): Q8_0's own blocks, not quantized again. torch's int8 kernel
+  (`_weight_int8pack_mm`) takes one scale per output row, which Q8_0's 32-value blocks do not map
+  onto without quantizing again (a different model), so it is not used.
 
 Precision of the int4 kernels: torch's CPU kernel is vectorized for bfloat16 activations only
-(measured with torch 2.13: float32 activations take a path 17x slower at one row, slower than a
-float32 matmul), so x goes in as bfloat16, the scales and zeros are bfloat16, products are summed
-in float32 and the result comes out as bfloat16 (then cast back to the compute dtype). Each of
-those roundings is at most 2**-8 relative: the same order as llama.cpp's CPU path, which rounds
-activations to 8-bit blocks for its dot products. The kernel is row-independent (a row's result
-does not depend on the other rows in the call), so a k-token verify gives one-token decode's
-numbers bit for bit, which greedy speculative decoding relies on.
+(torch 2.13: float32 activations take a path 17x slower at one row, slower than a float32
+matmul), so x goes in as bfloat16, scales and zeros are bfloat16, products are summed in float32
+and the result comes out as bfloat16. Each rounding is at most 2**-8 relative (llama.cpp's CPU
+path rounds activations to 8-bit blocks, the same order). The kernel itself is row-independent,
+but its bfloat16 rounding turns the float32 attention's tiny differences between a 1-token and a
+k-token forward (SDPA is not bit-identical across batch shapes) into differences of a bfloat16
+step, and greedy speculative output then drifts from autoregressive output (seen on SmolLM2).
+So it is opt-in ("q4-bf16", "q8_0-bf16") until attention is made row-invariant.
 """
 
 from __future__ import annotations
@@ -56,9 +60,10 @@ def _int4pack_ok(blocks: QuantBlocks) -> bool:
     return _FAST_INT4 and blocks.device.type == "cpu" and blocks.shape[0] % 16 == 0
 
 
-def choose_kernel(blocks: QuantBlocks) -> str:
-    """The kernel a weight gets on its device (see the module docstring)."""
-    if _int4pack_ok(blocks):
+def choose_kernel(blocks: QuantBlocks, fast: bool = False) -> str:
+    """The kernel a weight gets on its device: "blockwise" (exact), or with `fast` torch's int4
+    kernel in bfloat16 where it is vectorized (see the module docstring)."""
+    if fast and _int4pack_ok(blocks):
         return "int4pair" if blocks.kind == "q8_0" else "int4pack"
     return "blockwise"
 
@@ -66,8 +71,9 @@ def choose_kernel(blocks: QuantBlocks) -> str:
 class QuantLinear:
     """A projection weight [out, in] kept quantized; `linear(x, bias)` is its matmul.
 
-    dtype: the compute dtype (activations in, results out). `kernel` forces one kernel (tests);
-    by default `choose_kernel`. Only the kernel's own form of the weight is kept.
+    dtype: the compute dtype (activations in, results out). `kernel`: one of "blockwise",
+    "int4pack", "int4pair" (see `choose_kernel`); by default "blockwise". Only the kernel's own
+    form of the weight is kept.
     """
 
     def __init__(self, blocks: QuantBlocks, dtype: torch.dtype = torch.float32, kernel: str | None = None):
@@ -75,12 +81,12 @@ class QuantLinear:
         self.shape = blocks.shape  # (out, in)
         self.dtype = dtype
         self.device = blocks.device
-        self.kernel = kernel or choose_kernel(blocks)
+        self.kernel = kernel or "blockwise"
         if self.kernel not in _PREPARE:
             raise ValueError(f"kernel must be one of {', '.join(_PREPARE)}, got {self.kernel!r}")
-        if self.kernel != "blockwise" and (not _int4pack_ok(blocks) or self.kernel != choose_kernel(blocks)):
+        if self.kernel != "blockwise" and self.kernel != choose_kernel(blocks, fast=True):
             raise ValueError(f"kernel {self.kernel} does not take a {self.kind} weight {self.shape} on "
-                             f"{self.device}: use {choose_kernel(blocks)} or blockwise")
+                             f"{self.device}: use {choose_kernel(blocks, fast=True)}")
         self.state = _PREPARE[self.kernel](blocks, dtype)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -93,8 +99,8 @@ class QuantLinear:
 
     def nbytes(self) -> int:
         """Bytes of the weight as this kernel keeps it (what a forward reads)."""
-        tensors = self.state.values() if isinstance(self.state, dict) else [self.state]
-        return sum(t.nbytes() if isinstance(t, QuantBlocks) else t.numel() * t.element_size() for t in tensors)
+        tensors = [t for t in self.state.values() if isinstance(t, torch.Tensor)]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def __repr__(self) -> str:
         return f"QuantLinear({self.kind}, {self.shape[0]}x{self.shape[1]}, {self.kernel})"
@@ -141,18 +147,34 @@ def _matmul_int4pair(x: torch.Tensor, state: dict) -> torch.Tensor:
 
 # -- blockwise: any kind, any device ---------------------------------------------------------------
 
-def _prepare_blockwise(blocks: QuantBlocks, dtype: torch.dtype) -> QuantBlocks:
-    return QuantBlocks(blocks.kind, blocks.q, blocks.d, blocks.m, dtype)
-
-
-def _matmul_blockwise(x: torch.Tensor, blocks: QuantBlocks) -> torch.Tensor:
-    x = x.to(blocks.dtype)
+def _prepare_blockwise(blocks: QuantBlocks, dtype: torch.dtype) -> dict:
+    """Codes one a byte [out, in / 32, 32] and per block scale and offset [out, in / 32, 1], so
+    that codes * scale + offset is the reference's value exactly: d q (Q8_0), q d - 8 d = (q - 8) d
+    (Q4_0: both terms and the result are exact in float32), d q + m (Q4_1, the same operations)."""
     out_features, in_features = blocks.shape
-    step = max(16, _CHUNK_VALUES // in_features)
+    codes = blocks.codes().view(out_features, in_features // BLOCK, BLOCK)
+    d = blocks.d.float().unsqueeze(-1)  # [out, blocks, 1]
+    if blocks.kind == "q8_0":
+        offset = None
+    elif blocks.kind == "q4_0":
+        offset = -8 * d
+    else:
+        offset = blocks.m.float().unsqueeze(-1)
+    return {"codes": codes, "scale": d, "offset": offset, "dtype": dtype}
+
+
+def _matmul_blockwise(x: torch.Tensor, state: dict) -> torch.Tensor:
+    codes, scale, offset = state["codes"], state["scale"], state["offset"]
+    x = x.to(state["dtype"])
+    out_features, blocks, _ = codes.shape
+    step = max(16, _CHUNK_VALUES // (blocks * BLOCK))
     out = x.new_empty(x.shape[0], out_features)  # [M, out]
     for start in range(0, out_features, step):
         rows = slice(start, min(start + step, out_features))
-        out[:, rows] = float_linear(x, dequantize(blocks.rows(rows)))  # [M, chunk]
+        w = codes[rows] * scale[rows]  # [chunk, blocks, 32] float32
+        if offset is not None:
+            w += offset[rows]
+        out[:, rows] = float_linear(x, w.view(w.shape[0], -1).to(x.dtype))  # [M, chunk]
     return out
 
 

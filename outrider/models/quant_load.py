@@ -8,6 +8,9 @@ safetensors, quantized at load. `load_decoder(folder, dtype="q4" | "q8_0")` read
                    them: the head decides the argmax, and is read once per token either way).
     --dtype q8_0   the GGUF's own blocks when its projections are Q8_0; otherwise every projection,
                    the head and the embedding quantized to Q8_0 at load.
+    --dtype q4-bf16, q8_0-bf16: the same weights through torch's int4 kernel with bfloat16
+                   activations: much faster here, but not yet lossless against autoregressive
+                   decoding (quant_linear.py says why); q4 and q8_0 compute in float32 and are.
 
 What stays float: RMSNorm weights, projection biases (Qwen2), rotary tables, the K/V cache and
 activations (the compute dtype: float32 on the CPU), and any projection whose input size is not
@@ -28,9 +31,9 @@ from ..errors import ModelError
 from .gguf_import import ARCHITECTURES, hf_tensor_name, unpermute_rotary_rows
 from .marker import GGUF_NAME
 from .quant import BLOCK, QuantBlocks, blocks_from_gguf, cat_rows, check_gguf_kind, quantize
-from .quant_linear import QuantLinear
+from .quant_linear import QuantLinear, choose_kernel
 
-QUANT_DTYPES = ("q8_0", "q4")  # the names --dtype takes for quantized weights
+QUANT_DTYPES = ("q8_0", "q4", "q8_0-bf16", "q4-bf16")  # the names --dtype takes for quantized weights
 _FAMILY = {"q8_0": "Q8", "q4": "Q4"}  # a GGUF is used natively when its projections are of this family
 _AT_LOAD = {"q8_0": ("q8_0", "q8_0"), "q4": ("q4_1", "q8_0")}  # (projections, head and embedding)
 _FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -60,9 +63,10 @@ class QuantTensors:
     def __init__(self, folder: Path, dtype_name: str, floats):
         if dtype_name not in QUANT_DTYPES:
             raise ValueError(f"dtype_name must be one of {', '.join(QUANT_DTYPES)}, got {dtype_name!r}")
-        self.name = dtype_name
+        self.name, _, compute = dtype_name.partition("-")  # "q4", "bf16"
+        self.fast = compute == "bf16"  # torch's int4 kernel in bfloat16 where it is vectorized
         self.floats = floats  # loader._Tensors over the folder's safetensors
-        self.gguf = _NativeGGUF.open_if_native(folder / GGUF_NAME, dtype_name)
+        self.gguf = _NativeGGUF.open_if_native(folder / GGUF_NAME, self.name)
         self.cache: dict[str, QuantBlocks | torch.Tensor] = {}
 
     @property
@@ -88,11 +92,15 @@ class QuantTensors:
         cannot be quantized, a RowStack when their kinds differ)."""
         parts = [self._weight(n) for n in names]
         if all(isinstance(p, QuantBlocks) for p in parts) and len({p.kind for p in parts}) == 1:
-            return QuantLinear(cat_rows(parts).to(device), dtype)
+            return self._linear(cat_rows(parts), dtype, device)
         if all(isinstance(p, torch.Tensor) for p in parts):
             return torch.cat(parts).to(device=device, dtype=dtype)
-        return RowStack([QuantLinear(p.to(device), dtype) if isinstance(p, QuantBlocks)
+        return RowStack([self._linear(p, dtype, device) if isinstance(p, QuantBlocks)
                          else p.to(device=device, dtype=dtype) for p in parts])
+
+    def _linear(self, blocks: QuantBlocks, dtype: torch.dtype, device: torch.device) -> QuantLinear:
+        blocks = blocks.to(device)
+        return QuantLinear(blocks, dtype, choose_kernel(blocks, self.fast))
 
     def _weight(self, name: str) -> QuantBlocks | torch.Tensor:
         """One 2-D weight as blocks (or float when it stays float); tables are kept for reuse

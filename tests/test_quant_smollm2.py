@@ -1,0 +1,76 @@
+"""The packaged SmolLM2-135M with its weights kept quantized (pulled by `make test`).
+
+Its GGUF is Q4_1 (projections) and Q8_0 (the tied embedding and head); the float32 folder beside
+it is that GGUF dequantized. So: `--dtype q4` loads the GGUF's own blocks; with the exact float32
+kernel it computes what the float32 model computes; quantizing the float32 weights again gives
+back the GGUF's blocks byte for byte; and speculative greedy equals plain greedy on it."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.model
+
+PROMPTS = ["Monday, Tuesday, Wednesday,", "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"]
+
+
+@pytest.fixture(scope="module")
+def q4(smollm2_path):
+    from outrider.models.loader import load_decoder
+
+    return load_decoder(smollm2_path, "cpu", "q4")
+
+
+def test_requantized_floats_are_the_gguf_blocks(smollm2_path):
+    """Q4_1 / Q8_0 blocks dequantized to float32 and quantized again with ggml's rounding are
+    the same blocks (each block's codes reach 0 and 15, or +-127, so min and scale come back)."""
+    from outrider.models.loader import _Tensors
+    from outrider.models.quant import quantize
+    from outrider.models.quant_load import QuantTensors
+
+    floats = _Tensors(smollm2_path)
+    native = QuantTensors(smollm2_path, "q4", floats)
+    assert native.source == "GGUF blocks (original.gguf)"
+    names = ["model.embed_tokens.weight"] + [
+        f"model.layers.{i}.{n}" for i in (0, 17, 29) for n in
+        ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "mlp.down_proj.weight")]
+    for name in names:
+        blocks = native._weight(name)
+        again = quantize(floats.get(name, torch.float32, torch.device("cpu")), blocks.kind)
+        assert torch.equal(again.q, blocks.q), name
+        assert torch.equal(again.d.view(torch.int16), blocks.d.view(torch.int16)), name
+        if blocks.m is not None:
+            assert torch.equal(again.m.view(torch.int16), blocks.m.view(torch.int16)), name
+
+
+def test_gguf_blocks_compute_the_float_model(q4, smollm2_decoder, smollm2_tokenizer):
+    """With the float32 kernel, the GGUF's blocks compute what the float32 folder computes."""
+    from outrider.models.batch import pack
+
+    assert q4.layers[0].qkv.kind == "q4_1" and q4.lm_head.kind == "q8_0" and q4.lm_head.kernel == "blockwise"
+    ids = torch.tensor(smollm2_tokenizer(PROMPTS[0])["input_ids"])
+
+    def logits(model):
+        cache = model.new_cache(1, 64)
+        return model.forward(pack([0], [0], [ids], scratch_row=cache.scratch_row), cache).logits[0]
+
+    ref = logits(smollm2_decoder)
+    torch.testing.assert_close(logits(q4), ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "suffix", "early-exit"])
+def test_speculative_greedy_equals_autoregressive(q4, smollm2_tokenizer, drafter):
+    from outrider.control.controllers import FixedController
+    from outrider.drafters.model import ModelDrafter
+    from outrider.drafters.ngram import NgramDrafter
+    from outrider.drafters.suffix import SuffixDrafter
+    from outrider.generation import Request, generate_ids
+    from outrider.spec.shapes import parse_shape
+    from outrider.spec.speculator import SpecOptions, Speculator
+
+    shape = parse_shape("chain")
+    made = {"ngram": NgramDrafter, "suffix": SuffixDrafter,
+            "early-exit": lambda: ModelDrafter(q4, shape, num_layers=8, name="early-exit:8")}[drafter]()
+    spec = Speculator(SpecOptions(made.name, "chain", "fixed:4"), made, FixedController(4), shape)
+    requests = lambda: [Request(smollm2_tokenizer(p)["input_ids"], 10) for p in PROMPTS]  # noqa: E731
+    plain = [f.output_ids for f in generate_ids(q4, requests(), set())]
+    assert [f.output_ids for f in generate_ids(q4, requests(), set(), speculation=spec)] == plain
