@@ -27,7 +27,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from .capabilities import Capabilities
 
-BUILT_IN = ("ngram", "suffix", "draft_model", "early_exit")  # modules of this package that register
+BUILT_IN = ("ngram", "suffix", "draft_model", "early_exit", "eagle3")  # modules of this package that register
 
 
 def no_argument(text: str) -> None:
@@ -133,11 +133,15 @@ def builders_of(shape_kind: str) -> list[str]:
 
 
 def declared(name: str, drafter) -> Capabilities:
-    """What the drafter named `name` declares: its registered capabilities, or, for a drafter
+    """What the drafter named `name` declares: its registered capabilities (or, when the built
+    drafter declares the same trees, its own: a head's layers are known only once it is loaded), or, for a drafter
     object made by hand under a name that is not registered (tests, experiments), the
     `capabilities` its class declares."""
     entry = lookup(name)
     if entry is not None:
+        own = getattr(drafter, "capabilities", None)
+        if isinstance(own, Capabilities) and own.trees == entry.capabilities.trees:
+            return own  # the built drafter refines its entry: needs_hidden read from its weights (eagle3)
         return entry.capabilities
     try:
         capabilities = drafter.capabilities

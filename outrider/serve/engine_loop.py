@@ -65,6 +65,7 @@ class _Entry:
     added_at: float = field(default_factory=time.perf_counter)
     admitted_at: float = 0.0
     prefill_s: float = 0.0
+    prompt_hidden: list = field(default_factory=list)  # prefill taps per chunk (layer -> [n, E]) for the drafter
 
 
 class EngineLoop:
@@ -173,10 +174,13 @@ class EngineLoop:
             elif take == 0:
                 self._start_decoding(entry)
         if todo:
+            taps = self.speculation.hidden_layers if self.speculation is not None else ()
             batch = pack([e.slot for e in todo], [e.prefilled for e in todo], chunks, logits="none",
-                         scratch_row=self.cache.scratch_row, device=self.target.device)
-            self.target.forward(batch, self.cache)
-            for entry, chunk in zip(todo, chunks):
+                         hidden_layers=taps, scratch_row=self.cache.scratch_row, device=self.target.device)
+            out = self.target.forward(batch, self.cache)
+            for b, (entry, chunk) in enumerate(zip(todo, chunks)):
+                if taps and entry.speculate:  # the drafter reads the prompt's hidden states (speculator.start)
+                    entry.prompt_hidden.append({layer: h[b, : chunk.shape[0]] for layer, h in out.hidden.items()})
                 entry.prefilled += int(chunk.shape[0])
                 self.cache.set_length(entry.slot, entry.prefilled)
                 if entry.prefilled == entry.seq.prompt_len - 1:
@@ -185,7 +189,8 @@ class EngineLoop:
     def _start_decoding(self, entry: _Entry) -> None:
         entry.decoding = True
         if entry.speculate:
-            self.speculation.start(entry.seq)
+            self.speculation.start(entry.seq, entry.prompt_hidden)
+            entry.prompt_hidden = []
         entry.prefill_s = time.perf_counter() - entry.admitted_at
 
     def _round(self, entries: list[_Entry]) -> list[Event]:
@@ -204,12 +209,12 @@ class EngineLoop:
         before = [len(e.seq.output) for e in entries]
         results, hidden = run_round(self.target, self.cache, [e.seq for e in entries], propose, taps)
         events = []
-        for entry, result, old in zip(entries, results, before):
+        for entry, result, old, taps_b in zip(entries, results, before, hidden):
             seq = entry.seq
             eos = set() if entry.request.ignore_eos else self.eos_ids
             reason = stop_after_round(seq, entry.request, len(result.tokens), eos, self.cache, self.on_commit)
             if entry.speculate:
-                spec.update(seq, result, hidden)
+                spec.update(seq, result, taps_b)
             new = seq.output[old:]
             if reason is None:
                 events.append(Event(entry.request_id, new))

@@ -4,7 +4,7 @@
     out     = target.forward(pack(trees), cache)                # logits at every node
     result  = verify(tree, logits, sampling, rng)               # exact
     cache   : compact the accepted path, set the new length     # rollback is the length
-    drafter.update(seq, result)                                 # drafter follows the commit
+    drafter.update(seq, result, hidden on the accepted path)    # drafter follows the commit
 
 Invariant between rounds: `cache.lengths[slot] == len(seq.tokens) - 1` (the root, the last
 committed token, is not in the cache yet: this round's forward writes it).
@@ -56,8 +56,10 @@ def run_round(
     seqs: list[Sequence],
     propose: Proposer,
     hidden_layers: tuple[int, ...] = (),
-) -> tuple[list[VerifyResult], dict[int, torch.Tensor]]:
-    """Advance every sequence by one round; returns each one's result and the tapped hidden states."""
+) -> tuple[list[VerifyResult], list[dict[int, torch.Tensor]]]:
+    """Advance every sequence by one round; returns each one's result and its tapped hidden
+    states on the accepted path: hidden[b][layer] is [1 + num_accepted, E], the rows of the root
+    and the accepted nodes (the features of the tokens at positions cache_len .. cache_len + a)."""
     start = time.perf_counter()
     trees = [propose(seq) for seq in seqs]
     vocab = target.config.vocab_size
@@ -73,11 +75,12 @@ def run_round(
         logits="all", hidden_layers=hidden_layers, scratch_row=cache.scratch_row, device=target.device,
     )
     out = target.forward(batch, cache)
-    results = []
+    results, hidden = [], []
     for b, (seq, tree, length) in enumerate(zip(seqs, trees, lens)):
         rng = seq.rng.at(len(seq.tokens))  # offset 0: the position of the root's next token
         result = seq.verify(tree, out.logits[b, : tree.size], seq.params, rng)
         path = [0, *result.accepted_nodes]
+        hidden.append({layer: h[b, path] for layer, h in out.hidden.items()})  # [len(path), E] each
         cache.compact(seq.slot, [length + node for node in path], length)
         cache.set_length(seq.slot, length + len(path))
         seq.tokens.extend(result.tokens)
@@ -88,7 +91,7 @@ def run_round(
     for seq in seqs:
         seq.stats.draft_s += (drafted - start) * share
         seq.stats.verify_s += (verified - drafted) * share
-    return results, out.hidden
+    return results, hidden
 
 
 def _count(stats: RoundStats, tree: DraftTree, result: VerifyResult) -> None:

@@ -110,10 +110,7 @@ class Speculator:
         capabilities = declared(options.kind, drafter)
         self.drafts: Drafts = capabilities.drafts(shape.kind)
         self.tree_kind = self.drafts.tree_kind
-        if capabilities.needs_hidden:
-            raise ValueError(f"drafter {options.kind!r} declares needs_hidden {capabilities.needs_hidden}, "
-                             "but the speculator does not pass hidden states to drafters yet")
-        self.hidden_layers: tuple[int, ...] = capabilities.needs_hidden
+        self.hidden_layers: tuple[int, ...] = capabilities.needs_hidden  # tapped in prefill and verify
         self._trees: dict[int, DraftTree] = {}
         options.check_nodes(self.max_tree_size - 1, controller.max_depth)
 
@@ -152,9 +149,18 @@ class Speculator:
         return self.drafter.max_nodes(depth)
 
     # -- the loop's hooks ---------------------------------------------------------------------
-    def start(self, seq) -> None:
+    def start(self, seq, prompt_hidden: list[dict[int, torch.Tensor]] | None = None) -> None:
+        """A sequence whose prompt is in the cache. prompt_hidden: the prefill forward's taps,
+        chunk by chunk (layer -> [n, E]), covering every prompt token but the last; a drafter
+        that declares needs_hidden gets them as `hidden` [len(prompt) - 1, layers, E] (None for
+        a one-token prompt)."""
         self.controller.start(seq.seq_id)
-        self.drafter.start(seq.seq_id, list(seq.tokens), seq.params)
+        if not self.hidden_layers:
+            self.drafter.start(seq.seq_id, list(seq.tokens), seq.params)
+            return
+        chunks = [self._stack(h) for h in prompt_hidden or ()]
+        hidden = torch.cat(chunks) if chunks else None  # None: a one-token prompt, nothing prefilled
+        self.drafter.start(seq.seq_id, list(seq.tokens), seq.params, hidden=hidden)
 
     def propose(self, seq, free_rows: int) -> DraftTree:
         budget = self.controller.budget(seq.seq_id)
@@ -170,9 +176,19 @@ class Speculator:
         return tree
 
     def update(self, seq, result: VerifyResult, hidden: dict[int, torch.Tensor]) -> None:
+        """hidden: this sequence's taps on the accepted path (layer -> [1 + num_accepted, E],
+        spec/round.py); the drafter gets them stacked in its declared order, or None."""
         tree = self._trees.pop(seq.seq_id)
         self.controller.observe(seq.seq_id, tree, result)
-        self.drafter.update(seq.seq_id, result, None)
+        self.drafter.update(seq.seq_id, result, self._stack(hidden) if self.hidden_layers else None)
+
+    def _stack(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
+        """layer -> [n, E] -> [n, len(hidden_layers), E], in the declared order."""
+        missing = [layer for layer in self.hidden_layers if layer not in hidden]
+        if missing:
+            raise ValueError(f"the forward did not tap layer(s) {missing} that drafter {self.options.kind!r} "
+                             f"declares; pass hidden_layers={self.hidden_layers}")
+        return torch.stack([hidden[layer] for layer in self.hidden_layers], dim=1)
 
     def finish(self, seq) -> None:
         self.drafter.finish(seq.seq_id, list(seq.tokens))

@@ -1,0 +1,146 @@
+"""The EAGLE-3 head: fused target features + one decoder layer over [embedding ; hidden].
+
+Shapes: Ht the target's hidden size, H the head's, V the target vocabulary, Vd the draft
+vocabulary (Vd <= V), T rows. One head row p reads the feature of position p and the token of
+position p + 1, and predicts the token of position p + 2:
+
+    feature   f_p = fc(cat(t_a[p], t_b[p], t_c[p]))       # [3Ht] -> [H]: three target layers
+              (while drafting, the head's own output hidden of the parent row stands in for f_p)
+    x         = cat(input_layernorm(embed(token p+1)), hidden_norm(f_p))    # [2H] into q/k/v
+    h         = f_p + o_proj(attention(x))       (norm_before_residual: hidden_norm(f_p) + ...)
+    h         = h + mlp(post_attention_layernorm(h))      # the output hidden: the next row's input
+    logits    = lm_head(norm(h))                          # [Vd]; draft id d is target id d2t_map[d]
+
+The embedding is always the target's unless the head carries its own (`embed_tokens.weight`),
+and so is the lm_head unless the head has its own reduced one over Vd draft tokens with the
+maps of learned-drafters.md (d2t[d] = target - d, t2d[target] true for the Vd kept tokens):
+shared tensors are the target's own objects, never copies. RoPE position of row p is p.
+
+`Eagle3Head.forward` is the fast path (batched slots, K/V cache, tree masks from
+models/batch.py); heads/eagle3_reference.py is the slow one it is tested against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..kv import KVCache
+from ..models.batch import ForwardBatch
+from ..models.layers import apply_rotary, attention, embedding, linear, rms_norm, rotary_tables, swiglu_mlp
+
+CONVENTIONS = ("vllm", "sglang")  # how stored aux layer ids count: see Eagle3Config.taps
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    hidden_size: int  # H
+    target_hidden_size: int  # Ht
+    vocab_size: int  # V: the target's vocabulary
+    draft_vocab_size: int  # Vd
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    norm_before_residual: bool = False
+    layer_ids: tuple[int, ...] | None = None  # as stored; None: the default 2, N//2, N-3 (vllm)
+    layer_convention: str = "vllm"
+
+    def taps(self, num_target_layers: int) -> tuple[int, ...]:
+        """The three target layers in our tap convention (`Decoder` hidden[l] = output of layer l,
+        0 = embeddings, which is Hugging Face's hidden_states[l]).
+
+        "vllm" (EAGLE, vLLM): id l reads hidden_states[l], the residual entering layer l: ours is l.
+        "sglang" (SpecForge, SGLang): id l is the output of layer l (0-based): ours is l + 1."""
+        n = num_target_layers
+        ids = self.layer_ids if self.layer_ids is not None else (2, n // 2, n - 3)
+        return tuple(i + 1 for i in ids) if self.layer_convention == "sglang" else tuple(ids)
+
+
+@dataclass
+class Eagle3Weights:
+    fc: torch.Tensor  # [H, 3Ht]
+    input_norm: torch.Tensor  # [H]
+    hidden_norm: torch.Tensor  # [H]
+    qkv: torch.Tensor  # [(nh + 2 nkv) * d, 2H]: q, k, v rows
+    o: torch.Tensor  # [H, nh * d]
+    post_norm: torch.Tensor  # [H]
+    gate_up: torch.Tensor  # [2I, H]: gate rows then up rows
+    down: torch.Tensor  # [H, I]
+    norm: torch.Tensor  # [H]
+    lm_head: object  # [Vd, H], or the target's [V, H] (shared; possibly a QuantLinear)
+    embed: object  # [V, H]: the target's (shared; possibly quantized blocks) or the head's own
+    draft_to_target: torch.Tensor | None  # [Vd] long: target id of draft id d; None: identity
+
+
+class Eagle3Head:
+    def __init__(self, config: Eagle3Config, weights: Eagle3Weights):
+        self.config = config
+        self.w = weights
+        c = config
+        self.inv_freq = 1.0 / (c.rope_theta ** (
+            torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=weights.fc.device) / c.head_dim))
+
+    @property
+    def device(self) -> torch.device:
+        return self.w.fc.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.w.fc.dtype
+
+    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+        c = self.config
+        return KVCache(1, num_slots, max_len, c.num_kv_heads, c.head_dim, self.dtype, self.device)
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """features: [..., 3, Ht] (the three tapped layers, low to high) -> [..., H]."""
+        return linear(features.reshape(*features.shape[:-2], -1).to(self.dtype), self.w.fc)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: KVCache, hidden: torch.Tensor):
+        """batch: the rows' tokens (token p+1 for row p), positions, cache rows and mask
+        (models/batch.py; slots in order); hidden: [B, T, H] their input features.
+        Writes the rows' K/V; returns (logits [B, T, Vd] float32, output hidden [B, T, H])."""
+        if batch.span_place is not None:
+            raise ValueError("Eagle3Head.forward takes slots in order (span_place None)")
+        c, w = self.config, self.w
+        B, T = batch.tokens.shape
+        nh, G, D = c.num_heads, c.num_kv_heads, c.head_dim
+        eps = c.rms_norm_eps
+        emb = embedding(batch.tokens, w.embed).to(self.dtype)  # [B, T, H]
+        normed = rms_norm(hidden, w.hidden_norm, eps)
+        residual = normed if c.norm_before_residual else hidden
+        x = torch.cat((rms_norm(emb, w.input_norm, eps), normed), dim=-1)  # [B, T, 2H]
+        q, k, v = linear(x, w.qkv).split((nh * D, G * D, G * D), dim=-1)
+        cos, sin = rotary_tables(batch.positions, self.inv_freq, self.dtype)
+        q = apply_rotary(q.view(B, T, nh, D).transpose(1, 2), cos, sin)  # [B, nh, T, D]
+        k = apply_rotary(k.view(B, T, G, D).transpose(1, 2), cos, sin).transpose(1, 2)  # [B, T, G, D]
+        slots = batch.slots
+        k_cache, v_cache = cache.k[0], cache.v[0]
+        k_cache[slots.unsqueeze(1), :, batch.rows] = k
+        v_cache[slots.unsqueeze(1), :, batch.rows] = v.view(B, T, G, D)
+        first = batch.span_first
+        keys = k_cache[first : first + batch.span_size, :, : batch.kv_len]  # [B, G, L, D]
+        values = v_cache[first : first + batch.span_size, :, : batch.kv_len]
+        out = attention(q, keys, values, batch.attn_mask)  # [B, nh, T, D]
+        h = residual + linear(out.transpose(1, 2).reshape(B, T, nh * D), w.o)
+        h = h + swiglu_mlp(rms_norm(h, w.post_norm, eps), w.gate_up, w.down)  # [B, T, H]
+        logits = linear(rms_norm(h, w.norm, eps), w.lm_head).float()  # [B, T, Vd]
+        return logits, h
+
+    def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids -> target ids (same shape)."""
+        m = self.w.draft_to_target
+        return draft_ids if m is None else m[draft_ids.to(m.device)]
+
+    def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """[..., Vd] -> [..., V]: the draft logits at their target ids, -inf elsewhere (what vLLM does)."""
+        m = self.w.draft_to_target
+        if m is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.index_copy_(-1, m.to(logits.device), logits)

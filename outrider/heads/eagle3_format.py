@@ -1,0 +1,201 @@
+"""The EAGLE-3 head on disk: the EAGLE / SpecForge layout that vLLM and SGLang load.
+
+A folder with `config.json` (a LlamaConfig: architectures ["LlamaForCausalLMEagle3"],
+num_hidden_layers 1, vocab_size V, draft_vocab_size Vd, optional target_hidden_size Ht,
+norm_before_residual, and eagle_config {eagle_aux_hidden_state_layer_ids, eagle_aux_layer_semantics})
+and `model.safetensors` (never pickles):
+
+    fc.weight                                         [H, 3Ht]
+    midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight   [H]
+    midlayer.self_attn.{q,k,v}_proj.weight            [nh*d, 2H] / [nkv*d, 2H]
+    midlayer.self_attn.o_proj.weight                  [H, nh*d]
+    midlayer.mlp.{gate,up}_proj.weight / down_proj    [I, H] / [H, I]
+    norm.weight                                       [H]
+    lm_head.weight  (optional: else the target's)     [Vd, H]
+    d2t int64 / t2d bool (when Vd < V)                [Vd] / [V]: target id = d + d2t[d]
+    embed_tokens.weight  (optional: else the target's) [V, H]
+
+`layers.0.` is accepted for `midlayer.`. Layer ids: "vllm" semantics (the default, EAGLE's and
+vLLM's) index Hugging Face hidden_states, the residual entering layer l; "sglang" (SpecForge,
+SGLang) count the output of layer l; without ids the head reads 2, N//2, N-3 ("vllm").
+Every problem is a one-line ModelError naming the folder and saying what to do.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from ..errors import ModelError
+from .eagle3 import CONVENTIONS, Eagle3Config, Eagle3Head, Eagle3Weights
+
+WEIGHTS = "model.safetensors"
+
+
+def read_config(folder: str | Path) -> Eagle3Config:
+    """The head's config.json, checked field by field (no weights read)."""
+    folder = Path(folder)
+    path = folder / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelError(f"{path} not found: an EAGLE-3 head is a folder with config.json and {WEIGHTS}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ModelError(f"{path} is not valid JSON ({err}); re-export the head") from None
+    archs = raw.get("architectures") or []
+    if not any("eagle3" in str(a).lower() for a in archs):
+        raise ModelError(f"{path}: architectures {archs} name no EAGLE-3 head (expected LlamaForCausalLMEagle3); "
+                         "point --drafter eagle3: at an EAGLE-3 head folder")
+    eagle = raw.get("eagle_config") or {}
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids", raw.get("eagle_aux_hidden_state_layer_ids"))
+    convention = eagle.get("eagle_aux_layer_semantics", "vllm")
+    if convention not in CONVENTIONS:
+        raise ModelError(f"{path}: eagle_aux_layer_semantics {convention!r} is unknown; use one of {CONVENTIONS}")
+    try:
+        hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+        vocab = int(raw["vocab_size"])
+        if ids is not None and (len(ids) != 3 or not all(isinstance(i, int) for i in ids)):
+            raise ModelError(f"{path}: eagle_aux_hidden_state_layer_ids must be three integers, got {ids!r}")
+        return Eagle3Config(
+            hidden_size=hidden,
+            target_hidden_size=int(raw.get("target_hidden_size") or hidden),
+            vocab_size=vocab,
+            draft_vocab_size=int(raw.get("draft_vocab_size") or vocab),
+            num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            intermediate_size=int(raw["intermediate_size"]),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(raw.get("rope_theta", 10000.0)),
+            norm_before_residual=bool(raw.get("norm_before_residual", False)),
+            layer_ids=None if ids is None else tuple(ids),
+            layer_convention=convention,
+        )
+    except KeyError as missing:
+        raise ModelError(f"{path}: missing field {missing}; is this an EAGLE-3 head's config.json?") from None
+    except (TypeError, ValueError) as err:
+        raise ModelError(f"{path}: a field has the wrong type ({err}); re-export the head") from None
+
+
+def misfit(config: Eagle3Config, target_config, has_embed: bool = False, has_lm_head: bool = True) -> str | None:
+    """Why a head with `config` cannot draft for this target (hidden size, vocabulary, layers), or None."""
+    c, t = config, target_config
+    if c.target_hidden_size != t.hidden_size:
+        return (f"the head reads target hidden states of size {c.target_hidden_size}, this target's are "
+                f"{t.hidden_size}: it was made for another model; use a head trained for this target")
+    if c.vocab_size != t.vocab_size:
+        return (f"the head's vocabulary has {c.vocab_size} tokens, the target's {t.vocab_size}: "
+                "it was made for another model; use a head trained for this target")
+    if not 1 <= c.draft_vocab_size <= c.vocab_size:
+        return f"draft_vocab_size {c.draft_vocab_size} must be between 1 and vocab_size {c.vocab_size}"
+    if c.hidden_size != t.hidden_size and not has_embed:
+        return (f"the head's hidden size {c.hidden_size} differs from the target's {t.hidden_size}, so it "
+                "cannot share the target's embedding and needs its own embed_tokens.weight")
+    if not has_lm_head and (c.hidden_size != t.hidden_size or c.draft_vocab_size != c.vocab_size):
+        return "the head has no lm_head.weight and cannot share the target's (other hidden size or a draft vocabulary)"
+    taps = c.taps(t.num_layers)
+    if any(not 0 <= layer < t.num_layers for layer in taps):
+        return (f"its layer ids {list(c.layer_ids or ())} ({c.layer_convention} semantics) are target layers "
+                f"{list(taps)} but the target has {t.num_layers} layers (0..{t.num_layers - 1}); "
+                "use a head made for this target")
+    return None
+
+
+def load_eagle3(folder: str | Path, target) -> Eagle3Head:
+    """Load the head in `folder` to draft for `target` (a Decoder): its weights on the target's
+    device and dtype, the target's embedding and lm_head shared unless the head has its own."""
+    folder = Path(folder)
+    config = read_config(folder)
+    tensors = _open(folder)
+    names = set(tensors.keys())
+    prefix = "midlayer." if any(n.startswith("midlayer.") for n in names) else "layers.0."
+    reason = misfit(config, target.config, "embed_tokens.weight" in names, "lm_head.weight" in names)
+    if reason:
+        raise ModelError(f"EAGLE-3 head {folder}: {reason}")
+    c = config
+    H, Ht, D, I = c.hidden_size, c.target_hidden_size, c.head_dim, c.intermediate_size
+    expected = {
+        "fc.weight": (H, 3 * Ht),
+        prefix + "input_layernorm.weight": (H,), prefix + "hidden_norm.weight": (H,),
+        prefix + "post_attention_layernorm.weight": (H,),
+        prefix + "self_attn.q_proj.weight": (c.num_heads * D, 2 * H),
+        prefix + "self_attn.k_proj.weight": (c.num_kv_heads * D, 2 * H),
+        prefix + "self_attn.v_proj.weight": (c.num_kv_heads * D, 2 * H),
+        prefix + "self_attn.o_proj.weight": (H, c.num_heads * D),
+        prefix + "mlp.gate_proj.weight": (I, H), prefix + "mlp.up_proj.weight": (I, H),
+        prefix + "mlp.down_proj.weight": (H, I),
+        "norm.weight": (H,),
+    }
+    optional = {"lm_head.weight": (c.draft_vocab_size, H), "embed_tokens.weight": (c.vocab_size, H)}
+    maps_needed = c.draft_vocab_size < c.vocab_size
+    if maps_needed:
+        expected.update({"d2t": (c.draft_vocab_size,), "t2d": (c.vocab_size,)})
+    missing = [n for n in expected if n not in names]
+    if missing:
+        raise ModelError(f"EAGLE-3 head {folder}: {WEIGHTS} lacks tensor(s) {', '.join(missing)}; "
+                         "the export is incomplete: re-export the head")
+    for name, shape in {**expected, **{n: s for n, s in optional.items() if n in names}}.items():
+        got = tuple(tensors.get_slice(name).get_shape())
+        if got != shape:
+            raise ModelError(f"EAGLE-3 head {folder}: tensor {name} has shape {list(got)} but its config.json "
+                             f"says {list(shape)}; the config and the weights disagree: re-export the head")
+    device, dtype = target.device, target.dtype
+    get = lambda name: _read(tensors, folder, name).to(device=device, dtype=dtype)  # noqa: E731
+    attn, mlp = prefix + "self_attn.", prefix + "mlp."
+    weights = Eagle3Weights(
+        fc=get("fc.weight"),
+        input_norm=get(prefix + "input_layernorm.weight"),
+        hidden_norm=get(prefix + "hidden_norm.weight"),
+        qkv=torch.cat([get(attn + f"{n}_proj.weight") for n in "qkv"]),
+        o=get(attn + "o_proj.weight"),
+        post_norm=get(prefix + "post_attention_layernorm.weight"),
+        gate_up=torch.cat([get(mlp + "gate_proj.weight"), get(mlp + "up_proj.weight")]),
+        down=get(mlp + "down_proj.weight"),
+        norm=get("norm.weight"),
+        lm_head=get("lm_head.weight") if "lm_head.weight" in names else target.lm_head,  # shared
+        embed=get("embed_tokens.weight") if "embed_tokens.weight" in names else target.embed,  # shared
+        draft_to_target=None,
+    )
+    if maps_needed:
+        weights.draft_to_target = draft_to_target(_read(tensors, folder, "d2t"), _read(tensors, folder, "t2d"),
+                                                  str(folder)).to(device)
+    return Eagle3Head(config, weights)
+
+
+def draft_to_target(d2t: torch.Tensor, t2d: torch.Tensor, where: str = "the head") -> torch.Tensor:
+    """The target id of each draft id ([Vd] long) from the stored maps, checked to invert:
+    d + d2t[d] are distinct target ids, and t2d is true exactly on them."""
+    if d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
+        raise ModelError(f"EAGLE-3 head {where}: d2t must hold integers (int64 offsets), got {d2t.dtype}")
+    vocab = t2d.shape[0]
+    ids = torch.arange(d2t.shape[0]) + d2t.long()  # [Vd]
+    if bool(((ids < 0) | (ids >= vocab)).any()) or torch.unique(ids).numel() != ids.numel():
+        raise ModelError(f"EAGLE-3 head {where}: d2t maps draft ids outside the target vocabulary or two draft "
+                         "ids to one target id; the vocab map is corrupt: re-export the head")
+    keep = t2d.bool()
+    if int(keep.sum()) != ids.numel() or not bool(keep[ids].all()):
+        raise ModelError(f"EAGLE-3 head {where}: d2t and t2d do not invert each other (t2d marks "
+                         f"{int(keep.sum())} tokens, d2t maps {ids.numel()}, not the same ones); "
+                         "the vocab map is corrupt: re-export the head")
+    return ids
+
+
+def _open(folder: Path):
+    path = folder / WEIGHTS
+    if not path.exists():
+        raise ModelError(f"{path} not found: an EAGLE-3 head is a folder with config.json and {WEIGHTS} "
+                         "(safetensors only, never pickles)")
+    try:
+        return safe_open(str(path), framework="pt")
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ModelError(f"{path} is corrupt or truncated ({err}); re-export the head") from None
+
+
+def _read(tensors, folder: Path, name: str) -> torch.Tensor:
+    try:
+        return tensors.get_tensor(name)
+    except (SafetensorError, OSError) as err:
+        raise ModelError(f"{folder / WEIGHTS}: cannot read '{name}' ({err}); re-export the head") from None

@@ -1,0 +1,145 @@
+"""EAGLE-3 drafting end to end (issue 9, item 2) on a tiny random target with a tiny random head:
+greedy speculative output equals autoregressive output for chain, static and dynamic trees (and
+the head's drafts are accepted sometimes); sampled chains use rejection sampling and reproduce
+per seed; sampled trees (tree walk) equal plain sampling; the hidden states the drafter gets
+(prefill, chunked prefill, then the accepted path of every round) are the target's own at those
+positions, and the greedy output does not depend on the prefill chunking."""
+
+import json
+
+import pytest
+import torch
+from eagle3_tiny import write_eagle3
+from enumerate_law import one_thread
+from tiny import make_tiny
+
+from outrider.control.controllers import FixedController
+from outrider.drafters.capabilities import Capabilities, Drafts
+from outrider.generation import Request, generate_ids
+from outrider.models.batch import pack
+from outrider.models.loader import load_decoder
+from outrider.sampling import SamplingParams
+from outrider.serve.engine_loop import EngineLoop
+from outrider.spec.shapes import parse_shape
+from outrider.spec.speculator import SpecOptions, Speculator
+from outrider.spec.types import DraftTree
+from outrider.spec.verifiers import VERIFIERS
+
+PROMPTS = [[3, 4, 5, 3, 4, 5, 3], [6, 7, 3, 6, 7, 3, 6], [5], [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4]]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    with one_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A vocab-8 target (so random drafts are sometimes right) and a head with 6 draft tokens."""
+    root = tmp_path_factory.mktemp("e3spec")
+    folder = make_tiny("llama", root / "t", vocab=8, layers=4)
+    head = write_eagle3(root / "head", json.loads((folder / "config.json").read_text()), draft_vocab=6,
+                        layer_ids=[0, 1, 2], semantics="sglang", seed=4)
+    return folder, load_decoder(folder, "cpu"), head
+
+
+def run(target, spec, params=SamplingParams(), n=16, **engine):
+    requests = [Request(list(p), n, params) for p in PROMPTS]
+    if not engine:
+        return generate_ids(target, requests, set(), speculation=spec)
+    loop = EngineLoop(target, set(), spec, **engine)
+    ids = [loop.add(r) for r in requests]
+    done = {}
+    while loop.has_work:
+        for event in loop.step():
+            if event.finished is not None:
+                done[event.request_id] = event.finished
+    return [done[i] for i in ids]
+
+
+def outputs(finished):
+    return [f.output_ids for f in finished]
+
+
+@pytest.mark.parametrize("tree", ["chain", "static:2,2,1", "dynamic:3,8"])
+def test_greedy_equals_autoregressive_and_drafts_are_accepted(setup, tree):
+    folder, target, head = setup
+    spec = Speculator.build(SpecOptions(f"eagle3:{head}", tree, "fixed:3"), target, folder)
+    assert spec.hidden_layers == (1, 2, 3)  # sglang ids 0, 1, 2 = the outputs of layers 0, 1, 2
+    assert spec.verifier_for(SamplingParams()) is VERIFIERS["greedy_chain" if tree == "chain" else "greedy_tree"].verify
+    fast = run(target, spec)
+    assert outputs(fast) == outputs(run(target, None))
+    assert sum(f.stats.committed for f in fast) > sum(f.stats.rounds for f in fast)  # some drafts accepted
+    # chunked prefill (3 prompt tokens a step, requests joining while others decode): the same
+    assert outputs(run(target, spec, max_running=2, chunk_size=3)) == outputs(fast)
+
+
+def test_sampled_chain_is_rejection_sampling_reproducible_per_seed(setup):
+    folder, target, head = setup
+    spec = Speculator.build(SpecOptions(f"eagle3:{head}", "chain", "fixed:3"), target, folder)
+    assert spec.verifier_for(SamplingParams(temperature=1.0, seed=1)) is VERIFIERS["rejection_chain"].verify
+    a = outputs(run(target, spec, SamplingParams(temperature=1.0, seed=1)))
+    assert a == outputs(run(target, spec, SamplingParams(temperature=1.0, seed=1)))
+    assert a == outputs(run(target, spec, SamplingParams(temperature=1.0, seed=1), max_running=2, chunk_size=3))
+    assert a != outputs(run(target, spec, SamplingParams(temperature=1.0, seed=2)))
+
+
+def test_sampled_trees_equal_plain_sampling(setup):
+    folder, target, head = setup
+    spec = Speculator.build(SpecOptions(f"eagle3:{head}", "dynamic:2,6", "fixed:3"), target, folder)
+    params = SamplingParams(temperature=1.0, seed=5)
+    assert spec.verifier_for(params) is VERIFIERS["tree_walk"].verify
+    assert outputs(run(target, spec, params)) == outputs(run(target, None, params))
+
+
+# -- the wiring: what a drafter that declares needs_hidden receives -------------------------------
+class Recorder:
+    """Drafts a chain from a known output (one wrong token every other round) and records the
+    hidden states it is given."""
+
+    capabilities = Capabilities(trees={"chain": Drafts("chain")}, needs_hidden=(3, 1))
+    name = "recorder"
+
+    def __init__(self, answers: dict[int, list[int]]):
+        self.answers, self.seen, self.rounds = answers, {}, 0
+
+    def max_nodes(self, depth):
+        return depth
+
+    def start(self, seq_id, prompt, params=None, hidden=None):
+        assert (hidden is None) == (len(prompt) == 1)
+        self.seen[seq_id] = [] if hidden is None else [hidden]
+
+    def propose(self, seq_id, tokens, budget):
+        self.rounds += 1
+        drafts = self.answers[seq_id][len(tokens): len(tokens) + budget.depth]
+        if self.rounds % 2 and len(drafts) > 1:
+            drafts[1] = (drafts[1] + 1) % 8
+        return DraftTree.chain(tokens[-1], drafts)
+
+    def update(self, seq_id, result, hidden=None):
+        assert hidden.shape[0] == 1 + result.num_accepted
+        self.seen[seq_id].append(hidden)
+
+    def finish(self, seq_id, tokens):
+        pass
+
+
+@pytest.mark.parametrize("engine", [{}, dict(max_running=2, chunk_size=3)])
+def test_the_drafter_gets_the_targets_hidden_states(setup, engine):
+    _, target, _ = setup
+    plain = outputs(run(target, None))
+    answers = {i: p + out for i, (p, out) in enumerate(zip(PROMPTS, plain))}
+    recorder = Recorder(answers)
+    spec = Speculator(SpecOptions("recorder", "chain"), recorder, FixedController(3), parse_shape("chain"))
+    assert spec.hidden_layers == (3, 1)
+    assert outputs(run(target, spec, **engine)) == plain
+    for i, tokens in answers.items():
+        got = torch.cat(recorder.seen[i])  # [n, 2, E]: prompt rows, then each round's accepted path
+        assert got.shape[1:] == (2, 64) and any(h.shape[0] > 1 for h in recorder.seen[i][1:])
+        cache = target.new_cache(1, 64)
+        out = target.forward(pack([0], [0], [torch.tensor(tokens)], logits="none", hidden_layers=(1, 3)), cache)
+        want = torch.stack([out.hidden[3][0], out.hidden[1][0]], dim=1)[: got.shape[0]]  # [n, 2, E]
+        assert got.shape[0] >= len(tokens) - 1 - 3  # up to the last round's cut (16 new tokens asked for)
+        assert torch.allclose(got, want, atol=1e-4)
