@@ -68,3 +68,14 @@ def missing_tail(known: list[int], tokens: list[int]) -> list[int] | None:
     if 0 < n < len(tokens) and tokens[n - 1] == known[-1]:
         return tokens[n:]
     return None
+
+
+def ancestors_kept(cand: list[tuple[int, int, float]], c: int, kept: set[int]) -> bool:
+    """Best-first trees: whether every ancestor of candidate `c` below the root is in `kept`.
+    cand[i] = (token, parent candidate id, score); candidate 0 is the root."""
+    p = cand[c][1]
+    while p > 0:
+        if p not in kept:
+            return False
+        p = cand[p][1]
+    return True

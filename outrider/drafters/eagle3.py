@@ -41,7 +41,7 @@ from ..sampling import SamplingParams, warp_probs
 from ..spec.random import PositionalRandom
 from ..spec.shapes import TreeShape
 from ..spec.types import DraftTree, VerifyResult
-from .base import Budget
+from .base import Budget, ancestors_kept
 from .capabilities import Capabilities, Drafts
 from .registry import DrafterEntry, register
 
@@ -206,22 +206,13 @@ class Eagle3Drafter:
         chosen = range(1, len(cand))
         if dynamic:
             best = set(heapq.nlargest(max_nodes, chosen, key=lambda c: cand[c][2]))
-            chosen = [c for c in chosen if c in best and _ancestors_in(cand, c, best)]
+            chosen = [c for c in chosen if c in best and ancestors_kept(cand, c, best)]
         index, tokens, parents = {0: 0}, [root], [-1]
         for c in chosen:  # cand ids grow with depth: parents come first
             index[c] = len(tokens)
             tokens.append(cand[c][0])
             parents.append(index[cand[c][1]])
         return DraftTree(torch.tensor(tokens), torch.tensor(parents))
-
-
-def _ancestors_in(cand, c: int, kept: set[int]) -> bool:
-    p = cand[c][1]
-    while p > 0:
-        if p not in kept:
-            return False
-        p = cand[p][1]
-    return True
 
 
 # -- registration ---------------------------------------------------------------------------------

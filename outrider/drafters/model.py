@@ -25,7 +25,7 @@ from ..sampling import SamplingParams, warp_probs
 from ..spec.random import PositionalRandom
 from ..spec.shapes import TreeShape
 from ..spec.types import DraftTree, VerifyResult
-from .base import Budget
+from .base import Budget, ancestors_kept
 from .capabilities import Capabilities, Drafts
 
 
@@ -194,7 +194,7 @@ class ModelDrafter:
             frontier = best
         keep = heapq.nlargest(max_nodes, range(1, len(cand)), key=lambda c: cand[c][2])
         keep_set = set(keep)
-        keep = [c for c in keep if _ancestors_kept(cand, c, keep_set)]
+        keep = [c for c in keep if ancestors_kept(cand, c, keep_set)]
         return _tree_from_candidates(cand, sorted(keep, key=lambda c: _depth(cand, c)), written, st)
 
 
@@ -203,15 +203,6 @@ def _depth(cand, c: int) -> int:
     while cand[c][1] >= 0:
         c, d = cand[c][1], d + 1
     return d
-
-
-def _ancestors_kept(cand, c: int, keep: set[int]) -> bool:
-    p = cand[c][1]
-    while p > 0:
-        if p not in keep:
-            return False
-        p = cand[p][1]
-    return True
 
 
 def _tree_from_candidates(cand, chosen: list[int], written: dict[int, int], st: _State) -> DraftTree:
