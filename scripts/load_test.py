@@ -36,8 +36,8 @@ from outrider.errors import OutriderError
 
 PRESETS = {
     # ~2-3 minutes on 2 busy cores with SmolLM2-135M
-    "quick": dict(max_tokens=32, requests=32, phase_s=8.0, rates=(0.5, 1.0), soak_s=0.0),
-    "full": dict(max_tokens=128, requests=256, phase_s=60.0, rates=(0.5, 1.0, 2.0, 4.0), soak_s=300.0),
+    "quick": dict(max_tokens=32, requests=32, phase_s=8.0, min_requests=3, rates=(0.5, 1.0), soak_s=0.0),
+    "full": dict(max_tokens=128, requests=256, phase_s=60.0, min_requests=8, rates=(0.5, 1.0, 2.0, 4.0), soak_s=300.0),
 }
 
 
@@ -54,7 +54,8 @@ def parse_args(argv=None) -> tuple[LoadPlan, Path]:
     ap.add_argument("--concurrency", default="1,4,16,32", help="closed-loop clients, comma-separated")
     ap.add_argument("--rates", default=None, help="open-loop arrivals per second, comma-separated ('' for none)")
     ap.add_argument("--requests", type=int, default=None, help="at most this many requests per phase")
-    ap.add_argument("--phase-time", type=float, default=None, help="no request sent after this many seconds")
+    ap.add_argument("--phase-time", type=float, default=None, help="no request sent after this many seconds ...")
+    ap.add_argument("--min-requests", type=int, default=None, help="... once a closed-loop phase has sent this many")
     ap.add_argument("--soak", type=float, default=None,
                     help="then the largest concurrency, the last of --modes, for this many seconds (0: none)")
     ap.add_argument("--modes", default="off,on", help="speculation off and/or on")
@@ -65,7 +66,7 @@ def parse_args(argv=None) -> tuple[LoadPlan, Path]:
     args = ap.parse_args(argv)
     preset = PRESETS["quick" if args.quick else "full"]
     chosen = {"prompts": args.prompts, "max_tokens": args.max_tokens, "requests": args.requests,
-              "phase_s": args.phase_time, "soak_s": args.soak,
+              "phase_s": args.phase_time, "soak_s": args.soak, "min_requests": args.min_requests,
               "rates": None if args.rates is None else _numbers(args.rates, float, "--rates")}
     settings = {**preset, **{k: v for k, v in chosen.items() if v is not None}}
     plan = LoadPlan(model=args.model, drafter=args.drafter, controller=args.controller, tree=args.tree,

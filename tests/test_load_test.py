@@ -28,7 +28,7 @@ def test_quick_run_on_a_tiny_model_writes_results_and_plot(tiny_folders, tmp_pat
     monkeypatch.setenv("OUTRIDER_BENCH_FIXTURES", str(ROOT / "tests" / "fixtures"))
     out = tmp_path / "out"
     argv = ["--quick", "--model", str(tiny_folders["llama"]), "--drafter", "ngram", "--controller", "fixed:3",
-            "--concurrency", "1,2", "--rates", "", "--requests", "2", "--phase-time", "5", "--max-tokens", "6",
+            "--concurrency", "1,2", "--rates", "", "--requests", "2", "--phase-time", "0.01", "--min-requests", "2", "--max-tokens", "6",
             "--threads", "1", "--out", str(out)]
     assert load_script().main(argv) == 0
     results = json.loads((out / "results.json").read_text())

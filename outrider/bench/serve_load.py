@@ -147,8 +147,10 @@ def _client(connections: int, timeout: float) -> httpx.AsyncClient:
     return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout, connect=30.0))
 
 
-async def closed_loop(target: Target, concurrency: int, max_requests: int, time_limit: float) -> tuple[list[Record], float]:
-    """`concurrency` clients, each sending its next request as soon as the last one ends.
+async def closed_loop(target: Target, concurrency: int, max_requests: int, time_limit: float,
+                      min_requests: int = 1) -> tuple[list[Record], float]:
+    """`concurrency` clients, each sending its next request as soon as the last one ends; the
+    first `min_requests` are sent even past the time limit (one slow request is no figure).
     Returns the records (in sending order) and the phase's wall time."""
     records: list[Record] = []
     t0 = time.perf_counter()
@@ -157,7 +159,7 @@ async def closed_loop(target: Target, concurrency: int, max_requests: int, time_
     async with _client(concurrency + 1, target.request_timeout) as client:
         async def user():
             nonlocal issued
-            while issued < max_requests and time.perf_counter() - t0 < time_limit:
+            while issued < max_requests and (issued < min_requests or time.perf_counter() - t0 < time_limit):
                 index = issued
                 issued += 1
                 records.append(await send(client, target, index, t0))

@@ -55,7 +55,8 @@ class LoadPlan:
     concurrency: tuple[int, ...] = (1, 4, 16, 32)
     rates: tuple[float, ...] = (0.5, 1.0)  # open-loop arrivals per second
     requests: int = 64  # at most this many requests per phase ...
-    phase_s: float = 10.0  # ... and none sent after this many seconds
+    phase_s: float = 10.0  # ... and none sent after this many seconds ...
+    min_requests: int = 1  # ... once a closed-loop phase has sent this many
     soak_s: float = 0.0  # closed loop at the largest concurrency, speculation on, this long (0: none)
     modes: tuple[str, ...] = MODES
     threads: int | None = None
@@ -65,7 +66,7 @@ class LoadPlan:
     seed: int = 0
 
     def check(self) -> "LoadPlan":
-        for name in ("prompts", "max_tokens", "requests"):
+        for name in ("prompts", "max_tokens", "requests", "min_requests"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
         if not self.concurrency or min(self.concurrency) < 1:
@@ -182,7 +183,8 @@ def _phase(server: ServerProcess, target: Target, kind: str, level: float, plan:
     target.extra = {} if mode == "on" else {"speculate": False}
     before = scrape(server.url)
     if kind != "open":  # closed, warmup, soak
-        records, wall = asyncio.run(closed_loop(target, int(level), max_requests, time_limit))
+        least = min(plan.min_requests, max_requests)
+        records, wall = asyncio.run(closed_loop(target, int(level), max_requests, time_limit, least))
     else:
         records, wall = asyncio.run(open_loop(target, level, max_requests, time_limit, plan.seed))
     summary = summarize(records, wall)
