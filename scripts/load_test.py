@@ -161,8 +161,10 @@ def plot(results: dict, path: Path) -> Path:
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8)
+    levels = sorted({p["concurrency"] for p in phases if p["kind"] == "closed"})
     for ax in (axes[0, 0], axes[0, 1], axes[1, 0]):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(c) for c in levels])
         ax.set_xlabel("concurrent clients")
     axes[1, 1].set_xlabel("arrivals per second")
     load = results["load_average"]["before"][0]
