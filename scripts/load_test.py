@@ -13,7 +13,7 @@ client's counts, and judges the goals of issue 8 (item 7). Writes into --out:
     load.png       throughput, TTFT and TPOT against concurrency; open-loop against rate
     server.log     the server's own output
 
-    .venv/bin/python scripts/load_test.py --quick                  # ~2-3 min on 2 cores
+    .venv/bin/python scripts/load_test.py --quick       # 5.5 min on 2 cores at load 4-5 (SmolLM2)
     .venv/bin/python scripts/load_test.py --soak 300 --out load-full
 
 A script rather than `outrider bench serve`: `outrider bench` is the offline method comparison
@@ -35,7 +35,7 @@ from outrider.bench.serve_run import MODES, LoadPlan, run_load
 from outrider.errors import OutriderError
 
 PRESETS = {
-    # ~2-3 minutes on 2 busy cores with SmolLM2-135M
+    # 5.5 minutes with SmolLM2-135M on 2 cores already busy (load average 4-5)
     "quick": dict(max_tokens=32, requests=32, phase_s=8.0, min_requests=3, rates=(0.5, 1.0), soak_s=0.0),
     "full": dict(max_tokens=128, requests=256, phase_s=60.0, min_requests=8, rates=(0.5, 1.0, 2.0, 4.0), soak_s=300.0),
 }
