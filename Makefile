@@ -26,13 +26,18 @@ demo: install
 	$(VENV)/bin/outrider generate --chat --max-new-tokens 64 --drafter suffix --stats "$(PROMPT)"
 	$(VENV)/bin/outrider bench --preset quick --out bench-results/quick
 
+# Tests run in TEST_WORKERS processes (pytest-xdist), one torch thread each (tests/conftest.py);
+# a file's tests stay in one process, so its fixtures (the SmolLM2 model) load once there.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 test: install
 	$(VENV)/bin/outrider models pull $(DEFAULT_MODEL)
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 # the unit tests alone: tiny random models, no download
 test-unit: install
-	$(PY) -m pytest -q -m "not model"
+	$(PYTEST) -m "not model"
 
 clean:
 	rm -rf $(VENV) .pytest_cache

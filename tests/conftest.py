@@ -1,11 +1,21 @@
+import os
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny import FAMILIES, add_tokenizer, make_tiny  # noqa: E402
+
+
+def pytest_configure(config):
+    """One torch thread per test process (OUTRIDER_TEST_THREADS=N for more). The tests' tensors
+    are small and the machines are shared 2-core ones: with other processes busy, a SmolLM2 forward
+    on two threads was 3 to 8 times slower than on one (the threads wait on each other). `make test`
+    runs two processes instead (pytest-xdist, `-n 2`)."""
+    torch.set_num_threads(int(os.environ.get("OUTRIDER_TEST_THREADS", "1")))
 
 
 @pytest.fixture(scope="session")
@@ -21,3 +31,40 @@ def tiny_folders(tmp_path_factory) -> dict[str, Path]:
     for folder in folders.values():
         add_tokenizer(folder)
     return folders
+
+
+# --- the packaged SmolLM2-135M (pulled by `make test`), loaded once per test process -------------
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The folder of the pulled default model; fails, saying what to do, when it is not pulled."""
+    from outrider.errors import ModelError
+    from outrider.models.catalog import DEFAULT_MODEL, resolve_model
+
+    try:
+        return resolve_model(DEFAULT_MODEL)
+    except ModelError as err:
+        pytest.fail(f"{err} (or deselect with -m 'not model')")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2_path))
+
+
+@pytest.fixture(scope="session")
+def smollm2_decoder(smollm2_path):
+    """Our runtime's SmolLM2 (float32, CPU). Stateless between calls: every run brings its cache."""
+    from outrider.models.loader import load_decoder
+
+    return load_decoder(smollm2_path, "cpu", torch.float32)
+
+
+@pytest.fixture(scope="session")
+def smollm2_transformers(smollm2_path):
+    """transformers' own modeling code on the same folder (float32, eval): the reference."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32).eval()
