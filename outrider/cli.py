@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
     gen.add_argument("--dtype", default=None,
                      help="float32 (CPU default), bfloat16 (CUDA default), q8_0 or q4 (weights kept "
-                          "quantized), q8_0-bf16 or q4-bf16 (faster int4 kernel, not yet lossless)")
+                          "quantized), q8_0-bf16-lossy or q4-bf16-lossy (faster int4 kernel, not yet lossless)")
     gen.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1 (default: torch's)")
     gen.add_argument("--drafter", default=None,
                      help="ngram | suffix | draft-model:NAME | early-exit:K (default: none, autoregressive)")
@@ -107,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps")
     srv.add_argument("--dtype", default=None,
                      help="float32 (CPU default), bfloat16 (CUDA default), q8_0 or q4 (weights kept "
-                          "quantized), q8_0-bf16 or q4-bf16 (faster int4 kernel, not yet lossless)")
+                          "quantized), q8_0-bf16-lossy or q4-bf16-lossy (faster int4 kernel, not yet lossless)")
     srv.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1")
     srv.set_defaults(run=_serve)
 

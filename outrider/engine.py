@@ -178,9 +178,9 @@ def _parse_dtype(name: str | None) -> torch.dtype | str | None:
     """A float dtype, or "q8_0" / "q4": weights kept quantized (models/quant_load.py)."""
     table = {None: None, "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
              "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-             "q8_0": "q8_0", "q4": "q4", "q8_0-bf16": "q8_0-bf16", "q4-bf16": "q4-bf16"}
+             "q8_0": "q8_0", "q4": "q4", "q8_0-bf16-lossy": "q8_0-bf16-lossy", "q4-bf16-lossy": "q4-bf16-lossy"}
     if name not in table:
-        raise ConfigError(f"unknown dtype '{name}': use float32, bfloat16, float16, q8_0, q4, q8_0-bf16 or q4-bf16")
+        raise ConfigError(f"unknown dtype '{name}': use float32, bfloat16, float16, q8_0, q4, q8_0-bf16-lossy or q4-bf16-lossy")
     return table[name]
 
 

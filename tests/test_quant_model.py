@@ -98,11 +98,11 @@ def test_quantized_at_load_equals_dequantized_float_model(folder, dtype):
 
 @pytest.mark.parametrize("dtype", KINDS_OF)
 def test_bf16_kernels_stay_close_to_the_dequantized_model(folder, dtype):
-    """"q4-bf16" / "q8_0-bf16": torch's int4 kernel in bfloat16 (quant_linear.py); the logits stay
+    """"q4-bf16-lossy" / "q8_0-bf16-lossy": torch's int4 kernel in bfloat16 (quant_linear.py); the logits stay
     within 3% of their scale of the dequantized model's, and well closer to it than to the float
     model's."""
-    model = load_decoder(folder, "cpu", f"{dtype}-bf16")
-    assert model.layers[0].qkv.kernel in ("int4pack", "int4pair") and model.quantization == f"{dtype}-bf16"
+    model = load_decoder(folder, "cpu", f"{dtype}-bf16-lossy")
+    assert model.layers[0].qkv.kernel in ("int4pack", "int4pair") and model.quantization == f"{dtype}-bf16-lossy"
     tokens = [5, 17, 3, 88, 41, 41, 9]
     got = logits_of(model, tokens)
     ref = logits_of(dequantized_copy(model, folder, KINDS_OF[dtype]), tokens)
@@ -263,5 +263,14 @@ def test_llm_takes_quantized_dtypes(tiny_folders):
     llm = LLM(str(tiny_folders["llama"]), dtype="q8_0", drafter="suffix")
     assert isinstance(llm.target.layers[0].qkv, QuantLinear)
     assert isinstance(llm.generate("w5 w6 w7", max_new_tokens=8).text, str)
-    with pytest.raises(ConfigError, match="q8_0, q4, q8_0-bf16 or q4-bf16"):
+    with pytest.raises(ConfigError, match="q8_0, q4, q8_0-bf16-lossy or q4-bf16-lossy"):
         LLM(str(tiny_folders["llama"]), dtype="q3")
+
+
+def test_verify_cost_profile_is_kept_apart_for_quantized_weights(folder):
+    """The cost controller's cached profile is per weights kind: a q4 target does not reuse the
+    float32 one (its verify costs differ)."""
+    from outrider.control.profile import profile_key
+
+    keys = {profile_key(folder, load_decoder(folder, "cpu", dtype)) for dtype in (None, "q4", "q8_0")}
+    assert len(keys) == 3

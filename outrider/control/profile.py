@@ -80,7 +80,8 @@ def _sync(target: Decoder) -> None:
 
 
 def profile_key(model_path: Path, target: Decoder) -> str:
-    parts = [str(Path(model_path).resolve()), str(target.dtype), str(target.device), str(torch.get_num_threads()),
+    parts = [str(Path(model_path).resolve()), str(target.quantization or target.dtype), str(target.device),
+             str(torch.get_num_threads()),
              platform.processor() or platform.machine(), torch.__version__]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 

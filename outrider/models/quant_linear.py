@@ -32,7 +32,7 @@ path rounds activations to 8-bit blocks, the same order). The kernel itself is r
 but its bfloat16 rounding turns the float32 attention's tiny differences between a 1-token and a
 k-token forward (SDPA is not bit-identical across batch shapes) into differences of a bfloat16
 step, and greedy speculative output then drifts from autoregressive output (seen on SmolLM2).
-So it is opt-in ("q4-bf16", "q8_0-bf16") until attention is made row-invariant.
+So it is opt-in ("q4-bf16-lossy", "q8_0-bf16-lossy") until attention is made row-invariant.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ safetensors, quantized at load. `load_decoder(folder, dtype="q4" | "q8_0")` read
                    them: the head decides the argmax, and is read once per token either way).
     --dtype q8_0   the GGUF's own blocks when its projections are Q8_0; otherwise every projection,
                    the head and the embedding quantized to Q8_0 at load.
-    --dtype q4-bf16, q8_0-bf16: the same weights through torch's int4 kernel with bfloat16
+    --dtype q4-bf16-lossy, q8_0-bf16-lossy: the same weights through torch's int4 kernel with bfloat16
                    activations: much faster here, but not yet lossless against autoregressive
                    decoding (quant_linear.py says why); q4 and q8_0 compute in float32 and are.
 
@@ -33,7 +33,7 @@ from .marker import GGUF_NAME
 from .quant import BLOCK, QuantBlocks, blocks_from_gguf, cat_rows, check_gguf_kind, quantize
 from .quant_linear import QuantLinear, choose_kernel
 
-QUANT_DTYPES = ("q8_0", "q4", "q8_0-bf16", "q4-bf16")  # the names --dtype takes for quantized weights
+QUANT_DTYPES = ("q8_0", "q4", "q8_0-bf16-lossy", "q4-bf16-lossy")  # the names --dtype takes for quantized weights
 _FAMILY = {"q8_0": "Q8", "q4": "Q4"}  # a GGUF is used natively when its projections are of this family
 _AT_LOAD = {"q8_0": ("q8_0", "q8_0"), "q4": ("q4_1", "q8_0")}  # (projections, head and embedding)
 _FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -63,8 +63,8 @@ class QuantTensors:
     def __init__(self, folder: Path, dtype_name: str, floats):
         if dtype_name not in QUANT_DTYPES:
             raise ValueError(f"dtype_name must be one of {', '.join(QUANT_DTYPES)}, got {dtype_name!r}")
-        self.name, _, compute = dtype_name.partition("-")  # "q4", "bf16"
-        self.fast = compute == "bf16"  # torch's int4 kernel in bfloat16 where it is vectorized
+        self.name, _, compute = dtype_name.partition("-")  # "q4", "bf16-lossy"
+        self.fast = compute == "bf16-lossy"  # torch's int4 kernel in bfloat16: not lossless, named so
         self.floats = floats  # loader._Tensors over the folder's safetensors
         self.gguf = _NativeGGUF.open_if_native(folder / GGUF_NAME, self.name)
         self.cache: dict[str, QuantBlocks | torch.Tensor] = {}
