@@ -22,6 +22,7 @@ from .sampling import SamplingParams
 from .spec.speculator import MAX_TREE_NODES, SpecOptions, Speculator
 from .stats import summarize
 from .text import TextStream, check_text
+from .threads import cpu_share_for
 
 
 @dataclass
@@ -56,6 +57,7 @@ class LLM:
         self.tokenizer = _load_tokenizer(self.path)
         self.eos_ids = eos_ids_of(self.path, self.tokenizer)
         self.speculator = Speculator.build(options, self.target, self.path) if options else None
+        self.cpu_share = cpu_share_for(threads)  # thread count follows the free cores (threads.py)
 
     # -- prompts -------------------------------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
@@ -100,6 +102,7 @@ class LLM:
         streams = [TextStream(self.decode, stops) for _ in batch]
 
         def on_commit(index: int, output: list[int]) -> int | None:
+            self.cpu_share.tick()
             stream = streams[index]
             if len(output) < stream.fed:
                 raise RuntimeError(f"on_commit got {len(output)} output tokens after {stream.fed}: "
@@ -107,8 +110,9 @@ class LLM:
             _show(on_text, index, stream.add(output[stream.fed:]))
             return stream.kept_tokens if stream.stopped else None
 
-        finished = generate_ids(self.target, requests, self.eos_ids, speculation=self.speculator,
-                                on_commit=on_commit)
+        with self.cpu_share:
+            finished = generate_ids(self.target, requests, self.eos_ids, speculation=self.speculator,
+                                    on_commit=on_commit)
         out = [self._completion(i, f, streams[i], on_text) for i, f in enumerate(finished)]
         return out[0] if single else out
 
