@@ -24,7 +24,7 @@ install: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/outrider models pull $(DEFAULT_MODEL)
 	$(VENV)/bin/outrider generate --chat --max-new-tokens 64 --drafter suffix --stats "$(PROMPT)"
-	$(VENV)/bin/outrider bench --preset quick --out bench-results/quick
+	$(VENV)/bin/outrider bench --preset quick   # a new bench-results/<time> folder each run
 
 # Tests run in TEST_WORKERS processes (pytest-xdist), one torch thread each (tests/conftest.py);
 # a file's tests stay in one process, so its fixtures (the SmolLM2 model) load once there.
