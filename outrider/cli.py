@@ -125,6 +125,10 @@ def _parser() -> argparse.ArgumentParser:
     path = msub.add_parser("path", help="print the folder of a pulled model")
     path.add_argument("name")
     path.set_defaults(run=_models_path)
+
+    from .train.cli import add_parser as add_train_parser
+
+    add_train_parser(sub)  # outrider train eagle3 ...
     return parser
 
 

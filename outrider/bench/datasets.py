@@ -52,6 +52,15 @@ DATA = {
     "bfcl_live_simple": DataFile("bfcl_live_simple", _BFCL, "bfcl_eval/data/BFCL_v4_live_simple.json",
                                  "1af2ac87dca47556db7b7e37e51e28b459a38b594e3c7b3c792b4903598ca0c4",
                                  "Apache-2.0"),
+    # Categories the toolcall workload does not use: training data for drafters (outrider train).
+    "bfcl_live_multiple": DataFile("bfcl_live_multiple", _BFCL, "bfcl_eval/data/BFCL_v4_live_multiple.json",
+                                   "fd8ccfad4d911420d0e3341dbe2fff77d1d341da934248b9bb2bda24ab3a10c8",
+                                   "Apache-2.0"),
+    "bfcl_parallel": DataFile("bfcl_parallel", _BFCL, "bfcl_eval/data/BFCL_v4_parallel.json",
+                              "19f51a82eff42e5d62541aa500115a056eb78f437c2ba1f10415fd7c8e5dda84", "Apache-2.0"),
+    "bfcl_parallel_multiple": DataFile("bfcl_parallel_multiple", _BFCL, "bfcl_eval/data/BFCL_v4_parallel_multiple.json",
+                                       "8863ea8433239f55c5f016154cf0830853c89f693c6ea270396a2fa121960579",
+                                       "Apache-2.0"),
 }
 
 

@@ -1,0 +1,54 @@
+"""`outrider train eagle3 ...`: argparse and run code of the training sub-command (train/loop.py)."""
+
+from __future__ import annotations
+
+import sys
+
+from .data import SOURCES
+
+
+def add_parser(sub) -> None:
+    """Register `train` (with its `eagle3` sub-command) on the `outrider` sub-parsers."""
+    train = sub.add_parser("train", help="train a learned drafter for a target (online, on this machine)")
+    tsub = train.add_subparsers(dest="train_command", required=True)
+    p = tsub.add_parser("eagle3", help="train an EAGLE-3 head (fused target features + one decoder layer); "
+                        "run under torchrun for data parallelism")
+    p.add_argument("--target", required=True, help="catalog name or model folder of the target")
+    p.add_argument("--data", required=True,
+                   help=f"comma-separated sources: {', '.join(SOURCES)} (humaneval is the bench workload: "
+                        "contaminated for it)")
+    p.add_argument("--out", required=True, help="output folder (new or empty; or the run to --resume)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default 1000 unless --tokens)")
+    p.add_argument("--tokens", type=int, default=None, help="stop after this many training tokens instead")
+    p.add_argument("--seq-len", type=int, default=512, help="tokens per training sequence (default 512)")
+    p.add_argument("--batch-size", type=int, default=4, help="sequences per global batch (default 4)")
+    p.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (default 5e-4)")
+    p.add_argument("--warmup-steps", type=int, default=None, help="linear warmup steps (default 5%% of the steps)")
+    p.add_argument("--clip", type=float, default=0.5, help="gradient-norm clip (default 0.5)")
+    p.add_argument("--ttt-steps", type=int, default=7, help="unrolled draft steps of the training-time test (default 7)")
+    p.add_argument("--decay", type=float, default=0.8, help="loss weight of unrolled step k is decay**k (default 0.8)")
+    p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size Vd (default 8192)")
+    p.add_argument("--vocab-tokens", type=int, default=2_000_000,
+                   help="training labels counted to choose the draft vocabulary (default 2,000,000)")
+    p.add_argument("--seed", type=int, default=0, help="initialisation and data order (default 0)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    p.add_argument("--regenerate", action="store_true",
+                   help="the target writes the responses of chat/prompt items itself (greedy)")
+    p.add_argument("--max-response-tokens", type=int, default=256, help="per regenerated response (default 256)")
+    p.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (default 100)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    p.add_argument("--device", default=None, help="cpu (default), cuda, cuda:N or mps")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from .loop import TrainOptions, train
+
+    keys = ("target", "data", "out", "steps", "tokens", "seq_len", "batch_size", "lr", "warmup_steps", "clip",
+            "ttt_steps", "decay", "draft_vocab", "vocab_tokens", "seed", "resume", "regenerate",
+            "max_response_tokens", "checkpoint_every", "threads", "device")
+    options = TrainOptions(**{k: getattr(args, k) for k in keys}, progress=not args.no_progress,
+                           command=["outrider"] + sys.argv[1:])
+    train(options)
+    return 0

@@ -1,0 +1,329 @@
+"""Training text for learned drafters: named sources -> items -> token examples with a loss mask.
+
+Sources (`--data a,b,...`; a `jsonl:PATH` goes last if its path holds a comma):
+
+    code          Python standard-library files (sysconfig stdlib of the running Python), raw text,
+                  without test suites and without the modules the code-edit workload edits
+    code-prompts  chat prompts "Write a Python function `name(args)` ..." from the docstrings of
+                  public stdlib functions, again not from the code-edit modules (need --regenerate)
+    toolcall      BFCL v4 categories the toolcall workload does not use (live_multiple, parallel,
+                  parallel_multiple), as chat messages like workloads.toolcall_messages (need --regenerate)
+    humaneval     HumanEval prompts + canonical solutions (completion mode). It IS the bench
+                  workload: a head trained on it is contaminated for that benchmark
+    jsonl:PATH    one object a line: {"text": str} (raw), {"prompt": str, "response"?: str}
+                  (completion mode, as the bench's jsonl) or {"messages": [...]} (chat; a last
+                  assistant message is the response); optional "id"
+
+An item becomes examples (data.Example): raw text is tokenized and cut into `seq_len` chunks,
+the loss on every token; a prompt or chat item is its prompt tokens (chat template applied) then
+its response tokens, the loss on the response only, cut to `seq_len`. Responses come from the
+item, or with `--regenerate` from the target itself (train/regenerate.py); items with neither are
+skipped and counted. Order: epoch e visits the items sorted by sha256(f"{seed}:{e}:{id}"), so the
+order, and a `Position` in it, are pure functions of the seed (a resumed run sees the same batches).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from ..bench import datasets
+from ..bench.workloads import CODE_EDIT_MODULES, ROLES, _data_file, _module_file, toolcall_messages
+from ..errors import ConfigError
+
+SOURCES = ("code", "code-prompts", "toolcall", "humaneval", "jsonl:PATH")
+TOOLCALL_TRAIN = ("bfcl_live_multiple", "bfcl_parallel", "bfcl_parallel_multiple")
+TEST_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+
+
+@dataclass(frozen=True)
+class Item:
+    """One unit of training text. kind "text": `text` (or the file `path`) is raw text;
+    "prompt": `text` is a completion prompt; "chat": `messages` (role/content dicts)."""
+    id: str
+    kind: str
+    text: str | None = None
+    path: str | None = None
+    messages: tuple | None = None
+    response: str | None = None
+
+    def raw_text(self) -> str:
+        return self.text if self.path is None else Path(self.path).read_text(encoding="utf-8", errors="replace")
+
+
+@dataclass
+class Example:
+    tokens: list[int]  # [n]
+    mask: list[bool]  # [n]: True where token i is a training label
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where the stream is: the next example is chunk `chunk` of item `item` of epoch `epoch`."""
+    epoch: int = 0
+    item: int = 0
+    chunk: int = 0
+
+    def to_json(self) -> list[int]:
+        return [self.epoch, self.item, self.chunk]
+
+
+@dataclass
+class Corpus:
+    items: list[Item]  # usable items (those without a needed response already dropped)
+    skipped: int  # chat / prompt items without a response and no --regenerate
+    sources: list[str] = field(default_factory=list)  # where each source came from (sha256 or path)
+
+
+def parse_sources(spec: str) -> list[str]:
+    """'code,toolcall,jsonl:a.jsonl' -> names; a one-line ConfigError for an unknown one."""
+    if not spec or not spec.strip():
+        raise ConfigError(f"--data is empty: give one or more of {', '.join(SOURCES)}, comma-separated")
+    names, rest = [], spec.strip()
+    while rest:
+        if rest.startswith("jsonl:"):
+            names.append(rest)
+            break
+        name, _, rest = rest.partition(",")
+        names.append(name.strip())
+    for name in names:
+        if name.startswith("jsonl:"):
+            if not Path(name[len("jsonl:"):]).expanduser().is_file():
+                raise ConfigError(f"--data {name}: no such file")
+        elif name not in SOURCES:
+            raise ConfigError(f"unknown --data source '{name}': use {', '.join(SOURCES)} (comma-separated)")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--data names a source twice: {spec}")
+    return names
+
+
+def load_corpus(spec: str, *, regenerate: bool, fixtures: Path | None = None, stdlib: Path | None = None) -> Corpus:
+    """Every item of the sources in `spec`; refuses (one line) a corpus with nothing to train on."""
+    stdlib = Path(stdlib or sysconfig.get_paths()["stdlib"])
+    items, sources = [], []
+    for name in parse_sources(spec):
+        got, where = _BUILDERS[name](stdlib, fixtures) if name in _BUILDERS else _jsonl(Path(name[6:]).expanduser())
+        items += got
+        sources.append(f"{name}: {len(got)} items from {where}")
+    keep = [i for i in items if regenerate or i.kind == "text" or i.response is not None]
+    if not keep:
+        raise ConfigError(f"--data {spec}: no item has a response to train on; add --regenerate so the "
+                          "target writes them, or add a raw-text source such as code")
+    ids = [i.id for i in keep]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"--data {spec}: two items share an id; give the jsonl lines distinct ids")
+    return Corpus(keep, len(items) - len(keep), sources)
+
+
+def epoch_order(items: list[Item], seed: int, epoch: int) -> list[Item]:
+    return sorted(items, key=lambda i: hashlib.sha256(f"{seed}:{epoch}:{i.id}".encode()).hexdigest())
+
+
+# ---- items -> examples ------------------------------------------------------------------------
+
+class Encoder:
+    """Tokenizes items the way the engine does (engine.LLM.encode): the tokenizer's own chat
+    template for chat items, add_special_tokens for completion prompts, none for raw text."""
+
+    def __init__(self, tokenizer, seq_len: int):
+        self.tokenizer, self.seq_len = tokenizer, seq_len
+
+    def prompt_ids(self, item: Item) -> list[int]:
+        tok = self.tokenizer
+        if item.kind == "prompt":
+            return tok(item.text)["input_ids"]
+        if not getattr(tok, "chat_template", None):
+            raise ConfigError("the target's tokenizer has no chat template: use raw-text sources (code, jsonl text)")
+        text = tok.apply_chat_template(list(item.messages), add_generation_prompt=True, tokenize=False)
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    def response_ids(self, item: Item) -> list[int]:
+        """The item's own response as tokens (the chat template's end-of-turn included)."""
+        tok = self.tokenizer
+        if item.kind == "prompt":
+            return tok(item.response, add_special_tokens=False)["input_ids"]
+        messages = list(item.messages)
+        prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        full = tok.apply_chat_template(messages + [{"role": "assistant", "content": item.response}], tokenize=False)
+        tail = full[len(prompt):] if full.startswith(prompt) else item.response
+        return tok(tail, add_special_tokens=False)["input_ids"]
+
+    def examples(self, item: Item, response: list[int] | None = None) -> list[Example]:
+        """The item's examples; `response` (token ids) replaces the item's own response."""
+        n = self.seq_len
+        if item.kind == "text":
+            ids = self.tokenizer(item.raw_text(), add_special_tokens=False)["input_ids"]
+            return [Example(ids[i:i + n], [True] * len(ids[i:i + n])) for i in range(0, len(ids), n)
+                    if len(ids[i:i + n]) >= 2]
+        prompt = self.prompt_ids(item)
+        answer = response if response is not None else self.response_ids(item)
+        tokens = (prompt + answer)[:n]
+        if len(prompt) >= len(tokens) or not answer:
+            return []  # the prompt fills the whole window: nothing to learn from
+        return [Example(tokens, [False] * len(prompt) + [True] * (len(tokens) - len(prompt)))]
+
+
+Responder = Callable[[list[Item]], list[list[int]]]  # items -> response token ids (the target's)
+
+
+class Stream:
+    """Examples in the seeded order from `start`, epoch after epoch (never ends)."""
+
+    def __init__(self, corpus: Corpus, encoder: Encoder, seed: int, responder: Responder | None = None,
+                 lookahead: int = 16):
+        self.corpus, self.encoder, self.seed = corpus, encoder, seed
+        self.responder, self.lookahead = responder, lookahead
+        self.responses: dict[str, list[int]] = {}
+
+    def examples(self, start: Position = Position()) -> Iterator[tuple[Position, Example]]:
+        """(position of the example after this one, example), from `start` on."""
+        epoch, first, chunk = start.epoch, start.item, start.chunk
+        while True:
+            order = epoch_order(self.corpus.items, self.seed, epoch)
+            for index in range(first, len(order)):
+                item = order[index]
+                response = self._response(order, index) if self.responder and item.kind != "text" else None
+                chunks = self.encoder.examples(item, response)
+                for c in range(chunk, len(chunks)):
+                    last = c + 1 == len(chunks)
+                    after = Position(epoch, index + 1, 0) if last else Position(epoch, index, c + 1)
+                    yield after, chunks[c]
+                chunk = 0
+            epoch, first = epoch + 1, 0
+
+    def _response(self, order: list[Item], index: int) -> list[int]:
+        """The target's response to order[index], generated with the next few items that need one."""
+        item = order[index]
+        if item.id not in self.responses:
+            todo = [i for i in order[index:] if i.kind != "text" and i.id not in self.responses][: self.lookahead]
+            for done, ids in zip(todo, self.responder(todo)):
+                self.responses[done.id] = ids
+        return self.responses[item.id]
+
+
+def batches(stream: Stream, batch_size: int, start: Position = Position()) -> Iterator[tuple[Position, list[Example]]]:
+    """Global batches of `batch_size` examples: (position after the batch, examples)."""
+    batch, it = [], stream.examples(start)
+    for after, example in it:
+        batch.append(example)
+        if len(batch) == batch_size:
+            yield after, batch
+            batch = []
+
+
+# ---- sources ----------------------------------------------------------------------------------
+
+def stdlib_files(stdlib: Path) -> list[Path]:
+    """The stdlib's .py files, test suites, installed packages and code-edit modules left out."""
+    excluded = {p.resolve() for p in (_module_file(stdlib, m) for m in CODE_EDIT_MODULES) if p is not None}
+    found = []
+    for root, dirs, files in os.walk(stdlib):
+        dirs[:] = sorted(d for d in dirs if d not in TEST_DIRS and not d.startswith(("test", ".")))
+        for name in sorted(files):
+            path = Path(root) / name
+            if name.endswith(".py") and not name.startswith("test") and path.resolve() not in excluded:
+                found.append(path)
+    return found
+
+
+def _code(stdlib: Path, fixtures) -> tuple[list[Item], str]:
+    files = stdlib_files(stdlib)
+    items = [Item(f"code:{p.relative_to(stdlib)}", "text", path=str(p)) for p in files]
+    return items, f"Python stdlib {stdlib} ({len(files)} files; tests and code-edit modules excluded)"
+
+
+def _code_prompts(stdlib: Path, fixtures) -> tuple[list[Item], str]:
+    items = []
+    for path in stdlib_files(stdlib):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        module = ".".join(path.relative_to(stdlib).with_suffix("").parts).removesuffix(".__init__")
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            if not doc:
+                continue
+            summary = doc.strip().split("\n\n")[0].strip()
+            user = (f"Write a Python function `{node.name}({ast.unparse(node.args)})` (as in the module "
+                    f"`{module}`). What it does:\n\n{summary}\n\nReply with the function in one ```python block.")
+            items.append(Item(f"code-prompts:{module}:{node.name}", "chat",
+                              messages=({"role": "user", "content": user},)))
+    return items, f"docstrings of public functions in Python stdlib {stdlib} (code-edit modules excluded)"
+
+
+def _toolcall(stdlib: Path, fixtures) -> tuple[list[Item], str]:
+    items, where = [], []
+    for name in TOOLCALL_TRAIN:
+        path, source = _data_file(name, fixtures)
+        where.append(source)
+        for entry in datasets.bfcl(name, path):
+            items.append(Item(f"toolcall:{entry['id']}", "chat", messages=tuple(toolcall_messages(entry))))
+    return items, "; ".join(where)
+
+
+def _humaneval(stdlib: Path, fixtures) -> tuple[list[Item], str]:
+    path, source = _data_file("humaneval", fixtures)
+    items = [Item(f"humaneval:{p['task_id']}", "prompt", text=p["prompt"], response=p["canonical_solution"])
+             for p in datasets.humaneval(path)]
+    return items, source + " (the bench workload itself: contaminated for it)"
+
+
+def _jsonl(path: Path) -> tuple[list[Item], str]:
+    items = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+        if not isinstance(row, dict) or sum(k in row for k in ("text", "prompt", "messages")) != 1:
+            raise ConfigError(f"{where}: give one object with exactly one of 'text', 'prompt' or 'messages'")
+        item_id = f"jsonl:{row.get('id', f'line{number}')}"
+        if "text" in row:
+            items.append(Item(item_id, "text", text=_string(row["text"], where, "text")))
+        elif "prompt" in row:
+            response = row.get("response")
+            items.append(Item(item_id, "prompt", text=_string(row["prompt"], where, "prompt"),
+                              response=None if response is None else _string(response, where, "response")))
+        else:
+            messages = _messages(row["messages"], where)
+            response = None
+            if messages[-1]["role"] == "assistant":
+                response = messages.pop()["content"]
+            if not messages:
+                raise ConfigError(f"{where}: 'messages' holds only an assistant message; give the prompt too")
+            items.append(Item(item_id, "chat", messages=tuple(messages), response=response))
+    if not items:
+        raise ConfigError(f"--data jsonl:{path} holds no lines")
+    return items, f"{path} sha256:{datasets.sha256_of(path)}"
+
+
+def _string(value, where: str, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: '{key}' must be a non-empty string")
+    return value
+
+
+def _messages(messages, where: str) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise ConfigError(f"{where}: 'messages' must be a non-empty list of role/content objects")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or set(m) != {"role", "content"} or m["role"] not in ROLES \
+                or not isinstance(m["content"], str):
+            raise ConfigError(f"{where}: messages[{i}] must be {{\"role\": one of {', '.join(ROLES)}, "
+                              "\"content\": str}}")
+    return [dict(m) for m in messages]
+
+
+_BUILDERS = {"code": _code, "code-prompts": _code_prompts, "toolcall": _toolcall, "humaneval": _humaneval}

@@ -1,0 +1,314 @@
+"""The online training loop of an EAGLE-3 head (`outrider train eagle3`).
+
+Per step: the next global batch of examples (train/data.py, a pure function of the seed), the
+frozen target's forward over this rank's share (train/target_pass.py), the head's training-time
+test unroll (`Eagle3Trainable.ttt`), AdamW (weight decay 0) under linear warmup then cosine decay,
+gradients clipped to `clip`. Under torchrun (RANK / WORLD_SIZE set) every rank runs the same loop
+on its contiguous share of each global batch (gloo); each rank's loss is weighted by its share of
+the step-0 rows and the gradients summed with all_reduce, so the update is the single-process one
+on the whole batch (exactly when each step's rows split the same way; see the report in issue 9).
+Rank 0 writes the log, checkpoints and the head.
+
+    OUT/train_log.jsonl    one line a step: step, tokens, loss, step_acc (per unrolled step), lr, elapsed_s
+    OUT/checkpoint/        every --checkpoint-every steps and at the end (train/checkpoint.py)
+    OUT/config.json + model.safetensors   the head, EAGLE layout (heads/eagle3_format.py loads it)
+    OUT/train_info.json    command, data, seed, tokens, time, final per-step acceptance
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..errors import ConfigError
+from . import checkpoint
+from .data import Encoder, Position, Stream, batches, load_corpus, parse_sources
+from .target_pass import target_pass
+from .vocab import check_draft_vocab, count_labels, draft_vocab, used_from_maps
+
+# arguments a resumed run must share with the run it continues (the batches depend on them)
+SAME_ON_RESUME = ("target", "data", "seq_len", "batch_size", "seed", "draft_vocab", "regenerate",
+                  "max_response_tokens", "ttt_steps", "decay", "vocab_tokens")
+
+
+@dataclass
+class TrainOptions:
+    target: str
+    data: str
+    out: str
+    steps: int | None = None
+    tokens: int | None = None
+    seq_len: int = 512
+    batch_size: int = 4
+    lr: float = 5e-4
+    warmup_steps: int | None = None  # None: 5% of the steps
+    clip: float = 0.5
+    ttt_steps: int = 7
+    decay: float = 0.8
+    draft_vocab: int = 8192
+    seed: int = 0
+    resume: bool = False
+    regenerate: bool = False
+    max_response_tokens: int = 256
+    checkpoint_every: int = 100
+    vocab_tokens: int = 2_000_000  # labels counted to choose the draft vocabulary
+    threads: int | None = None
+    device: str | None = None
+    progress: bool = True
+    command: list[str] = field(default_factory=list)
+
+    def check(self) -> "TrainOptions":
+        """One-line ConfigErrors for bad values, before anything is loaded."""
+        if self.steps is not None and self.tokens is not None:
+            raise ConfigError("give --steps or --tokens, not both")
+        if self.steps is None and self.tokens is None:
+            self.steps = 1000
+        positive = {"steps": self.steps, "tokens": self.tokens, "batch_size": self.batch_size,
+                    "ttt_steps": self.ttt_steps, "draft_vocab": self.draft_vocab, "threads": self.threads,
+                    "max_response_tokens": self.max_response_tokens, "checkpoint_every": self.checkpoint_every,
+                    "vocab_tokens": self.vocab_tokens}
+        for key, value in positive.items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
+        if not isinstance(self.seq_len, int) or self.seq_len < self.ttt_steps + 2:
+            raise ConfigError(f"--seq-len must be at least --ttt-steps + 2 = {self.ttt_steps + 2}, got {self.seq_len}")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise ConfigError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"--lr must be a positive number, got {self.lr}")
+        if not (self.clip > 0 and math.isfinite(self.clip)):
+            raise ConfigError(f"--clip must be a positive number, got {self.clip}")
+        if not 0 < self.decay <= 1:
+            raise ConfigError(f"--decay must be in (0, 1], got {self.decay}")
+        if self.seed < 0:
+            raise ConfigError(f"--seed must be >= 0, got {self.seed}")
+        parse_sources(self.data)
+        out = Path(self.out)
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--out {out} is a file; give a folder")
+        if self.resume and not checkpoint.exists(out):
+            raise ConfigError(f"--resume: {out} holds no checkpoint; run without --resume to start")
+        if not self.resume and out.is_dir() and any(out.iterdir()):
+            raise ConfigError(f"--out {out} is not empty; add --resume to continue its run, or give a new folder")
+        return self
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps or math.ceil(self.tokens / (self.batch_size * self.seq_len))
+
+    def lr_at(self, step: int) -> float:
+        """Linear warmup to lr over warmup_steps, then cosine decay to 0 at total_steps."""
+        total = self.total_steps
+        warmup = self.warmup_steps if self.warmup_steps is not None else max(1, total // 20)
+        if step < warmup:
+            return self.lr * (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return self.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+class _Dist:
+    """rank / world from torchrun's environment; gloo when more than one process."""
+
+    def __init__(self):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        if self.world > 1:
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                dist.init_process_group("gloo")
+            self.dist = dist
+
+    def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            self.dist.all_reduce(tensor)
+        return tensor
+
+    def close(self):
+        if self.world > 1 and self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+
+def train(options: TrainOptions, log=None) -> dict:
+    """Run (or resume) a training run; returns train_info (also written to OUT/train_info.json)."""
+    from ..engine import _load_tokenizer, eos_ids_of
+    from ..models.catalog import resolve_model
+    from ..models.config import ModelConfig
+    from ..models.loader import load_decoder, resolve_device
+    from .eagle3_model import Eagle3Trainable
+    from .regenerate import Regenerator
+
+    o = options.check()
+    dist = _Dist()
+    say = (log or (lambda msg: print(msg, file=sys.stderr))) if dist.rank == 0 else (lambda msg: None)
+    if o.batch_size % dist.world:
+        raise ConfigError(f"--batch-size {o.batch_size} must be a multiple of the {dist.world} torchrun processes")
+    if o.threads:
+        torch.set_num_threads(o.threads)
+    out = Path(o.out)
+    device = resolve_device(o.device or "cpu")
+    corpus = load_corpus(o.data, regenerate=o.regenerate,
+                         fixtures=Path(os.environ["OUTRIDER_BENCH_FIXTURES"]) if os.environ.get("OUTRIDER_BENCH_FIXTURES") else None)
+    path = resolve_model(o.target)
+    vocab_size = ModelConfig.load(path).vocab_size
+    check_draft_vocab(o.draft_vocab, vocab_size)
+    saved = checkpoint.load(out) if o.resume else None
+    if saved is not None:
+        before = saved.meta["options"]
+        changed = [k for k in SAME_ON_RESUME if before.get(k) != asdict(o).get(k)]
+        if changed:
+            raise ConfigError(f"--resume: {', '.join('--' + k.replace('_', '-') for k in changed)} differ from the "
+                              f"run in {out} ({', '.join(f'{before.get(k)!r}' for k in changed)}); use its values")
+    for line in corpus.sources:
+        say(f"data {line}")
+    if corpus.skipped:
+        say(f"data: skipped {corpus.skipped} items that carry no response (add --regenerate to train on them)")
+    target = load_decoder(path, device)
+    tokenizer = _load_tokenizer(path)
+    encoder = Encoder(tokenizer, o.seq_len)
+    out.mkdir(parents=True, exist_ok=True)
+    responder = None
+    if o.regenerate:
+        responder = Regenerator(target, encoder, eos_ids_of(path, tokenizer), o.max_response_tokens,
+                                out / "regenerated.jsonl", write=dist.rank == 0, log=say)
+    stream = Stream(corpus, encoder, o.seed, responder)
+
+    if saved is not None:
+        d2t = saved.model.get("d2t")
+        used = used_from_maps(d2t) if d2t is not None else torch.arange(vocab_size)
+    else:
+        used = _choose_vocab(stream, o, vocab_size, say)
+    model = Eagle3Trainable.for_target(target, used, seed=o.seed).to(device)
+    if saved is not None:
+        model.load_state_tensors({k: v.to(device) for k, v in saved.model.items()})
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=o.lr, weight_decay=0.0)
+    step, tokens_seen, position, elapsed0 = 0, 0, Position(), 0.0
+    if saved is not None:
+        optimizer.load_state_dict(saved.optim)
+        m = saved.meta
+        step, tokens_seen, position, elapsed0 = m["step"], m["tokens"], Position(*m["position"]), m["elapsed_s"]
+        say(f"resuming at step {step} ({tokens_seen} tokens seen)")
+    taps = model.taps(target.config.num_layers)
+    log_path = out / "train_log.jsonl"
+    if dist.rank == 0:
+        _trim_log(log_path, step)
+    bar = _progress(o, dist, step)
+    start = time.perf_counter()
+    last = {}
+    share = o.batch_size // dist.world
+    data = batches(stream, o.batch_size, position)
+    while step < o.total_steps and (o.tokens is None or tokens_seen < o.tokens):
+        position, examples = next(data)
+        mine = examples[dist.rank * share:(dist.rank + 1) * share]
+        for group in optimizer.param_groups:
+            group["lr"] = o.lr_at(step)
+        tb = target_pass(target, mine, taps, used)
+        model.train()
+        result = model.ttt(tb.features, tb.tokens, tb.draft_logits, tb.valid, steps=o.ttt_steps, decay=o.decay)
+        stats = dist.sum_(torch.tensor([result.rows, result.rows * float(result.loss.detach())]
+                                       + [result.rows * a for a in result.step_acc]
+                                       + [0.0] * (o.ttt_steps - len(result.step_acc)), dtype=torch.float64))
+        total_rows = float(stats[0])
+        if result.loss.requires_grad and result.rows > 0:
+            (result.loss * (result.rows / total_rows)).backward()
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.sum_(p.grad)
+        torch.nn.utils.clip_grad_norm_(params, o.clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        tokens_seen += sum(len(e.tokens) for e in examples)
+        elapsed = elapsed0 + time.perf_counter() - start
+        denom = max(total_rows, 1.0)
+        last = {"step": step, "tokens": tokens_seen, "loss": float(stats[1]) / denom,
+                "step_acc": [round(float(a) / denom, 5) for a in stats[2:]], "lr": o.lr_at(step - 1),
+                "elapsed_s": round(elapsed, 3), "rows": int(total_rows)}
+        if dist.rank == 0:
+            with open(log_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(last) + "\n")
+            if bar is not None:
+                rate = (tokens_seen - (m["tokens"] if saved else 0)) / max(1e-9, time.perf_counter() - start)
+                bar.set_postfix_str(f"loss {last['loss']:.3f} " + " ".join(
+                    f"acc{k} {a:.2f}" for k, a in enumerate(last["step_acc"][:4])) + f" {rate:.0f} tok/s")
+                bar.update(1)
+            if step % o.checkpoint_every == 0:
+                _checkpoint(out, o, model, optimizer, step, tokens_seen, position, elapsed)
+    if bar is not None:
+        bar.close()
+    info = {}
+    if dist.rank == 0:
+        elapsed = last.get("elapsed_s", elapsed0)
+        _checkpoint(out, o, model, optimizer, step, tokens_seen, position, elapsed)
+        info = _export(out, o, model, corpus, step, tokens_seen, elapsed, last)
+        say(f"head written to {out} ({step} steps, {tokens_seen} tokens, {elapsed:.0f} s)")
+    dist.close()
+    return info
+
+
+def _choose_vocab(stream: Stream, o: TrainOptions, vocab_size: int, say) -> torch.Tensor:
+    """Top draft_vocab ids by label count over the first labels of the stream (vocab.py)."""
+    if o.draft_vocab == vocab_size:
+        return torch.arange(vocab_size)
+    budget = min(o.vocab_tokens, o.total_steps * o.batch_size * o.seq_len if o.tokens is None else o.tokens)
+    chosen, labels = [], 0
+    for _, example in stream.examples():
+        chosen.append(example)
+        labels += sum(example.mask)
+        if labels >= budget:
+            break
+    counts = count_labels(chosen, vocab_size)
+    used = draft_vocab(counts, o.draft_vocab)
+    covered = float(counts[used].sum()) / max(1, int(counts.sum()))
+    say(f"draft vocabulary: {o.draft_vocab} of {vocab_size} ids, covering {covered:.1%} of {labels} labels")
+    return used
+
+
+def _checkpoint(out, o, model, optimizer, step, tokens, position, elapsed) -> None:
+    meta = {"step": step, "tokens": tokens, "position": position.to_json(), "elapsed_s": elapsed, "seed": o.seed,
+            "options": {k: v for k, v in asdict(o).items() if k != "command"}, "command": o.command,
+            "config": model.export_config()}
+    checkpoint.save(out, meta, model.state_tensors(), optimizer)
+
+
+def _export(out: Path, o: TrainOptions, model, corpus, step, tokens, elapsed, last) -> dict:
+    """The head in the EAGLE layout (config.json + model.safetensors) and train_info.json."""
+    from safetensors.torch import save_file
+
+    for name, write in (("config.json", lambda p: p.write_text(json.dumps(model.export_config(), indent=1))),
+                        ("model.safetensors", lambda p: save_file(
+                            {k: v.cpu().contiguous() for k, v in model.state_tensors().items()}, str(p)))):
+        tmp = out / (name + ".tmp")
+        write(tmp)
+        os.replace(tmp, out / name)
+    info = {"command": o.command, "target": o.target, "data": corpus.sources, "skipped_items": corpus.skipped,
+            "seed": o.seed, "steps": step, "tokens": tokens, "time_s": round(elapsed, 1),
+            "final_loss": last.get("loss"), "final_step_acc": last.get("step_acc"),
+            "options": {k: v for k, v in asdict(o).items() if k != "command"}}
+    (out / "train_info.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+def _trim_log(path: Path, step: int) -> None:
+    """Keep the log lines of steps up to `step` (a resumed run rewrites what came after its checkpoint)."""
+    if not path.is_file():
+        return
+    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in keep))
+
+
+def _progress(o: TrainOptions, dist: _Dist, step: int):
+    if dist.rank != 0 or not o.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=o.total_steps, initial=step, unit="step", dynamic_ncols=True, file=sys.stderr)
