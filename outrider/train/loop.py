@@ -136,8 +136,12 @@ class _Dist:
             self.dist.destroy_process_group()
 
 
-def train(options: TrainOptions, log=None) -> dict:
-    """Run (or resume) a training run; returns train_info (also written to OUT/train_info.json)."""
+def train(options: TrainOptions, log=None, on_step=None) -> dict:
+    """Run (or resume) a training run; returns train_info (also written to OUT/train_info.json).
+
+    log(message): progress lines (default: stderr, rank 0 only). on_step(record): called after
+    each step (and its checkpoint) with the log record; an exception it raises stops the run there,
+    as an interruption would."""
     from ..engine import _load_tokenizer, eos_ids_of
     from ..models.catalog import resolve_model
     from ..models.config import ModelConfig
@@ -243,6 +247,8 @@ def train(options: TrainOptions, log=None) -> dict:
                 bar.update(1)
             if step % o.checkpoint_every == 0:
                 _checkpoint(out, o, model, optimizer, step, tokens_seen, position, elapsed)
+        if on_step is not None:
+            on_step(last)
     if bar is not None:
         bar.close()
     info = {}

@@ -1,0 +1,240 @@
+"""`outrider train eagle3` (issue 9, item 3) on a tiny random target and word-level tokenizer:
+training lowers the loss on a fixed batch; a resumed run ends with the same tensors as an
+uninterrupted one; the exported head loads (heads/eagle3_format.py) and drafts with greedy
+speculative == autoregressive; the vocabulary maps invert; data sources tokenize with the right
+loss masks, skip test suites and code-edit modules, and keep a seeded order a position can resume;
+bad arguments are one-line errors before any loading; two torchrun processes (gloo) match one."""
+
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tiny import add_tokenizer, make_tiny
+
+from outrider.cli import main
+from outrider.errors import ConfigError
+from outrider.heads.eagle3_format import draft_to_target, load_eagle3
+from outrider.models.loader import load_decoder
+from outrider.train import data
+from outrider.train.loop import TrainOptions, train
+from outrider.train.vocab import count_labels, draft_vocab, vocab_maps
+
+SEQ = 24  # words per text item = tokens (word-level tokenizer)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Path:
+    folder = make_tiny("llama", tmp_path_factory.mktemp("train") / "t", vocab=96, layers=4)
+    return add_tokenizer(folder)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def words(rng: random.Random, n: int) -> str:
+    return " ".join(f"w{rng.randrange(3, 40)}" for _ in range(n))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """16 raw texts of exactly SEQ tokens, plus chat items with and without responses."""
+    rng = random.Random(0)
+    rows = [{"text": words(rng, SEQ)} for _ in range(16)]
+    rows += [{"messages": [{"role": "user", "content": words(rng, 5)},
+                           {"role": "assistant", "content": words(rng, 6)}]} for _ in range(2)]
+    rows += [{"messages": [{"role": "user", "content": words(rng, 5)}]}]  # no response: skipped
+    return write_jsonl(tmp_path_factory.mktemp("data") / "train.jsonl", rows)
+
+
+def options(target, corpus, out, **kw) -> TrainOptions:
+    base = dict(target=str(target), data=f"jsonl:{corpus}", out=str(out), steps=4, seq_len=SEQ, batch_size=2,
+                ttt_steps=3, draft_vocab=48, checkpoint_every=2, progress=False, threads=1)
+    base.update(kw)
+    return TrainOptions(**base)
+
+
+def log_of(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+def test_loss_falls_on_a_fixed_batch(target, tmp_path):
+    one = write_jsonl(tmp_path / "one.jsonl", [{"text": words(random.Random(5), SEQ)}])
+    train(options(target, one, tmp_path / "out", steps=8, lr=3e-3, warmup_steps=0, ttt_steps=2), log=lambda m: None)
+    log = log_of(tmp_path / "out")
+    assert [r["step"] for r in log] == list(range(1, 9)) and log[-1]["tokens"] == 8 * 2 * SEQ
+    assert log[-1]["loss"] < log[0]["loss"] - 0.5, [r["loss"] for r in log]  # soft CE: the floor is the target's entropy
+
+
+def test_resume_matches_an_uninterrupted_run(target, corpus, tmp_path):
+    whole = tmp_path / "whole"
+    train(options(target, corpus, whole), log=lambda m: None)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_3(record):
+        if record["step"] == 3:  # after the step-2 checkpoint, in the middle of step 3's work
+            raise Stop
+
+    cut = tmp_path / "cut"
+    with pytest.raises(Stop):
+        train(options(target, corpus, cut), log=lambda m: None, on_step=stop_at_3)
+    assert json.loads((cut / "checkpoint" / "state.json").read_text())["step"] == 2
+    train(options(target, corpus, cut, resume=True), log=lambda m: None)
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(cut / "model.safetensors"))
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["loss"] for r in log_of(whole)] == [r["loss"] for r in log_of(cut)]
+    # the optimizer state continued too (a fresh AdamW would give other tensors): checked by equality above
+    info = json.loads((cut / "train_info.json").read_text())
+    assert info["steps"] == 4 and info["final_step_acc"] == log_of(whole)[-1]["step_acc"]
+
+
+def test_same_seed_reproduces_other_seed_differs(target, corpus, tmp_path):
+    runs = {}
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        train(options(target, corpus, tmp_path / name, steps=2, seed=seed), log=lambda m: None)
+        runs[name] = load_file(str(tmp_path / name / "model.safetensors"))
+    assert all(torch.equal(runs["a"][k], runs["b"][k]) for k in runs["a"])
+    assert not torch.equal(runs["a"]["fc.weight"], runs["c"]["fc.weight"])
+
+
+def test_export_loads_and_drafts_losslessly(target, corpus, tmp_path):
+    from outrider.engine import LLM
+
+    out = tmp_path / "head"
+    train(options(target, corpus, out, steps=2), log=lambda m: None)
+    head = load_eagle3(out, load_decoder(target, "cpu"))
+    assert head.config.draft_vocab_size == 48 and head.w.draft_to_target.shape == (48,)
+    prompts = [words(random.Random(i), 6) for i in range(3)]
+    plain = LLM(str(target)).generate(prompts, 12)
+    spec = LLM(str(target), drafter=f"eagle3:{out}", controller="fixed:3").generate(prompts, 12)
+    assert [c.token_ids for c in spec] == [c.token_ids for c in plain]
+    assert sum(c.stats["drafted"] for c in spec) > 0  # the head really drafted
+
+
+def test_vocab_maps_invert():
+    counts = torch.tensor([0, 2, 0, 0, 3, 1])  # the docstring's example
+    used = draft_vocab(counts, 3)
+    assert used.tolist() == [1, 4, 5]
+    assert draft_vocab(torch.tensor([1, 1, 1, 1]), 2).tolist() == [0, 1]  # ties: smaller ids
+    d2t, t2d = vocab_maps(used, 6)
+    assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool
+    assert d2t.tolist() == [1, 3, 3] and t2d.tolist() == [False, True, False, False, True, True]
+    assert torch.equal(draft_to_target(d2t, t2d), used)
+    ex = [data.Example([4, 4, 1, 4, 1, 5], [True] * 6), data.Example([2, 2], [False, False])]
+    assert count_labels(ex, 6).tolist() == [0, 2, 0, 0, 3, 1]
+    with pytest.raises(ConfigError, match="--draft-vocab"):
+        draft_vocab(counts, 7)
+    with pytest.raises(ConfigError, match="--draft-vocab"):
+        draft_vocab(counts, 0)
+
+
+def test_examples_masks_and_order(target, corpus):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(target))
+    c = data.load_corpus(f"jsonl:{corpus}", regenerate=False)
+    assert c.skipped == 1 and len(c.items) == 18
+    enc = data.Encoder(tok, 10)
+    text = next(i for i in c.items if i.kind == "text")
+    chunks = enc.examples(text)
+    assert [len(e.tokens) for e in chunks] == [10, 10, 4] and all(all(e.mask) for e in chunks)
+    chat = next(i for i in c.items if i.kind == "chat")
+    (ex,) = data.Encoder(tok, 64).examples(chat)
+    prompt = enc.prompt_ids(chat)
+    assert ex.mask == [False] * len(prompt) + [True] * (len(ex.tokens) - len(prompt))
+    assert tok.decode(ex.tokens[len(prompt):]).split()[:6] == chat.response.split()  # then <|im_end|>
+    assert ex.tokens[len(prompt) + 6] == tok.convert_tokens_to_ids("<|im_end|>")  # the template's end of turn
+    # order: a pure function of the seed; a position resumes the same stream
+    def take(stream, n, start=data.Position()):
+        return [(after, e.tokens) for (after, e), _ in zip(stream.examples(start), range(n))]
+
+    first = take(data.Stream(c, enc, seed=3), 60)  # into epoch 2 (16 texts x 3 chunks + 2 chats = 50)
+    assert take(data.Stream(c, enc, seed=3), 60) == first
+    assert take(data.Stream(c, enc, seed=3), 48, start=first[11][0]) == first[12:60]
+    assert [t for _, t in first[:50]] != [t for _, t in first[50:]][:50]  # epoch 2 has its own order
+    assert [t for _, t in take(data.Stream(c, enc, seed=4), 60)] != [t for _, t in first]
+
+
+def test_code_source_leaves_out_tests_and_code_edit_modules(tmp_path):
+    for name in ("argparse.py", "foo.py", "test/bar.py", "json/decoder.py", "json/__init__.py",
+                 "pkg/tests/baz.py", "test_x.py", "site-packages/q.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("def f(a, b=1):\n    '''Add one.'''\n    return a\n")
+    files = sorted(str(p.relative_to(tmp_path)) for p in data.stdlib_files(tmp_path))
+    assert files == ["foo.py", "json/__init__.py"]
+    c = data.load_corpus("code-prompts", regenerate=True, stdlib=tmp_path)
+    assert [i.id for i in c.items] == ["code-prompts:foo:f", "code-prompts:json:f"]
+    assert "`f(a, b=1)`" in c.items[0].messages[0]["content"]
+    with pytest.raises(ConfigError, match="--regenerate"):
+        data.load_corpus("code-prompts", regenerate=False, stdlib=tmp_path)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "2", "--tokens", "5"], "--steps or --tokens"),
+    (["--steps", "0"], "--steps must be a positive integer"),
+    (["--seq-len", "4"], "--seq-len must be at least"),
+    (["--draft-vocab", "500"], "--draft-vocab must be between 1 and the target's vocabulary size 96"),
+    (["--data", "prose"], "unknown --data source 'prose'"),
+    (["--data", "jsonl:/nonexistent.jsonl"], "no such file"),
+    (["--resume"], "holds no checkpoint"),
+    (["--lr", "-1"], "--lr must be a positive number"),
+    (["--batch-size", "0"], "--batch-size must be a positive integer"),
+])
+def test_bad_arguments_are_one_line_errors(target, corpus, tmp_path, capsys, argv, message):
+    out = tmp_path / "out"
+    args = ["train", "eagle3", "--target", str(target), "--data", f"jsonl:{corpus}", "--out", str(out), *argv]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err, err
+    assert not (out / "train_log.jsonl").exists()
+
+
+def test_nonempty_out_refused(target, corpus, tmp_path, capsys):
+    (tmp_path / "junk").write_text("x")
+    assert main(["train", "eagle3", "--target", str(target), "--data", f"jsonl:{corpus}",
+                 "--out", str(tmp_path)]) == 2
+    assert "not empty" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_two_processes_match_one(target, corpus, tmp_path):
+    """Global batch 4 split 2 + 2 over two gloo processes == one process on the batch of 4.
+    Every text is SEQ tokens and Vd = V, so both halves have the same rows at every step."""
+    texts = write_jsonl(tmp_path / "texts.jsonl", [json.loads(line) for line in corpus.read_text().splitlines()
+                                                   if "text" in line])
+    args = ["train", "eagle3", "--target", str(target), "--data", f"jsonl:{texts}", "--steps", "3",
+            "--seq-len", str(SEQ), "--batch-size", "4", "--ttt-steps", "3", "--draft-vocab", "96",
+            "--no-progress", "--threads", "1"]
+    one = tmp_path / "one"
+    assert main(args + ["--out", str(one)]) == 0
+    two = tmp_path / "two"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parents[1]))
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+                          "-m", "outrider.cli", *args, "--out", str(two)],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    a, b = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=k)
+    la, lb = log_of(one), log_of(two)
+    assert [r["tokens"] for r in la] == [r["tokens"] for r in lb]
+    assert [r["loss"] for r in lb] == pytest.approx([r["loss"] for r in la], rel=1e-4)
+    shutil.rmtree(two)
