@@ -129,6 +129,9 @@ def _parser() -> argparse.ArgumentParser:
     from .train.cli import add_parser as add_train_parser
 
     add_train_parser(sub)  # outrider train eagle3 ...
+    from .heads.cli import add_parsers as add_head_parsers
+
+    add_head_parsers(sub)  # outrider export eagle3 ..., outrider check-head ...
     return parser
 
 
@@ -227,13 +230,15 @@ def _serve(args) -> int:
 
 
 def _models_list(args) -> int:
+    from .heads.catalog import drafters_for
     from .models.catalog import list_models
 
     rows = list_models()
-    header = ("name", "params", "size", "licence", "present")
+    header = ("name", "params", "size", "licence", "present", "drafters")
     present = {"pulled": "yes", "not pulled": "no"}
     table = [header] + [(r["name"], str(r["params"]), str(r["size"]), str(r["licence"]),
-                         present.get(r["state"], f"damaged: run outrider models pull {r['name']}"))
+                         present.get(r["state"], f"damaged: run outrider models pull {r['name']}"),
+                         " ".join(drafters_for(r["name"])) or "-")  # shipped heads (heads/catalog.py)
                         for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:

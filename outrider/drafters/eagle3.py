@@ -1,6 +1,7 @@
-"""`--drafter eagle3:PATH`: an EAGLE-3 head (heads/eagle3.py) drafts from the target's own features.
+"""`--drafter eagle3:PATH_OR_NAME`: an EAGLE-3 head (heads/eagle3.py) drafts from the target's own features.
 
-PATH is a head folder (config.json + model.safetensors, heads/eagle3_format.py). The head reads
+PATH is a head folder (config.json + model.safetensors, heads/eagle3_format.py), in the EAGLE or
+the speculators layout; NAME a head shipped for that target (heads/catalog.py). The head reads
 three target layers; the drafter declares them as `needs_hidden` (in our tap convention, converted
 from the head's), so the target's verify forward of each round returns them at no extra pass and
 the speculator hands over each sequence's rows of the accepted path; the prompt's come from the
@@ -33,6 +34,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
+from ..heads.catalog import resolve_head
 from ..heads.eagle3 import Eagle3Head
 from ..heads.eagle3_format import load_eagle3, misfit, read_config
 from ..kv import KVCache
@@ -217,9 +219,11 @@ class Eagle3Drafter:
 
 # -- registration ---------------------------------------------------------------------------------
 def parse_argument(text: str) -> str:
+    """A head folder, or a shipped head by its target's catalog name (heads/catalog.py)."""
     if not text:
-        raise ConfigError("eagle3:PATH needs the folder of an EAGLE-3 head (config.json + model.safetensors)")
-    return text
+        raise ConfigError("eagle3:PATH needs the folder of an EAGLE-3 head (config.json + model.safetensors) "
+                          "or the name of a shipped head")
+    return str(resolve_head(text))
 
 
 def check_fits(path: str, target_config, target_path: Path) -> str | None:
@@ -231,5 +235,5 @@ def build(path: str, shape: TreeShape, target, target_path: Path) -> Eagle3Draft
     return Eagle3Drafter(head, shape, head.config.taps(target.config.num_layers), name=f"eagle3:{path}")
 
 
-register(DrafterEntry("eagle3", "eagle3:PATH", Capabilities(trees=TREES), build=build,
+register(DrafterEntry("eagle3", "eagle3:PATH_OR_NAME", Capabilities(trees=TREES), build=build,
                       parse_argument=parse_argument, check_fits=check_fits))

@@ -17,8 +17,16 @@ and `model.safetensors` (never pickles):
 
 `layers.0.` is accepted for `midlayer.`. Layer ids: "vllm" semantics (the default, EAGLE's and
 vLLM's) index Hugging Face hidden_states, the residual entering layer l; "sglang" (SpecForge,
-SGLang) count the output of layer l; without ids the head reads 2, N//2, N-3 ("vllm").
-Every problem is a one-line ModelError naming the folder and saying what to do.
+SGLang) count the output of layer l; without ids the head reads 2, N//2, N-3 ("vllm"). vLLM reads
+top-level `eagle_aux_hidden_state_layer_ids` first (semantics from a top-level
+`eagle_aux_layer_semantics`), SGLang the ones in `eagle_config` (adding 1): we read eagle_config's
+(with its `eagle_aux_layer_semantics`, default "vllm"), else the top-level ones, and refuse a
+config whose two lists name different target layers.
+
+A config.json with `speculators_model_type` is the vllm-project/speculators layout
+(heads/eagle3_speculators.py): sizes in `transformer_layer_config`, ids with vllm semantics,
+tensors under `layers.0.`. Every problem is a one-line ModelError naming the folder and saying
+what to do.
 """
 
 from __future__ import annotations
@@ -31,34 +39,48 @@ from safetensors import SafetensorError, safe_open
 
 from ..errors import ModelError
 from .eagle3 import CONVENTIONS, Eagle3Config, Eagle3Head, Eagle3Weights
+from .eagle3_speculators import config_from_speculators, runtime_problems, schema_problems
 
 WEIGHTS = "model.safetensors"
 
 
-def read_config(folder: str | Path) -> Eagle3Config:
-    """The head's config.json, checked field by field (no weights read)."""
-    folder = Path(folder)
-    path = folder / "config.json"
+def read_raw(folder: str | Path) -> dict:
+    """The head's config.json as a dict (ModelError when absent or not JSON)."""
+    path = Path(folder) / "config.json"
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
         raise ModelError(f"{path} not found: an EAGLE-3 head is a folder with config.json and {WEIGHTS}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ModelError(f"{path} is not valid JSON ({err}); re-export the head") from None
+    if not isinstance(raw, dict):
+        raise ModelError(f"{path} holds no JSON object; re-export the head")
+    return raw
+
+
+def layout(raw: dict) -> str:
+    """"speculators" (vllm-project/speculators) or "eagle" (EAGLE / SpecForge)."""
+    return "speculators" if "speculators_model_type" in raw else "eagle"
+
+
+def read_config(folder: str | Path) -> Eagle3Config:
+    """The head's config.json, checked field by field (no weights read), in either layout."""
+    path = Path(folder) / "config.json"
+    raw = read_raw(folder)
+    if layout(raw) == "speculators":
+        problems = schema_problems(raw) + runtime_problems(raw)
+        if problems:
+            raise ModelError(f"{path} (speculators layout): {problems[0]}; re-export the head")
+        return config_from_speculators(raw)
     archs = raw.get("architectures") or []
     if not any("eagle3" in str(a).lower() for a in archs):
         raise ModelError(f"{path}: architectures {archs} name no EAGLE-3 head (expected LlamaForCausalLMEagle3); "
                          "point --drafter eagle3: at an EAGLE-3 head folder")
-    eagle = raw.get("eagle_config") or {}
-    ids = eagle.get("eagle_aux_hidden_state_layer_ids", raw.get("eagle_aux_hidden_state_layer_ids"))
-    convention = eagle.get("eagle_aux_layer_semantics", "vllm")
-    if convention not in CONVENTIONS:
-        raise ModelError(f"{path}: eagle_aux_layer_semantics {convention!r} is unknown; use one of {CONVENTIONS}")
+    ids, convention = _layer_ids(raw, path)
     try:
         hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
         vocab = int(raw["vocab_size"])
-        if ids is not None and (len(ids) != 3 or not all(isinstance(i, int) for i in ids)):
-            raise ModelError(f"{path}: eagle_aux_hidden_state_layer_ids must be three integers, got {ids!r}")
+        rope = raw.get("rope_parameters") or {}
         return Eagle3Config(
             hidden_size=hidden,
             target_hidden_size=int(raw.get("target_hidden_size") or hidden),
@@ -69,15 +91,40 @@ def read_config(folder: str | Path) -> Eagle3Config:
             head_dim=int(raw.get("head_dim") or hidden // heads),
             intermediate_size=int(raw["intermediate_size"]),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(raw.get("rope_theta", 10000.0)),
+            rope_theta=float(raw.get("rope_theta", rope.get("rope_theta", 10000.0))),
             norm_before_residual=bool(raw.get("norm_before_residual", False)),
-            layer_ids=None if ids is None else tuple(ids),
+            layer_ids=ids,
             layer_convention=convention,
         )
     except KeyError as missing:
         raise ModelError(f"{path}: missing field {missing}; is this an EAGLE-3 head's config.json?") from None
     except (TypeError, ValueError) as err:
         raise ModelError(f"{path}: a field has the wrong type ({err}); re-export the head") from None
+
+
+def _layer_ids(raw: dict, path: Path) -> tuple[tuple[int, ...] | None, str]:
+    """(ids, convention) of an EAGLE-layout config: eagle_config's, else the top-level ones."""
+    eagle = raw.get("eagle_config") or {}
+    found = []
+    for where, holder in (("eagle_config.", eagle), ("", raw)):
+        ids = holder.get("eagle_aux_hidden_state_layer_ids")
+        convention = holder.get("eagle_aux_layer_semantics", "vllm")
+        if convention not in CONVENTIONS:
+            raise ModelError(f"{path}: {where}eagle_aux_layer_semantics {convention!r} is unknown; "
+                             f"use one of {CONVENTIONS}")
+        if ids is None:
+            continue
+        if not isinstance(ids, list) or len(ids) != 3 or not all(type(i) is int for i in ids):
+            raise ModelError(f"{path}: {where}eagle_aux_hidden_state_layer_ids must be three integers, got {ids!r}")
+        found.append((tuple(ids), convention, where))
+    if len(found) == 2:
+        (a, ca, _), (b, cb, _) = found
+        as_taps = lambda ids, c: tuple(i + 1 for i in ids) if c == "sglang" else ids  # as Eagle3Config.taps  # noqa: E731
+        if as_taps(a, ca) != as_taps(b, cb):
+            raise ModelError(f"{path}: eagle_config.eagle_aux_hidden_state_layer_ids {list(a)} ({ca}) and the "
+                             f"top-level {list(b)} ({cb}) name different target layers (SGLang reads the first, "
+                             "vLLM the second); re-export the head")
+    return (found[0][0], found[0][1]) if found else (None, "vllm")
 
 
 def misfit(config: Eagle3Config, target_config, has_embed: bool = False, has_lm_head: bool = True) -> str | None:
@@ -111,28 +158,11 @@ def load_eagle3(folder: str | Path, target) -> Eagle3Head:
     config = read_config(folder)
     tensors = _open(folder)
     names = set(tensors.keys())
-    prefix = "midlayer." if any(n.startswith("midlayer.") for n in names) else "layers.0."
+    prefix = layer_prefix(names)
     reason = misfit(config, target.config, "embed_tokens.weight" in names, "lm_head.weight" in names)
     if reason:
         raise ModelError(f"EAGLE-3 head {folder}: {reason}")
-    c = config
-    H, Ht, D, I = c.hidden_size, c.target_hidden_size, c.head_dim, c.intermediate_size
-    expected = {
-        "fc.weight": (H, 3 * Ht),
-        prefix + "input_layernorm.weight": (H,), prefix + "hidden_norm.weight": (H,),
-        prefix + "post_attention_layernorm.weight": (H,),
-        prefix + "self_attn.q_proj.weight": (c.num_heads * D, 2 * H),
-        prefix + "self_attn.k_proj.weight": (c.num_kv_heads * D, 2 * H),
-        prefix + "self_attn.v_proj.weight": (c.num_kv_heads * D, 2 * H),
-        prefix + "self_attn.o_proj.weight": (H, c.num_heads * D),
-        prefix + "mlp.gate_proj.weight": (I, H), prefix + "mlp.up_proj.weight": (I, H),
-        prefix + "mlp.down_proj.weight": (H, I),
-        "norm.weight": (H,),
-    }
-    optional = {"lm_head.weight": (c.draft_vocab_size, H), "embed_tokens.weight": (c.vocab_size, H)}
-    maps_needed = c.draft_vocab_size < c.vocab_size
-    if maps_needed:
-        expected.update({"d2t": (c.draft_vocab_size,), "t2d": (c.vocab_size,)})
+    expected, optional = expected_shapes(config, prefix)
     missing = [n for n in expected if n not in names]
     if missing:
         raise ModelError(f"EAGLE-3 head {folder}: {WEIGHTS} lacks tensor(s) {', '.join(missing)}; "
@@ -142,6 +172,7 @@ def load_eagle3(folder: str | Path, target) -> Eagle3Head:
         if got != shape:
             raise ModelError(f"EAGLE-3 head {folder}: tensor {name} has shape {list(got)} but its config.json "
                              f"says {list(shape)}; the config and the weights disagree: re-export the head")
+    maps_needed = "d2t" in expected
     device, dtype = target.device, target.dtype
     get = lambda name: _read(tensors, folder, name).to(device=device, dtype=dtype)  # noqa: E731
     attn, mlp = prefix + "self_attn.", prefix + "mlp."
@@ -163,6 +194,44 @@ def load_eagle3(folder: str | Path, target) -> Eagle3Head:
         weights.draft_to_target = draft_to_target(_read(tensors, folder, "d2t"), _read(tensors, folder, "t2d"),
                                                   str(folder)).to(device)
     return Eagle3Head(config, weights)
+
+
+def expected_shapes(c: Eagle3Config, prefix: str = "midlayer.") -> tuple[dict, dict]:
+    """(required, optional): tensor name -> shape that config `c` implies; d2t/t2d are required
+    when Vd < V, lm_head and embed_tokens are optional (else the target's)."""
+    H, Ht, D, I = c.hidden_size, c.target_hidden_size, c.head_dim, c.intermediate_size
+    required = {
+        "fc.weight": (H, 3 * Ht),
+        prefix + "input_layernorm.weight": (H,), prefix + "hidden_norm.weight": (H,),
+        prefix + "post_attention_layernorm.weight": (H,),
+        prefix + "self_attn.q_proj.weight": (c.num_heads * D, 2 * H),
+        prefix + "self_attn.k_proj.weight": (c.num_kv_heads * D, 2 * H),
+        prefix + "self_attn.v_proj.weight": (c.num_kv_heads * D, 2 * H),
+        prefix + "self_attn.o_proj.weight": (H, c.num_heads * D),
+        prefix + "mlp.gate_proj.weight": (I, H), prefix + "mlp.up_proj.weight": (I, H),
+        prefix + "mlp.down_proj.weight": (H, I),
+        "norm.weight": (H,),
+    }
+    if c.draft_vocab_size < c.vocab_size:
+        required.update({"d2t": (c.draft_vocab_size,), "t2d": (c.vocab_size,)})
+    optional = {"lm_head.weight": (c.draft_vocab_size, H), "embed_tokens.weight": (c.vocab_size, H)}
+    return required, optional
+
+
+def layer_prefix(names) -> str:
+    """"midlayer." (EAGLE, SpecForge) or "layers.0." (speculators): the decoder layer's names."""
+    return "midlayer." if any(n.startswith("midlayer.") for n in names) else "layers.0."
+
+
+def read_tensors(folder: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the head's model.safetensors exactly as stored (dtype and bits), on the
+    CPU, with `layers.0.` named `midlayer.` (one naming for both layouts)."""
+    folder = Path(folder)
+    tensors = _open(folder)
+    names = list(tensors.keys())
+    prefix = layer_prefix(names)
+    return {("midlayer." + n[len(prefix):] if n.startswith(prefix) else n): _read(tensors, folder, n)
+            for n in names}
 
 
 def draft_to_target(d2t: torch.Tensor, t2d: torch.Tensor, where: str = "the head") -> torch.Tensor:

@@ -1,0 +1,99 @@
+"""`outrider export eagle3 ...` and `outrider check-head ...`: the sub-commands of learned heads.
+
+outrider/cli.py registers them with `add_parsers(sub)`; each `run_*` returns the exit status.
+
+    outrider export eagle3 HEAD --format eagle|speculators --out DIR [--target NAME] [--dtype bf16]
+    outrider check-head DIR [--target NAME_OR_PATH]
+
+HEAD is a head folder or a shipped head's name (heads/catalog.py). --target defaults to the
+shipped head's target, else to the target recorded in the head's outrider_golden.json.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def add_parsers(sub) -> None:
+    export = sub.add_parser("export", help="write a learned head in the layouts vLLM and SGLang load")
+    kinds = export.add_subparsers(dest="export_kind", required=True)
+    e3 = kinds.add_parser("eagle3", help="an EAGLE-3 head: config.json + model.safetensors + golden tau")
+    e3.add_argument("head", help="head folder, or the name of a shipped head (its target's catalog name)")
+    e3.add_argument("--format", required=True, help="eagle (EAGLE / SpecForge: vLLM and SGLang) or speculators "
+                    "(vllm-project/speculators: vLLM)")
+    e3.add_argument("--out", required=True, help="output folder, new or empty")
+    e3.add_argument("--target", default=None, help="catalog name or folder of the target (default: the shipped "
+                    "head's target, else the one in the head's outrider_golden.json)")
+    e3.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 for the float tensors (default: as stored)")
+    e3.add_argument("--depth", type=int, default=4,
+                    help="drafts per round: the golden run's chain and speculators' speculative_tokens (default 4)")
+    e3.add_argument("--max-new-tokens", type=int, default=32, help="tokens per golden prompt (default 32)")
+    e3.add_argument("--device", default="cpu", help="where the golden tau is measured (default cpu)")
+    e3.add_argument("--verifier", default=None, help="speculators verifier name_or_path (default: the target's "
+                    "Hugging Face id for catalog targets, else --target)")
+    e3.set_defaults(run=run_export)
+
+    check = sub.add_parser("check-head", help="check an EAGLE-3 head folder: config, tensors, vocab map, "
+                           "layer ids, golden tau")
+    check.add_argument("dir", help="the head folder (or a shipped head's name)")
+    check.add_argument("--target", default=None, help="catalog name or folder (default: the one recorded in "
+                       "outrider_golden.json)")
+    check.add_argument("--device", default=None, help="where to re-measure the golden tau (default: as recorded)")
+    check.add_argument("--no-golden", action="store_true", help="skip re-measuring the golden tau")
+    check.set_defaults(run=run_check)
+
+
+def _target_for(head: Path, given: str | None, name: str) -> str:
+    from ..errors import ConfigError
+    from .catalog import shipped_heads
+    from .eagle3_golden import read_golden
+
+    if given:
+        return given
+    if shipped_heads().get(name) == head:
+        return name
+    try:
+        golden = read_golden(head)
+    except (ValueError, OSError):
+        golden = None
+    if golden and golden["target"].get("name"):
+        return golden["target"]["name"]
+    raise ConfigError(f"{head} records no target (no outrider_golden.json): pass --target NAME_OR_PATH")
+
+
+def run_export(args) -> int:
+    from .catalog import resolve_head
+    from .eagle3_export import check_out, export_eagle3
+    from .eagle3_golden import GoldenSettings
+
+    check_out(args.out)  # before anything is read
+    head = resolve_head(args.head)
+    target = _target_for(head, args.target, args.head)
+    if args.depth < 1:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"--depth must be a positive integer, got {args.depth}")
+    settings = GoldenSettings(depth=args.depth, max_new_tokens=args.max_new_tokens, device=args.device)
+    out = export_eagle3(head, args.out, args.format, target, dtype=args.dtype, verifier=args.verifier,
+                        settings=settings, log=lambda msg: print(msg, file=sys.stderr))
+    from .eagle3_golden import read_golden
+
+    golden = read_golden(out)
+    print(f"wrote {out} ({args.format} layout) for {target}; golden tau {golden['tau']:.3f} "
+          f"over {len(golden['prompts'])} prompts")
+    return 0
+
+
+def run_check(args) -> int:
+    from .catalog import resolve_head
+    from .eagle3_check import check_head
+
+    head = resolve_head(args.dir)
+    target = _target_for(head, args.target, args.dir)
+    checks = check_head(head, target, device=args.device, golden=not args.no_golden)
+    for c in checks:
+        print(c.line())
+    failed = [c for c in checks if c.status == "FAIL"]
+    print(f"{len(failed)} check(s) failed" if failed else f"{head}: conforms ({target})")
+    return 1 if failed else 0
