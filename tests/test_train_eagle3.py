@@ -181,7 +181,34 @@ def test_code_source_leaves_out_tests_and_code_edit_modules(tmp_path):
         data.load_corpus("code-prompts", regenerate=False, stdlib=tmp_path)
 
 
+def test_a_source_count_keeps_a_fixed_subset(tmp_path):
+    for i in range(6):
+        (tmp_path / f"m{i}.py").write_text(f"def f{i}(a):\n    return a\n")
+    every = data.load_corpus("code", regenerate=False, stdlib=tmp_path).items
+    two = data.load_corpus("code:2", regenerate=False, stdlib=tmp_path).items
+    assert len(every) == 6 and len(two) == 2 and set(i.id for i in two) < set(i.id for i in every)
+    assert two == data.load_corpus("code:2", regenerate=False, stdlib=tmp_path).items
+    with pytest.raises(ConfigError, match="positive integer"):
+        data.parse_sources("code:0")
+    with pytest.raises(ConfigError, match="twice"):
+        data.parse_sources("code,code:3")
+
+
+def test_bf16_target_and_precision_train_and_snapshot(target, corpus, tmp_path):
+    out = tmp_path / "bf16"
+    train(options(target, corpus, out, target_dtype="bfloat16", precision="bf16", snapshot_every=2))
+    log = log_of(out)
+    assert [r["step"] for r in log] == [1, 2, 3, 4] and all(r["loss"] == r["loss"] for r in log)  # no NaN
+    snaps = sorted(p.name for p in (out / "snapshots").iterdir())
+    assert snaps == ["step-000002", "step-000004"]
+    head = load_eagle3(out / "snapshots" / "step-000002", load_decoder(target, "cpu"))
+    assert head.w.fc.dtype == torch.float32  # weights stay fp32 under bf16 autocast
+    assert json.loads((out / "snapshots" / "step-000004" / "snapshot.json").read_text())["step"] == 4
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--target-dtype", "int8"], "--target-dtype must be one of float32, bfloat16"),
+    (["--snapshot-every", "0"], "--snapshot-every must be a positive integer"),
     (["--steps", "2", "--tokens", "5"], "--steps or --tokens"),
     (["--steps", "0"], "--steps must be a positive integer"),
     (["--seq-len", "4"], "--seq-len must be at least"),

@@ -38,6 +38,12 @@ def add_parser(sub) -> None:
     p.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (default 100)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     p.add_argument("--device", default=None, help="cpu (default), cuda, cuda:N or mps")
+    p.add_argument("--target-dtype", default="float32",
+                   help="float32 or bfloat16: the frozen target's weights (bfloat16: about 2x faster on CPUs with AMX; default float32)")
+    p.add_argument("--precision", default="fp32",
+                   help="fp32 or bf16: the head's arithmetic: fp32, or bf16 autocast with fp32 weights (default fp32)")
+    p.add_argument("--snapshot-every", type=int, default=None,
+                   help="also write the head to OUT/snapshots/step-N every N steps (tau against training tokens)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
 
@@ -47,7 +53,8 @@ def run(args) -> int:
 
     keys = ("target", "data", "out", "steps", "tokens", "seq_len", "batch_size", "lr", "warmup_steps", "clip",
             "ttt_steps", "decay", "draft_vocab", "vocab_tokens", "seed", "resume", "regenerate",
-            "max_response_tokens", "checkpoint_every", "threads", "device")
+            "max_response_tokens", "checkpoint_every", "threads", "device", "target_dtype", "precision",
+            "snapshot_every")
     options = TrainOptions(**{k: getattr(args, k) for k in keys}, progress=not args.no_progress,
                            command=["outrider"] + sys.argv[1:])
     train(options)

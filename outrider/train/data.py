@@ -10,6 +10,7 @@ Sources (`--data a,b,...`; a `jsonl:PATH` goes last if its path holds a comma):
                   parallel_multiple), as chat messages like workloads.toolcall_messages (need --regenerate)
     humaneval     HumanEval prompts + canonical solutions (completion mode). It IS the bench
                   workload: a head trained on it is contaminated for that benchmark
+    NAME:N        N items of a source (a fixed subset: the first N by sha256 of their ids)
     jsonl:PATH    one object a line: {"text": str} (raw), {"prompt": str, "response"?: str}
                   (completion mode, as the bench's jsonl) or {"messages": [...]} (chat; a last
                   assistant message is the response); optional "id"
@@ -96,9 +97,14 @@ def parse_sources(spec: str) -> list[str]:
         if name.startswith("jsonl:"):
             if not Path(name[len("jsonl:"):]).expanduser().is_file():
                 raise ConfigError(f"--data {name}: no such file")
-        elif name not in SOURCES:
-            raise ConfigError(f"unknown --data source '{name}': use {', '.join(SOURCES)} (comma-separated)")
-    if len(set(names)) != len(names):
+            continue
+        base, _, count = name.partition(":")
+        if base not in SOURCES:
+            raise ConfigError(f"unknown --data source '{base}': use {', '.join(SOURCES)} (comma-separated; "
+                              "NAME:N keeps N of its items)")
+        if count and (not count.isdigit() or int(count) < 1):
+            raise ConfigError(f"--data {name}: the count after ':' must be a positive integer")
+    if len({n.partition(":")[0] if not n.startswith("jsonl:") else n for n in names}) != len(names):
         raise ConfigError(f"--data names a source twice: {spec}")
     return names
 
@@ -108,7 +114,13 @@ def load_corpus(spec: str, *, regenerate: bool, fixtures: Path | None = None, st
     stdlib = Path(stdlib or sysconfig.get_paths()["stdlib"])
     items, sources = [], []
     for name in parse_sources(spec):
-        got, where = _BUILDERS[name](stdlib, fixtures) if name in _BUILDERS else _jsonl(Path(name[6:]).expanduser())
+        if name.startswith("jsonl:"):
+            got, where = _jsonl(Path(name[6:]).expanduser())
+        else:
+            base, _, count = name.partition(":")
+            got, where = _BUILDERS[base](stdlib, fixtures)
+            if count:  # a fixed subset, the same for every seed: first N by sha256 of the id
+                got = sorted(got, key=lambda i: hashlib.sha256(f"subset:{i.id}".encode()).hexdigest())[:int(count)]
         items += got
         sources.append(f"{name}: {len(got)} items from {where}")
     keep = [i for i in items if regenerate or i.kind == "text" or i.response is not None]

@@ -38,7 +38,8 @@ class TTTOutput:
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return F.rms_norm(x, weight.shape, weight, eps)
+    """In float32 (under bf16 autocast the inputs arrive in bf16; the norm stays exact-ish)."""
+    return F.rms_norm(x.float(), weight.shape, weight.float(), eps)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ Rank 0 writes the log, checkpoints and the head.
     OUT/checkpoint/        every --checkpoint-every steps and at the end (train/checkpoint.py)
     OUT/config.json + model.safetensors   the head, EAGLE layout (heads/eagle3_format.py loads it)
     OUT/train_info.json    command, data, seed, tokens, time, final per-step acceptance
+    OUT/snapshots/step-N/  with --snapshot-every: the head at step N (for tau against training tokens)
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from .vocab import check_draft_vocab, count_labels, draft_vocab, used_from_maps
 
 # arguments a resumed run must share with the run it continues (the batches depend on them)
 SAME_ON_RESUME = ("target", "data", "seq_len", "batch_size", "seed", "draft_vocab", "regenerate",
-                  "max_response_tokens", "ttt_steps", "decay", "vocab_tokens")
+                  "max_response_tokens", "ttt_steps", "decay", "vocab_tokens", "target_dtype", "precision")
+PRECISIONS = ("fp32", "bf16")  # the head's arithmetic: fp32, or bf16 autocast (weights and optimizer fp32)
+TARGET_DTYPES = ("float32", "bfloat16")
 
 
 @dataclass
@@ -61,6 +64,9 @@ class TrainOptions:
     vocab_tokens: int = 2_000_000  # labels counted to choose the draft vocabulary
     threads: int | None = None
     device: str | None = None
+    target_dtype: str = "float32"  # the frozen target's weights (bfloat16: ~2x faster on CPUs with AMX)
+    precision: str = "fp32"
+    snapshot_every: int | None = None  # also write the head to OUT/snapshots/step-N every N steps
     progress: bool = True
     command: list[str] = field(default_factory=list)
 
@@ -87,6 +93,12 @@ class TrainOptions:
             raise ConfigError(f"--clip must be a positive number, got {self.clip}")
         if not 0 < self.decay <= 1:
             raise ConfigError(f"--decay must be in (0, 1], got {self.decay}")
+        if self.target_dtype not in TARGET_DTYPES:
+            raise ConfigError(f"--target-dtype must be one of {', '.join(TARGET_DTYPES)}, got {self.target_dtype!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.snapshot_every is not None and (not isinstance(self.snapshot_every, int) or self.snapshot_every < 1):
+            raise ConfigError(f"--snapshot-every must be a positive integer, got {self.snapshot_every}")
         if self.seed < 0:
             raise ConfigError(f"--seed must be >= 0, got {self.seed}")
         parse_sources(self.data)
@@ -174,7 +186,7 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
         say(f"data {line}")
     if corpus.skipped:
         say(f"data: skipped {corpus.skipped} items that carry no response (add --regenerate to train on them)")
-    target = load_decoder(path, device)
+    target = load_decoder(path, device, getattr(torch, o.target_dtype))
     tokenizer = _load_tokenizer(path)
     encoder = Encoder(tokenizer, o.seq_len)
     out.mkdir(parents=True, exist_ok=True)
@@ -216,7 +228,8 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
             group["lr"] = o.lr_at(step)
         tb = target_pass(target, mine, taps, used)
         model.train()
-        result = model.ttt(tb.features, tb.tokens, tb.draft_logits, tb.valid, steps=o.ttt_steps, decay=o.decay)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=o.precision == "bf16"):
+            result = model.ttt(tb.features, tb.tokens, tb.draft_logits, tb.valid, steps=o.ttt_steps, decay=o.decay)
         stats = dist.sum_(torch.tensor([result.rows, result.rows * float(result.loss.detach())]
                                        + [result.rows * a for a in result.step_acc]
                                        + [0.0] * (o.ttt_steps - len(result.step_acc)), dtype=torch.float64))
@@ -247,6 +260,9 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
                 bar.update(1)
             if step % o.checkpoint_every == 0:
                 _checkpoint(out, o, model, optimizer, step, tokens_seen, position, elapsed)
+            if o.snapshot_every and step % o.snapshot_every == 0:
+                _write_head(out / "snapshots" / f"step-{step:06d}", model, {"step": step, "tokens": tokens_seen,
+                                                                             "elapsed_s": elapsed, "last": last})
         if on_step is not None:
             on_step(last)
     if bar is not None:
@@ -286,16 +302,25 @@ def _checkpoint(out, o, model, optimizer, step, tokens, position, elapsed) -> No
     checkpoint.save(out, meta, model.state_tensors(), optimizer)
 
 
-def _export(out: Path, o: TrainOptions, model, corpus, step, tokens, elapsed, last) -> dict:
-    """The head in the EAGLE layout (config.json + model.safetensors) and train_info.json."""
+def _write_head(folder: Path, model, info: dict | None = None) -> None:
+    """The head in the EAGLE layout (config.json + model.safetensors), each file renamed into place."""
     from safetensors.torch import save_file
 
-    for name, write in (("config.json", lambda p: p.write_text(json.dumps(model.export_config(), indent=1))),
-                        ("model.safetensors", lambda p: save_file(
-                            {k: v.cpu().contiguous() for k, v in model.state_tensors().items()}, str(p)))):
-        tmp = out / (name + ".tmp")
+    folder.mkdir(parents=True, exist_ok=True)
+    writers = [("config.json", lambda p: p.write_text(json.dumps(model.export_config(), indent=1))),
+               ("model.safetensors", lambda p: save_file(
+                   {k: v.cpu().contiguous() for k, v in model.state_tensors().items()}, str(p)))]
+    if info is not None:
+        writers.append(("snapshot.json", lambda p: p.write_text(json.dumps(info))))
+    for name, write in writers:
+        tmp = folder / (name + ".tmp")
         write(tmp)
-        os.replace(tmp, out / name)
+        os.replace(tmp, folder / name)
+
+
+def _export(out: Path, o: TrainOptions, model, corpus, step, tokens, elapsed, last) -> dict:
+    """The head in the EAGLE layout (config.json + model.safetensors) and train_info.json."""
+    _write_head(out, model)
     info = {"command": o.command, "target": o.target, "data": corpus.sources, "skipped_items": corpus.skipped,
             "seed": o.seed, "steps": step, "tokens": tokens, "time_s": round(elapsed, 1),
             "final_loss": last.get("loss"), "final_step_acc": last.get("step_acc"),
