@@ -21,7 +21,7 @@ from outrider.heads import catalog
 from outrider.heads.eagle3_check import check_head
 from outrider.heads.eagle3_export import export_eagle3, from_head
 from outrider.heads.eagle3_format import load_eagle3, read_config, read_tensors
-from outrider.heads.eagle3_golden import GOLDEN, GoldenSettings
+from outrider.heads.eagle3_golden import GOLDEN, GoldenSettings, compare
 from outrider.heads.eagle3_speculators import schema_problems
 from outrider.models.loader import load_decoder
 from outrider.spec.speculator import SpecOptions, Speculator
@@ -199,6 +199,8 @@ def test_eagle_layout_with_disagreeing_id_lists_is_refused(setup, tmp_path):
     bad = corrupt(eagle, tmp_path / "bad", lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 1, 2]))
     with pytest.raises(ModelError, match="name different target layers"):
         read_config(bad)
+    vllm_only = corrupt(eagle, tmp_path / "vllm", lambda c: c.pop("eagle_config"))  # a head made for vLLM alone
+    assert read_config(vllm_only).taps(4) == read_config(eagle).taps(4) == (1, 2, 3)
 
 
 def test_shipped_heads_resolve_by_name_and_show_in_models_list(setup, tmp_path, monkeypatch, capsys):
@@ -213,10 +215,14 @@ def test_shipped_heads_resolve_by_name_and_show_in_models_list(setup, tmp_path, 
     decoder = load_decoder(target, "cpu")
     spec = Speculator.build(SpecOptions("eagle3:tiny-target", "chain", "fixed:3"), decoder, target)
     assert spec.hidden_layers == (1, 2, 3)
+    assert main(["check-head", "tiny-target", "--no-golden"]) == 0  # its target: the one recorded at export
+    assert main(["export", "eagle3", "tiny-target", "--format", "speculators", "--out", str(tmp_path / "out"),
+                 "--max-new-tokens", "4"]) == 0
     with pytest.raises(ConfigError) as err:
         SpecOptions("eagle3:no-such-head").check()
     assert "\n" not in str(err.value) and "or a shipped head: smollm2-135m-instruct, tiny-target" in str(err.value)
     monkeypatch.setenv("OUTRIDER_CACHE", str(tmp_path / "cache"))
+    capsys.readouterr()
     assert main(["models", "list"]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert "drafters" in rows[0]
@@ -244,3 +250,23 @@ def test_export_cli_writes_and_refuses_an_existing_out(setup, tmp_path, capsys):
     assert main(["export", "eagle3", str(head), "--format", "onnx", "--out", str(tmp_path / "x"),
                  "--target", str(target)]) == 2
     assert "use one of eagle, speculators" in capsys.readouterr().err
+
+
+def test_golden_compare_rules(setup):
+    """Exact on the same machine; across machines within 5% (float32) / 10% (bf16); another
+    tokenizer's prompt ids refused."""
+    golden = json.loads((setup[3] / GOLDEN).read_text())
+
+    def measured(tau, **changes):
+        m = {k: golden[k] for k in ("settings", "prompt_ids", "results", "measured_on")}
+        return {**m, "tau": tau, **changes}
+
+    elsewhere = {**golden["measured_on"], "cpu": "another CPU"}
+    assert compare(golden, measured(golden["tau"]))[0]
+    assert compare(golden, measured(golden["tau"] * 1.04, measured_on=elsewhere))[0]
+    ok, message = compare(golden, measured(golden["tau"] * 1.07, measured_on=elsewhere))
+    assert not ok and "allowed 5%" in message
+    bf16 = {**golden, "settings": {**golden["settings"], "dtype": "bfloat16"}}
+    assert compare(bf16, measured(golden["tau"] * 1.07, measured_on=elsewhere, settings=bf16["settings"]))[0]
+    ok, message = compare(golden, measured(golden["tau"], prompt_ids=[[0]] * len(golden["prompt_ids"])))
+    assert not ok and "encodes the golden prompts differently" in message

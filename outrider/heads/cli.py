@@ -6,7 +6,7 @@ outrider/cli.py registers them with `add_parsers(sub)`; each `run_*` returns the
     outrider check-head DIR [--target NAME_OR_PATH]
 
 HEAD is a head folder or a shipped head's name (heads/catalog.py). --target defaults to the
-shipped head's target, else to the target recorded in the head's outrider_golden.json.
+target recorded in the head's outrider_golden.json, else to a shipped head's name.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def add_parsers(sub) -> None:
     e3.add_argument("--format", required=True, help="eagle (EAGLE / SpecForge: vLLM and SGLang) or speculators "
                     "(vllm-project/speculators: vLLM)")
     e3.add_argument("--out", required=True, help="output folder, new or empty")
-    e3.add_argument("--target", default=None, help="catalog name or folder of the target (default: the shipped "
-                    "head's target, else the one in the head's outrider_golden.json)")
+    e3.add_argument("--target", default=None, help="catalog name or folder of the target (default: the one in the head's "
+                    "outrider_golden.json, else a shipped head's name)")
     e3.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 for the float tensors (default: as stored)")
     e3.add_argument("--depth", type=int, default=4,
                     help="drafts per round: the golden run's chain and speculators' speculative_tokens (default 4)")
@@ -51,14 +51,14 @@ def _target_for(head: Path, given: str | None, name: str) -> str:
 
     if given:
         return given
-    if shipped_heads().get(name) == head:
-        return name
     try:
         golden = read_golden(head)
     except (ValueError, OSError):
         golden = None
     if golden and golden["target"].get("name"):
         return golden["target"]["name"]
+    if shipped_heads().get(name) == head:
+        return name
     raise ConfigError(f"{head} records no target (no outrider_golden.json): pass --target NAME_OR_PATH")
 
 

@@ -183,6 +183,7 @@ def export_eagle3(source, out: str | Path, fmt: str, target: str | Path, *, dtyp
     try:
         (work / "config.json").write_text(json.dumps(config, indent=1) + "\n")
         save_file(tensors, str(work / WEIGHTS), metadata={"format": "pt"})
+        (work / WEIGHTS).chmod(0o644)  # safetensors writes 0600; the other files get the umask's
         if golden:
             if log:
                 log(f"measuring the golden tau on {len(prompts)} prompts ({settings.device}, {settings.dtype})")

@@ -51,15 +51,22 @@ class GoldenSettings:
     chat: bool | None = None  # None: the chat template when the tokenizer has one
 
 
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile")  # pick the CPU kernels
+
+
 def machine(device: str) -> dict:
-    """What the float arithmetic depends on: the CPU or GPU, torch, the device."""
-    cpu = platform.processor()
+    """What the float arithmetic depends on: the CPU (model and the vector units that choose
+    torch's kernels) or GPU, torch, the device."""
+    cpu, flags = platform.processor(), []
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name")) or cpu
-    except (OSError, StopIteration):
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+        present = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+        flags = [f for f in ISA_FLAGS if f in present]
+    except OSError:
         pass
-    out = {"machine": platform.machine(), "cpu": cpu, "torch": torch.__version__, "device": device}
+    out = {"machine": platform.machine(), "cpu": cpu, "cpu_flags": flags, "torch": torch.__version__,
+           "device": device}
     if device.startswith("cuda") and torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return out

@@ -242,6 +242,9 @@ def class_check(raw: dict) -> tuple[str, str]:
     try:
         config = SpeculatorModelConfig.from_dict(dict(raw))
     except Exception as err:  # pydantic's ValidationError and whatever the class raises  # noqa: BLE001
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        return "FAIL", first
+        try:  # a pydantic ValidationError: each error's field path and message, on one line
+            detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+        except Exception:  # noqa: BLE001
+            detail = " ".join(str(err).split()) or type(err).__name__
+        return "FAIL", detail
     return "ok", type(config).__name__
