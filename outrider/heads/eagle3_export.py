@@ -159,12 +159,18 @@ def export_eagle3(source, out: str | Path, fmt: str, target: str | Path, *, dtyp
     out = check_out(out)
     target_path = resolve_model(target)
     target_config = ModelConfig.load(target_path)
+    if isinstance(source, Eagle3Head):
+        raise TypeError("export_eagle3 takes a folder or HeadTensors: pass from_head(head, target_decoder)")
     head = source if isinstance(source, HeadTensors) else from_folder(source)
     reason = misfit(head.config, target_config, "embed_tokens.weight" in head.tensors,
                     "lm_head.weight" in head.tensors)
     if reason:
         raise ModelError(f"the head does not fit target {target}: {reason}")
     tensors = disk_tensors(head, fmt, DTYPES[dtype] if dtype else None)
+    dropped = sorted(set(head.tensors) - {"midlayer." + n[len(PREFIX[fmt]):] if n.startswith(PREFIX[fmt]) else n
+                                          for n in tensors})
+    if dropped and log:
+        log(f"left out tensor(s) that are no part of an EAGLE-3 head: {', '.join(dropped)}")
     dtype_name = DTYPE_NAMES.get(tensors["fc.weight"].dtype, str(tensors["fc.weight"].dtype).removeprefix("torch."))
     layer_ids = list(head.config.taps(target_config.num_layers))  # vllm semantics = our taps
     if fmt == "eagle":
