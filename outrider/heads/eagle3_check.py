@@ -88,6 +88,7 @@ def check_head(folder: str | Path, target: str | Path, *, device: str | None = N
     _vocab_check(folder, config, names, add)
     _layers_check(config, tcfg, add)
     if not golden:
+        add("golden tau", "skipped", "not asked for (--no-golden)")
         return checks
     failed = [c.name for c in checks if c.status == "FAIL"]
     if failed:
