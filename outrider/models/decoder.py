@@ -13,6 +13,7 @@ import torch
 
 from ..kv import KVCache
 from .batch import ForwardBatch
+from . import cpu_linear
 from .config import ModelConfig
 from .layers import apply_rotary, attention, embedding, linear, rms_norm, rotary_tables, swiglu_mlp
 
@@ -71,6 +72,8 @@ class Decoder:
         Fewer layers give the self-speculative early-exit drafter; it needs its own cache.
         """
         c = self.config
+        if not getattr(self, "_linear_paths_chosen", False):
+            self._choose_linear_paths()
         B, T = batch.tokens.shape
         H, G, D = c.num_heads, c.num_kv_heads, c.head_dim
         slots = batch.slots
@@ -113,6 +116,14 @@ class Decoder:
             x = torch.gather(x, 1, batch.logits_rows.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
         logits = linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head).float()
         return ForwardOutput(logits=logits, hidden=hidden)
+
+    def _choose_linear_paths(self) -> None:
+        """Measure the CPU's fastest matrix-product path for this model's weight shapes, once per
+        process and shape (cpu_linear.py), before the first product uses one."""
+        if self.device.type == "cpu":
+            weights = [t for w in self.layers for t in (w.qkv, w.o, w.gate_up, w.down)] + [self.lm_head]
+            cpu_linear.prepare(weights)
+        self._linear_paths_chosen = True
 
 
 def _span_mask(mask: torch.Tensor, place: torch.Tensor, span: int) -> torch.Tensor:

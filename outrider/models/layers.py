@@ -8,29 +8,25 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import cpu_linear
+
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x: [..., in], weight: [out, in] -> [..., out]: F.linear, laid out for the CPU's BLAS.
+    """x: [..., in], weight: [out, in] -> [..., out]: F.linear, by the CPU's fastest path here.
 
-    On the CPU, F.linear sends few rows through a path that reads the weights at well under
-    the memory bandwidth (measured here: 16.8 ms for the 49152 x 576 head at 1 row, 38.8 ms at
-    4 rows), while `weight @ x.T` takes the GEMM path (11.8 ms at 4 rows). One row is doubled to
-    stay on that path. Same arithmetic, another summation order: equal to F.linear within
-    float rounding (tests/test_layers.py). On CUDA this is plain F.linear. A weight kept
-    quantized (quant_linear.QuantLinear) does its own product: `weight.linear(x, bias)`.
+    On the CPU the BLAS reads a weight at very different speeds for few rows depending on the
+    path and the machine, so `cpu_linear.matmul` uses the path measured fastest on this machine
+    for the weight's shape and the row count (F.linear, `weight @ x.T`, or MKL's packed weight);
+    each equals F.linear within float rounding (tests/test_cpu_linear.py). On CUDA this is plain
+    F.linear. A weight kept quantized (quant_linear.QuantLinear) does its own product:
+    `weight.linear(x, bias)`.
     """
     if not isinstance(weight, torch.Tensor):
         return weight.linear(x, bias)
     if x.device.type != "cpu":
         return F.linear(x, weight, bias)
     flat = x.reshape(-1, x.shape[-1])  # [M, in]
-    rows = flat.shape[0]
-    if rows == 1:
-        flat = torch.cat((flat, flat))  # a real copy: a stride-0 view falls back to the slow path
-    out = torch.mm(weight, flat.t()).t()[:rows]  # [M, out]
-    if bias is not None:
-        out = out + bias
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    return cpu_linear.matmul(flat, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
 
 
 def embedding(tokens: torch.Tensor, table) -> torch.Tensor:

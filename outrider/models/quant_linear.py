@@ -38,8 +38,9 @@ So it is opt-in ("q4-bf16-lossy", "q8_0-bf16-lossy") until attention is made row
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from .layers import linear as float_linear
+from . import cpu_linear
 from .quant import BLOCK, QuantBlocks, dequantize
 
 _CHUNK_VALUES = 1 << 16  # blockwise: values dequantized at a time (256 KB of float32: stays in cache)
@@ -174,7 +175,8 @@ def _matmul_blockwise(x: torch.Tensor, state: dict) -> torch.Tensor:
         w = codes[rows] * scale[rows]  # [chunk, blocks, 32] float32
         if offset is not None:
             w += offset[rows]
-        out[:, rows] = float_linear(x, w.view(w.shape[0], -1).to(x.dtype))  # [M, chunk]
+        w = w.view(w.shape[0], -1).to(x.dtype)  # [chunk, in]
+        out[:, rows] = cpu_linear.matmul(x, w, transient=True) if x.device.type == "cpu" else F.linear(x, w)
     return out
 
 

@@ -1,0 +1,217 @@
+"""The cost of a k-token verify forward against a 1-token one, where its time goes, and our
+autoregressive speed against transformers' generate, in one run.
+
+    .venv/bin/python scripts/bench_verify_cost.py [--model smollm2-135m-instruct] [--dtype float32,q8_0,q4]
+    .venv/bin/python scripts/bench_verify_cost.py --linear auto,linear,mm_t,packed   # A/B of the CPU paths
+    .venv/bin/python scripts/bench_verify_cost.py --profile 1,4,8,16 --no-generate  # the per-op table
+
+cost(k) is the median time of a forward over k new tokens (a chain, as control/profile.py
+measures it) after a `--context`-token prompt; printed as cost(k)/cost(1) for k = 1, 2, 4, 8, 16.
+Every variant (dtype x linear path) runs each k in turn within one repetition, so load from
+elsewhere hits them alike; the load average is printed before and after. The per-op table
+(torch.profiler, the first variant with --linear auto, else the first) gives the time inside our layer functions (linear, attention,
+rotary, norms; "rest" is everything else: K/V writes, residual adds, the MLP's gate, masks) and the
+top aten ops by self time. Then our greedy autoregressive tok/s against transformers' greedy
+generate on one prompt, same new tokens, alternated (EOS ignored on both sides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+KS = (1, 2, 4, 8, 16)
+SCOPES = ("linear", "attention", "apply_rotary", "rotary_tables", "rms_norm", "embedding")
+PROMPT = "def quicksort(arr):\n    \"\"\"Sort a list of numbers with quicksort.\"\"\"\n"
+
+
+@contextlib.contextmanager
+def linear_path(path: str):
+    """Force one CPU linear path (cpu_linear.py) for the block; "auto" = the measured choice."""
+    from outrider.models.cpu_linear import ENV
+
+    old = os.environ.get(ENV)
+    os.environ[ENV] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = old
+
+
+def verify_batches(model, context: int):
+    """A cache holding a `context`-token prompt and one chain batch per k after it."""
+    from outrider.models.batch import pack
+
+    cache = model.new_cache(1, context + max(KS) + 1)
+    prefix = torch.randint(0, model.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0))
+    model.forward(pack([0], [0], [prefix], logits="none", scratch_row=cache.scratch_row), cache)
+    batches = {k: pack([0], [context], [prefix[:k]], [torch.tensor([-1, *range(k - 1)])],
+                       scratch_row=cache.scratch_row) for k in KS}
+    return cache, batches
+
+
+def measure_costs(variants: dict, context: int, repeats: int) -> dict:
+    """variant name -> {k: [seconds, ...]}, every variant and k interleaved per repetition."""
+    setups = {name: (model, path, *verify_batches(model, context)) for name, (model, path) in variants.items()}
+    times = {name: {k: [] for k in KS} for name in variants}
+    for rep in range(repeats + 1):  # the first is warm-up
+        for name, (model, path, cache, batches) in setups.items():
+            with linear_path(path):
+                for k in KS:
+                    start = time.perf_counter()
+                    model.forward(batches[k], cache)
+                    if rep:
+                        times[name][k].append(time.perf_counter() - start)
+    return times
+
+
+def per_op_profile(model, path: str, context: int, ks: list[int], top: int) -> dict:
+    """torch.profiler over 5 forwards at each k: our layer functions (inclusive) and top aten ops."""
+    import outrider.models.decoder as decoder
+    import outrider.models.layers as layers
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    def scoped(name, fn):
+        def run(*args, **kwargs):
+            with record_function(f"outrider::{name}"):
+                return fn(*args, **kwargs)
+        return run
+
+    saved = {(mod, name): getattr(mod, name) for mod in (decoder, layers) for name in SCOPES if hasattr(mod, name)}
+    tables = {}
+    cache, batches = verify_batches(model, context)
+    try:
+        for (mod, name), fn in saved.items():
+            setattr(mod, name, scoped(name, fn))
+        with linear_path(path):
+            for k in ks:
+                batch = batches.get(k) or verify_batches(model, context)[1][k]
+                model.forward(batch, cache)
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    for _ in range(5):
+                        with record_function("outrider::forward"):
+                            model.forward(batch, cache)
+                events = prof.key_averages()
+                ours = {e.key.split("::")[1]: e.cpu_time_total / 5e3 for e in events if e.key.startswith("outrider::")}
+                aten = sorted((e for e in events if not e.key.startswith("outrider::")),
+                              key=lambda e: -e.self_cpu_time_total)[:top]
+                tables[k] = {"ours_ms": ours, "top_self_ms": [(e.key, e.self_cpu_time_total / 5e3, e.count // 5)
+                                                             for e in aten]}
+    finally:
+        for (mod, name), fn in saved.items():
+            setattr(mod, name, fn)
+    return tables
+
+
+def ar_vs_transformers(variants: dict, path, tok, new_tokens: int, rounds: int) -> dict:
+    """tok/s of our greedy AR (each variant) and of transformers' greedy generate, alternated."""
+    from transformers import AutoModelForCausalLM
+
+    from outrider.generation import Request, generate_ids
+
+    ref = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    ids = tok(PROMPT)["input_ids"]
+    speeds = {name: [] for name in variants} | {"transformers": []}
+    for rep in range(rounds + 1):  # the first is warm-up
+        for name, (model, linear) in variants.items():
+            with linear_path(linear):
+                start = time.perf_counter()
+                out = generate_ids(model, [Request(ids, new_tokens)], eos_ids=set())[0].output_ids
+                if rep:
+                    speeds[name].append(len(out) / (time.perf_counter() - start))
+        with torch.no_grad():
+            start = time.perf_counter()
+            hf = ref.generate(torch.tensor([ids]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                              do_sample=False)
+            if rep:
+                speeds["transformers"].append((hf.shape[1] - len(ids)) / (time.perf_counter() - start))
+    return {name: statistics.median(v) for name, v in speeds.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--dtype", default="float32", help="comma-separated: float32, q8_0, q4 (and the bf16 ones)")
+    ap.add_argument("--linear", default="auto", help="CPU linear paths, comma-separated: auto, linear, mm_t, packed")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--profile", default="", help="k values for the per-op table, e.g. 1,4,8,16")
+    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--no-generate", action="store_true", help="skip the AR vs transformers comparison")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from transformers import AutoTokenizer
+
+    from outrider.models import cpu_linear
+    from outrider.models.catalog import resolve_model
+    from outrider.models.loader import load_decoder
+
+    path = resolve_model(args.model)
+    floats = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    load_before = os.getloadavg()
+    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__} "
+          f"({torch.backends.cpu.get_cpu_capability()}), {args.threads} threads, load average "
+          f"{load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}", flush=True)
+    models = {name: load_decoder(path, "cpu", floats.get(name, name)) for name in args.dtype.split(",")}
+    variants = {f"{name}/{linear}": (model, linear) for name, model in models.items()
+                for linear in args.linear.split(",")}
+    times = measure_costs(variants, args.context, args.repeats)
+    print(f"\ncost(k)/cost(1), median of {args.repeats}, context {args.context} (cost(1) in ms):")
+    summary = {}
+    for name, by_k in times.items():
+        med = {k: statistics.median(v) for k, v in by_k.items()}
+        summary[name] = {"cost_ms": {k: 1e3 * t for k, t in med.items()},
+                         "ratio": {k: t / med[1] for k, t in med.items()}}
+        print(f"  {name:24s} cost(1) {1e3 * med[1]:7.1f}  " + "  ".join(f"k={k}: {med[k] / med[1]:.2f}" for k in KS),
+              flush=True)
+    chosen = {f"{o}x{i} {str(dtype).replace('torch.', '')}": paths
+              for (o, i, dtype), paths in cpu_linear.choices().items()}
+    print("\nCPU linear paths chosen (rows 1 | 2-4 | 5-16 | more):")
+    for shape, paths in chosen.items():
+        print(f"  {shape}: {' | '.join(paths)}")
+    result = {"costs": summary, "linear_paths": chosen, "load_before": load_before}
+    if args.profile:
+        first = next((name for name, (_, linear) in variants.items() if linear == "auto"), next(iter(variants)))
+        ks = [int(k) for k in args.profile.split(",")]
+        tables = per_op_profile(*variants[first], args.context, ks, args.top)
+        print(f"\nper-op profile of {first} (ms per forward, torch.profiler adds overhead):")
+        for k, table in tables.items():
+            ours = table["ours_ms"]
+            total = ours.pop("forward", float("nan"))
+            rest = total - sum(ours.values())
+            parts = "  ".join(f"{name} {ms:.1f}" for name, ms in sorted(ours.items(), key=lambda kv: -kv[1]))
+            print(f"  k={k}: forward {total:.1f} = {parts}  rest {rest:.1f}")
+            print("      top self: " + ", ".join(f"{key} {ms:.2f} (x{n})" for key, ms, n in table["top_self_ms"]))
+        result["profile"] = tables
+    if not args.no_generate:
+        tok = AutoTokenizer.from_pretrained(str(path))
+        speeds = ar_vs_transformers(variants, path, tok, args.new_tokens, rounds=2)
+        print(f"\ngreedy AR, {args.new_tokens} new tokens, median of 2 (tok/s):")
+        for name, s in speeds.items():
+            print(f"  {name:24s} {s:6.1f}" + ("" if name == "transformers" else
+                                             f"  = {s / speeds['transformers']:.2f}x transformers"))
+        result["ar_tok_s"] = speeds
+    load_after = os.getloadavg()
+    result["load_after"] = load_after
+    print(f"\nload average after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2, default=str)
+
+
+if __name__ == "__main__":
+    main()
