@@ -25,3 +25,18 @@ def test_rms_norm_fused_equals_reference():
     reference = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
     torch.testing.assert_close(rms_norm(x, w, 1e-5), reference)
     torch.testing.assert_close(rms_norm(x.double(), w.double(), 1e-5), reference.double(), atol=1e-6, rtol=1e-6)
+
+
+def test_attention_with_folded_mask_is_the_same():
+    """The float mask folded once per forward gives exactly what the bool mask gives."""
+    from outrider.models.layers import attention, fold_mask
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 6, 4, 16, generator=g)
+    k, v = torch.randn(2, 2, 9, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g)
+    mask = torch.rand(2, 1, 4, 9, generator=g) > 0.4
+    mask[..., 0] = True
+    folded = fold_mask(mask, 3, q.dtype)
+    assert torch.equal(attention(q, k, v, mask, folded), attention(q, k, v, mask))
+    reference = F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), attn_mask=mask)
+    torch.testing.assert_close(attention(q, k, v, mask, folded), reference)

@@ -71,10 +71,13 @@ def attention(
     k: torch.Tensor,
     v: torch.Tensor,
     mask: torch.Tensor | None,
+    folded: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [B, H, T, D], k/v: [B, G, L, D], mask: [B, 1, T, L] bool or None -> [B, H, T, D].
 
     mask None means one slot whose new tokens are the last T of L, causal among themselves.
+    folded: `fold_mask(mask, H // G, q.dtype)`, made once per forward for every layer (else each
+    call folds the mask itself, and SDPA turns the bool mask into this float one again).
     """
     B, H, T, D = q.shape
     G, L = k.shape[1], k.shape[2]
@@ -88,7 +91,15 @@ def attention(
     # Fold each kv head's query heads into the token axis instead of copying K/V per head:
     # query head h = g * groups + j reads kv head g (the layout of grouped-query attention).
     q = q.reshape(B, G, groups * T, D)
-    if mask is not None:
-        mask = mask.unsqueeze(2).expand(B, 1, groups, T, L).reshape(B, 1, groups * T, L)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, G, groups*T, D]
+    if mask is not None and folded is None:
+        folded = fold_mask(mask, groups, q.dtype)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=folded)  # [B, G, groups*T, D]
     return out.reshape(B, H, T, D)
+
+
+def fold_mask(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """mask: [B, 1, T, L] bool -> [B, 1, groups * T, L] additive (0 where seen, -inf elsewhere):
+    the mask of `attention`'s folded queries, in the form SDPA turns a bool mask into."""
+    B, _, T, L = mask.shape
+    mask = mask.unsqueeze(2).expand(B, 1, groups, T, L).reshape(B, 1, groups * T, L)
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
