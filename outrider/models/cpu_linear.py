@@ -9,10 +9,10 @@ Why. The BLAS reads a weight at very different speeds for few rows, and which wa
 differs between machines: on an earlier AVX2 CPU F.linear read the 49152 x 576 head at one row far
 below the memory bandwidth and `weight @ x.T` was 1.4-3x faster; on a 2-core Xeon with AVX-512
 the same `weight @ x.T` was 2-4x slower than F.linear at 1-3 rows, while F.linear doubled its time
-from 3 rows to 4 (MKL changes kernel there) and MKL's pre-packed weights kept 4-16 rows cheap.
-So the path is chosen per weight shape and per bucket of rows (1, 2-4, 5-16, more), by timing
-each path on the model's own weights (several of each shape, in turn, so they are read from
-memory as in a forward, not from a hot cache).
+from 3 rows to 4 (MKL changes kernel there). So the path is chosen per weight shape and per
+bucket of rows (1, 2-4, 5-16, more), by timing each path on the model's own weights (up to 256 MB
+of each shape, in turn, so that they come from memory as in a forward: a few weights alone would
+sit in that Xeon's 480 MB L3 cache and mislead).
 
 Paths (all float32 in, float32 arithmetic, float32 out for a float32 weight: the same products
 summed in another order, so equal within float rounding; tests/test_cpu_linear.py checks each
@@ -24,8 +24,8 @@ against `reference` in float64):
   float32: they stay in the L2 cache), and one batched matmul over the chunks with x repeated
   (a stride-0 view): each chunk is read from memory once and used for all rows while it is in
   cache, where MKL's GEMM for 4-16 rows read the weights at about half the speed of its 1-row
-  GEMV (measured on the AVX-512 Xeon: a whole SmolLM2's linears 1.6x one row at 8 rows,
-  against 2.6x with F.linear). No copy; needs `out` to have a divisor of at least 8 rows that fits.
+  GEMV (measured on the AVX-512 Xeon, 1 thread: a whole SmolLM2's linears took 1.6x one row
+  at 8 rows, against 2.6x with F.linear). No copy; needs `out` to have a divisor of at least 8 rows that fits.
 - "packed": MKL's packed weight (`cblas_sgemm_pack` once per weight, through torch's
   `_mkl_reorder_linear_weight` / `_mkl_linear`); float32 only. Only when forced: it keeps a
   packed copy of every weight (the weight's size again), and on whole models it lost to
@@ -109,7 +109,8 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
 
 def prepare(weights: list[torch.Tensor]) -> None:
     """Choose the path of every shape class among `weights` not chosen yet (the first forward of
-    a model calls this with all its CPU float weights). A few hundred ms for a 135M model."""
+    a model calls this with all its CPU float weights). SmolLM2-135M: 1-3 s on the 2-core Xeon
+    at load 3 (each shape's weights read 3 paths x 4 row counts x 2 rounds, clear losers once)."""
     if forced() is not None:
         return
     by_shape: dict[tuple, list[torch.Tensor]] = {}
