@@ -75,3 +75,26 @@ def test_bad_forced_path_is_refused(monkeypatch):
     monkeypatch.setenv(cpu_linear.ENV, "fastest")
     with pytest.raises(ValueError, match="OUTRIDER_LINEAR must be auto or one of"):
         cpu_linear.matmul(torch.zeros(1, 4), torch.zeros(4, 4))
+
+
+def test_choice_kept_on_disk_is_taken_by_the_next_process(monkeypatch, tmp_path):
+    monkeypatch.delenv(cpu_linear.ENV, raising=False)
+    monkeypatch.setattr(cpu_linear, "_CHOICE", {})
+    g = torch.Generator().manual_seed(4)
+    weights = [torch.randn(1024, 1032, generator=g) for _ in range(4)]  # 17 MB: kept on disk
+    cpu_linear.prepare(weights, tmp_path)
+    chosen = cpu_linear.choices()[(1024, 1032, torch.float32)]
+    files = list(tmp_path.glob("linear-paths-*.json"))
+    assert len(files) == 1
+
+    monkeypatch.setattr(cpu_linear, "_CHOICE", {})  # a new process
+    monkeypatch.setattr(cpu_linear, "choose", lambda *a, **k: pytest.fail("measured although saved"))
+    cpu_linear.prepare(weights, tmp_path)
+    assert cpu_linear.choices()[(1024, 1032, torch.float32)] == chosen
+
+    files[0].write_text("{damaged")
+    monkeypatch.setattr(cpu_linear, "_CHOICE", {})
+    monkeypatch.setattr(cpu_linear, "choose", lambda *a, **k: ("linear", "linear", "linear", "mm_t"))
+    cpu_linear.prepare(weights, tmp_path)  # measured again, and saved again
+    assert cpu_linear.choices()[(1024, 1032, torch.float32)] == ("linear", "linear", "linear", "mm_t")
+    assert "mm_t" in files[0].read_text()

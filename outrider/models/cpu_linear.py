@@ -42,8 +42,12 @@ at its first product with that one weight.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import platform
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +57,7 @@ PATHS = ("linear", "mm_t", "chunked", "packed")
 SAMPLE_ROWS = (1, 4, 8, 32)  # rows timed for each bucket: 1 | 2-4 | 5-16 | more
 _EDGES = (1, 4, 16)  # the largest row count of each bucket but the last
 AUTO_PATHS = ("linear", "mm_t", "chunked")  # what "auto" chooses among (packed: forced only, see above)
+_SAVE_BYTES = 16 << 20  # prepare keeps the choice of a model at least this large on disk
 _MEASURE_BYTES = 256 << 20  # prepare times each shape on up to this much of its weights (more than a cache)
 ENV = "OUTRIDER_LINEAR"
 
@@ -107,20 +112,34 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     return out.to(x.dtype)
 
 
-def prepare(weights: list[torch.Tensor]) -> None:
+def prepare(weights: list[torch.Tensor], folder: Path | None = None) -> None:
     """Choose the path of every shape class among `weights` not chosen yet (the first forward of
     a model calls this with all its CPU float weights). SmolLM2-135M: 1-3 s on the 2-core Xeon
-    at load 3 (each shape's weights read 3 paths x 4 row counts x 2 rounds, clear losers once)."""
+    at load 3 (each shape's weights read 3 paths x 4 row counts x 2 rounds, clear losers once).
+
+    folder: where a model of at least 16 MB keeps its choice, keyed like the verify-cost profile
+    (processor, torch, threads, the shapes), so that later processes on this machine take the
+    same paths without measuring; a file that cannot be read or written is measured again."""
     if forced() is not None:
         return
     by_shape: dict[tuple, list[torch.Tensor]] = {}
     for w in weights:
         if isinstance(w, torch.Tensor) and w.device.type == "cpu" and w.dim() == 2 and w.is_floating_point():
             by_shape.setdefault((w.shape[0], w.shape[1], w.dtype), []).append(w)
-    for key, group in by_shape.items():
-        if key not in _CHOICE:
+    todo = {key: group for key, group in by_shape.items() if key not in _CHOICE}
+    if not todo:
+        return
+    size = sum(w.numel() * w.element_size() for group in todo.values() for w in group)
+    path = _cache_path(folder, todo) if folder is not None and size >= _SAVE_BYTES else None
+    saved = _read(path) if path is not None else {}
+    for key, group in todo.items():
+        if saved.get(key):
+            _CHOICE[key] = saved[key]
+        else:
             keep = max(4, _MEASURE_BYTES // (group[0].numel() * group[0].element_size()))
             _CHOICE[key] = choose(group[:: max(1, len(group) // keep)][:keep])
+    if path is not None and any(not saved.get(key) for key in todo):
+        _write(path, {key: _CHOICE[key] for key in todo})
 
 
 def choices() -> dict[tuple, tuple[str, ...]]:
@@ -148,6 +167,38 @@ def choose(weights: list[torch.Tensor], rounds: int = 2) -> tuple[str, ...]:
                     _RUN[path](x, w, None)
                 best[path, rows] = min(best[path, rows], time.perf_counter() - start)
     return tuple(min(AUTO_PATHS, key=lambda path: best[path, rows]) for rows in SAMPLE_ROWS)
+
+
+# -- the choice on disk -----------------------------------------------------------------------------
+
+def _cache_path(folder: Path, todo: dict) -> Path:
+    shapes = sorted(f"{o}x{i}:{str(dtype).removeprefix('torch.')}:{len(group)}" for (o, i, dtype), group in todo.items())
+    parts = [platform.processor() or platform.machine(), torch.backends.cpu.get_cpu_capability(), torch.__version__,
+             str(torch.get_num_threads()), *shapes]
+    return Path(folder) / f"linear-paths-{hashlib.sha256('|'.join(parts).encode()).hexdigest()[:16]}.json"
+
+
+def _read(path: Path) -> dict:
+    try:
+        raw = json.loads(path.read_text())
+        return {(o, i, getattr(torch, dtype)): tuple(paths) for o, i, dtype, paths in raw["choices"]
+                if len(paths) == len(SAMPLE_ROWS) and set(paths) <= set(AUTO_PATHS)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def _write(path: Path, chosen: dict) -> None:
+    rows = [[o, i, str(dtype).removeprefix("torch."), list(paths)] for (o, i, dtype), paths in chosen.items()]
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"choices": rows, "sample_rows": SAMPLE_ROWS}))
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache: the choice stays in memory for this process
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 # -- the paths ---------------------------------------------------------------------------------------

@@ -123,8 +123,10 @@ class Decoder:
         """Measure the CPU's fastest matrix-product path for this model's weight shapes, once per
         process and shape (cpu_linear.py), before the first product uses one."""
         if self.device.type == "cpu":
+            from .catalog import cache_dir
+
             weights = [t for w in self.layers for t in (w.qkv, w.o, w.gate_up, w.down)] + [self.lm_head]
-            cpu_linear.prepare(weights)
+            cpu_linear.prepare(weights, cache_dir() / "profiles")
         self._linear_paths_chosen = True
 
 
