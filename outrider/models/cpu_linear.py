@@ -1,5 +1,5 @@
 """The CPU's float matrix product x @ W.T for few rows: which of several paths is fastest on this
-machine, measured once per process and then fixed.
+machine, measured once (kept on disk for a model's shapes, else once per process) and then fixed.
 
     y = matmul(x, weight, bias)        # x: [M, in], weight: [out, in] -> [M, out]
     prepare([w1, w2, ...])             # measure the shape classes of a model's weights (once)
@@ -37,7 +37,8 @@ Determinism. A choice, once made for a (shape, dtype), is never remeasured in th
 autoregressive run and a speculative run in one process use the same arithmetic for the same
 row count (greedy speculative == greedy autoregressive rests on that, tests/test_spec_greedy_equal.py).
 A shape first met outside `prepare` (a head, a drafter, a quantized kernel's chunk) is measured
-at its first product with that one weight.
+at its first product with that one weight. A model's choice saved on disk (`prepare`'s folder)
+makes separate processes on one machine agree too; delete the file to measure again.
 """
 
 from __future__ import annotations
