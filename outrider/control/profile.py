@@ -82,7 +82,9 @@ def _sync(target: Decoder) -> None:
 def profile_key(model_path: Path, target: Decoder) -> str:
     parts = [str(Path(model_path).resolve()), str(target.quantization or target.dtype), str(target.device),
              str(torch.get_num_threads()),
-             platform.processor() or platform.machine(), torch.__version__]
+             platform.processor() or platform.machine(), torch.__version__,
+             # the CPU product path: per-machine choice since cpu_linear.py (older profiles timed W @ x.T)
+             "linear:" + (os.environ.get("OUTRIDER_LINEAR") or "auto")]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
