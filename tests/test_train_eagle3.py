@@ -72,7 +72,7 @@ def test_loss_falls_on_a_fixed_batch(target, tmp_path):
     train(options(target, one, tmp_path / "out", steps=8, lr=3e-3, warmup_steps=0, ttt_steps=2), log=lambda m: None)
     log = log_of(tmp_path / "out")
     assert [r["step"] for r in log] == list(range(1, 9)) and log[-1]["tokens"] == 8 * 2 * SEQ
-    assert log[-1]["loss"] < log[0]["loss"] - 0.5, [r["loss"] for r in log]  # soft CE: the floor is the target's entropy
+    assert log[-1]["loss"] < log[0]["loss"] - 0.2, [r["loss"] for r in log]  # soft CE: the floor is the target's entropy (no step: constant)
 
 
 def test_resume_matches_an_uninterrupted_run(target, corpus, tmp_path):

@@ -106,3 +106,25 @@ def test_invalid_positions_are_not_scored(target):
     garbage = target_logits.clone()
     garbage[0, 3:] = 100.0  # positions that do not count change nothing
     assert head.ttt(features, tokens, garbage, valid, steps=2).loss.item() == pytest.approx(out.loss.item())
+
+
+def test_calibrated_input_scale_is_folded_into_the_export(target, tmp_path):
+    """fc trains on features divided by their per-dimension RMS; the exported fc.weight gives the
+    same fused features from the raw ones, and a checkpoint keeps the scale for resuming."""
+    used = torch.arange(0, 40, 2)
+    head = random_head(target, used)
+    g = torch.Generator().manual_seed(5)
+    scale = torch.rand(3 * target.config.hidden_size, generator=g) * 1000 + 1  # dimensions of very unequal size
+    features = torch.randn(2, 6, 3, target.config.hidden_size, generator=g) * scale.view(3, -1)
+    tokens = torch.randint(0, 40, (2, 6), generator=g)
+    head.calibrate(features)
+    assert not torch.allclose(head.feature_scale, torch.ones_like(head.feature_scale))
+    with torch.no_grad():
+        before = head.unroll(features, tokens, 2)
+    runtime = load_eagle3(export(head, tmp_path / "h"), target)
+    ref, _ = reference_rows(runtime, [features[0, i] for i in range(3)], tokens[0, 1:4].tolist())
+    torch.testing.assert_close(before[0][0, 2].double(), ref[2][runtime.w.draft_to_target], rtol=1e-4, atol=1e-4)
+    resumed = Eagle3Trainable.for_target(target, used, seed=9)
+    resumed.load_state_tensors(head.state_tensors(training=True))
+    with torch.no_grad():
+        torch.testing.assert_close(resumed.unroll(features, tokens, 2)[1], before[1])

@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
     p.add_argument("--tokens", type=int, default=None, help="stop after this many training tokens instead")
     p.add_argument("--seq-len", type=int, default=512, help="tokens per training sequence (default 512)")
     p.add_argument("--batch-size", type=int, default=4, help="sequences per global batch (default 4)")
-    p.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (default 5e-4)")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     p.add_argument("--warmup-steps", type=int, default=None, help="linear warmup steps (default 5%% of the steps)")
     p.add_argument("--clip", type=float, default=0.5, help="gradient-norm clip (default 0.5)")
     p.add_argument("--ttt-steps", type=int, default=7, help="unrolled draft steps of the training-time test (default 7)")

@@ -80,14 +80,22 @@ class Eagle3Trainable(torch.nn.Module):
         self.lm_head = torch.nn.Parameter(head)  # [Vd, H]
         self.register_buffer("embed", embed.detach(), persistent=False)  # [V, H] the target's, frozen
         self.register_buffer("used", used, persistent=False)  # [Vd] target id of each draft id
+        # fc's inputs are the target's raw hidden states, whose dimensions differ in scale by 10^4
+        # (massive activations: RMS 4 in layer 2, 300 in later ones, single values of 3e4). fc
+        # trains on inputs divided by each dimension's RMS (`calibrate`), so Adam's steps have the
+        # same relative size everywhere; the scale is folded into fc.weight on export.
+        self.register_buffer("feature_scale", torch.ones(3 * Ht), persistent=False)  # [3Ht]
         self.register_buffer("inv_freq", 1.0 / (c.rope_theta ** (torch.arange(0, D, 2).float() / D)),
                              persistent=False)
 
     @classmethod
-    def for_target(cls, target, used: torch.Tensor, *, seed: int, layer_ids=None) -> "Eagle3Trainable":
-        """A head sized like `target` (a Decoder): same hidden size, heads and MLP width; lm_head
-        rows and final norm copied from the target's (a warm start: its own next-token readout),
-        the rest random (std 0.02, seeded). Layer ids: `layer_ids` (vllm semantics) or 2, N//2, N-3."""
+    def for_target(cls, target, used: torch.Tensor, *, seed: int, layer_ids=None,
+                   warm_start: bool = False) -> "Eagle3Trainable":
+        """A head sized like `target` (a Decoder): same hidden size, heads and MLP width; weights
+        random (std 0.02, seeded), norms 1. warm_start copies the target's lm_head rows and final
+        norm (its own readout); on SmolLM2 that started from a far higher loss and learned slower
+        over the first 40 steps than the random head (a probe on stdlib code, 2 x 512 tokens a step).
+        Layer ids: `layer_ids` (vllm semantics) or 2, N//2, N-3."""
         t = target.config
         if not isinstance(target.lm_head, torch.Tensor) or not isinstance(target.embed, torch.Tensor):
             raise ValueError("train against a float target (--dtype float32 or bfloat16), not quantized weights")
@@ -98,12 +106,23 @@ class Eagle3Trainable(torch.nn.Module):
             rope_theta=t.rope_theta, norm_before_residual=False,
             layer_ids=tuple(layer_ids) if layer_ids is not None else (2, t.num_layers // 2, t.num_layers - 3),
             layer_convention="vllm")
-        return cls(config, target.embed.float(), used, seed=seed, lm_head_init=target.lm_head,
-                   norm_init=target.norm, num_target_layers=t.num_layers)
+        return cls(config, target.embed.float(), used, seed=seed, lm_head_init=target.lm_head if warm_start else None,
+                   norm_init=target.norm if warm_start else None, num_target_layers=t.num_layers)
 
     def taps(self, num_target_layers: int) -> tuple[int, ...]:
         """The target hidden states to request (our Decoder indices, heads/eagle3.py `taps`)."""
         return self.config.taps(num_target_layers)
+
+    @torch.no_grad()
+    def calibrate(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+        """Set the per-dimension input scale of fc from a batch of target features [B, T, 3, Ht]:
+        1 / RMS of each dimension over the batch's rows (`valid` rows only when given). Call once,
+        before training; the exported fc.weight is the same function of the raw features."""
+        flat = features.reshape(-1, features.shape[-2] * features.shape[-1]).float()  # [rows, 3Ht]
+        if valid is not None and bool(valid.any()):
+            flat = flat[valid.reshape(-1)]
+        rms = flat.pow(2).mean(0).sqrt().clamp_min(1e-3)
+        self.feature_scale.copy_(1.0 / rms)
 
     # -- forward ----------------------------------------------------------------------------------
     def unroll(self, features: torch.Tensor, tokens: torch.Tensor, steps: int) -> list[torch.Tensor]:
@@ -116,7 +135,8 @@ class Eagle3Trainable(torch.nn.Module):
         padded = F.pad(tokens, (0, steps))  # [B, T + steps]: x_{T..} unknown, rows using them are masked
         rows = torch.arange(T, device=tokens.device)
         causal = rows.unsqueeze(1) >= rows.unsqueeze(0)  # [T, T]: row p sees step-0 keys 0..p
-        hidden = F.linear(features.reshape(B, T, -1).to(self.fc.dtype), self.fc)  # [B, T, H]
+        scaled = features.reshape(B, T, -1).to(self.fc.dtype) * self.feature_scale  # [B, T, 3Ht]
+        hidden = F.linear(scaled, self.fc)  # [B, T, H]
         keys, values, out = [], [], []
         for s in range(steps):
             emb = F.embedding(padded[:, s + 1: s + 1 + T], self.embed).to(hidden.dtype)  # token x_{p+s+1}
@@ -193,10 +213,16 @@ class Eagle3Trainable(torch.nn.Module):
         "down_proj": "midlayer.mlp.down_proj.weight", "norm": "norm.weight", "lm_head": "lm_head.weight",
     }
 
-    def state_tensors(self) -> dict[str, torch.Tensor]:
-        """The head in the EAGLE layout: weights by their on-disk names, d2t (int64 offsets) and
-        t2d (bool) when the draft vocabulary is smaller than the target's; no embedding."""
+    def state_tensors(self, training: bool = False) -> dict[str, torch.Tensor]:
+        """The head in the EAGLE layout: weights by their on-disk names (fc.weight with the input
+        scale folded in), d2t (int64 offsets) and t2d (bool) when the draft vocabulary is smaller
+        than the target's; no embedding. training=True (checkpoints): fc.weight as trained plus
+        `train.feature_scale`, so that training resumes on the same parameters."""
         out = {disk: getattr(self, attr).detach().clone().contiguous() for attr, disk in self._NAMES.items()}
+        if training:
+            out["train.feature_scale"] = self.feature_scale.detach().clone()
+        else:
+            out["fc.weight"] = (self.fc.detach() * self.feature_scale).contiguous()  # [H, 3Ht]
         c = self.config
         if c.draft_vocab_size < c.vocab_size:
             used = self.used.cpu()
@@ -222,6 +248,10 @@ class Eagle3Trainable(torch.nn.Module):
                 if tuple(tensors[disk].shape) != tuple(param.shape):
                     raise ValueError(f"{disk} has shape {list(tensors[disk].shape)}, this head's is {list(param.shape)}")
                 param.copy_(tensors[disk])
+            if "train.feature_scale" in tensors:  # a checkpoint: fc as trained
+                self.feature_scale.copy_(tensors["train.feature_scale"])
+            else:  # an export: the scale is folded into fc.weight
+                self.feature_scale.fill_(1.0)
 
     def export_config(self, **extra) -> dict:
         """config.json of the EAGLE layout (heads/eagle3_format.read_config reads it back)."""

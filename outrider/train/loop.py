@@ -50,7 +50,7 @@ class TrainOptions:
     tokens: int | None = None
     seq_len: int = 512
     batch_size: int = 4
-    lr: float = 5e-4
+    lr: float = 1e-3
     warmup_steps: int | None = None  # None: 5% of the steps
     clip: float = 0.5
     ttt_steps: int = 7
@@ -227,6 +227,9 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
         for group in optimizer.param_groups:
             group["lr"] = o.lr_at(step)
         tb = target_pass(target, mine, taps, used)
+        if step == 0 and saved is None:  # fc's input scale, from the first batch (all ranks: the same rows)
+            first = target_pass(target, examples, taps, used) if dist.world > 1 else tb
+            model.calibrate(first.features, first.valid)
         model.train()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=o.precision == "bf16"):
             result = model.ttt(tb.features, tb.tokens, tb.draft_logits, tb.valid, steps=o.ttt_steps, decay=o.decay)
@@ -299,7 +302,7 @@ def _checkpoint(out, o, model, optimizer, step, tokens, position, elapsed) -> No
     meta = {"step": step, "tokens": tokens, "position": position.to_json(), "elapsed_s": elapsed, "seed": o.seed,
             "options": {k: v for k, v in asdict(o).items() if k != "command"}, "command": o.command,
             "config": model.export_config()}
-    checkpoint.save(out, meta, model.state_tensors(), optimizer)
+    checkpoint.save(out, meta, model.state_tensors(training=True), optimizer)
 
 
 def _write_head(folder: Path, model, info: dict | None = None) -> None:
