@@ -7,7 +7,7 @@ thread so the float arithmetic does not depend on how many cores were free) and 
 
     {"format": 1, "target": {"name": ..., "path": ..., "architectures": [...]},
      "settings": {"temperature": 0.0, "tree": "chain", "depth": 4, "max_new_tokens": 32,
-                  "chat": true, "device": "cpu", "dtype": "float32", "threads": 1},
+                  "chat": true, "device": "cpu", "dtype": "float32", "threads": 1, "linear": "linear"},
      "prompts": [...], "prompt_ids": [[...], ...],
      "results": [{"rounds": 9, "committed": 32, "output_ids": [...]}, ...],
      "rounds": 45, "committed": 160, "tau": 3.56,
@@ -23,11 +23,14 @@ tie, so tau may move: it must stay within 5% (float32) or 10% (bf16, fp16) of th
 from __future__ import annotations
 
 import json
+import os
 import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+
+from ..models import cpu_linear
 
 GOLDEN = "outrider_golden.json"
 PROMPTS = (
@@ -79,6 +82,11 @@ def measure(head_dir: str | Path, target: str | Path, settings: GoldenSettings =
     from ..engine import LLM
 
     threads = torch.get_num_threads()
+    # The CPU's matrix-product path is otherwise chosen by timing (models/cpu_linear.py), which a
+    # busy machine can tip between near-equal paths: pin plain F.linear so the golden's arithmetic
+    # (and the exact same-machine comparison) never depends on load.
+    linear_before = os.environ.get(cpu_linear.ENV)
+    os.environ[cpu_linear.ENV] = "linear"
     try:
         llm = LLM(str(target), drafter=f"eagle3:{head_dir}", tree="chain", controller=f"fixed:{settings.depth}",
                   device=settings.device, dtype=settings.dtype, threads=1)
@@ -91,8 +99,12 @@ def measure(head_dir: str | Path, target: str | Path, settings: GoldenSettings =
                             "output_ids": list(out.token_ids)})
     finally:
         torch.set_num_threads(threads)
+        if linear_before is None:
+            os.environ.pop(cpu_linear.ENV, None)
+        else:
+            os.environ[cpu_linear.ENV] = linear_before
     rounds, committed = sum(r["rounds"] for r in results), sum(r["committed"] for r in results)
-    resolved = {"temperature": 0.0, "tree": "chain", **asdict(settings), "chat": chat, "threads": 1}
+    resolved = {"temperature": 0.0, "tree": "chain", **asdict(settings), "chat": chat, "threads": 1, "linear": "linear"}
     return {"settings": resolved, "prompts": list(prompts), "prompt_ids": prompt_ids, "results": results,
             "rounds": rounds, "committed": committed, "tau": committed / max(rounds, 1),
             "measured_on": machine(settings.device)}
