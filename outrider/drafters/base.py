@@ -5,6 +5,11 @@ changes what is committed: the verifier decides that, exactly. Drafters keep the
 (an index over the text so far, a draft model's KV cache) and `update` rolls it to the committed
 prefix after each round.
 
+The round calls the drafter once for the whole batch: `propose_batch` / `update_batch` below.
+A drafter that gains from batching (a model drafter: one forward per draft depth for all
+sequences) defines methods of those names; any other (n-gram, suffix) writes only the
+per-sequence `propose` / `update`, and these defaults call them in turn.
+
 A drafter is registered by name (registry.py) with the capabilities it declares
 (capabilities.py); the engine chooses the verifier and the hidden-state taps from those, never
 from the drafter's name or type.
@@ -53,6 +58,25 @@ class Drafter(Protocol):
 
     def finish(self, seq_id: int, tokens: list[int]) -> None:
         """The sequence ended with these committed tokens (prompt + output)."""
+
+
+def propose_batch(drafter: Drafter, seq_ids: list[int], tokens: list[list[int]],
+                  budgets: list[Budget]) -> list[DraftTree]:
+    """One tree per sequence (tokens[b]: its committed tokens), in one call for the round."""
+    batched = getattr(drafter, "propose_batch", None)
+    if batched is not None:
+        return batched(seq_ids, tokens, budgets)
+    return [drafter.propose(s, t, b) for s, t, b in zip(seq_ids, tokens, budgets)]
+
+
+def update_batch(drafter: Drafter, seq_ids: list[int], results: list[VerifyResult],
+                 hidden: list[torch.Tensor | None]) -> None:
+    """The round committed results[b] for seq_ids[b]; hidden[b]: its taps on the accepted path or None."""
+    batched = getattr(drafter, "update_batch", None)
+    if batched is not None:
+        return batched(seq_ids, results, hidden)
+    for s, r, h in zip(seq_ids, results, hidden):
+        drafter.update(s, r, h)
 
 
 def missing_tail(known: list[int], tokens: list[int]) -> list[int] | None:

@@ -12,13 +12,17 @@ with n committed tokens, rows 0..n-2 are the committed ones, built only from tar
 Between rounds the features of the newly committed positions wait in `pending` and are written
 at the next proposal (one forward, causal), whose last row gives the first draft's distribution:
 
-    start(prompt x_0..x_{n-1}, features f_0..f_{n-2})      pending = f_0..f_{n-2}, rows = 0
-    propose: write rows 0..n-2 (tokens x_1..x_{n-1})        rows = n-1; row n-2 predicts x_n
+    start(prompt x_0..x_{n-1}, features f_0..f_{n-2})      write rows 0..n-2 (tokens x_1..x_{n-1})
+                                                            rows = n-1; row n-2 predicts x_n
              drafts: node i of the tree (depth d) is head row n-2+i at position n-2+d, fed the
              output hidden of its parent's row and its own token; written past the committed rows
     update(accepted path a nodes, features f_{n-1}..f_{n-1+a})  pending = those a+1 rows
 
-Draft rows are never kept: the committed length is the rollback. Drafting by `--tree`:
+Draft rows are never kept: the committed length is the rollback. All sequences share one
+multi-slot head cache (slots.py); a round is one catch-up forward for the batch, then one
+forward per draft depth for the sequences still growing (grow.py). The head takes slots in
+order without holes, so each forward covers the span of the slots that feed, the others as
+empty rows. Drafting by `--tree`:
 chain (greedy: argmax; sampling: each draft drawn from q, the head's warped distribution over the
 target vocabulary, kept for rejection sampling), static:B1,.. (top-b children) and dynamic:K,N
 (EAGLE-2: expand the K best nodes by cumulative log-probability per depth, keep the N best),
@@ -37,7 +41,6 @@ from ..errors import ConfigError
 from ..heads.catalog import resolve_head
 from ..heads.eagle3 import Eagle3Head
 from ..heads.eagle3_format import load_eagle3, misfit, read_config
-from ..kv import KVCache
 from ..models.batch import pack
 from ..sampling import SamplingParams, warp_probs
 from ..spec.random import PositionalRandom
@@ -45,7 +48,9 @@ from ..spec.shapes import TreeShape
 from ..spec.types import DraftTree, VerifyResult
 from .base import Budget, ancestors_kept
 from .capabilities import Capabilities, Drafts
+from .grow import Feed, Grower, done, grow_alone, grow_together
 from .registry import DrafterEntry, register
+from .slots import SlotCache
 
 TREES = {
     "chain": Drafts("chain", gives_probs=True),  # sampled: each draft drawn from q, q kept
@@ -56,7 +61,7 @@ TREES = {
 
 @dataclass
 class _State:
-    cache: KVCache
+    slot: int  # this sequence's slot in the head's cache
     params: SamplingParams
     rng: PositionalRandom  # the request's drafting streams
     pending: torch.Tensor  # [m, H] fused features of committed positions not yet written
@@ -66,15 +71,23 @@ class _State:
 
 
 class Eagle3Drafter:
-    """Drafts with an EAGLE-3 head; `capabilities.needs_hidden` are this head's target layers."""
+    """Drafts with an EAGLE-3 head; `capabilities.needs_hidden` are this head's target layers.
+    batched=False drafts each sequence with forwards of its own (the slow reference, grow.py)."""
 
-    def __init__(self, head: Eagle3Head, shape: TreeShape, taps: tuple[int, ...], name: str = "eagle3"):
+    def __init__(self, head: Eagle3Head, shape: TreeShape, taps: tuple[int, ...], name: str = "eagle3",
+                 batched: bool = True):
         self.head = head
         self.shape = shape
         self.name = name
+        self.batched = batched
         self.capabilities = Capabilities(trees=TREES, needs_hidden=tuple(taps))
         self.vocab = head.config.vocab_size
+        self.slots = SlotCache(head.new_cache)
         self._states: dict[int, _State] = {}
+
+    @property
+    def cache(self):
+        return self.slots.cache
 
     # -- protocol -----------------------------------------------------------------------------
     def max_nodes(self, depth: int) -> int:
@@ -84,16 +97,19 @@ class Eagle3Drafter:
               hidden: torch.Tensor | None = None) -> None:
         """hidden: [len(prompt) - 1, 3, Ht] the prompt's features at the declared layers (the
         last prompt token is the first root: its features come with the first round); None
-        for a one-token prompt."""
+        for a one-token prompt. Takes a slot and writes the prompt's rows."""
         params = params or SamplingParams()
         rows = 0 if hidden is None else hidden.shape[0]
         if rows != len(prompt) - 1:
             got = None if hidden is None else tuple(hidden.shape)
             raise ValueError(f"eagle3 start needs the prompt's features [{len(prompt) - 1}, 3, Ht], got {got}")
+        self.finish(seq_id, prompt)  # a state left by an interrupted run gives its slot back
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**63 - 1, ()))
-        cache = self.head.new_cache(1, max(256, 2 * len(prompt)))
         pending = self.head.fuse(hidden) if rows else self.head.w.fc.new_zeros(0, self.head.config.hidden_size)
-        self._states[seq_id] = _State(cache, params, PositionalRandom(seed).drafting(), pending)
+        st = _State(self.slots.take(), params, PositionalRandom(seed).drafting(), pending)
+        self._states[seq_id] = st
+        self.slots.ensure_rows(len(prompt) + 1)
+        self._catch_up([st], [prompt])
 
     def update(self, seq_id: int, result: VerifyResult, hidden: torch.Tensor | None = None) -> None:
         """hidden: [1 + num_accepted, 3, Ht] the target's features of the root and accepted nodes."""
@@ -104,48 +120,85 @@ class Eagle3Drafter:
         st = self._states[seq_id]
         st.pending = torch.cat((st.pending, self.head.fuse(hidden)))
 
+    def update_batch(self, seq_ids: list[int], results: list[VerifyResult], hidden: list) -> None:
+        for seq_id, result, h in zip(seq_ids, results, hidden):  # features wait for the next catch-up
+            self.update(seq_id, result, h)
+
     def finish(self, seq_id: int, tokens: list[int]) -> None:
-        self._states.pop(seq_id, None)
+        st = self._states.pop(seq_id, None)
+        if st is not None:
+            self.slots.give(st.slot)
 
     def propose(self, seq_id: int, tokens: list[int], budget: Budget) -> DraftTree:
-        st = self._states[seq_id]
-        depth = self.shape.max_depth(budget.depth)
-        st.cache.ensure_capacity(len(tokens) + self.shape.fed_nodes(depth) + 1)
-        self._catch_up(st, tokens)
+        return self.propose_batch([seq_id], [tokens], [budget])[0]
+
+    def propose_batch(self, seq_ids: list[int], tokens: list[list[int]], budgets: list[Budget]) -> list[DraftTree]:
+        """A tree per sequence: one catch-up forward, then one forward per draft depth for all."""
+        states = [self._states[s] for s in seq_ids]
+        depths = [self.shape.max_depth(b.depth) for b in budgets]
+        self.slots.ensure_rows(max(len(t) + self.shape.fed_nodes(d) + 1 for t, d in zip(tokens, depths)))
+        self._catch_up(states, tokens)
+        growers = [self._grower(st, toks, depth, budget)
+                   for st, toks, depth, budget in zip(states, tokens, depths, budgets)]
+
+        def forward(indices: list[int], feeds: list[Feed]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            chosen = [states[i] for i in indices]
+            return self._forward([st.slot for st in chosen], [st.rows - 1 for st in chosen], feeds)
+
+        return (grow_together if self.batched else grow_alone)(growers, forward)
+
+    def _grower(self, st: _State, tokens: list[int], depth: int, budget: Budget) -> Grower:
         if st.rows == 0 or depth < 1 or budget.nodes < 1:  # a one-token prompt: no feature yet
-            return DraftTree.root_only(tokens[-1])
+            return done(DraftTree.root_only(tokens[-1]))
         if self.shape.is_chain:
             return self._chain(st, tokens, min(depth, budget.nodes))
         return self._tree(st, tokens[-1], depth, budget.nodes)
 
     # -- the head's forward -------------------------------------------------------------------
-    def _catch_up(self, st: _State, tokens: list[int]) -> None:
-        """Write the committed rows whose features arrived: row p gets token p + 1."""
-        m = st.pending.shape[0]
-        if st.rows + m != len(tokens) - 1:
-            raise ValueError(f"eagle3 drafter out of step: {st.rows} rows + {m} pending features for "
-                             f"{len(tokens)} committed tokens (expected {len(tokens) - 1} rows)")
-        if m == 0:
+    def _forward(self, slots: list[int], starts: list[int], feeds: list[Feed]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One head forward: feeds[b]'s nodes at rows starts[b] + node of slot slots[b] (a tree's
+        node 0 is row starts[b]; parents None: causal rows). The head takes the span of slots in
+        order, so slots between that do not feed come as empty rows. Returns (logits [n, Vd],
+        hidden [n, H]) per feed."""
+        lo, hi = min(slots), max(slots)
+        at = {slot: b for b, slot in enumerate(slots)}
+        span = range(lo, hi + 1)
+        empty = Feed([], None, 0, None)
+        rows = [feeds[at[s]] if s in at else empty for s in span]
+        batch = pack(list(span), [starts[at[s]] if s in at else 0 for s in span],
+                     [torch.tensor(f.tokens, dtype=torch.long) for f in rows],
+                     [None if f.parents is None else torch.tensor(f.parents) for f in rows],
+                     scratch_row=self.cache.scratch_row, device=self.head.device,
+                     first_nodes=[f.first for f in rows])
+        inputs = self.head.w.fc.new_zeros(len(span), batch.tokens.shape[1], self.head.config.hidden_size)  # [S, T, H]
+        for i, f in enumerate(rows):
+            if f.tokens:
+                inputs[i, : len(f.tokens)] = f.inputs
+        logits, hidden = self.head.forward(batch, self.cache, inputs)  # [S, T, Vd], [S, T, H]
+        return [(logits[s - lo, : len(f.tokens)], hidden[s - lo, : len(f.tokens)]) for s, f in zip(slots, feeds)]
+
+    def _catch_up(self, states: list[_State], tokens: list[list[int]]) -> None:
+        """Write the committed rows whose features arrived, for every sequence in one forward:
+        row p gets token p + 1."""
+        todo = []
+        for st, toks in zip(states, tokens):
+            m = st.pending.shape[0]
+            if st.rows + m != len(toks) - 1:
+                raise ValueError(f"eagle3 drafter out of step: {st.rows} rows + {m} pending features for "
+                                 f"{len(toks)} committed tokens (expected {len(toks) - 1} rows)")
+            if m:
+                todo.append((st, Feed(toks[st.rows + 1:], None, 0, st.pending)))
+        if not todo:
             return
-        batch = pack([0], [st.rows], [torch.tensor(tokens[st.rows + 1:])], scratch_row=st.cache.scratch_row,
-                     device=self.head.device)
-        logits, hidden = self.head.forward(batch, st.cache, st.pending.unsqueeze(0))
-        st.rows += m
-        st.cache.set_length(0, st.rows)
-        st.pending = st.pending[:0]
-        st.last_hidden, st.last_logits = hidden[0, -1], logits[0, -1]
+        outs = self._forward([st.slot for st, _ in todo], [st.rows for st, _ in todo], [f for _, f in todo])
+        for (st, feed), (logits, hidden) in zip(todo, outs):
+            st.rows += len(feed.tokens)
+            self.cache.set_length(st.slot, st.rows)
+            st.pending = st.pending[:0]
+            st.last_hidden, st.last_logits = hidden[-1], logits[-1]
 
-    def _feed(self, st: _State, tokens: list[int], parents: list[int], first: int,
-              inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft nodes first.. of the tree `parents` (node 0: the last committed row), fed
-        `inputs` [n, H] (their parents' output hidden). Returns (logits [n, Vd], hidden [n, H])."""
-        batch = pack([0], [st.rows - 1], [torch.tensor(tokens)], [torch.tensor(parents)],
-                     scratch_row=st.cache.scratch_row, device=self.head.device, first_nodes=[first])
-        logits, hidden = self.head.forward(batch, st.cache, inputs.unsqueeze(0))
-        return logits[0], hidden[0]
-
-    # -- drafting -----------------------------------------------------------------------------
-    def _chain(self, st: _State, tokens: list[int], k: int) -> DraftTree:
+    # -- drafting, one sequence (a grower: yields the nodes to feed, grow.py) -------------------
+    def _chain(self, st: _State, tokens: list[int], k: int) -> Grower:
         sampling = not st.params.greedy
         rng = st.rng.at(len(tokens))  # offset d - 1: the token at depth d
         logits, hidden = st.last_logits, st.last_hidden
@@ -160,7 +213,7 @@ class Eagle3Drafter:
                 token = int(full.argmax())
             drafts.append(token)
             if d < k:
-                out_logits, out_hidden = self._feed(st, [token], list(range(-1, d)), d, hidden.unsqueeze(0))
+                out_logits, out_hidden = yield Feed([token], list(range(-1, d)), d, hidden.unsqueeze(0))
                 logits, hidden = out_logits[0], out_hidden[0]
         probs = None
         if sampling:
@@ -168,7 +221,7 @@ class Eagle3Drafter:
             probs[:k] = torch.stack(qs).cpu()
         return DraftTree.chain(tokens[-1], drafts, probs)
 
-    def _tree(self, st: _State, root: int, depth: int, max_nodes: int) -> DraftTree:
+    def _tree(self, st: _State, root: int, depth: int, max_nodes: int) -> Grower:
         """Static (top-b of every node) or dynamic (EAGLE-2) trees, grown one depth per forward.
 
         cand[i] = (target token, parent cand id, cumulative log q); cand 0 is the root. Expanded
@@ -203,7 +256,7 @@ class Eagle3Drafter:
                 fed_parents.append(fed_of[cand[cid][1]])
             rows = {cid: i for i, cid in enumerate(frontier)}
             inputs = hidden[[rows[cand[cid][1]] for cid in expand]]  # [e, H]: each parent's output
-            logits, hidden = self._feed(st, fed_tokens[first:], fed_parents, first, inputs)
+            logits, hidden = yield Feed(fed_tokens[first:], list(fed_parents), first, inputs)
             frontier = expand
         chosen = range(1, len(cand))
         if dynamic:

@@ -1,8 +1,14 @@
 """Model-based drafters: an independent draft model, or the target's own first layers.
 
 Both run a `Decoder` (the draft model's, or the target's with `num_layers=K` for self-speculative
-early exit) with a KV cache of their own, one slot per sequence, kept in step with the committed
-prefix: after each round the rows of the accepted path stay, the rest are rolled back.
+early exit) with a KV cache of their own, one slot per sequence in one multi-slot cache
+(slots.py), kept in step with the committed prefix: after each round the rows of the accepted
+path stay, the rest are rolled back.
+
+Batched (one call per round, `propose_batch`): one forward writes every sequence's newly
+committed tokens (the catch-up: the root, and the accepted drafts and bonus the drafter did not
+feed) and gives each its first draft distribution; then each further draft depth is ONE forward
+for all sequences still growing (grow.py). A sequence's prompt is written at `start`.
 
 Drafting by shape (spec/shapes.py):
 - chain: one forward per depth; greedy takes the argmax, sampling draws from the drafter's
@@ -18,7 +24,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..kv import KVCache
 from ..models.batch import pack
 from ..models.decoder import Decoder
 from ..sampling import SamplingParams, warp_probs
@@ -27,21 +32,26 @@ from ..spec.shapes import TreeShape
 from ..spec.types import DraftTree, VerifyResult
 from .base import Budget, ancestors_kept
 from .capabilities import Capabilities, Drafts
+from .grow import Feed, Grower, done, grow_alone, grow_together
+from .slots import SlotCache
 
 
 @dataclass
 class _State:
-    cache: KVCache
+    slot: int  # this sequence's slot in the drafter's cache
     params: SamplingParams
     rng: PositionalRandom  # the request's drafting streams (sampled chains draw from q)
     cached: int = 0  # rows of committed tokens in the cache
     base: int = 0  # len(tokens) - 1 at the last proposal: row of the root
     fed: set[int] = field(default_factory=set)  # tree nodes whose K/V this round wrote
+    proposed: bool = False  # a proposal since the last update (a round may skip the drafter)
 
 
 class ModelDrafter:
     """Drafts with a `Decoder` of its own (or the target's first layers); registered as the
-    `draft-model` (draft_model.py) and `early-exit` (early_exit.py) drafters."""
+    `draft-model` (draft_model.py) and `early-exit` (early_exit.py) drafters.
+
+    batched=False drafts each sequence with forwards of its own (the slow reference, grow.py)."""
 
     capabilities = Capabilities(trees={
         "chain": Drafts("chain", gives_probs=True),  # sampled: each draft drawn from q, q kept
@@ -50,71 +60,113 @@ class ModelDrafter:
     })
 
     def __init__(self, decoder: Decoder, shape: TreeShape, *, num_layers: int | None = None,
-                 name: str = "draft-model", target_vocab: int | None = None):
+                 name: str = "draft-model", target_vocab: int | None = None, batched: bool = True):
         self.decoder = decoder
         self.shape = shape
         self.num_layers = num_layers
         self.name = name
         self.target_vocab = target_vocab or decoder.config.vocab_size
+        self.batched = batched
+        layers = num_layers or decoder.config.num_layers
+        self.slots = SlotCache(lambda n, rows: decoder.new_cache(n, rows, num_layers=layers))
         self._states: dict[int, _State] = {}
+
+    @property
+    def cache(self):
+        return self.slots.cache
 
     # -- protocol -----------------------------------------------------------------------------
     def max_nodes(self, depth: int) -> int:
         return self.shape.max_drafts(depth)
 
     def start(self, seq_id: int, prompt: list[int], params: SamplingParams | None = None) -> None:
+        """Take a slot and write the prompt's K/V but the last token's (the first round's root)."""
         params = params or SamplingParams()
-        layers = self.num_layers or self.decoder.config.num_layers
-        cache = self.decoder.new_cache(1, max(256, 2 * len(prompt)), num_layers=layers)
+        self.finish(seq_id, prompt)  # a state left by an interrupted run gives its slot back
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**63 - 1, ()))
-        self._states[seq_id] = _State(cache, params, PositionalRandom(seed).drafting())  # apart from the verifier's
+        st = _State(self.slots.take(), params, PositionalRandom(seed).drafting())  # apart from the verifier's
+        self._states[seq_id] = st
+        if len(prompt) > 1:
+            self.slots.ensure_rows(len(prompt))
+            batch = pack([st.slot], [0], [torch.tensor(prompt[:-1])], logits="none",
+                         scratch_row=self.cache.scratch_row, device=self.decoder.device)
+            self.decoder.forward(batch, self.cache, num_layers=self.num_layers)
+            st.cached = len(prompt) - 1
+            self.cache.set_length(st.slot, st.cached)
 
     def propose(self, seq_id: int, tokens: list[int], budget: Budget) -> DraftTree:
-        st = self._states[seq_id]
-        depth = self.shape.max_depth(budget.depth)
-        st.base = len(tokens) - 1
-        st.fed = {0}
-        st.cache.ensure_capacity(len(tokens) + self.shape.fed_nodes(depth))  # rows 0..base, then fed nodes
-        q_root = self._catch_up(st, tokens)  # [vocab] logits after the root
-        if depth < 1 or budget.nodes < 1:
-            return DraftTree.root_only(tokens[-1])
-        if self.shape.is_chain:
-            return self._chain(st, tokens[-1], q_root, min(depth, budget.nodes))
-        if self.shape.kind == "static":
-            return self._static(st, tokens[-1], q_root, depth, budget.nodes)
-        return self._dynamic(st, tokens[-1], q_root, depth, min(budget.nodes, self.shape.max_nodes))
+        return self.propose_batch([seq_id], [tokens], [budget])[0]
+
+    def propose_batch(self, seq_ids: list[int], tokens: list[list[int]], budgets: list[Budget]) -> list[DraftTree]:
+        """A tree per sequence: one catch-up forward, then one forward per draft depth for all."""
+        states = [self._states[s] for s in seq_ids]
+        depths = [self.shape.max_depth(b.depth) for b in budgets]
+        self.slots.ensure_rows(max(len(t) + self.shape.fed_nodes(d) for t, d in zip(tokens, depths)))
+        for st, toks in zip(states, tokens):
+            st.base, st.fed, st.proposed = len(toks) - 1, {0}, True  # rows 0..base, then fed nodes
+        q_roots = self._catch_up(states, tokens)  # [B, vocab] logits after each root
+        growers = [self._grower(st, toks[-1], q_root, depth, budget)
+                   for st, toks, q_root, depth, budget in zip(states, tokens, q_roots, depths, budgets)]
+
+        def forward(indices: list[int], feeds: list[Feed]) -> list[torch.Tensor]:
+            return self._forward([states[i] for i in indices], feeds)
+
+        return (grow_together if self.batched else grow_alone)(growers, forward)
 
     def update(self, seq_id: int, result: VerifyResult, hidden: torch.Tensor | None = None) -> None:
         st = self._states[seq_id]
+        if not st.proposed:  # the round drafted nothing for it: the catch-up will feed the commit
+            return
+        st.proposed = False
         path = [0]
         for node in result.accepted_nodes:
             if node not in st.fed:
                 break
             path.append(node)
-        st.cache.compact(0, [st.base + node for node in path], st.base)
+        self.cache.compact(st.slot, [st.base + node for node in path], st.base)
         st.cached = st.base + len(path)
-        st.cache.set_length(0, st.cached)
+        self.cache.set_length(st.slot, st.cached)
+
+    def update_batch(self, seq_ids: list[int], results: list[VerifyResult], hidden: list) -> None:
+        for seq_id, result in zip(seq_ids, results):  # host bookkeeping and row moves: no forward
+            self.update(seq_id, result)
 
     def finish(self, seq_id: int, tokens: list[int]) -> None:
-        self._states.pop(seq_id, None)
+        st = self._states.pop(seq_id, None)
+        if st is not None:
+            self.slots.give(st.slot)
 
-    # -- drafting -----------------------------------------------------------------------------
-    def _forward(self, st: _State, tokens: list[int], parents: list[int] | None, first: int,
-                 start: int) -> torch.Tensor:
-        """Write the K/V of `tokens` and return their logits [n, vocab] (float32)."""
-        batch = pack([0], [start], [torch.tensor(tokens)],
-                     None if parents is None else [torch.tensor(parents)],
-                     scratch_row=st.cache.scratch_row, device=self.decoder.device,
-                     first_nodes=None if parents is None else [first])
-        return self.decoder.forward(batch, st.cache, num_layers=self.num_layers).logits[0]
+    # -- the forwards -------------------------------------------------------------------------
+    def _forward(self, states: list[_State], feeds: list[Feed]) -> list[torch.Tensor]:
+        """One forward writing each sequence's fed tree nodes; returns their logits [n_b, vocab]."""
+        batch = pack([st.slot for st in states], [st.base for st in states],
+                     [torch.tensor(f.tokens) for f in feeds], [torch.tensor(f.parents) for f in feeds],
+                     scratch_row=self.cache.scratch_row, device=self.decoder.device,
+                     first_nodes=[f.first for f in feeds])
+        logits = self.decoder.forward(batch, self.cache, num_layers=self.num_layers).logits  # [B, T, vocab]
+        return [logits[b, : len(f.tokens)] for b, f in enumerate(feeds)]
 
-    def _catch_up(self, st: _State, tokens: list[int]) -> torch.Tensor:
-        """Feed the committed tokens the cache lacks (the root at least); logits after the root."""
-        pending = tokens[st.cached:]
-        logits = self._forward(st, pending, None, 0, st.cached)
-        st.cached = len(tokens) - 1  # the root's row belongs to this round's tree (node 0)
-        st.cache.set_length(0, st.cached)
-        return logits[-1]
+    def _catch_up(self, states: list[_State], tokens: list[list[int]]) -> torch.Tensor:
+        """Feed every sequence's committed tokens its cache lacks (the root at least), in one
+        forward; returns the logits after each root [B, vocab]."""
+        pending = [torch.tensor(toks[st.cached:]) for st, toks in zip(states, tokens)]
+        batch = pack([st.slot for st in states], [st.cached for st in states], pending, logits="last",
+                     scratch_row=self.cache.scratch_row, device=self.decoder.device)
+        logits = self.decoder.forward(batch, self.cache, num_layers=self.num_layers).logits[:, 0]  # [B, vocab]
+        for st in states:
+            st.cached = st.base  # the root's row belongs to this round's tree (node 0)
+            self.cache.set_length(st.slot, st.cached)
+        return logits
+
+    # -- drafting, one sequence (a grower: yields the nodes to feed, grow.py) -------------------
+    def _grower(self, st: _State, root: int, q_root: torch.Tensor, depth: int, budget: Budget) -> Grower:
+        if depth < 1 or budget.nodes < 1:
+            return done(DraftTree.root_only(root))
+        if self.shape.is_chain:
+            return self._chain(st, root, q_root, min(depth, budget.nodes))
+        if self.shape.kind == "static":
+            return self._static(st, root, q_root, depth, budget.nodes)
+        return self._dynamic(st, root, q_root, depth, min(budget.nodes, self.shape.max_nodes))
 
     def _q(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         """The drafter's distribution over the target's vocabulary: [..., target_vocab]."""
@@ -124,7 +176,7 @@ class ModelDrafter:
             probs = torch.nn.functional.pad(probs, (0, extra))
         return probs[..., : self.target_vocab]
 
-    def _chain(self, st: _State, root: int, q_root: torch.Tensor, k: int) -> DraftTree:
+    def _chain(self, st: _State, root: int, q_root: torch.Tensor, k: int) -> Grower:
         sampling = not st.params.greedy
         drafts, qs = [], []
         logits = q_root
@@ -135,7 +187,7 @@ class ModelDrafter:
             drafts.append(token)
             qs.append(q)
             if d < k:
-                logits = self._forward(st, [token], list(range(-1, d)), d, st.base)[0]
+                logits = (yield Feed([token], list(range(-1, d)), d))[0]
                 st.fed.add(d)
         probs = None
         if sampling:
@@ -143,7 +195,7 @@ class ModelDrafter:
             probs[:k] = torch.stack(qs).cpu()
         return DraftTree.chain(root, drafts, probs)
 
-    def _static(self, st: _State, root: int, q_root: torch.Tensor, depth: int, max_nodes: int) -> DraftTree:
+    def _static(self, st: _State, root: int, q_root: torch.Tensor, depth: int, max_nodes: int) -> Grower:
         tokens, parents = [root], [-1]
         frontier, frontier_logits = [0], q_root.unsqueeze(0)  # [f, vocab]
         for d in range(depth):
@@ -160,12 +212,12 @@ class ModelDrafter:
             if not new or d == depth - 1:
                 break
             first = new[0]
-            frontier_logits = self._forward(st, tokens[first:], parents, first, st.base)
+            frontier_logits = yield Feed(tokens[first:], list(parents), first)
             st.fed.update(new)
             frontier = new
         return DraftTree(torch.tensor(tokens), torch.tensor(parents))
 
-    def _dynamic(self, st: _State, root: int, q_root: torch.Tensor, depth: int, max_nodes: int) -> DraftTree:
+    def _dynamic(self, st: _State, root: int, q_root: torch.Tensor, depth: int, max_nodes: int) -> Grower:
         """EAGLE-2 style: expand the K best nodes per depth, then keep the N best of all."""
         k = self.shape.top_k
         # candidates: (score, node id in `cand`); cand[i] = (token, parent cand id, score)
@@ -189,7 +241,7 @@ class ModelDrafter:
                 tokens.append(cand[cid][0])
                 parents.append(written[cand[cid][1]])
                 written[cid] = len(tokens) - 1
-            frontier_logits = self._forward(st, tokens[first:], parents, first, st.base)
+            frontier_logits = yield Feed(tokens[first:], list(parents), first)
             st.fed.update(range(first, len(tokens)))
             frontier = best
         keep = heapq.nlargest(max_nodes, range(1, len(cand)), key=lambda c: cand[c][2])

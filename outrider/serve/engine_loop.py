@@ -194,28 +194,35 @@ class EngineLoop:
         entry.prefill_s = time.perf_counter() - entry.admitted_at
 
     def _round(self, entries: list[_Entry]) -> list[Event]:
-        by_id = {e.request_id: e for e in entries}
         spec = self.speculation
 
-        def propose(seq: Sequence) -> DraftTree:
-            entry = by_id[seq.seq_id]
-            if not entry.speculate:
-                return DraftTree.root_only(seq.tokens[-1])
-            free = self.cache.free_rows(seq.slot)
-            cap = entry.request.max_draft_tokens
-            return spec.propose(seq, free if cap is None else min(free, cap + 1))
+        def propose(seqs: list[Sequence]) -> list[DraftTree]:
+            trees = [DraftTree.root_only(seq.tokens[-1]) for seq in seqs]
+            drafting = [b for b, e in enumerate(entries) if e.speculate]
+            if drafting:
+                free = []
+                for b in drafting:
+                    rows, cap = self.cache.free_rows(seqs[b].slot), entries[b].request.max_draft_tokens
+                    free.append(rows if cap is None else min(rows, cap + 1))
+                for b, tree in zip(drafting, spec.propose_batch([seqs[b] for b in drafting], free)):
+                    trees[b] = tree
+            return trees
 
         taps = spec.hidden_layers if spec is not None else ()
         before = [len(e.seq.output) for e in entries]
         results, hidden = run_round(self.target, self.cache, [e.seq for e in entries], propose, taps)
-        events = []
-        for entry, result, old, taps_b in zip(entries, results, before, hidden):
-            seq = entry.seq
+        reasons = []
+        for entry, result in zip(entries, results):
             eos = set() if entry.request.ignore_eos else self.eos_ids
-            reason = stop_after_round(seq, entry.request, len(result.tokens), eos, self.cache, self.on_commit)
-            if entry.speculate:
-                spec.update(seq, result, taps_b)
-            new = seq.output[old:]
+            reasons.append(stop_after_round(entry.seq, entry.request, len(result.tokens), eos, self.cache,
+                                            self.on_commit))
+        drafting = [b for b, e in enumerate(entries) if e.speculate]
+        if drafting:
+            spec.update_batch([entries[b].seq for b in drafting], [results[b] for b in drafting],
+                              [hidden[b] for b in drafting])
+        events = []
+        for entry, reason, old in zip(entries, reasons, before):
+            new = entry.seq.output[old:]
             if reason is None:
                 events.append(Event(entry.request_id, new))
             else:

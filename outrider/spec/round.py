@@ -1,10 +1,10 @@
 """One speculative round for a batch of slots: draft, verify in one target forward, commit.
 
-    trees   = [drafter.propose(seq) for seq in batch]           # root-only without a drafter
+    trees   = propose(batch)                                    # one drafter call; root-only without one
     out     = target.forward(pack(trees), cache)                # logits at every node
     result  = verify(tree, logits, sampling, rng)               # exact
     cache   : compact the accepted path, set the new length     # rollback is the length
-    drafter.update(seq, result, hidden on the accepted path)    # drafter follows the commit
+    drafter.update_batch(results, hidden on the accepted paths) # the caller's: drafter follows the commit
 
 Invariant between rounds: `cache.lengths[slot] == len(seq.tokens) - 1` (the root, the last
 committed token, is not in the cache yet: this round's forward writes it).
@@ -27,7 +27,7 @@ from .tree import depths, tree_problem
 from .types import DraftTree, RoundStats, VerifyResult
 from .verifiers import Verifier
 
-Proposer = Callable[["Sequence"], DraftTree]
+Proposer = Callable[[list["Sequence"]], list[DraftTree]]  # one tree per sequence, one call per round
 
 
 class DraftError(RuntimeError):
@@ -61,7 +61,7 @@ def run_round(
     states on the accepted path: hidden[b][layer] is [1 + num_accepted, E], the rows of the root
     and the accepted nodes (the features of the tokens at positions cache_len .. cache_len + a)."""
     start = time.perf_counter()
-    trees = [propose(seq) for seq in seqs]
+    trees = propose(seqs)
     vocab = target.config.vocab_size
     for seq, tree in zip(seqs, trees):
         problem = tree_problem(tree.tokens, tree.parents, tree.draft_probs, vocab)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ..control.controllers import Controller, parse_controller
-from ..drafters.base import Budget, Drafter
+from ..drafters.base import Budget, Drafter, propose_batch, update_batch
 from ..drafters.capabilities import Drafts
 from ..drafters.registry import DrafterEntry, builders_of, declared, parse_drafter
 from ..errors import ConfigError
@@ -162,25 +162,40 @@ class Speculator:
         hidden = torch.cat(chunks) if chunks else None  # None: a one-token prompt, nothing prefilled
         self.drafter.start(seq.seq_id, list(seq.tokens), seq.params, hidden=hidden)
 
-    def propose(self, seq, free_rows: int) -> DraftTree:
-        budget = self.controller.budget(seq.seq_id)
-        nodes = min(self.nodes_for(budget.depth), free_rows - 1)
-        if budget.depth < 1 or nodes < 1:
-            tree = DraftTree.root_only(seq.tokens[-1])
-        else:
-            budget = Budget(depth=budget.depth, nodes=nodes, min_confidence=budget.min_confidence)
+    def propose_batch(self, seqs, free_rows: list[int]) -> list[DraftTree]:
+        """A tree per sequence, the drafter called once for all that draft this round (a model
+        drafter: one forward per draft depth for the batch). free_rows[b]: K/V rows sequence b
+        may still write (the root's included); a sequence whose budget is 0 gets the root alone."""
+        trees: list[DraftTree | None] = [None] * len(seqs)
+        todo: list[tuple[int, Budget]] = []
+        for i, (seq, free) in enumerate(zip(seqs, free_rows)):
+            budget = self.controller.budget(seq.seq_id)
+            nodes = min(self.nodes_for(budget.depth), free - 1)
+            if budget.depth < 1 or nodes < 1:
+                trees[i] = DraftTree.root_only(seq.tokens[-1])
+            else:
+                todo.append((i, Budget(depth=budget.depth, nodes=nodes, min_confidence=budget.min_confidence)))
+        if todo:
             start = time.perf_counter()
-            tree = self.drafter.propose(seq.seq_id, seq.tokens, budget)
-            self.controller.observe_draft_time((time.perf_counter() - start) / max(budget.depth, 1))
-        self._trees[seq.seq_id] = tree
-        return tree
+            drafted = propose_batch(self.drafter, [seqs[i].seq_id for i, _ in todo],
+                                    [seqs[i].tokens for i, _ in todo], [b for _, b in todo])
+            # one sequence's share of a draft depth (the controller weighs it against one
+            # sequence's verify cost)
+            depth = max(b.depth for _, b in todo)
+            self.controller.observe_draft_time((time.perf_counter() - start) / depth / len(todo))
+            for (i, _), tree in zip(todo, drafted):
+                trees[i] = tree
+        for seq, tree in zip(seqs, trees):
+            self._trees[seq.seq_id] = tree
+        return trees
 
-    def update(self, seq, result: VerifyResult, hidden: dict[int, torch.Tensor]) -> None:
-        """hidden: this sequence's taps on the accepted path (layer -> [1 + num_accepted, E],
+    def update_batch(self, seqs, results: list[VerifyResult], hidden: list[dict[int, torch.Tensor]]) -> None:
+        """hidden[b]: sequence b's taps on the accepted path (layer -> [1 + num_accepted, E],
         spec/round.py); the drafter gets them stacked in its declared order, or None."""
-        tree = self._trees.pop(seq.seq_id)
-        self.controller.observe(seq.seq_id, tree, result)
-        self.drafter.update(seq.seq_id, result, self._stack(hidden) if self.hidden_layers else None)
+        for seq, result in zip(seqs, results):
+            self.controller.observe(seq.seq_id, self._trees.pop(seq.seq_id), result)
+        stacked = [self._stack(h) if self.hidden_layers else None for h in hidden]
+        update_batch(self.drafter, [seq.seq_id for seq in seqs], results, stacked)
 
     def _stack(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
         """layer -> [n, E] -> [n, len(hidden_layers), E], in the declared order."""
