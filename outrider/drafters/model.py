@@ -141,10 +141,10 @@ class ModelDrafter:
         """One forward writing each sequence's fed tree nodes; returns their logits [n_b, vocab]."""
         batch = pack([st.slot for st in states], [st.base for st in states],
                      [torch.tensor(f.tokens) for f in feeds], [torch.tensor(f.parents) for f in feeds],
-                     scratch_row=self.cache.scratch_row, device=self.decoder.device,
+                     logits="real", scratch_row=self.cache.scratch_row, device=self.decoder.device,
                      first_nodes=[f.first for f in feeds])
-        logits = self.decoder.forward(batch, self.cache, num_layers=self.num_layers).logits  # [B, T, vocab]
-        return [logits[b, : len(f.tokens)] for b, f in enumerate(feeds)]
+        logits = self.decoder.forward(batch, self.cache, num_layers=self.num_layers).logits  # [sum n_b, vocab]
+        return list(logits.split([len(f.tokens) for f in feeds]))
 
     def _catch_up(self, states: list[_State], tokens: list[list[int]]) -> torch.Tensor:
         """Feed every sequence's committed tokens its cache lacks (the root at least), in one

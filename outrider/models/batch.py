@@ -38,6 +38,8 @@ class ForwardBatch:
     span_first: int = 0  # attention reads cache slots [span_first, span_first + span_size)
     span_size: int = 1
     span_place: torch.Tensor | None = None  # [B] long: batch row b is span row span_place[b]; None: b
+    logits_flat: torch.Tensor | None = None  # [N] long: score only these rows of the flattened [B * T]
+    # (pack's logits="real": every real row, no padding); the logits come back [N, vocab]
 
     @property
     def slots(self) -> torch.Tensor:
@@ -58,7 +60,9 @@ def pack(
     """Build a ForwardBatch from host-side lengths and per-slot tokens (and trees).
 
     new_tokens[b]: [n_b] long. parents[b]: tree parents, or None for a causal run.
-    logits: "all", "last" (the last real token of each slot), "none", or explicit rows per slot.
+    logits: "all", "real" (every real row and no padding: logits come back flat, [sum n_b, vocab],
+    slot b's rows after slot b-1's), "last" (the last real token of each slot), "none", or
+    explicit rows per slot.
     first_nodes[b] (default 0): the new tokens are nodes first..first+n_b-1 of the tree
     `parents[b]`; its earlier nodes were written by an earlier forward at rows
     cache_len + node (a drafter growing its tree one depth at a time).
@@ -86,8 +90,12 @@ def pack(
     kv_len = max(start + f + n for start, f, n in zip(cache_lens, firsts, counts))
     simple = B == 1 and (parents is None or parents[0] is None) and firsts[0] == 0
     attn_mask = None if (simple and (T == 1 or cache_lens[0] == 0)) else _mask(cache_lens, tree, kv_len)
+    logits_flat = None
     if logits == "all":
         logits_rows = None
+    elif logits == "real":
+        logits_rows = None
+        logits_flat = torch.cat([torch.arange(n) + b * T for b, n in enumerate(counts)])
     elif logits == "last":
         logits_rows = torch.tensor([[n - 1] for n in counts])
     elif logits == "none":
@@ -113,6 +121,7 @@ def pack(
         span_first=first_slot,
         span_size=span_size,
         span_place=None if place is None else to(place),
+        logits_flat=None if logits_flat is None else to(logits_flat),
     )
 
 

@@ -33,7 +33,7 @@ class LayerWeights:
 
 @dataclass
 class ForwardOutput:
-    logits: torch.Tensor  # [B, R, vocab] float32 (R = T when all rows were asked for)
+    logits: torch.Tensor  # [B, R, vocab] float32 (R = T when all rows were asked for); [N, vocab] for logits_flat
     hidden: dict[int, torch.Tensor]  # layer -> [B, T, E]
 
 
@@ -114,7 +114,9 @@ class Decoder:
             x = x + swiglu_mlp(rms_norm(x, w.post_norm, c.rms_norm_eps), w.gate_up, w.down)
             if index + 1 in batch.hidden_layers:
                 hidden[index + 1] = x
-        if batch.logits_rows is not None:
+        if batch.logits_flat is not None:  # real rows only: padding gets no lm_head
+            x = x.reshape(B * T, x.shape[-1]).index_select(0, batch.logits_flat)  # [N, E]
+        elif batch.logits_rows is not None:
             x = torch.gather(x, 1, batch.logits_rows.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
         logits = linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head).float()
         return ForwardOutput(logits=logits, hidden=hidden)

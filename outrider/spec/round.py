@@ -72,13 +72,14 @@ def run_round(
     lens = [cache.lengths[seq.slot] for seq in seqs]
     batch = pack(
         [seq.slot for seq in seqs], lens, [t.tokens for t in trees], [t.parents for t in trees],
-        logits="all", hidden_layers=hidden_layers, scratch_row=cache.scratch_row, device=target.device,
+        logits="real", hidden_layers=hidden_layers, scratch_row=cache.scratch_row, device=target.device,
     )
-    out = target.forward(batch, cache)
-    results, hidden = [], []
+    out = target.forward(batch, cache)  # logits [sum of tree sizes, vocab]: real rows only, slot by slot
+    results, hidden, offset = [], [], 0
     for b, (seq, tree, length) in enumerate(zip(seqs, trees, lens)):
         rng = seq.rng.at(len(seq.tokens))  # offset 0: the position of the root's next token
-        result = seq.verify(tree, out.logits[b, : tree.size], seq.params, rng)
+        result = seq.verify(tree, out.logits[offset : offset + tree.size], seq.params, rng)
+        offset += tree.size
         path = [0, *result.accepted_nodes]
         hidden.append({layer: h[b, path] for layer, h in out.hidden.items()})  # [len(path), E] each
         cache.compact(seq.slot, [length + node for node in path], length)
