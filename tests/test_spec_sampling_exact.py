@@ -10,6 +10,8 @@ seed, with one drafter and tree shape, so that one exact verifier does the work:
     ngram chain (drafts without q)               -> chain_walk
     static tree of top-k children (early exit)   -> tree_walk
     independent draft model, sampled chain       -> rejection_chain
+    EAGLE-3 head (random), sampled chain with q  -> rejection_chain
+    EAGLE-3 head, dynamic tree (best-first)      -> tree_walk
 
 Drafts are 2 deep and 3 tokens are compared, so the law covers tokens committed by the first
 round and by the next one, after the accepted path was compacted in the target's cache.
@@ -23,15 +25,22 @@ Sequence (no min(1, p/q) test; or the recovered token drawn from p instead of th
 and must give a p-value below 1e-4 with the same sampling and runs, so the test is seen to bite.
 """
 
+import atexit
+import shutil
+import tempfile
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
+from eagle3_tiny import write_eagle3
 from enumerate_law import one_thread
 from tiny import make_tiny
 
 from outrider.control.controllers import FixedController
+from outrider.drafters.eagle3 import Eagle3Drafter
 from outrider.drafters.model import ModelDrafter
+from outrider.heads.eagle3_format import load_eagle3
 from outrider.drafters.ngram import NgramDrafter
 from outrider.generation import Request, generate_ids
 from outrider.models.batch import pack
@@ -70,6 +79,24 @@ def single_thread():
 def speculator(drafter, shape: str, depth: int) -> Speculator:
     options = SpecOptions(drafter.name, shape, f"fixed:{depth}")
     return Speculator(options, drafter, FixedController(depth), parse_shape(shape))
+
+
+_HEAD_DIRS: dict[int, Path] = {}
+
+
+def eagle3_speculator(target, shape: str, depth: int) -> Speculator:
+    """A tiny random EAGLE-3 head (draft vocabulary 6 of 8: two target tokens it can never
+    propose) drafting for `target`; its folder is written once per process."""
+    if id(target) not in _HEAD_DIRS:
+        folder = Path(tempfile.mkdtemp(prefix="outrider-e3law-"))
+        atexit.register(shutil.rmtree, folder, True)
+        c = target.config
+        config = {"hidden_size": c.hidden_size, "vocab_size": c.vocab_size, "num_attention_heads": c.num_heads,
+                  "num_key_value_heads": c.num_kv_heads, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta}
+        _HEAD_DIRS[id(target)] = write_eagle3(folder / "head", config, draft_vocab=6, seed=2, layer_ids=(0, 1, 1))
+    head = load_eagle3(_HEAD_DIRS[id(target)], target)
+    drafter = Eagle3Drafter(head, parse_shape(shape), head.config.taps(target.config.num_layers), name="eagle3:tiny")
+    return speculator(drafter, shape, depth)
 
 
 # -- the exact law ------------------------------------------------------------------------------
@@ -152,6 +179,12 @@ CASES = {
     "draft_model_chain": (
         lambda t, d: speculator(ModelDrafter(d, parse_shape("chain"), name="draft-model:tiny"), "chain", 2),
         SamplingParams(temperature=0.8, top_k=5, top_p=0.95), "rejection_chain", 500),
+    "eagle3_chain": (
+        lambda t, d: eagle3_speculator(t, "chain", 2),
+        SamplingParams(temperature=0.9, top_k=6), "rejection_chain", 500),
+    "eagle3_dynamic_tree": (
+        lambda t, d: eagle3_speculator(t, "dynamic:2,4", 2),
+        SamplingParams(temperature=1.0, top_p=0.95), "tree_walk", 400),
 }
 
 
