@@ -243,9 +243,11 @@ def _free_port() -> int:
 
 def test_torchrun_two_processes_match_one(target, corpus, tmp_path):
     """Global batch 4 split 2 + 2 over two gloo processes == one process on the batch of 4.
-    Every text is SEQ tokens and Vd = V, so both halves have the same rows at every step."""
-    texts = write_jsonl(tmp_path / "texts.jsonl", [json.loads(line) for line in corpus.read_text().splitlines()
-                                                   if "text" in line])
+    The texts have different lengths, so the two halves have different numbers of valid rows in
+    each unrolled step: the ranks must weight by the global counts, not by their own."""
+    rng = random.Random(3)
+    texts = write_jsonl(tmp_path / "texts.jsonl", [{"text": words(rng, rng.choice((6, 11, 17, SEQ)))}
+                                                   for _ in range(16)])
     args = ["train", "eagle3", "--target", str(target), "--data", f"jsonl:{texts}", "--steps", "3",
             "--seq-len", str(SEQ), "--batch-size", "4", "--ttt-steps", "3", "--draft-vocab", "96",
             "--no-progress", "--threads", "1"]

@@ -35,6 +35,8 @@ class TTTOutput:
     step_loss: list[float]  # per step, mean over its valid rows
     step_acc: list[float]  # per step: share of valid rows whose top draft is the target's top token
     rows: int  # valid rows of step 0
+    step_sums: list[torch.Tensor]  # per step, the summed soft cross-entropy of its valid rows (with grad)
+    step_rows: list[int]  # per step, its valid rows (data parallelism weights by the global counts)
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -177,7 +179,7 @@ class Eagle3Trainable(torch.nn.Module):
         target_probs = torch.softmax(target_logits.float(), dim=-1)  # [B, T, Vd]
         target_top = target_logits.argmax(-1)  # [B, T]
         loss = features.new_zeros((), dtype=torch.float32)
-        step_loss, step_acc, rows0 = [], [], 0
+        step_loss, step_acc, rows0, sums, counts = [], [], 0, [], []
         for s, head_logits in enumerate(logits):
             shift = s + 1
             if shift >= T:
@@ -187,9 +189,11 @@ class Eagle3Trainable(torch.nn.Module):
             n = int(mask.sum())
             if s == 0:
                 rows0 = n
+            counts.append(n)
             if n == 0:
                 step_loss.append(0.0)
                 step_acc.append(0.0)
+                sums.append(loss.new_zeros(()) + 0.0 * head_logits.sum())  # keeps every step in the graph
                 continue
             probs = torch.zeros_like(target_probs)
             probs[:, : T - shift] = target_probs[:, shift:]
@@ -197,11 +201,14 @@ class Eagle3Trainable(torch.nn.Module):
             top[:, : T - shift] = target_top[:, shift:]
             logp = torch.log_softmax(head_logits.float(), dim=-1)  # [B, T, Vd]
             per_row = -(probs * logp).sum(-1)  # [B, T]
-            mean = per_row[mask].mean()
+            total = per_row[mask].sum()
+            sums.append(total)
+            mean = total / n
             loss = loss + (decay ** s) * mean
             step_loss.append(float(mean.detach()))
             step_acc.append(float((head_logits.argmax(-1) == top)[mask].float().mean()))
-        return TTTOutput(loss=loss, step_loss=step_loss, step_acc=step_acc, rows=rows0)
+        return TTTOutput(loss=loss, step_loss=step_loss, step_acc=step_acc, rows=rows0, step_sums=sums,
+                         step_rows=counts)
 
     # -- weights on disk (heads/eagle3_format.py reads them) ------------------------------------------
     _NAMES = {

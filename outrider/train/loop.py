@@ -4,9 +4,9 @@ Per step: the next global batch of examples (train/data.py, a pure function of t
 frozen target's forward over this rank's share (train/target_pass.py), the head's training-time
 test unroll (`Eagle3Trainable.ttt`), AdamW (weight decay 0) under linear warmup then cosine decay,
 gradients clipped to `clip`. Under torchrun (RANK / WORLD_SIZE set) every rank runs the same loop
-on its contiguous share of each global batch (gloo); each rank's loss is weighted by its share of
-the step-0 rows and the gradients summed with all_reduce, so the update is the single-process one
-on the whole batch (exactly when each step's rows split the same way; see the report in issue 9).
+on its contiguous share of each global batch (gloo); the ranks first add up each unrolled step's
+valid rows, each rank's loss is its summed cross-entropy of step s over that global count, and the
+gradients are summed with all_reduce: the update is the single-process one on the whole batch.
 Rank 0 writes the log, checkpoints and the head.
 
     OUT/train_log.jsonl    one line a step: step, tokens, loss, step_acc (per unrolled step), lr, elapsed_s
@@ -233,12 +233,19 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
         model.train()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=o.precision == "bf16"):
             result = model.ttt(tb.features, tb.tokens, tb.draft_logits, tb.valid, steps=o.ttt_steps, decay=o.decay)
-        stats = dist.sum_(torch.tensor([result.rows, result.rows * float(result.loss.detach())]
-                                       + [result.rows * a for a in result.step_acc]
-                                       + [0.0] * (o.ttt_steps - len(result.step_acc)), dtype=torch.float64))
+        K = o.ttt_steps
+        pad = lambda xs: list(xs) + [0.0] * (K - len(xs))  # noqa: E731 (steps past a short sequence)
+        rows_s = pad(result.step_rows)
+        stats = dist.sum_(torch.tensor([result.rows] + rows_s + pad([float(x.detach()) for x in result.step_sums])
+                                       + pad([r * a for r, a in zip(result.step_rows, result.step_acc)]),
+                                       dtype=torch.float64))
         total_rows = float(stats[0])
-        if result.loss.requires_grad and result.rows > 0:
-            (result.loss * (result.rows / total_rows)).backward()
+        global_rows = stats[1:1 + K]  # [K] valid rows of each step over all ranks
+        # the loss of the whole global batch: sum_s decay^s * (its summed CE over all ranks) / its rows
+        loss = sum((o.decay ** s) * part / float(global_rows[s])
+                   for s, part in enumerate(result.step_sums) if float(global_rows[s]) > 0)
+        if isinstance(loss, torch.Tensor) and loss.requires_grad:
+            loss.backward()
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -249,9 +256,12 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
         step += 1
         tokens_seen += sum(len(e.tokens) for e in examples)
         elapsed = elapsed0 + time.perf_counter() - start
-        denom = max(total_rows, 1.0)
-        last = {"step": step, "tokens": tokens_seen, "loss": float(stats[1]) / denom,
-                "step_acc": [round(float(a) / denom, 5) for a in stats[2:]], "lr": o.lr_at(step - 1),
+        sums_all, acc_all = stats[1 + K:1 + 2 * K], stats[1 + 2 * K:]
+        global_loss = sum((o.decay ** s) * float(sums_all[s]) / float(global_rows[s])
+                          for s in range(K) if float(global_rows[s]) > 0)
+        last = {"step": step, "tokens": tokens_seen, "loss": global_loss,
+                "step_acc": [round(float(acc_all[s]) / max(float(global_rows[s]), 1.0), 5) for s in range(K)],
+                "lr": o.lr_at(step - 1),
                 "elapsed_s": round(elapsed, 3), "rows": int(total_rows)}
         if dist.rank == 0:
             with open(log_path, "a", encoding="utf-8") as f:
