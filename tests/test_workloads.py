@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import gzip
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -193,7 +194,8 @@ def test_unknown_workload_lists_the_known_ones():
 
 @pytest.fixture
 def bfcl_wheelhouse(tmp_path, monkeypatch) -> Path:
-    """A fake bfcl-eval wheel holding the fixture files, pinned by patching DATA's sha256s."""
+    """A fake bfcl-eval wheel holding the fixture files (and a one-line stand-in for each other
+    file DATA takes from that package, e.g. the training categories), pinned by patching DATA's sha256s."""
     monkeypatch.setenv("OUTRIDER_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("PIP_INDEX_URL", UNREACHABLE_INDEX)
     monkeypatch.setenv("PIP_RETRIES", "0")
@@ -201,13 +203,16 @@ def bfcl_wheelhouse(tmp_path, monkeypatch) -> Path:
     house = tmp_path / "wheelhouse"
     house.mkdir()
     monkeypatch.setenv("OUTRIDER_WHEELHOUSE", str(house))
-    names = workloads.BFCL_CATEGORIES
-    files = {datasets.DATA[n].member: (FIXTURES / datasets.DATA[n].filename).read_bytes() for n in names}
-    make_wheel(house, "bfcl-eval", "2026.3.23", files)
+    package = datasets.DATA["bfcl_multiple"].package
+    names = [n for n, e in datasets.DATA.items() if e.package == package]
+    contents = {n: (FIXTURES / datasets.DATA[n].filename).read_bytes() if n in workloads.BFCL_CATEGORIES
+                else json.dumps({"id": f"{n}_0", "question": [[{"role": "user", "content": "hi"}]],
+                                 "function": []}).encode() + b"\n" for n in names}
+    make_wheel(house, "bfcl-eval", "2026.3.23", {datasets.DATA[n].member: contents[n] for n in names})
     patched = dict(datasets.DATA)
     for n in names:
-        patched[n] = datasets.DataFile(n, datasets.DATA[n].package, datasets.DATA[n].member,
-                                       datasets.sha256_of(FIXTURES / datasets.DATA[n].filename), "Apache-2.0")
+        patched[n] = datasets.DataFile(n, package, datasets.DATA[n].member,
+                                       hashlib.sha256(contents[n]).hexdigest(), "Apache-2.0")
     monkeypatch.setattr(datasets, "DATA", patched)
     return house
 
