@@ -54,7 +54,10 @@ class Drafter(Protocol):
         """A tree rooted at tokens[-1] (the last committed token) within `budget`."""
 
     def update(self, seq_id: int, result: VerifyResult, hidden: torch.Tensor | None = None) -> None:
-        """The round committed `result.tokens`; follow the committed prefix."""
+        """The round committed `result.tokens`; follow the committed prefix. `hidden`: for a
+        drafter whose capabilities declare `needs_hidden` layers, the target's hidden states of
+        those layers at the accepted path's positions ([a + 1, len(needs_hidden), E], from the
+        verify forward: no extra target pass); None otherwise."""
 
     def finish(self, seq_id: int, tokens: list[int]) -> None:
         """The sequence ended with these committed tokens (prompt + output)."""
