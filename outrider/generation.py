@@ -68,13 +68,7 @@ def generate_ids(
         check_request(r, max_len, f"prompt {i}", "pass a larger max_len")
     engine = EngineLoop(target, eos_ids, speculation, max_running=len(requests), max_len=max_len,
                         on_commit=on_commit)
-    ids = [engine.add(r) for r in requests]  # 0, 1, ...: on_commit's index
-    finished: dict[int, Finished] = {}
-    while engine.has_work:
-        for event in engine.step():
-            if event.finished is not None:
-                finished[event.request_id] = event.finished
-    return [finished[i] for i in ids]
+    return engine.run_all(requests)  # request ids 0, 1, ...: on_commit's index
 
 
 def check_request(r: Request, max_len: int, what: str = "the prompt", larger: str = "raise the context") -> None:

@@ -108,14 +108,7 @@ def run(target, spec, indices=range(len(PROMPTS)), params=SamplingParams(), **en
     requests = [Request(list(PROMPTS[i]), NEW[i], params) for i in indices]
     if not engine:
         return generate_ids(target, requests, set(), speculation=spec)
-    loop = EngineLoop(target, set(), spec, **engine)
-    ids = [loop.add(r) for r in requests]
-    done = {}
-    while loop.has_work:
-        for event in loop.step():
-            if event.finished is not None:
-                done[event.request_id] = event.finished
-    return [done[i] for i in ids]
+    return EngineLoop(target, set(), spec, **engine).run_all(requests)
 
 
 def summary(finished):

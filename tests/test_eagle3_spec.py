@@ -48,14 +48,7 @@ def run(target, spec, params=SamplingParams(), n=16, **engine):
     requests = [Request(list(p), n, params) for p in PROMPTS]
     if not engine:
         return generate_ids(target, requests, set(), speculation=spec)
-    loop = EngineLoop(target, set(), spec, **engine)
-    ids = [loop.add(r) for r in requests]
-    done = {}
-    while loop.has_work:
-        for event in loop.step():
-            if event.finished is not None:
-                done[event.request_id] = event.finished
-    return [done[i] for i in ids]
+    return EngineLoop(target, set(), spec, **engine).run_all(requests)
 
 
 def outputs(finished):

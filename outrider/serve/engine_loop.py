@@ -129,6 +129,17 @@ class EngineLoop:
     def has_work(self) -> bool:
         return bool(self._entries)
 
+    def run_all(self, requests: list[Request]) -> list[Finished]:
+        """Add `requests` (ids in that order), step until nothing is left, and return each one's
+        Finished in the same order: the offline use of the engine (generation.generate_ids)."""
+        ids = [self.add(r) for r in requests]
+        finished: dict[int, Finished] = {}
+        while self.has_work:
+            for event in self.step():
+                if event.finished is not None:
+                    finished[event.request_id] = event.finished
+        return [finished[i] for i in ids]
+
     @property
     def num_running(self) -> int:
         return len(self.scheduler.running)
