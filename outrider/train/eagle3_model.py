@@ -54,14 +54,12 @@ class Eagle3Trainable(torch.nn.Module):
     """Trainable weights of one EAGLE-3 head; the target's embedding is a frozen buffer."""
 
     def __init__(self, config: Eagle3Config, embed: torch.Tensor, used: torch.Tensor, *, seed: int = 0,
-                 lm_head_init: torch.Tensor | None = None, norm_init: torch.Tensor | None = None,
-                 num_target_layers: int | None = None):
+                 lm_head_init: torch.Tensor | None = None, norm_init: torch.Tensor | None = None):
         super().__init__()
         c = config
         if used.ndim != 1 or used.numel() != c.draft_vocab_size:
             raise ValueError(f"used must list the {c.draft_vocab_size} draft-vocabulary ids, got shape {list(used.shape)}")
         self.config = c
-        self.num_target_layers = num_target_layers
         H, Ht, nh, G, D, I = (c.hidden_size, c.target_hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
                               c.intermediate_size)
         gen = torch.Generator().manual_seed(seed)
@@ -109,7 +107,7 @@ class Eagle3Trainable(torch.nn.Module):
             layer_ids=tuple(layer_ids) if layer_ids is not None else (2, t.num_layers // 2, t.num_layers - 3),
             layer_convention="vllm")
         return cls(config, target.embed.float(), used, seed=seed, lm_head_init=target.lm_head if warm_start else None,
-                   norm_init=target.norm if warm_start else None, num_target_layers=t.num_layers)
+                   norm_init=target.norm if warm_start else None)
 
     def taps(self, num_target_layers: int) -> tuple[int, ...]:
         """The target hidden states to request (our Decoder indices, heads/eagle3.py `taps`)."""
