@@ -6,7 +6,9 @@
     cost        the marginal criterion (after LibraSpec): draft one token more only while the
                 expected extra committed tokens pay for the extra verify (and draft) time, using
                 per-position acceptance estimates, the drafter's own confidence where it has one,
-                and the target's verify-cost profile measured on this machine
+                and the target's verify-cost profile measured on this machine. With several
+                sequences in a round it prices the whole batch's verify forward (batch_cost.py)
+                and picks one depth for the round, backing off as the batch grows
 
 A controller sees only round statistics: it never changes what is committed, so every
 controller is lossless.
@@ -15,7 +17,7 @@ controller is lossless.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 from ..drafters.base import Budget
 from ..errors import ConfigError
@@ -36,8 +38,31 @@ class Controller(Protocol):
     def observe_draft_time(self, seconds_per_depth: float) -> None:
         """A proposal took this long per depth drafted (measured by the speculator)."""
 
+    def budgets(self, seq_ids: list[int], batch_size: int, nodes_for: Callable[[int], int]) -> list[Budget]:
+        """Budgets for the drafting sequences of one round whose verify forward carries
+        `batch_size` sequences (drafting or not); nodes_for(depth): the tree nodes at that depth."""
 
-class FixedController:
+    def observe_verify_time(self, batch_size: int, width: int, seconds: float) -> None:
+        """A verify forward over `batch_size` sequences padded to `width` tokens took this long."""
+
+    def prepare(self, max_batch: int) -> None:
+        """Rounds of up to `max_batch` sequences are coming: measure what that needs now."""
+
+
+class _PerSequence:
+    """The batch hooks of a controller whose budget is each sequence's own business."""
+
+    def budgets(self, seq_ids: list[int], batch_size: int, nodes_for: Callable[[int], int]) -> list[Budget]:
+        return [self.budget(s) for s in seq_ids]
+
+    def observe_verify_time(self, batch_size: int, width: int, seconds: float) -> None:
+        pass
+
+    def prepare(self, max_batch: int) -> None:
+        pass
+
+
+class FixedController(_PerSequence):
     def __init__(self, depth: int):
         self.name = f"fixed:{depth}"
         self.max_depth = depth
@@ -61,7 +86,7 @@ class _Moving:
     rate: float = 0.5
 
 
-class AdaptiveController:
+class AdaptiveController(_PerSequence):
     """Depth follows an exponential moving average of the per-round acceptance rate."""
 
     def __init__(self, max_depth: int = 8, start: int = 4, alpha: float = 0.3,
@@ -110,14 +135,27 @@ class CostController:
     d * draft_step. The depth grows while the marginal tokens per marginal second beat the
     current tokens per second (LibraSpec's marginal rule); the drafter may stop earlier on its own
     confidence through `Budget.min_confidence`.
+
+    A round of B > 1 sequences is one forward padded to its widest tree (models/batch.py), so the
+    batch takes one depth d, the one that maximises
+        (B + sum_i sum_{j<=d} prod_{l<=j} a_i,l) / (scale * batch_cost(B, 1 + nodes(d)) + d * n * draft_step)
+    (n drafting sequences; `scale`: measured verify time over the table's, a moving average that
+    follows the machine's load), and none unless that beats no drafting by `margin`.
     """
 
-    def __init__(self, profile, max_depth: int = 12, decay: float = 0.95, prior: float = 0.5):
+    def __init__(self, profile, max_depth: int = 12, decay: float = 0.95, prior: float = 0.5,
+                 batch_profile=None, margin: float = 0.03):
+        """profile: control.profile.VerifyCostProfile (one sequence); batch_profile: a
+        batch_cost.BatchCostProfile, or a function max_batch -> one (called when a batch first
+        needs it), or None: priced from `profile` by rows, cost(B, T) ~ profile.cost(B * T)."""
         self.name = "cost"
-        self.profile = profile  # control.profile.VerifyCostProfile
+        self.profile = profile
         self.max_depth = max_depth
-        self.decay, self.prior = decay, prior
+        self.decay, self.prior, self.margin = decay, prior, margin
         self.draft_step_s = 0.0  # drafting time per depth: a moving average of observe_draft_time
+        self.scale = 1.0  # measured batch verify time / the table's
+        self._batch_source = batch_profile
+        self._batch_table = None if callable(batch_profile) else batch_profile
         self._seqs: dict[int, _PerPosition] = {}
 
     def start(self, seq_id: int) -> None:
@@ -180,9 +218,63 @@ class CostController:
     def observe_draft_time(self, seconds_per_depth: float) -> None:
         self.draft_step_s = 0.8 * self.draft_step_s + 0.2 * seconds_per_depth
 
+    # -- a batch of sequences -----------------------------------------------------------------
+    def prepare(self, max_batch: int) -> None:
+        if max_batch > 1:
+            self._table(max_batch)
 
-def parse_controller(text: str, profile_factory=None) -> Controller:
-    """`fixed:N`, `adaptive[:MAX]` or `cost[:MAX]`; `profile_factory()` gives the cost profile."""
+    def _table(self, batch_size: int):
+        table = self._batch_table
+        if callable(self._batch_source) and (table is None or table.batches[-1] < batch_size):
+            table = self._batch_table = self._batch_source(batch_size)
+        return table
+
+    def batch_cost(self, batch_size: int, width: int) -> float:
+        """Seconds for a verify forward of `batch_size` sequences, `width` tokens each (unscaled)."""
+        table = self._table(batch_size)
+        if table is None:
+            return self.profile.cost(batch_size * width)
+        return table.cost(batch_size, width)
+
+    def budgets(self, seq_ids: list[int], batch_size: int, nodes_for: Callable[[int], int]) -> list[Budget]:
+        if batch_size <= 1:
+            return [self.budget(s) for s in seq_ids]
+        accepts = [self.acceptance(s) for s in seq_ids]
+        n = len(seq_ids)
+
+        def round_time(d: int) -> float:
+            return self.scale * self.batch_cost(batch_size, 1 + nodes_for(d)) + d * n * self.draft_step_s
+
+        survive = [1.0] * n
+        tokens = float(batch_size)  # every sequence commits one token without drafts
+        base = tokens / round_time(0)
+        depth, best = 0, base
+        for d in range(1, self.max_depth + 1):
+            for i in range(n):
+                survive[i] *= accepts[i][d - 1]
+                tokens += survive[i]
+            rate = tokens / round_time(d)
+            if rate > best:
+                depth, best = d, rate
+        if best < base * (1 + self.margin):
+            depth = 0
+        confidence = 1.0
+        if depth:
+            c0 = self.batch_cost(batch_size, 1)
+            step = self.batch_cost(batch_size, 1 + nodes_for(depth)) - self.batch_cost(batch_size, nodes_for(depth))
+            confidence = max(0.0, min(1.0, step / max(c0, 1e-9) * 0.5))
+        return [Budget(depth=depth, nodes=nodes_for(depth) if depth else 0, min_confidence=confidence)] * n
+
+    def observe_verify_time(self, batch_size: int, width: int, seconds: float) -> None:
+        if batch_size <= 1 or seconds <= 0:
+            return
+        ratio = seconds / max(self.batch_cost(batch_size, width), 1e-9)
+        self.scale = 0.8 * self.scale + 0.2 * min(5.0, max(0.2, ratio))
+
+
+def parse_controller(text: str, profile_factory=None, batch_profile_factory=None) -> Controller:
+    """`fixed:N`, `adaptive[:MAX]` or `cost[:MAX]`; `profile_factory()` gives the cost profile,
+    `batch_profile_factory(max_batch)` the batch one (batch_cost.py) when a batch first needs it."""
     kind, _, arg = text.partition(":")
     try:
         number = int(arg) if arg else None
@@ -195,5 +287,5 @@ def parse_controller(text: str, profile_factory=None) -> Controller:
     if kind == "cost" and (number is None or 1 <= number <= 64):
         if profile_factory is None:
             raise ConfigError("--controller cost needs the target's verify-cost profile")
-        return CostController(profile_factory(), max_depth=number or 12)
+        return CostController(profile_factory(), max_depth=number or 12, batch_profile=batch_profile_factory)
     raise ConfigError(f"--controller {text!r}: use fixed:N (0-64), adaptive[:MAX] or cost[:MAX]")

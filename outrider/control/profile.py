@@ -105,24 +105,31 @@ def load_or_measure(model_path: Path, target: Decoder, folder: Path, log=None) -
     if log:
         log(f"measuring the verify-cost profile of {model_path} (once per machine)...")
     profile = measure(target)
+    if not save_json(path, {"sizes": profile.sizes, "seconds": profile.seconds,
+                            "model": str(model_path), "device": str(target.device)}, "verify-cost profile"):
+        _IN_MEMORY[path] = profile
+    return profile
+
+
+def save_json(path: Path, payload: dict, what: str) -> bool:
+    """Write `payload` to `path` atomically; False (and one warning per folder) when it cannot be."""
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"sizes": profile.sizes, "seconds": profile.seconds,
-                                   "model": str(model_path), "device": str(target.device)}))
+        tmp.write_text(json.dumps(payload))
         os.replace(tmp, path)
+        return True
     except OSError as err:
         try:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass
-        _IN_MEMORY[path] = profile
         if path.parent not in _WARNED:
             _WARNED.add(path.parent)
-            print(f"warning: cannot save the verify-cost profile in {path.parent} ({err.strerror or err}); "
+            print(f"warning: cannot save the {what} in {path.parent} ({err.strerror or err}); "
                   "it is kept in memory for this process and measured again next time (make the folder "
                   "writable or set OUTRIDER_CACHE to keep it)", file=sys.stderr)
-    return profile
+        return False
 
 
 _IN_MEMORY: dict[Path, VerifyCostProfile] = {}  # profiles that could not be saved, by their path

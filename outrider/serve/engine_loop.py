@@ -88,6 +88,8 @@ class EngineLoop:
         self.headroom = speculation.max_tree_size if speculation is not None else 1
         self.cache = target.new_cache(max_running, self.max_len)
         self.scheduler = Scheduler(max_running, max_kv_rows or max_running * self.max_len)
+        if speculation is not None:  # early exit drafts over this cache; the cost controller's batch table
+            speculation.prepare(self.cache, max_running)
         self._entries: dict[int, _Entry] = {}  # every request not yet finished, by id
         self._next_id = 0
 
@@ -206,6 +208,7 @@ class EngineLoop:
 
     def _round(self, entries: list[_Entry]) -> list[Event]:
         spec = self.speculation
+        drafted_at = []
 
         def propose(seqs: list[Sequence]) -> list[DraftTree]:
             trees = [DraftTree.root_only(seq.tokens[-1]) for seq in seqs]
@@ -215,13 +218,17 @@ class EngineLoop:
                 for b in drafting:
                     rows, cap = self.cache.free_rows(seqs[b].slot), entries[b].request.max_draft_tokens
                     free.append(rows if cap is None else min(rows, cap + 1))
-                for b, tree in zip(drafting, spec.propose_batch([seqs[b] for b in drafting], free)):
+                for b, tree in zip(drafting, spec.propose_batch([seqs[b] for b in drafting], free, len(seqs))):
                     trees[b] = tree
+            drafted_at.append((time.perf_counter(), max(t.size for t in trees)))
             return trees
 
         taps = spec.hidden_layers if spec is not None else ()
         before = [len(e.seq.output) for e in entries]
         results, hidden = run_round(self.target, self.cache, [e.seq for e in entries], propose, taps)
+        if spec is not None:  # the batch's verify cost as it is now, for the cost controller
+            drafted, width = drafted_at[0]
+            spec.observe_verify_time(len(entries), width, time.perf_counter() - drafted)
         reasons = []
         for entry, result in zip(entries, results):
             eos = set() if entry.request.ignore_eos else self.eos_ids

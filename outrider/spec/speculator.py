@@ -111,6 +111,7 @@ class Speculator:
         self.drafts: Drafts = capabilities.drafts(shape.kind)
         self.tree_kind = self.drafts.tree_kind
         self.hidden_layers: tuple[int, ...] = capabilities.needs_hidden  # tapped in prefill and verify
+        self.reads_target_cache = capabilities.reads_target_cache  # early exit: drafts over the target's K/V
         self._trees: dict[int, DraftTree] = {}
         options.check_nodes(self.max_tree_size - 1, controller.max_depth)
 
@@ -131,7 +132,14 @@ class Speculator:
 
             return load_or_measure(target_path, target, cache_dir() / "profiles", log)
 
-        controller = parse_controller(options.controller, profile_factory=profile)
+        def batch_profile(max_batch: int):
+            from ..control.batch_cost import load_or_measure_batch
+            from ..models.catalog import cache_dir
+
+            return load_or_measure_batch(target_path, target, cache_dir() / "profiles", max_batch, log)
+
+        controller = parse_controller(options.controller, profile_factory=profile,
+                                      batch_profile_factory=batch_profile)
         return Speculator(options, drafter, controller, shape)
 
     def verifier_for(self, params: SamplingParams):
@@ -155,6 +163,9 @@ class Speculator:
         that declares needs_hidden gets them as `hidden` [len(prompt) - 1, layers, E] (None for
         a one-token prompt)."""
         self.controller.start(seq.seq_id)
+        if self.reads_target_cache:
+            self.drafter.start(seq.seq_id, list(seq.tokens), seq.params, target_slot=seq.slot)
+            return
         if not self.hidden_layers:
             self.drafter.start(seq.seq_id, list(seq.tokens), seq.params)
             return
@@ -162,14 +173,25 @@ class Speculator:
         hidden = torch.cat(chunks) if chunks else None  # None: a one-token prompt, nothing prefilled
         self.drafter.start(seq.seq_id, list(seq.tokens), seq.params, hidden=hidden)
 
-    def propose_batch(self, seqs, free_rows: list[int]) -> list[DraftTree]:
+    def prepare(self, cache, max_batch: int) -> None:
+        """An engine with the target's K/V `cache` and up to `max_batch` sequences a round is
+        about to run: a drafter that reads the target's cache gets it, and the controller
+        measures what it needs for such batches now rather than in the middle of serving."""
+        if self.reads_target_cache:
+            self.drafter.attach_target_cache(cache)
+        if max_batch > 1:
+            self.controller.prepare(max_batch)
+
+    def propose_batch(self, seqs, free_rows: list[int], batch_size: int | None = None) -> list[DraftTree]:
         """A tree per sequence, the drafter called once for all that draft this round (a model
         drafter: one forward per draft depth for the batch). free_rows[b]: K/V rows sequence b
-        may still write (the root's included); a sequence whose budget is 0 gets the root alone."""
+        may still write (the root's included); batch_size: sequences in this round's verify
+        forward, drafting or not (default len(seqs)); a sequence whose budget is 0 gets the root
+        alone."""
         trees: list[DraftTree | None] = [None] * len(seqs)
         todo: list[tuple[int, Budget]] = []
-        for i, (seq, free) in enumerate(zip(seqs, free_rows)):
-            budget = self.controller.budget(seq.seq_id)
+        budgets = self.controller.budgets([seq.seq_id for seq in seqs], batch_size or len(seqs), self.nodes_for)
+        for i, (seq, free, budget) in enumerate(zip(seqs, free_rows, budgets)):
             nodes = min(self.nodes_for(budget.depth), free - 1)
             if budget.depth < 1 or nodes < 1:
                 trees[i] = DraftTree.root_only(seq.tokens[-1])
@@ -188,6 +210,10 @@ class Speculator:
         for seq, tree in zip(seqs, trees):
             self._trees[seq.seq_id] = tree
         return trees
+
+    def observe_verify_time(self, batch_size: int, width: int, seconds: float) -> None:
+        """The round's verify (forward and verifiers) over `batch_size` sequences padded to `width`."""
+        self.controller.observe_verify_time(batch_size, width, seconds)
 
     def update_batch(self, seqs, results: list[VerifyResult], hidden: list[dict[int, torch.Tensor]]) -> None:
         """hidden[b]: sequence b's taps on the accepted path (layer -> [1 + num_accepted, E],
