@@ -47,9 +47,29 @@ def test_early_exit(target, plain, shape):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_self_draft_accepts_everything(target, plain, shape):
-    """The target drafting for itself: every draft is accepted, so every commit path is exercised."""
-    spec = speculator(ModelDrafter(target, parse_shape(shape), name="self"), shape)
+def test_early_exit_over_the_target_cache(target, plain, shape, monkeypatch):
+    """Early exit as the engine runs it: drafting over the target's own K/V, no prompt prefill of its own."""
+    drafter = ModelDrafter(target, parse_shape(shape), num_layers=1, name="early-exit:1", share_target_cache=True)
+    fed = []
+    forward = target.forward
+
+    def spy(batch, cache, num_layers=None):
+        if num_layers == 1:
+            fed.append(int(batch.tokens.shape[1]))
+        return forward(batch, cache, num_layers)
+
+    monkeypatch.setattr(target, "forward", spy)
+    assert run(target, speculator(drafter, shape)) == plain
+    assert drafter.target_cache is not None and not any(drafter.slots.cache.lengths)  # its own cache unused
+    assert fed and max(fed) <= 1 + parse_shape(shape).fed_nodes(4)  # roots and drafts: no prompt (10 tokens)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shared", [False, True], ids=["own-cache", "target-cache"])
+def test_self_draft_accepts_everything(target, plain, shape, shared):
+    """The target drafting for itself: every draft is accepted, so every commit path is exercised
+    (over the target's own cache: only if the drafter reads the committed rows right)."""
+    spec = speculator(ModelDrafter(target, parse_shape(shape), name="self", share_target_cache=shared), shape)
     outs = generate_ids(target, [Request(p, 16) for p in prompts()], set(), speculation=spec)
     assert [f.output_ids for f in outs] == plain
     # fixed:4 drafts 4 deep and all is accepted, 5 tokens a round (dynamic:3,8 keeps the 8 best

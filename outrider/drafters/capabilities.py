@@ -53,11 +53,16 @@ class Capabilities:
     trees: the `--tree` kinds it can build ("chain", "static", "dynamic"), each with the drafts
         it proposes for that kind;
     needs_hidden: the target layers whose hidden states (the output of layer i) it reads after
-        each round; () for drafters that read only tokens.
+        each round; () for drafters that read only tokens;
+    reads_target_cache: it drafts with the target's own first layers over the target's own K/V
+        cache (early exit): the engine hands it that cache (`attach_target_cache`) and each
+        sequence's slot (`start(..., target_slot=)`); it writes only rows past the committed
+        prefix, which the verify forward overwrites.
     """
 
     trees: Mapping[str, Drafts]
     needs_hidden: tuple[int, ...] = field(default=())
+    reads_target_cache: bool = False
 
     def __post_init__(self):
         if not self.trees:

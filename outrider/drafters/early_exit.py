@@ -1,13 +1,17 @@
 """`--drafter early-exit:K`: self-speculation, the target's own first K layers draft.
 
-No second model: the drafter runs the target's `Decoder` with `num_layers=K` and a K/V cache of
-its own (`ModelDrafter`, model.py), then the target's final norm and lm_head. K must be below
-the target's layer count; about a quarter of the layers is a good start.
+No second model: the drafter runs the target's `Decoder` with `num_layers=K` (`ModelDrafter`,
+model.py), then the target's final norm and lm_head, over the target's own K/V cache: the
+committed prefix's first-K-layer K/V the target already wrote is exactly what the drafter would
+compute, so nothing is prefilled twice. K must be below the target's layer count; about a
+quarter of the layers is a good start.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from dataclasses import replace
 
 from ..errors import ConfigError
 from .model import ModelDrafter
@@ -32,8 +36,9 @@ def check_fits(k: int, target_config, target_path: Path) -> str | None:
 
 
 def build(k: int, shape, target, target_path: Path) -> ModelDrafter:
-    return ModelDrafter(target, shape, num_layers=k, name=f"early-exit:{k}")
+    return ModelDrafter(target, shape, num_layers=k, name=f"early-exit:{k}", share_target_cache=True)
 
 
-register(DrafterEntry("early-exit", "early-exit:K", ModelDrafter.capabilities, build=build,
+register(DrafterEntry("early-exit", "early-exit:K", replace(ModelDrafter.capabilities, reads_target_cache=True),
+                      build=build,
                       parse_argument=parse_argument, check_fits=check_fits))

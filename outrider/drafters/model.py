@@ -5,6 +5,14 @@ early exit) with a KV cache of their own, one slot per sequence in one multi-slo
 (slots.py), kept in step with the committed prefix: after each round the rows of the accepted
 path stay, the rest are rolled back.
 
+Early exit in an engine shares the target's cache instead (`share_target_cache`): the target's
+first K layers over the committed prefix ARE what the drafter would compute, and the target's
+prefill and verify forwards already wrote them. So the prompt is not prefilled again, nothing is
+caught up but the root, nothing is rolled back, and no second cache is held: each round the
+drafter writes the root and its drafts in rows past the committed prefix of the sequence's own
+target slot (layers < K only), and the verify forward overwrites those rows. Without an attached
+target cache (a drafter driven by hand) it keeps its own, as the draft model does.
+
 Batched (one call per round, `propose_batch`): one forward writes every sequence's newly
 committed tokens (the catch-up: the root, and the accepted drafts and bonus the drafter did not
 feed) and gives each its first draft distribution; then each further draft depth is ONE forward
@@ -20,7 +28,7 @@ Drafting by shape (spec/shapes.py):
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -60,31 +68,52 @@ class ModelDrafter:
     })
 
     def __init__(self, decoder: Decoder, shape: TreeShape, *, num_layers: int | None = None,
-                 name: str = "draft-model", target_vocab: int | None = None, batched: bool = True):
+                 name: str = "draft-model", target_vocab: int | None = None, batched: bool = True,
+                 share_target_cache: bool = False):
+        """share_target_cache: `decoder` is the target and drafts over the target's cache once
+        the engine attaches it (early exit; see the module's notes)."""
         self.decoder = decoder
         self.shape = shape
         self.num_layers = num_layers
         self.name = name
         self.target_vocab = target_vocab or decoder.config.vocab_size
         self.batched = batched
+        if share_target_cache:
+            self.capabilities = replace(type(self).capabilities, reads_target_cache=True)
         layers = num_layers or decoder.config.num_layers
         self.slots = SlotCache(lambda n, rows: decoder.new_cache(n, rows, num_layers=layers))
+        self.target_cache = None  # the target's KVCache, when drafting over it (attach_target_cache)
         self._states: dict[int, _State] = {}
 
     @property
     def cache(self):
-        return self.slots.cache
+        return self.target_cache if self.target_cache is not None else self.slots.cache
+
+    def attach_target_cache(self, cache) -> None:
+        """Draft over the target's own cache from now on (sequences started after this call)."""
+        if self._states:
+            raise RuntimeError("attach the target cache before any sequence starts")
+        self.target_cache = cache
 
     # -- protocol -----------------------------------------------------------------------------
     def max_nodes(self, depth: int) -> int:
         return self.shape.max_drafts(depth)
 
-    def start(self, seq_id: int, prompt: list[int], params: SamplingParams | None = None) -> None:
-        """Take a slot and write the prompt's K/V but the last token's (the first round's root)."""
+    def start(self, seq_id: int, prompt: list[int], params: SamplingParams | None = None,
+              target_slot: int | None = None) -> None:
+        """Take a slot and write the prompt's K/V but the last token's (the first round's root);
+        over the target's cache, use the sequence's `target_slot`, whose prompt rows the
+        target's prefill wrote."""
         params = params or SamplingParams()
         self.finish(seq_id, prompt)  # a state left by an interrupted run gives its slot back
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**63 - 1, ()))
-        st = _State(self.slots.take(), params, PositionalRandom(seed).drafting())  # apart from the verifier's
+        rng = PositionalRandom(seed).drafting()  # apart from the verifier's
+        if self.target_cache is not None:
+            if target_slot is None:
+                raise ValueError(f"{self.name} drafts over the target's cache: start() needs the sequence's target_slot")
+            self._states[seq_id] = _State(target_slot, params, rng, cached=len(prompt) - 1)
+            return
+        st = _State(self.slots.take(), params, rng)
         self._states[seq_id] = st
         if len(prompt) > 1:
             self.slots.ensure_rows(len(prompt))
@@ -101,7 +130,13 @@ class ModelDrafter:
         """A tree per sequence: one catch-up forward, then one forward per draft depth for all."""
         states = [self._states[s] for s in seq_ids]
         depths = [self.shape.max_depth(b.depth) for b in budgets]
-        self.slots.ensure_rows(max(len(t) + self.shape.fed_nodes(d) for t, d in zip(tokens, depths)))
+        if self.target_cache is None:
+            self.slots.ensure_rows(max(len(t) + self.shape.fed_nodes(d) for t, d in zip(tokens, depths)))
+        else:  # the target's slots do not grow: draft no deeper than the rows past the prefix allow
+            limit = self.target_cache.max_len
+            depths = [self._fits(d, len(t), limit) for t, d in zip(tokens, depths)]
+            for st, toks in zip(states, tokens):
+                st.cached = len(toks) - 1  # the target's cache holds the committed prefix
         for st, toks in zip(states, tokens):
             st.base, st.fed, st.proposed = len(toks) - 1, {0}, True  # rows 0..base, then fed nodes
         q_roots = self._catch_up(states, tokens)  # [B, vocab] logits after each root
@@ -113,11 +148,19 @@ class ModelDrafter:
 
         return (grow_together if self.batched else grow_alone)(growers, forward)
 
+    def _fits(self, depth: int, length: int, max_len: int) -> int:
+        """The deepest depth <= `depth` whose root and fed nodes fit in rows length - 1 .. max_len - 1."""
+        while depth > 0 and length + self.shape.fed_nodes(depth) > max_len:
+            depth -= 1
+        return depth
+
     def update(self, seq_id: int, result: VerifyResult, hidden: torch.Tensor | None = None) -> None:
         st = self._states[seq_id]
         if not st.proposed:  # the round drafted nothing for it: the catch-up will feed the commit
             return
         st.proposed = False
+        if self.target_cache is not None:
+            return  # the target's verify forward wrote the accepted path's rows and set the length
         path = [0]
         for node in result.accepted_nodes:
             if node not in st.fed:
@@ -133,7 +176,7 @@ class ModelDrafter:
 
     def finish(self, seq_id: int, tokens: list[int]) -> None:
         st = self._states.pop(seq_id, None)
-        if st is not None:
+        if st is not None and self.target_cache is None:
             self.slots.give(st.slot)
 
     # -- the forwards -------------------------------------------------------------------------
@@ -155,7 +198,8 @@ class ModelDrafter:
         logits = self.decoder.forward(batch, self.cache, num_layers=self.num_layers).logits[:, 0]  # [B, vocab]
         for st in states:
             st.cached = st.base  # the root's row belongs to this round's tree (node 0)
-            self.cache.set_length(st.slot, st.cached)
+            if self.target_cache is None:  # the target's lengths are the engine's
+                self.cache.set_length(st.slot, st.cached)
         return logits
 
     # -- drafting, one sequence (a grower: yields the nodes to feed, grow.py) -------------------
