@@ -26,6 +26,11 @@ from .random import PositionalRandom
 from .tree import depths, tree_problem
 from .types import DraftTree, RoundStats, VerifyResult
 from .verifiers import Verifier
+from .verify_greedy import verify_greedy_chain, verify_greedy_tree, walk
+
+# Greedy verifiers whose choice per node is the target's argmax: a round reads every such slot's
+# choices in one host transfer (one sync per round on a GPU) and walks them on the host.
+ARGMAX_VERIFIERS = (verify_greedy_chain, verify_greedy_tree)
 
 Proposer = Callable[[list["Sequence"]], list[DraftTree]]  # one tree per sequence, one call per round
 
@@ -75,10 +80,15 @@ def run_round(
         logits="real", hidden_layers=hidden_layers, scratch_row=cache.scratch_row, device=target.device,
     )
     out = target.forward(batch, cache)  # logits [sum of tree sizes, vocab]: real rows only, slot by slot
+    argmax = [seq.verify in ARGMAX_VERIFIERS for seq in seqs]
+    choices = out.logits.argmax(-1).tolist() if any(argmax) else None  # [sum of tree sizes]: one sync
     results, hidden, offset = [], [], 0
     for b, (seq, tree, length) in enumerate(zip(seqs, trees, lens)):
-        rng = seq.rng.at(len(seq.tokens))  # offset 0: the position of the root's next token
-        result = seq.verify(tree, out.logits[offset : offset + tree.size], seq.params, rng)
+        if argmax[b]:
+            result = walk(tree.tokens.tolist(), tree.parents.tolist(), choices[offset : offset + tree.size])
+        else:
+            rng = seq.rng.at(len(seq.tokens))  # offset 0: the position of the root's next token
+            result = seq.verify(tree, out.logits[offset : offset + tree.size], seq.params, rng)
         offset += tree.size
         path = [0, *result.accepted_nodes]
         hidden.append({layer: h[b, path] for layer, h in out.hidden.items()})  # [len(path), E] each

@@ -11,8 +11,10 @@ Duplicate siblings (same token, same parent) see the same context, so the first 
 all; a drafter should not send them. Exact for temperature 0 only: greedy verification at a
 positive temperature would be lossy, and the registry (verifiers.py) refuses it.
 
-Three forms of one walk: `verify_greedy_reference` (a Python loop over nodes), and two
+Three forms of one walk: `verify_greedy_reference` (a Python loop over nodes, `walk`), and two
 vectorized ones with a single host sync, `follow_chain` for chains and `follow_tree` for trees.
+A batched round (round.py) reads every greedy slot's choices to the host at once and runs
+`walk` on each: one host sync for the whole batch.
 """
 
 from __future__ import annotations
@@ -28,14 +30,17 @@ def verify_greedy_reference(
     tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams | None = None, rng: object = None
 ) -> VerifyResult:
     """The walk node by node. target_logits: [n, vocab]."""
-    tokens = tree.tokens.tolist()
-    best = target_logits.argmax(-1).tolist()  # [n]
-    kids = children(tree.parents.tolist())
+    return walk(tree.tokens.tolist(), tree.parents.tolist(), target_logits.argmax(-1).tolist())
+
+
+def walk(tokens: list[int], parents: list[int], choice: list[int]) -> VerifyResult:
+    """The walk on host lists: tokens, parents and choice (the token committed after each node)."""
+    kids = children(parents)
     node, accepted = 0, []
     while True:
-        nxt = next((c for c in kids[node] if tokens[c] == best[node]), None)
+        nxt = next((c for c in kids[node] if tokens[c] == choice[node]), None)
         if nxt is None:
-            return VerifyResult(accepted, [tokens[i] for i in accepted] + [best[node]])
+            return VerifyResult(accepted, [tokens[i] for i in accepted] + [choice[node]])
         accepted.append(nxt)
         node = nxt
 
