@@ -95,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--model", default=None, help="catalog name or model folder (default: smollm2-135m-instruct)")
     srv.add_argument("--drafter", default=None, help="as for generate (default: none, autoregressive)")
     srv.add_argument("--tree", default="chain", help="chain | static:2,2,1 | dynamic:K,N (model drafters)")
-    srv.add_argument("--controller", default="fixed:4", help="fixed:N | adaptive[:MAX] | cost[:MAX]")
+    srv.add_argument("--controller", default="cost", help="fixed:N | adaptive[:MAX] | cost[:MAX] (default cost: prices the whole batch, backs off as it grows)")
     srv.add_argument("--max-tree-nodes", type=int, default=256, help="as for generate (default 256)")
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     srv.add_argument("--port", type=int, default=8000)

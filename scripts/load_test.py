@@ -46,7 +46,7 @@ def parse_args(argv=None) -> tuple[LoadPlan, Path]:
     ap.add_argument("--quick", action="store_true", help="the quick preset (default: full)")
     ap.add_argument("--model", default=None, help="catalog name or model folder (default: smollm2-135m-instruct)")
     ap.add_argument("--drafter", default="suffix", help="the server's drafter for the 'on' phases (default suffix)")
-    ap.add_argument("--controller", default="fixed:6", help="the server's controller (default fixed:6)")
+    ap.add_argument("--controller", default="cost", help="the server's controller (default cost: backs off as the batch grows)")
     ap.add_argument("--tree", default="chain")
     ap.add_argument("--workload", default="humaneval", help="humaneval | toolcall | code-edit | jsonl:PATH")
     ap.add_argument("--prompts", type=int, default=None, help="use the workload's first N prompts (default: all)")

@@ -47,7 +47,7 @@ MODES = ("off", "on")
 class LoadPlan:
     model: str | None = None  # catalog name or folder (None: the default model)
     drafter: str = "suffix"
-    controller: str = "fixed:6"
+    controller: str = "cost"
     tree: str = "chain"
     workload: str = "humaneval"
     prompts: int | None = None  # the workload's first N prompts (None: all)

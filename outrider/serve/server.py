@@ -22,7 +22,7 @@ class ServeOptions:
     model: str | None = None
     drafter: str | None = None
     tree: str = "chain"
-    controller: str = "fixed:4"
+    controller: str = "cost"
     max_tree_nodes: int = 256
     host: str = "127.0.0.1"
     port: int = 8000
