@@ -17,7 +17,7 @@ import torch
 
 from .errors import ConfigError, ModelError
 from .generation import Finished, Request, generate_ids
-from .models.loader import load_decoder, resolve_device
+from .models.loader import load_decoder, parse_dtype, resolve_device
 from .sampling import SamplingParams
 from .spec.speculator import MAX_TREE_NODES, SpecOptions, Speculator
 from .stats import summarize
@@ -47,7 +47,7 @@ class LLM:
         from .models.catalog import DEFAULT_MODEL, resolve_model
 
         options = SpecOptions(drafter, tree, controller, max_tree_nodes).check() if drafter else None
-        torch_dtype = _parse_dtype(dtype)
+        torch_dtype = parse_dtype(dtype)
         torch_device = resolve_device(device)  # an unknown or absent device is refused here, not mid-load
         if threads is not None:
             torch.set_num_threads(_check_threads(threads))
@@ -178,14 +178,6 @@ def _check_threads(threads) -> int:
     return int(threads)
 
 
-def _parse_dtype(name: str | None) -> torch.dtype | str | None:
-    """A float dtype, or "q8_0" / "q4": weights kept quantized (models/quant_load.py)."""
-    table = {None: None, "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-             "q8_0": "q8_0", "q4": "q4", "q8_0-bf16-lossy": "q8_0-bf16-lossy", "q4-bf16-lossy": "q4-bf16-lossy"}
-    if name not in table:
-        raise ConfigError(f"unknown dtype '{name}': use float32, bfloat16, float16, q8_0, q4, q8_0-bf16-lossy or q4-bf16-lossy")
-    return table[name]
 
 
 def _load_tokenizer(path: Path):

@@ -236,6 +236,29 @@ def test_models_and_fit_come_from_the_entry(tiny_folders):
     assert SpecOptions("early-exit:1").misfit(config, folder) is None
     assert f"has {config.num_layers} layers" in SpecOptions(f"early-exit:{config.num_layers}").misfit(config, folder)
     assert SpecOptions(f"draft-model:{tiny_folders['llama-draft']}").misfit(config, folder) is None
+    # a draft model in a dtype of its own: the name before '@' is what is pulled and checked
+    assert SpecOptions("draft-model:some-model@q8_0").models_needed() == ("some-model",)
+    assert SpecOptions(f"draft-model:{tiny_folders['llama-draft']}@bfloat16").misfit(config, folder) is None
+    for bad, says in (("draft-model:some-model@q5", "unknown dtype 'q5'"), ("draft-model:@q4", "before the '@'")):
+        with pytest.raises(ConfigError, match=says):
+            SpecOptions(bad).models_needed()
+
+
+def test_a_draft_model_in_its_own_dtype_changes_no_output(tiny_folders):
+    """The drafter's precision changes its proposals, never what the target commits."""
+    from outrider.engine import LLM
+    from outrider.generation import Request, generate_ids
+
+    target = str(tiny_folders["llama"])
+    requests = [Request([5, 6, 7, 5, 6, 7, 5], 12), Request([9, 3, 9, 3], 12)]
+    llm = LLM(target, device="cpu")
+    plain = [f.output_ids for f in generate_ids(llm.target, requests, set())]
+    for dtype, expect in (("bfloat16", torch.bfloat16), ("q8_0", "q8_0")):
+        llm = LLM(target, drafter=f"draft-model:{tiny_folders['llama-draft']}@{dtype}", controller="fixed:3", device="cpu")
+        draft = llm.speculator.drafter.decoder
+        assert (draft.quantization or draft.dtype) == expect and llm.target.dtype == torch.float32
+        outs = generate_ids(llm.target, requests, set(), speculation=llm.speculator)
+        assert [f.output_ids for f in outs] == plain and sum(f.stats.drafted for f in outs) > 0
 
 
 # -- controllers are told the drafting time through their protocol -----------------------------

@@ -3,40 +3,65 @@
 NAME is a catalog name or a model folder. The draft model must map text to the same token ids
 as the target (same tokenizer), which is checked from the two tokenizer.json files before any
 weights load. It drafts with `ModelDrafter` (model.py) and declares what that class declares.
+
+`draft-model:NAME@DTYPE` loads the draft model in a `--dtype` of its own (default: the
+target's). The drafter's precision only changes which tokens it proposes, never what is
+committed (the target verifies every one), so a fast lossy kernel is fair game here:
+`@q4-bf16-lossy` drafts with torch's int4 kernel while the output stays exactly the target's.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..models.loader import DTYPE_NAMES
 from .model import ModelDrafter
 from .registry import DrafterEntry, register
 
 
-def parse_argument(text: str) -> str:
+@dataclass(frozen=True)
+class DraftModel:
+    name: str  # catalog name or folder
+    dtype: str | None = None  # its own --dtype (None: the target's)
+
+    def __str__(self) -> str:
+        return self.name if self.dtype is None else f"{self.name}@{self.dtype}"
+
+
+def parse_argument(text: str) -> DraftModel:
     if not text:
         raise ConfigError("draft-model:NAME needs a model name or folder after the colon")
-    return text
+    name, at, dtype = text.rpartition("@")
+    if not at or Path(text).exists():
+        return DraftModel(text)
+    if dtype not in DTYPE_NAMES:
+        raise ConfigError(f"draft-model:{text}: unknown dtype '{dtype}' after '@': use one of "
+                          f"{', '.join(DTYPE_NAMES)}")
+    if not name:
+        raise ConfigError(f"draft-model:{text} needs a model name or folder before the '@'")
+    return DraftModel(name, dtype)
 
 
-def models_needed(name: str) -> tuple[str, ...]:
-    return (name,)
+def models_needed(arg: DraftModel) -> tuple[str, ...]:
+    return (arg.name,)
 
 
-def check_fits(name: str, target_config, target_path: Path) -> str | None:
+def check_fits(arg: DraftModel, target_config, target_path: Path) -> str | None:
     from ..models.catalog import resolve_model
 
-    return tokenizer_mismatch(target_path, resolve_model(name))
+    return tokenizer_mismatch(target_path, resolve_model(arg.name))
 
 
-def build(name: str, shape, target, target_path: Path) -> ModelDrafter:
+def build(arg: DraftModel, shape, target, target_path: Path) -> ModelDrafter:
     from ..models.catalog import resolve_model
-    from ..models.loader import load_decoder
+    from ..models.loader import load_decoder, parse_dtype
 
-    draft = load_decoder(resolve_model(name), target.device, target.dtype)
-    return ModelDrafter(draft, shape, name=f"draft-model:{name}", target_vocab=target.config.vocab_size)
+    dtype = parse_dtype(arg.dtype) if arg.dtype else target.dtype
+    draft = load_decoder(resolve_model(arg.name), target.device, dtype)
+    return ModelDrafter(draft, shape, name=f"draft-model:{arg}", target_vocab=target.config.vocab_size)
 
 
 def tokenizer_mismatch(target_path: Path, draft_path: Path) -> str | None:

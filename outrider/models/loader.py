@@ -105,6 +105,22 @@ class _Tensors:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+               "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+               "q8_0": "q8_0", "q4": "q4", "q8_0-bf16-lossy": "q8_0-bf16-lossy", "q4-bf16-lossy": "q4-bf16-lossy"}
+
+
+def parse_dtype(name: str | None) -> torch.dtype | str | None:
+    """`--dtype`: a float dtype, or "q8_0" / "q4" (and their -bf16-lossy forms): weights kept
+    quantized (quant_load.py); None: the device's default."""
+    if name is None:
+        return None
+    if name not in DTYPE_NAMES:
+        raise ConfigError(f"unknown dtype '{name}': use float32, bfloat16, float16, q8_0, q4, q8_0-bf16-lossy "
+                          "or q4-bf16-lossy")
+    return DTYPE_NAMES[name]
+
+
 def load_decoder(folder: str | Path, device: torch.device | str | None = None,
                  dtype: torch.dtype | str | None = None) -> Decoder:
     """dtype: a float dtype, or "q8_0" / "q4" for weights kept quantized (see quant_load.py)."""
