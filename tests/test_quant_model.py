@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from outrider.errors import ConfigError, ModelError
+from outrider.errors import ConfigError
 from outrider.generation import Request, generate_ids
 from outrider.models.batch import pack
 from outrider.models.loader import load_decoder
@@ -246,13 +246,19 @@ def test_mixed_kinds_are_stacked(tmp_path):
     torch.testing.assert_close(logits_of(model, tokens), ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
 
 
-def test_unsupported_gguf_type_is_refused(tmp_path):
+def test_unsupported_gguf_type_falls_back_to_quantizing_the_floats(tmp_path, capsys):
+    """A GGUF with kinds we cannot keep (llama.cpp's Q5_0 / K-quant presets) is not used natively:
+    the folder's float weights are quantized at load, and one warning line says so."""
     folder = gguf_folder(tmp_path / "q5", odd_tensor=("model.layers.0.mlp.down_proj.weight", "Q5_0"))
-    with pytest.raises(ModelError) as err:
-        load_decoder(folder, "cpu", "q4")
-    message = str(err.value)
-    assert "\n" not in message and "blk.0.ffn_down.weight" in message and "Q5_0" in message
-    assert "Q8_0, Q4_0, Q4_1" in message and "--dtype float32" in message
+    model = load_decoder(folder, "cpu", "q4")
+    message = capsys.readouterr().err.strip()
+    assert "\n" not in message and message.startswith("warning:")
+    assert "blk.0.ffn_down.weight" in message and "Q5_0" in message and "Q8_0, Q4_0, Q4_1" in message
+    assert "--dtype float32" in message
+    assert model.quantization == "q4" and isinstance(model.layers[0].qkv, QuantLinear)
+    tokens = [5, 17, 3, 88]  # Q4_1 of the float weights: close to the float model, not equal
+    ref, got = logits_of(load_decoder(folder, "cpu"), tokens), logits_of(model, tokens)
+    assert (got - ref).abs().max() < 0.25 * ref.abs().max() and not torch.equal(got, ref)
 
 
 # -- the API ----------------------------------------------------------------------------------------

@@ -2,10 +2,12 @@
 safetensors, quantized at load. `load_decoder(folder, dtype="q4" | "q8_0")` reads through this.
 
     --dtype q4     the GGUF's own blocks when the folder keeps a GGUF (original.gguf) whose layer
-                   projections are 4-bit (Q4_0 / Q4_1 load natively; other types are refused with
-                   a one-line error); otherwise the float weights quantized at load: projections
-                   to Q4_1, the output head and embedding to Q8_0 (as the packaged SmolLM2 GGUF has
-                   them: the head decides the argmax, and is read once per token either way).
+                   projections are 4-bit and every quantized tensor is Q4_0 / Q4_1 / Q8_0;
+                   otherwise the float weights quantized at load: projections to Q4_1, the output
+                   head and embedding to Q8_0 (as the packaged SmolLM2 GGUF has them: the head
+                   decides the argmax, and is read once per token either way). A GGUF with other
+                   kinds (Q5_0, Q4_K, Q6_K: llama.cpp's K-quant presets) gets one warning line
+                   saying so, since the model is then not the GGUF's exact one.
     --dtype q8_0   the GGUF's own blocks when its projections are Q8_0; otherwise every projection,
                    the head and the embedding quantized to Q8_0 at load.
     --dtype q4-bf16-lossy, q8_0-bf16-lossy: the same weights through torch's int4 kernel with bfloat16
@@ -22,6 +24,7 @@ copied as bytes, with no float values made.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +33,7 @@ import torch
 from ..errors import ModelError
 from .gguf_import import ARCHITECTURES, hf_tensor_name, unpermute_rotary_rows
 from .marker import GGUF_NAME
-from .quant import BLOCK, QuantBlocks, blocks_from_gguf, cat_rows, check_gguf_kind, quantize
+from .quant import BLOCK, KINDS, QuantBlocks, blocks_from_gguf, cat_rows, check_gguf_kind, quantize
 from .quant_linear import QuantLinear, choose_kernel
 
 QUANT_DTYPES = ("q8_0", "q4", "q8_0-bf16-lossy", "q4-bf16-lossy")  # the names --dtype takes for quantized weights
@@ -39,6 +42,10 @@ _AT_LOAD = {"q8_0": ("q8_0", "q8_0"), "q4": ("q4_1", "q8_0")}  # (projections, h
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 _TABLES = ("model.embed_tokens.weight", "lm_head.weight")
 _PROJECTION = re.compile(r"blk\.\d+\.(attn_(q|k|v|output)|ffn_(gate|up|down))\.weight")
+
+
+def warn(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 class RowStack:
@@ -148,11 +155,16 @@ class _NativeGGUF:
         types = {t.tensor_type.name for t in reader.tensors if _PROJECTION.fullmatch(t.name)}
         if not any(name.startswith(_FAMILY[dtype_name]) for name in types):
             return None
-        native = cls(path, reader)
-        for tensor in reader.tensors:  # refuse what cannot be kept quantized before reading anything
-            if tensor.tensor_type.name not in _FLOAT_TYPES:
-                check_gguf_kind(tensor.tensor_type.name, tensor.name)
-        return native
+        odd = [t for t in reader.tensors
+               if t.tensor_type.name not in _FLOAT_TYPES and t.tensor_type.name.lower() not in KINDS]
+        if odd:  # decided before reading anything: the whole model comes from one source
+            kinds = ", ".join(sorted({t.tensor_type.name for t in odd}))
+            warn(f"warning: {path} keeps {kinds} tensors (e.g. '{odd[0].name}'), which Outrider cannot keep "
+                 f"quantized (supported: Q8_0, Q4_0, Q4_1); the float weights are quantized at load instead, "
+                 f"so this --dtype {dtype_name} model is close to the GGUF's but not its exact one (--dtype "
+                 "float32 runs the GGUF's own values, dequantized)")
+            return None
+        return cls(path, reader)
 
     def has(self, name: str) -> bool:
         return name in self.tensors
