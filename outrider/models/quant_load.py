@@ -48,6 +48,9 @@ def warn(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+_WARNED: set[Path] = set()  # GGUFs already warned about in this process (a drafter and a target may share one)
+
+
 class RowStack:
     """Fused projections whose parts are of different kinds (a GGUF may keep V in Q8_0 and Q, K
     in Q4_1): each part multiplies on its own and the outputs are joined, [..., sum of outs]."""
@@ -158,6 +161,9 @@ class _NativeGGUF:
         odd = [t for t in reader.tensors
                if t.tensor_type.name not in _FLOAT_TYPES and t.tensor_type.name.lower() not in KINDS]
         if odd:  # decided before reading anything: the whole model comes from one source
+            if path in _WARNED:
+                return None
+            _WARNED.add(path)
             kinds = ", ".join(sorted({t.tensor_type.name for t in odd}))
             warn(f"warning: {path} keeps {kinds} tensors (e.g. '{odd[0].name}'), which Outrider cannot keep "
                  f"quantized (supported: Q8_0, Q4_0, Q4_1); the float weights are quantized at load instead, "
