@@ -99,17 +99,19 @@ def test_one_sequence_keeps_the_single_sequence_rule():
     assert fixed.budgets([0, 1], 32, lambda d: d) == [fixed.budget(0)] * 2
 
 
-def test_table_measured_once_per_machine_and_cached(tiny_folders, tmp_path, monkeypatch):
+def test_table_measured_once_per_machine_and_cached(tiny_folders, tmp_path, monkeypatch, capsys):
     target = load_decoder(tiny_folders["llama"], "cpu")
     table = load_or_measure_batch(tiny_folders["llama"], target, tmp_path, max_batch=3)
     assert table.batches == (1, 2, 4) and len(table.seconds[0]) == len(table.widths)
     assert all(t > 0 for row in table.seconds for t in row)
+    assert "measuring the batch verify-cost profile" in capsys.readouterr().err  # a server's start waits on it
 
     def refuse(*args, **kwargs):
         raise AssertionError("measured again")
 
     monkeypatch.setattr(batch_cost, "measure_batch", refuse)
     assert load_or_measure_batch(tiny_folders["llama"], target, tmp_path, max_batch=4) == table
+    assert load_or_measure_batch(tiny_folders["llama"], target, tmp_path, max_batch=2) == table  # a larger grid covers it
     (cached,) = tmp_path.glob("batch-cost-*.json")
     cached.write_text("{broken")
     with pytest.raises(AssertionError, match="measured again"):  # damaged: measured again

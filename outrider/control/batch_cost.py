@@ -15,6 +15,7 @@ Measured once per machine (the same key as profile.py, plus the grid) and cached
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,22 +116,32 @@ def load_or_measure_batch(model_path: Path, target: Decoder, folder: Path, max_b
     """The cached table for a grid covering `max_batch`, else measured now and saved (or kept in
     memory when the folder cannot be written: it only saves time)."""
     batches = batch_grid(max_batch)
-    name = f"batch-cost-{profile_key(model_path, target)}-{batches[-1]}.json"
-    path = Path(folder) / name
+    key = profile_key(model_path, target)
+    path = Path(folder) / f"batch-cost-{key}-{batches[-1]}.json"
     if path in _IN_MEMORY:
         return _IN_MEMORY[path]
-    try:
-        return BatchCostProfile.from_json(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # none yet, or damaged: measured again
-    if log:
-        log(f"measuring the batch verify-cost profile of {model_path} up to {batches[-1]} sequences "
-            "(once per machine)...")
+    # this grid's table, else any larger one measured here before (it covers this one)
+    larger = sorted(Path(folder).glob(f"batch-cost-{key}-*.json"), key=lambda p: _grid_max(p))
+    for candidate in [path] + [p for p in larger if _grid_max(p) > batches[-1]]:
+        try:
+            return BatchCostProfile.from_json(json.loads(candidate.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # none yet, or damaged: measured again
+    say = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    say(f"measuring the batch verify-cost profile of {Path(model_path).name} up to {batches[-1]} sequences "
+        "(once per machine)...")
     profile = measure_batch(target, batches)
     payload = {**profile.to_json(), "model": str(model_path), "device": str(target.device)}
     if not save_json(path, payload, "batch verify-cost profile"):
         _IN_MEMORY[path] = profile
     return profile
+
+
+def _grid_max(path: Path) -> int:
+    try:
+        return int(path.stem.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return 0
 
 
 _IN_MEMORY: dict[Path, BatchCostProfile] = {}
