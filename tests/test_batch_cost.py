@@ -138,5 +138,6 @@ def test_engine_with_the_batch_rule_commits_what_each_request_commits_alone(tiny
     monkeypatch.setattr(ctl, "budgets", spy)
     outs = engine.run_all(reqs)
     assert any(b > 1 for b, _ in seen) and ctl.scale != 1.0  # the batch rule ran and was fed
+    assert not ctl._seqs  # every finished request's state was dropped
     for r, f in zip(reqs, outs):
         assert f.output_ids == generate_ids(llm.target, [r], set())[0].output_ids

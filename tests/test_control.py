@@ -86,3 +86,13 @@ def test_profile_measured_once_and_cached(tiny_folders, tmp_path):
     files[0].write_text(json.dumps(raw))
     assert load_or_measure(tiny_folders["llama"], target, tmp_path).seconds[0] == 7.0
     assert measure is not None
+
+
+def test_finished_sequences_are_forgotten():
+    """A server sees an unbounded stream of requests: no state may stay behind per request."""
+    for ctl in (CostController(VerifyCostProfile((1, 8), (1.0, 1.2))), AdaptiveController()):
+        for s in range(50):
+            ctl.start(s)
+            ctl.observe(s, *chain_round(2, 1))
+            ctl.finish(s)
+        assert not ctl._seqs

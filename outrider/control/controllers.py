@@ -48,6 +48,9 @@ class Controller(Protocol):
     def prepare(self, max_batch: int) -> None:
         """Rounds of up to `max_batch` sequences are coming: measure what that needs now."""
 
+    def finish(self, seq_id: int) -> None:
+        """The sequence ended: forget its state (a server sees an unbounded stream of them)."""
+
 
 class _PerSequence:
     """The batch hooks of a controller whose budget is each sequence's own business."""
@@ -59,6 +62,9 @@ class _PerSequence:
         pass
 
     def prepare(self, max_batch: int) -> None:
+        pass
+
+    def finish(self, seq_id: int) -> None:
         pass
 
 
@@ -99,6 +105,9 @@ class AdaptiveController(_PerSequence):
 
     def start(self, seq_id: int) -> None:
         self._seqs[seq_id] = _Moving(self.start_depth)
+
+    def finish(self, seq_id: int) -> None:
+        self._seqs.pop(seq_id, None)
 
     def budget(self, seq_id: int) -> Budget:
         depth = self._seqs.setdefault(seq_id, _Moving(self.start_depth)).depth
@@ -160,6 +169,9 @@ class CostController:
 
     def start(self, seq_id: int) -> None:
         self._seqs[seq_id] = _PerPosition()
+
+    def finish(self, seq_id: int) -> None:
+        self._seqs.pop(seq_id, None)
 
     def acceptance(self, seq_id: int) -> list[float]:
         """Estimated acceptance at each depth, given the depth before it was accepted.

@@ -232,4 +232,5 @@ class Speculator:
         return torch.stack([hidden[layer] for layer in self.hidden_layers], dim=1)
 
     def finish(self, seq) -> None:
+        self.controller.finish(seq.seq_id)
         self.drafter.finish(seq.seq_id, list(seq.tokens))
