@@ -80,10 +80,16 @@ class ModelDrafter:
         self.batched = batched
         if share_target_cache:
             self.capabilities = replace(type(self).capabilities, reads_target_cache=True)
-        layers = num_layers or decoder.config.num_layers
-        self.slots = SlotCache(lambda n, rows: decoder.new_cache(n, rows, num_layers=layers))
         self.target_cache = None  # the target's KVCache, when drafting over it (attach_target_cache)
+        self._slots: SlotCache | None = None  # its own cache, made at the first sequence that needs it
         self._states: dict[int, _State] = {}
+
+    @property
+    def slots(self) -> SlotCache:
+        if self._slots is None:
+            layers = self.num_layers or self.decoder.config.num_layers
+            self._slots = SlotCache(lambda n, rows: self.decoder.new_cache(n, rows, num_layers=layers))
+        return self._slots
 
     @property
     def cache(self):
