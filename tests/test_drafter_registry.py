@@ -239,7 +239,7 @@ def test_models_and_fit_come_from_the_entry(tiny_folders):
     # a draft model in a dtype of its own: the name before '@' is what is pulled and checked
     assert SpecOptions("draft-model:some-model@q8_0").models_needed() == ("some-model",)
     assert SpecOptions(f"draft-model:{tiny_folders['llama-draft']}@bfloat16").misfit(config, folder) is None
-    for bad, says in (("draft-model:some-model@q5", "unknown dtype 'q5'"), ("draft-model:@q4", "before the '@'")):
+    for bad, says in (("draft-model:some-model@q5", "unknown dtype 'q5'"), ("draft-model:@q4", "folder before the '@'")):
         with pytest.raises(ConfigError, match=says):
             SpecOptions(bad).models_needed()
 

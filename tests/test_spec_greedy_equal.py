@@ -62,6 +62,9 @@ def test_early_exit_over_the_target_cache(target, plain, shape, monkeypatch):
     assert run(target, speculator(drafter, shape)) == plain
     assert drafter.target_cache is not None and drafter._slots is None  # no cache of its own was made
     assert fed and max(fed) <= 1 + parse_shape(shape).fed_nodes(4)  # roots and drafts: no prompt (10 tokens)
+    drafter.start(99, [1, 2, 3], target_slot=0)  # left behind by an interrupted run
+    spec = speculator(drafter, shape)
+    assert run(target, spec) == plain and 99 not in drafter._states  # the next engine drops it
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -38,10 +38,9 @@ def parse_argument(text: str) -> DraftModel:
     if not at or Path(text).exists():
         return DraftModel(text)
     if dtype not in DTYPE_NAMES:
-        raise ConfigError(f"draft-model:{text}: unknown dtype '{dtype}' after '@': use one of "
-                          f"{', '.join(DTYPE_NAMES)}")
+        raise ConfigError(f"unknown dtype '{dtype}' after '@': use one of {', '.join(DTYPE_NAMES)}")
     if not name:
-        raise ConfigError(f"draft-model:{text} needs a model name or folder before the '@'")
+        raise ConfigError("give a model name or folder before the '@' (draft-model:NAME@DTYPE)")
     return DraftModel(name, dtype)
 
 

@@ -96,9 +96,11 @@ class ModelDrafter:
         return self.target_cache if self.target_cache is not None else self.slots.cache
 
     def attach_target_cache(self, cache) -> None:
-        """Draft over the target's own cache from now on (sequences started after this call)."""
-        if self._states:
-            raise RuntimeError("attach the target cache before any sequence starts")
+        """Draft over the target's own cache from now on. A new engine attaches its cache before
+        its first sequence starts; sequences left by an earlier engine (an interrupted run) are
+        dropped, their rows belonging to a cache that is gone."""
+        for seq_id in list(self._states):
+            self.finish(seq_id, [])
         self.target_cache = cache
 
     # -- protocol -----------------------------------------------------------------------------

@@ -163,15 +163,13 @@ class Speculator:
         that declares needs_hidden gets them as `hidden` [len(prompt) - 1, layers, E] (None for
         a one-token prompt)."""
         self.controller.start(seq.seq_id)
+        extra = {}  # what the drafter declared it reads
         if self.reads_target_cache:
-            self.drafter.start(seq.seq_id, list(seq.tokens), seq.params, target_slot=seq.slot)
-            return
-        if not self.hidden_layers:
-            self.drafter.start(seq.seq_id, list(seq.tokens), seq.params)
-            return
-        chunks = [self._stack(h) for h in prompt_hidden or ()]
-        hidden = torch.cat(chunks) if chunks else None  # None: a one-token prompt, nothing prefilled
-        self.drafter.start(seq.seq_id, list(seq.tokens), seq.params, hidden=hidden)
+            extra["target_slot"] = seq.slot
+        if self.hidden_layers:
+            chunks = [self._stack(h) for h in prompt_hidden or ()]
+            extra["hidden"] = torch.cat(chunks) if chunks else None  # None: a one-token prompt
+        self.drafter.start(seq.seq_id, list(seq.tokens), seq.params, **extra)
 
     def prepare(self, cache, max_batch: int) -> None:
         """An engine with the target's K/V `cache` and up to `max_batch` sequences a round is
