@@ -2,7 +2,7 @@
 
 Tolerances against `reference_linear` (dequantize, then x @ w.T in float32), elementwise:
 
-- "blockwise" computes the same float32 products in another summation order. A float32 sum of K
+- "blockwise" and "native" compute the same float32 products in another summation order. A float32 sum of K
   terms in any order is off by at most about (K + 4) * u32 * sum_k |x_k w_k| (u32 = 2**-24, K - 1
   additions, the product, the weight's own formation): that is the bound allowed.
 - the int4 kernels ("int4pack", "int4pair") round x, the scales and the zeros to bfloat16 and the
@@ -22,9 +22,12 @@ import numpy as np
 import pytest
 import torch
 
+from outrider.models import native
 from outrider.models.quant import BLOCK, KINDS, QuantBlocks, blocks_from_gguf, dequantize, quantize
 from outrider.models.quant_linear import QuantLinear, choose_kernel, reference_linear
 
+EXACT = "native" if native.available() else "blockwise"  # the float32 kernel this machine uses by default
+needs_native = pytest.mark.skipif(not native.available(), reason=f"native kernel: {native.reason()}")
 U32 = 2.0 ** -24  # float32 unit roundoff
 UB = 2.0 ** -8  # bfloat16 unit roundoff
 
@@ -60,7 +63,7 @@ def within_bound(out: torch.Tensor, x: torch.Tensor, blocks: QuantBlocks, kernel
     """|out - reference| within the bound the module docstring derives for `kernel`."""
     ref = reference_linear(x, blocks)
     bound = (blocks.shape[1] + 4) * U32 * (x.abs().float() @ dequantize(blocks).abs().T)  # [rows, out]
-    if kernel != "blockwise":
+    if kernel not in ("blockwise", "native"):
         bound = bound + 1.05 * UB * (2 * (x.abs().float() @ kernel_terms(blocks).T) + ref.abs())
     return bool(((out.float() - ref).abs() <= bound + 1e-30).all())
 
@@ -110,7 +113,10 @@ def test_quantize_refuses_ragged_rows():
 # -- kernels against the reference --------------------------------------------------------------
 
 KERNELS = [("q8_0", "int4pair"), ("q4_0", "int4pack"), ("q4_1", "int4pack"),
-           ("q8_0", "blockwise"), ("q4_0", "blockwise"), ("q4_1", "blockwise")]
+           ("q8_0", "blockwise"), ("q4_0", "blockwise"), ("q4_1", "blockwise"),
+           pytest.param("q8_0", "native", marks=needs_native), pytest.param("q4_0", "native", marks=needs_native),
+           pytest.param("q4_1", "native", marks=needs_native)]
+ROW_INDEPENDENT = KERNELS[:3] + KERNELS[6:]  # the int4 kernels and ours
 
 
 @pytest.mark.parametrize("kind,kernel", KERNELS)
@@ -148,8 +154,8 @@ def test_bound_catches_one_wrong_block(kind, kernel):
     assert not within_bound(QuantLinear(wrong, kernel=kernel).linear(x), x, blocks, kernel)
 
 
-@pytest.mark.parametrize("kind,kernel", KERNELS[:3])
-def test_int4_kernels_are_row_independent(kind, kernel):
+@pytest.mark.parametrize("kind,kernel", ROW_INDEPENDENT)
+def test_kernels_are_row_independent(kind, kernel):
     """A row's result does not depend on the other rows of the call, bit for bit: a k-token
     verify forward computes what k one-token steps compute (greedy equality relies on it)."""
     weight = QuantLinear(random_blocks(kind, 64, 128), kernel=kernel)
@@ -172,13 +178,14 @@ def test_int4_formula_is_code_minus_8_times_scale_plus_zero():
 
 
 def test_choose_kernel():
-    assert choose_kernel(random_blocks("q4_1", 32, 64)) == "blockwise"  # exact unless asked
+    assert choose_kernel(random_blocks("q4_1", 32, 64)) == EXACT  # exact unless asked
+    assert choose_kernel(random_blocks("q4_1", 32, 64), dtype=torch.bfloat16) == "blockwise"  # native: float32 only
     assert choose_kernel(random_blocks("q4_0", 32, 64), fast=True) == "int4pack"
     assert choose_kernel(random_blocks("q4_1", 32, 64), fast=True) == "int4pack"
     assert choose_kernel(random_blocks("q8_0", 32, 64), fast=True) == "int4pair"
-    assert choose_kernel(random_blocks("q4_1", 40, 64), fast=True) == "blockwise"  # int4 needs out % 16 == 0
+    assert choose_kernel(random_blocks("q4_1", 40, 64), fast=True) == EXACT  # int4 needs out % 16 == 0
     assert QuantLinear(random_blocks("q8_0", 32, 64)).kernel == "blockwise"
-    with pytest.raises(ValueError, match="use blockwise"):
+    with pytest.raises(ValueError, match=f"use {EXACT}"):
         QuantLinear(random_blocks("q4_1", 40, 64), kernel="int4pack")
     with pytest.raises(ValueError, match="use int4pack"):
         QuantLinear(random_blocks("q4_1", 32, 64), kernel="int4pair")

@@ -17,6 +17,7 @@ from outrider.models.loader import load_decoder
 from outrider.models.quant import QuantBlocks, dequantize, quantize
 from outrider.models.quant_linear import QuantLinear
 from outrider.models.quant_load import RowStack
+from test_quant import EXACT
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
@@ -86,7 +87,7 @@ def test_quantized_at_load_equals_dequantized_float_model(folder, dtype):
         for name in PROJECTIONS:
             weight = getattr(layer, name)
             assert isinstance(weight, QuantLinear) and weight.kind == kinds["projections"]
-            assert weight.kernel == "blockwise"
+            assert weight.kernel == EXACT
     assert isinstance(model.lm_head, QuantLinear) and model.lm_head.kind == kinds["head"]
     assert isinstance(model.embed, QuantBlocks) and model.embed.kind == kinds["head"]
     tokens = [5, 17, 3, 88, 41, 41, 9]
@@ -220,7 +221,7 @@ def test_gguf_blocks_load_natively(tmp_path):
     assert QuantTensors(folder, "q4", _Tensors(folder)).source == "GGUF blocks (original.gguf)"
     model = load_decoder(folder, "cpu", "q4")
     assert model.layers[0].qkv.kind == "q4_1" and model.embed.kind == "q4_1"  # the GGUF's own table
-    assert model.lm_head.kernel == "blockwise"  # 264 rows: not a multiple of 16
+    assert model.lm_head.kernel == EXACT
     tokens = [5, 17, 3, 88, 41, 41, 9, 200]
     ref = logits_of(load_decoder(folder, "cpu"), tokens)
     torch.testing.assert_close(logits_of(model, tokens), ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())

@@ -7,6 +7,7 @@ back the GGUF's blocks byte for byte; and speculative greedy equals plain greedy
 
 import pytest
 import torch
+from test_quant import EXACT
 
 pytestmark = pytest.mark.model
 
@@ -46,7 +47,7 @@ def test_gguf_blocks_compute_the_float_model(q4, smollm2_decoder, smollm2_tokeni
     """With the float32 kernel, the GGUF's blocks compute what the float32 folder computes."""
     from outrider.models.batch import pack
 
-    assert q4.layers[0].qkv.kind == "q4_1" and q4.lm_head.kind == "q8_0" and q4.lm_head.kernel == "blockwise"
+    assert q4.layers[0].qkv.kind == "q4_1" and q4.lm_head.kind == "q8_0" and q4.lm_head.kernel == EXACT
     ids = torch.tensor(smollm2_tokenizer(PROMPTS[0])["input_ids"])
 
     def logits(model):

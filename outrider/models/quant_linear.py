@@ -1,13 +1,21 @@
 """The weight-only quantized linear: x [rows, in] times a weight kept in GGUF blocks -> [rows, out].
 
     w = QuantLinear(quantize(weight, "q4_1"))              # exact: the "blockwise" kernel
+    w = QuantLinear(blocks, kernel=choose_kernel(blocks))  # exact: "native" where it builds
     w = QuantLinear(blocks, kernel=choose_kernel(blocks, fast=True))   # torch's int4 kernel, bf16
     y = w.linear(x)                                         # x: [..., in] -> [..., out]
     reference_linear(x, blocks)                             # the plain path: dequantize, then x @ w.T
 
 Kernels (one per weight, chosen when it is built):
 
-- "blockwise" (any kind, any device; the default): dequantize a few hundred rows at a time into
+- "native" (any kind on an x86-64 CPU with AVX2; the default where it builds): Outrider's own C
+  kernel (`native/qmatmul.c`), float32 activations, reading the blocks as they are and decoding
+  each in registers once for up to 8 rows. Its weight values are the reference's exactly, and
+  each output row is bit-identical whatever the number of rows or threads, so a k-token verify
+  forward's linears give each row what a 1-token step gives. About twice float32's speed at one
+  row on this CPU (measured: `scripts/bench_quant_kernels.py`).
+- "blockwise" (any kind, any device; where "native" is not built or the compute dtype is not
+  float32): dequantize a few hundred rows at a time into
   the compute dtype (codes * scale + offset, exactly the reference's values) and multiply with
   the float GEMM, so no full float copy ever exists. In float32 it differs from the reference only
   in summation order, like the float32 model does between a 1-token and a k-token forward: greedy
@@ -40,7 +48,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import cpu_linear
+from . import cpu_linear, native
 from .quant import BLOCK, QuantBlocks, dequantize
 
 _CHUNK_VALUES = 1 << 16  # blockwise: values dequantized at a time (256 KB of float32: stays in cache)
@@ -61,19 +69,20 @@ def _int4pack_ok(blocks: QuantBlocks) -> bool:
     return _FAST_INT4 and blocks.device.type == "cpu" and blocks.shape[0] % 16 == 0
 
 
-def choose_kernel(blocks: QuantBlocks, fast: bool = False) -> str:
-    """The kernel a weight gets on its device: "blockwise" (exact), or with `fast` torch's int4
-    kernel in bfloat16 where it is vectorized (see the module docstring)."""
+def choose_kernel(blocks: QuantBlocks, fast: bool = False, dtype: torch.dtype = torch.float32) -> str:
+    """The kernel a weight gets on its device: "native" where it builds, else "blockwise" (both
+    float32, exact values), or with `fast` torch's int4 kernel in bfloat16 where it is vectorized
+    (see the module docstring)."""
     if fast and _int4pack_ok(blocks):
         return "int4pair" if blocks.kind == "q8_0" else "int4pack"
-    return "blockwise"
+    return "native" if dtype == torch.float32 and native.supports(blocks) else "blockwise"
 
 
 class QuantLinear:
     """A projection weight [out, in] kept quantized; `linear(x, bias)` is its matmul.
 
-    dtype: the compute dtype (activations in, results out). `kernel`: one of "blockwise",
-    "int4pack", "int4pair" (see `choose_kernel`); by default "blockwise". Only the kernel's own
+    dtype: the compute dtype (activations in, results out). `kernel`: one of "native",
+    "blockwise", "int4pack", "int4pair" (see `choose_kernel`); by default "blockwise". Only the kernel's own
     form of the weight is kept.
     """
 
@@ -85,7 +94,10 @@ class QuantLinear:
         self.kernel = kernel or "blockwise"
         if self.kernel not in _PREPARE:
             raise ValueError(f"kernel must be one of {', '.join(_PREPARE)}, got {self.kernel!r}")
-        if self.kernel != "blockwise" and self.kernel != choose_kernel(blocks, fast=True):
+        if self.kernel == "native" and not native.supports(blocks):
+            raise ValueError(f"kernel native does not take a {self.kind} weight on {self.device}: "
+                             f"{native.reason() or 'not a CPU tensor'}; use blockwise")
+        if self.kernel not in ("blockwise", "native") and self.kernel != choose_kernel(blocks, fast=True):
             raise ValueError(f"kernel {self.kernel} does not take a {self.kind} weight {self.shape} on "
                              f"{self.device}: use {choose_kernel(blocks, fast=True)}")
         self.state = _PREPARE[self.kernel](blocks, dtype)
@@ -100,7 +112,10 @@ class QuantLinear:
 
     def nbytes(self) -> int:
         """Bytes of the weight as this kernel keeps it (what a forward reads)."""
-        tensors = [t for t in self.state.values() if isinstance(t, torch.Tensor)]
+        if self.kernel == "native":
+            tensors = self.state["weight"].tensors()
+        else:
+            tensors = [t for t in self.state.values() if isinstance(t, torch.Tensor)]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def __repr__(self) -> str:
@@ -146,6 +161,18 @@ def _matmul_int4pair(x: torch.Tensor, state: dict) -> torch.Tensor:
     return torch.ops.aten._weight_int4pack_mm_for_cpu(doubled, state["packed"], BLOCK, state["scales_and_zeros"])
 
 
+# -- native: Outrider's C kernel ---------------------------------------------------------------------
+
+def _prepare_native(blocks: QuantBlocks, dtype: torch.dtype) -> dict:
+    if dtype != torch.float32:
+        raise ValueError(f"kernel native computes in float32, not {dtype}; use blockwise")
+    return {"weight": native.NativeWeight.of(blocks)}
+
+
+def _matmul_native(x: torch.Tensor, state: dict) -> torch.Tensor:
+    return native.qmatmul(x, state["weight"])
+
+
 # -- blockwise: any kind, any device ---------------------------------------------------------------
 
 def _prepare_blockwise(blocks: QuantBlocks, dtype: torch.dtype) -> dict:
@@ -180,5 +207,7 @@ def _matmul_blockwise(x: torch.Tensor, state: dict) -> torch.Tensor:
     return out
 
 
-_PREPARE = {"int4pack": _prepare_int4pack, "int4pair": _prepare_int4pair, "blockwise": _prepare_blockwise}
-_MATMUL = {"int4pack": _matmul_int4pack, "int4pair": _matmul_int4pair, "blockwise": _matmul_blockwise}
+_PREPARE = {"native": _prepare_native, "int4pack": _prepare_int4pack, "int4pair": _prepare_int4pair,
+            "blockwise": _prepare_blockwise}
+_MATMUL = {"native": _matmul_native, "int4pack": _matmul_int4pack, "int4pair": _matmul_int4pair,
+           "blockwise": _matmul_blockwise}

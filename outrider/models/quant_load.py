@@ -110,7 +110,7 @@ class QuantTensors:
 
     def _linear(self, blocks: QuantBlocks, dtype: torch.dtype, device: torch.device) -> QuantLinear:
         blocks = blocks.to(device)
-        return QuantLinear(blocks, dtype, choose_kernel(blocks, self.fast))
+        return QuantLinear(blocks, dtype, choose_kernel(blocks, self.fast, dtype))
 
     def _weight(self, name: str) -> QuantBlocks | torch.Tensor:
         """One 2-D weight as blocks (or float when it stays float); tables are kept for reuse

@@ -1,0 +1,193 @@
+"""Outrider's own CPU kernel for weights kept in GGUF blocks, built on first use.
+
+    from outrider.models import native
+    if native.available():
+        y = native.qmatmul(x, blocks)     # x: float32 [M, in] -> [M, out], blocks: quant.QuantBlocks
+
+`qmatmul.c` (beside this file) is compiled once per machine with the system C compiler
+(`cc -O3 -march=native -ffp-contract=off -fopenmp`, about a second) into
+`$OUTRIDER_CACHE/kernels/qmatmul-<key>.so`, the key a hash of the source, the flags, the
+compiler and the CPU's flags, so an edited source or another machine builds its own. It is
+loaded with ctypes (no Python extension API, no torch headers) after torch, so its OpenMP
+regions run on torch's own libgomp and follow `torch.set_num_threads`. Where it cannot be built
+(no compiler, not x86-64 with AVX2/FMA/F16C) or OUTRIDER_NATIVE=0 is set, `available()` is
+False, one line on stderr says why when asked with `reason()`, and quantized weights use the
+torch "blockwise" kernel instead: same values, slower.
+
+Why a kernel of our own (measured, README "Quantized weights"): torch's int4 CPU kernel is
+fast only with bfloat16 activations, and a bfloat16 model drifts from its own autoregressive
+output under speculation; the float32 path through torch (dequantize blocks, then a GEMM) runs at
+half float32's speed. This kernel reads the 4-bit blocks once, decodes them in registers for up
+to 8 rows of activations at once, and computes each output element by one fixed sequence of
+float32 operations: results are bit-identical whatever the number of rows or threads (see the
+C source), so a k-token verify forward gives each row exactly what a 1-token decode step gives.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..quant import BLOCK, QuantBlocks
+
+SOURCE = Path(__file__).with_name("qmatmul.c")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
+KIND_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
+
+_state: dict = {}  # "lib" (ctypes.CDLL) or "reason" (why not), decided once per process
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def library_path(compiler: str) -> Path:
+    """Where this source, built with these flags by this compiler for this CPU, is kept."""
+    from ..catalog import cache_dir
+
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode())
+    return cache_dir() / "kernels" / f"qmatmul-{key.hexdigest()[:16]}.so"
+
+
+def _build(compiler: str, target: Path) -> None:
+    """Compile into a temporary file beside `target`, then move it into place (atomic: test
+    workers building at once each finish with a whole library)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".so.tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True,
+                              timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _load() -> None:
+    if os.environ.get("OUTRIDER_NATIVE", "1") == "0":
+        _state["reason"] = "OUTRIDER_NATIVE=0 is set"
+        return
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        _state["reason"] = f"it is written for x86-64 (AVX2), this is {platform.machine()}"
+        return
+    compiler = _compiler()
+    if compiler is None:
+        _state["reason"] = "no C compiler (cc) was found; install gcc to build it"
+        return
+    try:
+        path = library_path(compiler)
+        if not path.is_file():
+            _build(compiler, path)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        _state["reason"] = f"building {SOURCE.name} failed: {err}"
+        return
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.outrider_qmatmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, ptr, i64, ptr]
+    lib.outrider_qmatmul.restype = ctypes.c_int
+    lib.outrider_qmatmul_rows.restype = ctypes.c_int
+    _state["lib"] = lib
+    _state["path"] = path
+
+
+def _ensure() -> None:
+    if not _state:
+        _load()
+
+
+def available() -> bool:
+    """Whether the kernel is built and loaded in this process (builds it on the first call)."""
+    _ensure()
+    return "lib" in _state
+
+
+def reason() -> str:
+    """Why the kernel is not available ("" when it is)."""
+    _ensure()
+    return _state.get("reason", "")
+
+
+def rows_per_block() -> int:
+    """Rows of activations each decoded block serves at once in this build (8 with AVX-512, 2 with AVX2)."""
+    _ensure()
+    return _state["lib"].outrider_qmatmul_rows() if "lib" in _state else 0
+
+
+def supports(blocks: QuantBlocks) -> bool:
+    return available() and blocks.device.type == "cpu" and blocks.kind in KIND_CODES
+
+
+@dataclass(frozen=True)
+class NativeWeight:
+    """One weight as the kernel reads it: the codes as GGUF keeps them, the float16 scales and
+    mins widened to float32 once (a broadcast load per block instead of a conversion; 4 bytes a
+    block more than the GGUF)."""
+
+    kind: str
+    shape: tuple[int, int]  # (out, in)
+    q: torch.Tensor  # int8 [out, in] (q8_0) or uint8 [out, in / 2] (q4_*)
+    d: torch.Tensor  # float32 [out, in / 32]
+    m: torch.Tensor | None  # float32 [out, in / 32] (q4_1)
+
+    @classmethod
+    def of(cls, blocks: QuantBlocks) -> "NativeWeight":
+        m = blocks.m.float().contiguous() if blocks.m is not None else None
+        return cls(blocks.kind, blocks.shape, blocks.q.contiguous(), blocks.d.float().contiguous(), m)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.q, self.d, self.m) if t is not None]
+
+
+def qmatmul(x: torch.Tensor, weight: "NativeWeight | QuantBlocks") -> torch.Tensor:
+    """x: float32 [M, in] on the CPU -> float32 [M, out] = x @ dequantize(blocks).T, each row
+    bit-identical whatever M (see the module docstring). Pass a NativeWeight made once (a
+    QuantBlocks is converted on every call: for tests)."""
+    if not available():
+        raise RuntimeError(f"the native kernel is not available: {reason()}")
+    if isinstance(weight, QuantBlocks):
+        weight = NativeWeight.of(weight)
+    out_features, in_features = weight.shape
+    x = x.to(torch.float32).contiguous()
+    if x.dim() != 2 or x.shape[1] != in_features:
+        raise ValueError(f"x must be [rows, {in_features}], got {tuple(x.shape)}")
+    y = torch.empty(x.shape[0], out_features, dtype=torch.float32)
+    m = weight.m.data_ptr() if weight.m is not None else None
+    status = _state["lib"].outrider_qmatmul(KIND_CODES[weight.kind], x.data_ptr(), x.shape[0], in_features,
+                                            weight.q.data_ptr(), weight.d.data_ptr(), m, out_features,
+                                            y.data_ptr())
+    if status != 0:
+        raise ValueError(f"the native kernel refused a {weight.kind} weight {weight.shape}")
+    return y
+
+
+def describe() -> str:
+    """One line: the kernel's state here (for `outrider models list`-style reports and tests)."""
+    if available():
+        return f"native kernel {_state['path'].name} ({rows_per_block()} rows a block)"
+    return f"native kernel unavailable: {reason()}"
+
+
+assert BLOCK == 32, "qmatmul.c hard-codes 32-value blocks"

@@ -1,0 +1,215 @@
+/* y[M, N] = x[M, K] . W[N, K]^T for a weight W kept in GGUF blocks (Q8_0, Q4_0, Q4_1), float32.
+ *
+ * Built at first use by native/__init__.py (cc -O3 -march=native -ffp-contract=off -fopenmp);
+ * x86 with AVX2 or AVX-512 only: elsewhere the build stops at the #error below and Outrider keeps
+ * the torch "blockwise" kernel.
+ *
+ * Layout (as quant.QuantBlocks holds it): 32 values a block along K.
+ *   q8_0: q int8 [N, K]                     w = d * q
+ *   q4_0: q uint8 [N, K / 2]                w = d * (q - 8)
+ *   q4_1: q uint8 [N, K / 2], m fp16        w = d * q + m
+ *   d (and m): fp16 [N, K / 32]. A Q4 block's 16 bytes hold value j in the low nibble of byte j
+ *   and value j + 16 in its high nibble.
+ *
+ * Exactness. Each weight value is computed with the reference's own operations (a multiply,
+ * then an add; no contraction), so it is the value quant.dequantize gives. Each y[r, n] is one
+ * fixed sequence of float32 operations over x[r] and W[n]: per block, fused multiply-adds into
+ * the same accumulators in the same order, then one fixed reduction. Which other rows share the
+ * call (M), how rows are grouped to share a decoded block, and how many threads split N change
+ * nothing: a row's result is bit-identical whether it is decoded alone or verified among k
+ * others. That is what makes greedy speculative output equal autoregressive output here by
+ * construction, not only within rounding.
+ *
+ * Speed. Memory-bound at few rows: each block is read once and decoded in registers once for
+ * up to ROWS rows of x; threads split N (OpenMP: torch's own libgomp, so torch's thread count).
+ */
+#include <stdint.h>
+
+#if !defined(__x86_64__) || !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "qmatmul.c needs x86-64 with AVX2, FMA and F16C"
+#endif
+#include <immintrin.h>
+
+#define QK 32             /* values per block */
+#define TILE_N 16         /* output columns a thread takes at a time */
+
+enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2 };
+
+
+/* Ask for the codes and scales PREFETCH_BYTES ahead of the block being computed (past a row's
+ * end that is the next row's, which this thread computes next): a row is only a few hundred
+ * bytes, too short for the hardware prefetcher to get ahead on its own. */
+#define PREFETCH_BYTES 2048
+static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *q, const float *d,
+                                                                 const float *m) {
+    _mm_prefetch((const char *)(q + PREFETCH_BYTES), _MM_HINT_T0);
+    _mm_prefetch((const char *)(d + PREFETCH_BYTES / 8), _MM_HINT_T0);
+    if (m) _mm_prefetch((const char *)(m + PREFETCH_BYTES / 8), _MM_HINT_T0);
+}
+
+#if defined(__AVX512F__)
+/* ---- AVX-512: a block is two vectors of 16 values; two accumulators per row ---------------- */
+#define ROWS 8
+
+static inline __attribute__((always_inline)) void decode(int kind, const uint8_t *q, float d, float m,
+                                                         __m512 *w0, __m512 *w1) {
+    __m512 dd = _mm512_set1_ps(d);
+    if (kind == KIND_Q8_0) {
+        __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
+        __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))));
+        *w0 = _mm512_mul_ps(dd, a);
+        *w1 = _mm512_mul_ps(dd, b);
+        return;
+    }
+    __m512i all = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q)); /* bytes 0..15 */
+    __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(all, _mm512_set1_epi32(15)));  /* values 0..15 */
+    __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(all, 4));                      /* values 16..31 */
+    if (kind == KIND_Q4_0) {
+        __m512 eight = _mm512_set1_ps(8.0f);
+        *w0 = _mm512_mul_ps(dd, _mm512_sub_ps(lo, eight));
+        *w1 = _mm512_mul_ps(dd, _mm512_sub_ps(hi, eight));
+    } else {
+        __m512 mm = _mm512_set1_ps(m);
+        *w0 = _mm512_add_ps(_mm512_mul_ps(dd, lo), mm);
+        *w1 = _mm512_add_ps(_mm512_mul_ps(dd, hi), mm);
+    }
+}
+
+/* y[r * ystride] = x[r] . W[n] for r < rows (rows <= ROWS, a constant after inlining) */
+static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, const float *x, int64_t K,
+                                                           const uint8_t *q, int64_t qstride,
+                                                           const float *d, const float *m,
+                                                           float *y, int64_t ystride) {
+    __m512 acc0[ROWS], acc1[ROWS];
+    for (int r = 0; r < rows; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
+    const int64_t blocks = K / QK;
+    for (int64_t b = 0; b < blocks; b++) {
+        __m512 w0, w1;
+        prefetch_ahead(q + b * qstride, d + b, m ? m + b : 0);
+        decode(kind, q + b * qstride, d[b], kind == KIND_Q4_1 ? m[b] : 0.0f, &w0, &w1);
+        const float *xb = x + b * QK;
+        for (int r = 0; r < rows; r++) {
+            acc0[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xb + r * K), acc0[r]);
+            acc1[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xb + r * K + 16), acc1[r]);
+        }
+    }
+    for (int r = 0; r < rows; r++) y[r * ystride] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r]));
+}
+
+#else
+/* ---- AVX2: a block is four vectors of 8 values; four accumulators per row ------------------ */
+#define ROWS 2
+
+static inline __attribute__((always_inline)) void decode(int kind, const uint8_t *q, float d, float m,
+                                                         __m256 w[4]) {
+    __m256 dd = _mm256_set1_ps(d);
+    if (kind == KIND_Q8_0) {
+        for (int i = 0; i < 4; i++) {
+            __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * i)));
+            w[i] = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(v));
+        }
+        return;
+    }
+    __m128i raw = _mm_loadu_si128((const __m128i *)q);
+    __m256i a = _mm256_cvtepu8_epi32(raw);                     /* bytes 0..7 */
+    __m256i b = _mm256_cvtepu8_epi32(_mm_srli_si128(raw, 8));  /* bytes 8..15 */
+    __m256i low = _mm256_set1_epi32(15);
+    __m256 v[4] = {
+        _mm256_cvtepi32_ps(_mm256_and_si256(a, low)),  /* values 0..7 */
+        _mm256_cvtepi32_ps(_mm256_and_si256(b, low)),  /* values 8..15 */
+        _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)),   /* values 16..23 */
+        _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)),   /* values 24..31 */
+    };
+    __m256 mm = _mm256_set1_ps(m), eight = _mm256_set1_ps(8.0f);
+    for (int i = 0; i < 4; i++)
+        w[i] = kind == KIND_Q4_0 ? _mm256_mul_ps(dd, _mm256_sub_ps(v[i], eight))
+                                 : _mm256_add_ps(_mm256_mul_ps(dd, v[i]), mm);
+}
+
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, const float *x, int64_t K,
+                                                           const uint8_t *q, int64_t qstride,
+                                                           const float *d, const float *m,
+                                                           float *y, int64_t ystride) {
+    __m256 acc[ROWS][4];
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < 4; i++) acc[r][i] = _mm256_setzero_ps();
+    const int64_t blocks = K / QK;
+    for (int64_t b = 0; b < blocks; b++) {
+        __m256 w[4];
+        prefetch_ahead(q + b * qstride, d + b, m ? m + b : 0);
+        decode(kind, q + b * qstride, d[b], kind == KIND_Q4_1 ? m[b] : 0.0f, w);
+        const float *xb = x + b * QK;
+        for (int r = 0; r < rows; r++)
+            for (int i = 0; i < 4; i++)
+                acc[r][i] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xb + r * K + 8 * i), acc[r][i]);
+    }
+    for (int r = 0; r < rows; r++)
+        y[r * ystride] = hsum256(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]),
+                                               _mm256_add_ps(acc[r][2], acc[r][3])));
+}
+#endif
+
+/* One output column n over every row of x, ROWS rows at a time (the last group smaller). */
+static inline __attribute__((always_inline)) void column(int kind, const float *x, int64_t M, int64_t K,
+                                                         const uint8_t *q, int64_t qstride,
+                                                         const float *d, const float *m,
+                                                         float *y, int64_t N) {
+    int64_t r = 0;
+    for (; r + ROWS <= M; r += ROWS) dot_rows(kind, ROWS, x + r * K, K, q, qstride, d, m, y + r * N, N);
+    switch (M - r) {  /* constant row counts, so each group keeps its accumulators in registers */
+#if ROWS > 2
+        case 7: dot_rows(kind, 7, x + r * K, K, q, qstride, d, m, y + r * N, N); break;
+        case 6: dot_rows(kind, 6, x + r * K, K, q, qstride, d, m, y + r * N, N); break;
+        case 5: dot_rows(kind, 5, x + r * K, K, q, qstride, d, m, y + r * N, N); break;
+        case 4: dot_rows(kind, 4, x + r * K, K, q, qstride, d, m, y + r * N, N); break;
+        case 3: dot_rows(kind, 3, x + r * K, K, q, qstride, d, m, y + r * N, N); break;
+        case 2: dot_rows(kind, 2, x + r * K, K, q, qstride, d, m, y + r * N, N); break;
+#endif
+        case 1: dot_rows(kind, 1, x + r * K, K, q, qstride, d, m, y + r * N, N); break;
+        default: break;
+    }
+}
+
+/* One function per kind (the kind a constant inside it, so each decode is specialized). */
+#define MATMUL(NAME, KIND)                                                                          \
+    static void NAME(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *d,        \
+                     const float *m, int64_t N, float *y) {                                      \
+        const int64_t blocks = K / QK;                                                              \
+        const int64_t qstride = KIND == KIND_Q8_0 ? QK : QK / 2; /* bytes of codes per block */     \
+        const int64_t tiles = (N + TILE_N - 1) / TILE_N;                                            \
+        _Pragma("omp parallel for schedule(static)")                                               \
+        for (int64_t t = 0; t < tiles; t++) {                                                       \
+            const int64_t n1 = (t + 1) * TILE_N < N ? (t + 1) * TILE_N : N;                         \
+            for (int64_t n = t * TILE_N; n < n1; n++) {                                             \
+                column(KIND, x, M, K, q + n * blocks * qstride, qstride, d + n * blocks,            \
+                       KIND == KIND_Q4_1 ? m + n * blocks : 0, y + n, N);                           \
+            }                                                                                       \
+        }                                                                                           \
+    }
+
+MATMUL(matmul_q8_0, KIND_Q8_0)
+MATMUL(matmul_q4_0, KIND_Q4_0)
+MATMUL(matmul_q4_1, KIND_Q4_1)
+
+/* The entry point (ctypes). kind: 0 q8_0, 1 q4_0, 2 q4_1; K a multiple of 32; m only for q4_1.
+ * x, y contiguous float32 [M, K] and [M, N]. Returns 0, or -1 for arguments it cannot take. */
+int outrider_qmatmul(int kind, const float *x, int64_t M, int64_t K, const void *q, const float *d,
+                     const float *m, int64_t N, float *y) {
+    if (K % QK || M < 0 || N < 0 || (kind == KIND_Q4_1 && !m)) return -1;
+    switch (kind) {  /* one specialized loop per kind */
+        case KIND_Q8_0: matmul_q8_0(x, M, K, q, d, m, N, y); return 0;
+        case KIND_Q4_0: matmul_q4_0(x, M, K, q, d, m, N, y); return 0;
+        case KIND_Q4_1: matmul_q4_1(x, M, K, q, d, m, N, y); return 0;
+        default: return -1;
+    }
+}
+
+/* The rows per decoded block this build uses (the Python side reports it). */
+int outrider_qmatmul_rows(void) { return ROWS; }

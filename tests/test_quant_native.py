@@ -1,0 +1,98 @@
+"""Outrider's own quantized kernel (models/native): bit-identical rows whatever the batch, the
+reference's values (test_quant.py bounds it against the reference with the other kernels), and a
+clear fallback where it cannot be built."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from outrider.models import native
+from outrider.models.quant import quantize
+from outrider.models.quant_linear import QuantLinear, choose_kernel, reference_linear
+from test_quant import random_blocks
+
+needs_native = pytest.mark.skipif(not native.available(), reason=f"native kernel: {native.reason()}")
+
+
+@needs_native
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1"])
+def test_rows_are_bit_identical_whatever_the_batch_and_threads(kind):
+    """Each output row is the same bits alone, among 2..17 rows (groups of 8 rows share a decoded
+    block, the last group smaller), at any offset, and with 1 or 2 threads: what makes a k-token
+    verify forward equal k one-token steps."""
+    weight = native.NativeWeight.of(random_blocks(kind, 70, 96, seed=3))
+    x = torch.randn(17, 96, generator=torch.Generator().manual_seed(1))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        full = native.qmatmul(x, weight)
+        torch.set_num_threads(2)
+        assert torch.equal(native.qmatmul(x, weight), full)
+        for start, rows in [(0, 1), (5, 1), (16, 1), (0, 2), (3, 5), (0, 8), (1, 9), (0, 16)]:
+            assert torch.equal(native.qmatmul(x[start:start + rows], weight), full[start:start + rows])
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_native
+def test_weights_are_the_references_values():
+    """With one-hot rows of x the product reads single weights: exactly dequantize's values (the
+    kernel forms each weight with the reference's own multiply and add, no fused rounding)."""
+    for kind in ("q8_0", "q4_0", "q4_1"):
+        blocks = random_blocks(kind, 24, 64, seed=5)
+        eye = torch.eye(64)
+        assert torch.equal(native.qmatmul(eye, blocks).T, reference_linear(eye, blocks).T), kind
+
+
+@needs_native
+def test_real_weights_close_to_reference():
+    """Quantized gaussian weights as a model has them; relative error at float32 rounding."""
+    w = torch.randn(300, 576, generator=torch.Generator().manual_seed(2)) * 0.05
+    x = torch.randn(3, 576, generator=torch.Generator().manual_seed(3))
+    for kind in ("q8_0", "q4_1"):
+        blocks = quantize(w, kind)
+        ref = reference_linear(x, blocks)
+        got = QuantLinear(blocks, kernel="native").linear(x)
+        assert (got - ref).abs().max() <= 1e-5 * ref.abs().max(), kind
+
+
+@needs_native
+def test_the_exact_default_is_native():
+    assert choose_kernel(random_blocks("q4_1", 32, 64)) == "native"
+    weight = QuantLinear(random_blocks("q4_1", 32, 64), kernel="native")
+    assert weight.nbytes() == 32 * 32 + 2 * 32 * 2 * 4  # codes, float32 scales and mins
+    with pytest.raises(ValueError, match="float32"):
+        QuantLinear(random_blocks("q4_1", 32, 64), torch.bfloat16, kernel="native")
+
+
+@needs_native
+def test_library_is_kept_in_the_cache_by_source_and_machine():
+    path = native._state["path"]
+    assert path.parent.name == "kernels" and path.name.startswith("qmatmul-") and path.is_file()
+
+
+def _probe(env: dict) -> list[str]:
+    code = ("from outrider.models import native; from outrider.models.quant_linear import choose_kernel; "
+            "from test_quant import random_blocks; "
+            "print(native.available()); print(native.reason()); print(choose_kernel(random_blocks('q4_1', 32, 64)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env}, cwd=os.path.dirname(__file__))
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_switched_off_falls_back_to_blockwise():
+    available, reason, kernel = _probe({"OUTRIDER_NATIVE": "0"})
+    assert available == "False" and "OUTRIDER_NATIVE=0" in reason and kernel == "blockwise"
+
+
+def test_a_failing_build_falls_back_and_says_why(tmp_path):
+    """A compiler that fails (here /bin/false) leaves no library behind and the torch kernel in use."""
+    available, reason, kernel = _probe({"CC": "false", "OUTRIDER_CACHE": str(tmp_path), "OUTRIDER_NATIVE": "1"})
+    assert available == "False" and "failed" in reason and kernel == "blockwise"
+    assert not list((tmp_path / "kernels").glob("*.so*"))
