@@ -59,8 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
     gen.add_argument("--dtype", default=None,
-                     help="float32 (CPU default), bfloat16 (CUDA default), q8_0 or q4 (weights kept "
-                          "quantized), q8_0-bf16-lossy or q4-bf16-lossy (faster int4 kernel, not yet lossless)")
+                     help="float32, bfloat16, float16, q8_0 or q4 (weights kept quantized), q8_0-bf16-lossy or "
+                          "q4-bf16-lossy (torch's int4 kernel, not lossless). Default: on a CPU the model's own GGUF "
+                          "quantization when it is Q4_0/Q4_1/Q8_0 (see `models list`), else float32; bfloat16 on CUDA")
     gen.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1 (default: torch's)")
     gen.add_argument("--drafter", default=None,
                      help="ngram | suffix | draft-model:NAME | early-exit:K (default: none, autoregressive)")
@@ -108,8 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--chunk-size", type=int, default=512, help="prompt tokens prefilled per step")
     srv.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps")
     srv.add_argument("--dtype", default=None,
-                     help="float32 (CPU default), bfloat16 (CUDA default), q8_0 or q4 (weights kept "
-                          "quantized), q8_0-bf16-lossy or q4-bf16-lossy (faster int4 kernel, not yet lossless)")
+                     help="float32, bfloat16, float16, q8_0 or q4 (weights kept quantized), q8_0-bf16-lossy or "
+                          "q4-bf16-lossy (torch's int4 kernel, not lossless). Default: on a CPU the model's own GGUF "
+                          "quantization when it is Q4_0/Q4_1/Q8_0 (see `models list`), else float32; bfloat16 on CUDA")
     srv.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1")
     srv.set_defaults(run=_serve)
 
@@ -235,11 +237,17 @@ def _models_list(args) -> int:
     from .heads.catalog import drafters_for
     from .models.catalog import list_models
 
+    from .models.loader import auto_dtype
+
     rows = list_models()
-    header = ("name", "params", "size", "licence", "present", "drafters")
+    header = ("name", "params", "size", "licence", "present", "dtype", "drafters")
     present = {"pulled": "yes", "not pulled": "no"}
+
+    def dtype(r):  # what it runs in by default on this machine (loader.auto_dtype)
+        return (auto_dtype(r["path"], "cpu") or "float32") if r["state"] == "pulled" else "-"
+
     table = [header] + [(r["name"], str(r["params"]), str(r["size"]), str(r["licence"]),
-                         present.get(r["state"], f"damaged: run outrider models pull {r['name']}"),
+                         present.get(r["state"], f"damaged: run outrider models pull {r['name']}"), dtype(r),
                          " ".join(drafters_for(r["name"])) or "-")  # shipped heads (heads/catalog.py)
                         for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]

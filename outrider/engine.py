@@ -17,7 +17,7 @@ import torch
 
 from .errors import ConfigError, ModelError
 from .generation import Finished, Request, generate_ids
-from .models.loader import load_decoder, parse_dtype, resolve_device
+from .models.loader import auto_dtype, load_decoder, parse_dtype, resolve_device
 from .sampling import SamplingParams
 from .spec.speculator import MAX_TREE_NODES, SpecOptions, Speculator
 from .stats import summarize
@@ -53,6 +53,8 @@ class LLM:
             torch.set_num_threads(_check_threads(threads))
         self.name = model or DEFAULT_MODEL
         self.path = resolve_model(self.name)
+        if dtype is None:  # the model's own GGUF quantization where our kernel runs it (loader.auto_dtype)
+            torch_dtype = auto_dtype(self.path, torch_device)
         self.target = load_decoder(self.path, torch_device, torch_dtype)
         self.tokenizer = _load_tokenizer(self.path)
         self.eos_ids = eos_ids_of(self.path, self.tokenizer)

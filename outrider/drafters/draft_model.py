@@ -56,10 +56,12 @@ def check_fits(arg: DraftModel, target_config, target_path: Path) -> str | None:
 
 def build(arg: DraftModel, shape, target, target_path: Path) -> ModelDrafter:
     from ..models.catalog import resolve_model
-    from ..models.loader import load_decoder, parse_dtype
+    from ..models.loader import auto_dtype, load_decoder, parse_dtype
 
-    dtype = parse_dtype(arg.dtype) if arg.dtype else target.dtype
-    draft = load_decoder(resolve_model(arg.name), target.device, dtype)
+    path = resolve_model(arg.name)
+    # no @DTYPE: the drafter's own GGUF quantization where our kernel runs it, else the target's float dtype
+    dtype = parse_dtype(arg.dtype) if arg.dtype else auto_dtype(path, target.device) or target.dtype
+    draft = load_decoder(path, target.device, dtype)
     return ModelDrafter(draft, shape, name=f"draft-model:{arg}", target_vocab=target.config.vocab_size)
 
 

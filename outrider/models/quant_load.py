@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelError
+from .gguf_index import GGUFIndex
 from .gguf_import import ARCHITECTURES, hf_tensor_name, unpermute_rotary_rows
 from .marker import GGUF_NAME
 from .quant import BLOCK, KINDS, QuantBlocks, blocks_from_gguf, cat_rows, check_gguf_kind, quantize
@@ -49,6 +50,32 @@ def warn(line: str) -> None:
 
 
 _WARNED: set[Path] = set()  # GGUFs already warned about in this process (a drafter and a target may share one)
+
+
+_OWN: dict[Path, str | None] = {}  # GGUF path -> its own quantization's --dtype name, read once
+
+
+def own_quantization(folder: str | Path) -> str | None:
+    """The --dtype name that runs `folder`'s GGUF on its own blocks ("q4" for 4-bit projections,
+    "q8_0" for 8-bit), or None: no GGUF, or one with kinds Outrider does not keep quantized
+    (K-quants, Q5_*), or float projections. Reads the GGUF's header once per process."""
+    path = Path(folder) / GGUF_NAME
+    if path in _OWN:
+        return _OWN[path]
+    own = None
+    if path.is_file():
+        try:
+            index = GGUFIndex.open(path)
+        except ModelError:
+            index = None  # a damaged file is reported when it is loaded, not here
+        if index is not None:
+            types = {t.type for t in index.tensors.values()}
+            projections = {t.type for name, t in index.tensors.items() if _PROJECTION.fullmatch(name)}
+            supported = all(t in _FLOAT_TYPES or t.lower() in KINDS for t in types)
+            if supported and projections and projections <= {"Q4_0", "Q4_1", "Q8_0"}:
+                own = "q4" if any(t.startswith("Q4") for t in projections) else "q8_0"
+    _OWN[path] = own
+    return own
 
 
 class RowStack:
@@ -133,14 +160,13 @@ class _NativeGGUF:
     """A GGUF's tensors under Hugging Face names: quantized ones as their own blocks (llama Q/K
     rows put back in Hugging Face order), float ones as float32."""
 
-    def __init__(self, path: Path, reader):
-        self.path = path
-        self.tensors = {hf_tensor_name(t.name): t for t in reader.tensors}
-        arch = str(reader.fields["general.architecture"].contents())
+    def __init__(self, index: GGUFIndex):
+        self.path = index.path
+        self.tensors = {hf_tensor_name(name): t for name, t in index.tensors.items()}
+        arch = str(index.meta["general.architecture"])
         permuted = ARCHITECTURES.get(arch, (None, None, False))[2]
-        key = lambda k: reader.fields[f"{arch}.{k}"].contents()  # noqa: E731
-        heads = int(key("attention.head_count"))
-        kv_heads = int(key("attention.head_count_kv")) if f"{arch}.attention.head_count_kv" in reader.fields else heads
+        heads = int(index.meta[f"{arch}.attention.head_count"])
+        kv_heads = int(index.meta.get(f"{arch}.attention.head_count_kv", heads))
         self.rotary_heads = {"self_attn.q_proj": heads, "self_attn.k_proj": kv_heads} if permuted else {}
 
     @classmethod
@@ -149,28 +175,23 @@ class _NativeGGUF:
         for q8_0); None when there is no GGUF or it is of another kind (then floats are quantized)."""
         if not path.is_file():
             return None
-        import gguf
-
-        try:
-            reader = gguf.GGUFReader(str(path))
-        except (ValueError, OSError, KeyError) as err:
-            raise ModelError(f"{path} is not a readable GGUF file ({err}); re-pull the model") from None
-        types = {t.tensor_type.name for t in reader.tensors if _PROJECTION.fullmatch(t.name)}
+        index = GGUFIndex.open(path)
+        types = {t.type for name, t in index.tensors.items() if _PROJECTION.fullmatch(name)}
         if not any(name.startswith(_FAMILY[dtype_name]) for name in types):
             return None
-        odd = [t for t in reader.tensors
-               if t.tensor_type.name not in _FLOAT_TYPES and t.tensor_type.name.lower() not in KINDS]
+        odd = [(name, t.type) for name, t in index.tensors.items()
+               if t.type not in _FLOAT_TYPES and t.type.lower() not in KINDS]
         if odd:  # decided before reading anything: the whole model comes from one source
             if path in _WARNED:
                 return None
             _WARNED.add(path)
-            kinds = ", ".join(sorted({t.tensor_type.name for t in odd}))
-            warn(f"warning: {path} keeps {kinds} tensors (e.g. '{odd[0].name}'), which Outrider cannot keep "
+            kinds = ", ".join(sorted({kind for _, kind in odd}))
+            warn(f"warning: {path} keeps {kinds} tensors (e.g. '{odd[0][0]}'), which Outrider cannot keep "
                  f"quantized (supported: Q8_0, Q4_0, Q4_1); the float weights are quantized at load instead, "
                  f"so this --dtype {dtype_name} model is close to the GGUF's but not its exact one (--dtype "
                  "float32 runs the GGUF's own values, dequantized)")
             return None
-        return cls(path, reader)
+        return cls(index)
 
     def has(self, name: str) -> bool:
         return name in self.tensors
@@ -187,18 +208,19 @@ class _NativeGGUF:
         return rows
 
     def floats(self, name: str) -> torch.Tensor:
+        from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
         tensor = self._tensor(name)
-        shape = tuple(int(n) for n in reversed(tensor.shape))
-        values = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
+        values = np.asarray(dequantize(tensor.data, GGMLQuantizationType[tensor.type]), dtype=np.float32)
+        values = values.reshape(tensor.shape)
         return torch.from_numpy(np.array(self._unpermute(name, values)))  # a writable copy
 
     def weight(self, name: str) -> QuantBlocks | torch.Tensor:
         tensor = self._tensor(name)
-        if tensor.tensor_type.name in _FLOAT_TYPES:
+        if tensor.type in _FLOAT_TYPES:
             return self.floats(name)
-        kind = check_gguf_kind(tensor.tensor_type.name, tensor.name)
+        kind = check_gguf_kind(tensor.type, tensor.name)
         raw = self._unpermute(name, np.asarray(tensor.data))  # uint8 [out, blocks * bytes]
         return blocks_from_gguf(raw, kind)
 
