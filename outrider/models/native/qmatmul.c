@@ -36,15 +36,18 @@
 enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2 };
 
 
-/* Ask for the codes and scales PREFETCH_BYTES ahead of the block being computed (past a row's
- * end that is the next row's, which this thread computes next): a row is only a few hundred
- * bytes, too short for the hardware prefetcher to get ahead on its own. */
-#define PREFETCH_BYTES 2048
-static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *q, const float *d,
+/* Ask for the codes and scales PREFETCH_BYTES ahead of block b (past a row's end that is the
+ * next row's, which this thread computes next): a row is only a few hundred bytes, too short for
+ * the hardware prefetcher to get ahead on its own. Once per 64-byte line: codes every second block
+ * (Q8_0 blocks are 32 bytes), scales and mins every sixteenth. */
+#define PREFETCH_BYTES 4096
+static inline __attribute__((always_inline)) void prefetch_ahead(int64_t b, const uint8_t *q, const float *d,
                                                                  const float *m) {
-    _mm_prefetch((const char *)(q + PREFETCH_BYTES), _MM_HINT_T0);
-    _mm_prefetch((const char *)(d + PREFETCH_BYTES / 8), _MM_HINT_T0);
-    if (m) _mm_prefetch((const char *)(m + PREFETCH_BYTES / 8), _MM_HINT_T0);
+    if (b & 1) return;
+    _mm_prefetch((const char *)(q + PREFETCH_BYTES), _MM_HINT_T2);
+    if (b & 15) return;
+    _mm_prefetch((const char *)(d + PREFETCH_BYTES / 8), _MM_HINT_T2);
+    if (m) _mm_prefetch((const char *)(m + PREFETCH_BYTES / 8), _MM_HINT_T2);
 }
 
 #if defined(__AVX512F__)
@@ -85,7 +88,7 @@ static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, c
     const int64_t blocks = K / QK;
     for (int64_t b = 0; b < blocks; b++) {
         __m512 w0, w1;
-        prefetch_ahead(q + b * qstride, d + b, m ? m + b : 0);
+        prefetch_ahead(b, q + b * qstride, d + b, m ? m + b : 0);
         decode(kind, q + b * qstride, d[b], kind == KIND_Q4_1 ? m[b] : 0.0f, &w0, &w1);
         const float *xb = x + b * QK;
         for (int r = 0; r < rows; r++) {
@@ -143,7 +146,7 @@ static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, c
     const int64_t blocks = K / QK;
     for (int64_t b = 0; b < blocks; b++) {
         __m256 w[4];
-        prefetch_ahead(q + b * qstride, d + b, m ? m + b : 0);
+        prefetch_ahead(b, q + b * qstride, d + b, m ? m + b : 0);
         decode(kind, q + b * qstride, d[b], kind == KIND_Q4_1 ? m[b] : 0.0f, w);
         const float *xb = x + b * QK;
         for (int r = 0; r < rows; r++)
@@ -156,23 +159,23 @@ static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, c
 }
 #endif
 
-/* One output column n over every row of x, ROWS rows at a time (the last group smaller). */
-static inline __attribute__((always_inline)) void column(int kind, const float *x, int64_t M, int64_t K,
-                                                         const uint8_t *q, int64_t qstride,
-                                                         const float *d, const float *m,
-                                                         float *y, int64_t N) {
-    int64_t r = 0;
-    for (; r + ROWS <= M; r += ROWS) dot_rows(kind, ROWS, x + r * K, K, q, qstride, d, m, y + r * N, N);
-    switch (M - r) {  /* constant row counts, so each group keeps its accumulators in registers */
+/* Rows r..r+rows of x against one weight row (rows <= ROWS, each count its own constant-size
+ * copy of dot_rows, so the accumulators stay in registers). */
+static inline __attribute__((always_inline)) void dot_group(int kind, int rows, const float *x, int64_t K,
+                                                            const uint8_t *q, int64_t qstride,
+                                                            const float *d, const float *m,
+                                                            float *y, int64_t N) {
+    switch (rows) {
 #if ROWS > 2
-        case 7: dot_rows(kind, 7, x + r * K, K, q, qstride, d, m, y + r * N, N); break;
-        case 6: dot_rows(kind, 6, x + r * K, K, q, qstride, d, m, y + r * N, N); break;
-        case 5: dot_rows(kind, 5, x + r * K, K, q, qstride, d, m, y + r * N, N); break;
-        case 4: dot_rows(kind, 4, x + r * K, K, q, qstride, d, m, y + r * N, N); break;
-        case 3: dot_rows(kind, 3, x + r * K, K, q, qstride, d, m, y + r * N, N); break;
-        case 2: dot_rows(kind, 2, x + r * K, K, q, qstride, d, m, y + r * N, N); break;
+        case 8: dot_rows(kind, 8, x, K, q, qstride, d, m, y, N); break;
+        case 7: dot_rows(kind, 7, x, K, q, qstride, d, m, y, N); break;
+        case 6: dot_rows(kind, 6, x, K, q, qstride, d, m, y, N); break;
+        case 5: dot_rows(kind, 5, x, K, q, qstride, d, m, y, N); break;
+        case 4: dot_rows(kind, 4, x, K, q, qstride, d, m, y, N); break;
+        case 3: dot_rows(kind, 3, x, K, q, qstride, d, m, y, N); break;
 #endif
-        case 1: dot_rows(kind, 1, x + r * K, K, q, qstride, d, m, y + r * N, N); break;
+        case 2: dot_rows(kind, 2, x, K, q, qstride, d, m, y, N); break;
+        case 1: dot_rows(kind, 1, x, K, q, qstride, d, m, y, N); break;
         default: break;
     }
 }
@@ -187,9 +190,12 @@ static inline __attribute__((always_inline)) void column(int kind, const float *
         _Pragma("omp parallel for schedule(static)")                                               \
         for (int64_t t = 0; t < tiles; t++) {                                                       \
             const int64_t n1 = (t + 1) * TILE_N < N ? (t + 1) * TILE_N : N;                         \
-            for (int64_t n = t * TILE_N; n < n1; n++) {                                             \
-                column(KIND, x, M, K, q + n * blocks * qstride, qstride, d + n * blocks,            \
-                       KIND == KIND_Q4_1 ? m + n * blocks : 0, y + n, N);                           \
+            /* a group of rows of x stays in L1 while the tile's weight rows (also in L1) pass */   \
+            for (int64_t r = 0; r < M; r += ROWS) {                                                 \
+                const int rows = M - r < ROWS ? (int)(M - r) : ROWS;                                \
+                for (int64_t n = t * TILE_N; n < n1; n++)                                           \
+                    dot_group(KIND, rows, x + r * K, K, q + n * blocks * qstride, qstride,          \
+                              d + n * blocks, KIND == KIND_Q4_1 ? m + n * blocks : 0, y + r * N + n, N); \
             }                                                                                       \
         }                                                                                           \
     }
