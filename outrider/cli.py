@@ -84,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompts", type=int, default=None, help="prompts per workload")
     bench.add_argument("--max-new-tokens", type=int, default=None)
     bench.add_argument("--threads", type=int, default=None)
+    bench.add_argument("--dtype", default=None,
+                       help="the targets' dtype (float32, q4, q8_0, ...); default: each model's own, as `models list` says")
     bench.add_argument("--out", default=None,
                        help="output folder, new or empty (default: bench-results/<time>); "
                             "finished prompts are saved there as they go")
@@ -201,6 +203,11 @@ def _bench(args) -> int:
             if value < 1:
                 raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
             overrides[key] = value
+    if args.dtype is not None:
+        from .models.loader import parse_dtype
+
+        parse_dtype(args.dtype)
+        overrides["dtype"] = args.dtype
     config = dataclasses.replace(config, **overrides)
     out = Path(args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S"))
     check_out(out, args.resume)  # before anything is pulled or loaded

@@ -36,7 +36,7 @@ from ..spec.speculator import SpecOptions
 PEERS = ("transformers", "transformers-assisted", "transformers-prompt-lookup", "llama.cpp",
          "llama.cpp-prompt-lookup")
 METHOD_KEYS = {"name", "drafter", "tree", "controller", "peer", "assistant", "lookup", "models"}
-TOP_KEYS = {"models", "workloads", "prompts", "max_new_tokens", "threads", "method"}
+TOP_KEYS = {"models", "workloads", "prompts", "max_new_tokens", "threads", "dtype", "method"}
 PRESETS = Path(__file__).parent / "presets"
 
 
@@ -74,6 +74,7 @@ class BenchConfig:
     prompts: int | None = None
     max_new_tokens: int | None = None
     threads: int | None = None
+    dtype: str | None = None  # the targets' --dtype; None: each model's default (loader.auto_dtype)
     raw: dict = field(default_factory=dict)
 
 
@@ -119,7 +120,14 @@ def parse_config(raw: dict, source: str, lines: list[int] | None = None) -> Benc
         raise ConfigError(f"{source}: no [[method]] table; a methods file needs at least one, with a name and "
                           f"a drafter or a peer (e.g. [[method]] name = \"ngram\" drafter = \"ngram\"; "
                           f"see outrider/bench/presets/quick.toml)")
-    return BenchConfig(source, tuple(models), tuple(workloads), tuple(methods), *numbers, raw)
+    dtype = raw.get("dtype")
+    if dtype is not None:
+        from ..models.loader import parse_dtype
+
+        if not isinstance(dtype, str):
+            raise ConfigError(f"{source}: dtype must be a string such as \"float32\" or \"q4\", got {dtype!r}")
+        parse_dtype(dtype)  # an unknown name is refused here, before anything loads
+    return BenchConfig(source, tuple(models), tuple(workloads), tuple(methods), *numbers, dtype, raw)
 
 
 def _method(table: dict, where: str, line: int) -> Method:

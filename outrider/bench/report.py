@@ -82,9 +82,9 @@ def _setup(results: dict) -> list[tuple]:
     models = results.get("models") or {}
     if models:
         b += [("h", 3, "Models"),
-              ("table", ["model", "params", "sha256", "of", "path"],
-               [[name, _params(m.get("params")), _text(m.get("sha256")), _text(m.get("sha256_of")),
-                 _text(m.get("path"))] for name, m in models.items()])]
+              ("table", ["model", "params", "dtype", "sha256", "of", "path"],
+               [[name, _params(m.get("params")), _text(m.get("dtype")), _text(m.get("sha256")),
+                 _text(m.get("sha256_of")), _text(m.get("path"))] for name, m in models.items()])]
     loads = results.get("workloads") or []
     if loads:
         b += [("h", 3, "Workloads"),

@@ -25,7 +25,7 @@ from ..engine import eos_ids_of
 from ..errors import ConfigError
 from ..models.catalog import CATALOG, is_present, pull, resolve_model
 from ..models.config import ModelConfig
-from ..models.loader import load_decoder
+from ..models.loader import auto_dtype, load_decoder, parse_dtype
 from ..spec.speculator import Speculator
 from .methods import BenchConfig
 from .peers import PeerUnavailable, make_peer
@@ -87,7 +87,7 @@ def run_bench(p: Plan, threads: int | None = None, log=print, progress: bool = T
     torch.set_num_threads(threads)
     if out is not None:
         check_out(out, resume)
-    facts = {name: model_facts(name, path) for name, path in p.model_paths.items()}
+    facts = {name: model_facts(name, path) | {"dtype": target_dtype(p, path)} for name, path in p.model_paths.items()}
     store = RunStore.open(out, identity(p, facts, threads), resume)
     prompts = sum(len(w.prompts) for w in p.workloads) * len(p.config.models)
     if store.prompts:
@@ -106,6 +106,11 @@ def run_bench(p: Plan, threads: int | None = None, log=print, progress: bool = T
     return assemble(p, store, facts, threads)
 
 
+def target_dtype(p: Plan, path: Path) -> str:
+    """The dtype a target runs in: the config's, else the model's default (loader.auto_dtype)."""
+    return p.config.dtype or auto_dtype(path) or "float32"
+
+
 def _run_model(p: Plan, model: str, store: RunStore, threads: int, bar, log) -> None:
     """Every unfinished prompt of every workload on `model`; the model loads only if one is left."""
     from transformers import AutoTokenizer
@@ -113,7 +118,7 @@ def _run_model(p: Plan, model: str, store: RunStore, threads: int, bar, log) -> 
     if all(store.done(model, w.name, q.id) for w in p.workloads for q in w.prompts):
         return
     path = p.model_paths[model]
-    target = load_decoder(path)
+    target = load_decoder(path, None, parse_dtype(target_dtype(p, path)))
     tok = AutoTokenizer.from_pretrained(str(path))
     eos = eos_ids_of(path, tok)
     peers = _peers(p, model, store, threads, log)
