@@ -5,7 +5,9 @@
 For every shape and row count, each candidate runs `calls` times in a round; rounds alternate the
 candidates, so a burst of load from elsewhere hits them all, and the best round counts. Printed:
 milliseconds per call and the ratio to float32 (layers.linear) in the same run. The int4 kernels
-take bfloat16 activations inside (quant_linear.py says why); the blockwise kernel is float32.
+take bfloat16 activations inside (quant_linear.py says why); the native and blockwise kernels are
+float32. The same weight is read on every call, so it sits in the CPU's caches: this measures
+compute, not the memory traffic a whole model's decode step has (scripts/bench_decode.py).
 Also timed, for information only: torch's int8 kernel with one scale per output row, which is NOT
 Q8_0 (Q8_0 has a scale per 32 values; mapping it there means quantizing again, a different model).
 """
@@ -29,7 +31,7 @@ def candidates(weight: torch.Tensor) -> dict:
     found = {"float32": lambda x: linear(x, weight)}
     for kind in ("q8_0", "q4_1"):
         blocks = quantize(weight, kind)
-        for kernel in (choose_kernel(blocks, fast=True), "blockwise"):
+        for kernel in dict.fromkeys((choose_kernel(blocks, fast=True), choose_kernel(blocks), "blockwise")):
             q = QuantLinear(blocks, kernel=kernel)
             found[f"{kind} {q.kernel}"] = q.linear
     codes = torch.randint(-127, 128, weight.shape, dtype=torch.int8)
