@@ -46,7 +46,9 @@ def test_own_quantization_names_the_gguf_family(tmp_path):
     assert own_quantization(gguf_folder(tmp_path / "a", "Q4_1")) == "q4"
     assert own_quantization(gguf_folder(tmp_path / "b", "Q8_0")) == "q8_0"
     assert own_quantization(gguf_folder(tmp_path / "c", "F32")) is None
-    odd = gguf_folder(tmp_path / "d", "Q4_1", odd_tensor=("model.layers.0.mlp.down_proj.weight", "Q5_0"))
+    mixed = gguf_folder(tmp_path / "d", "Q4_1", odd_tensor=("model.layers.0.mlp.down_proj.weight", "Q5_0"))
+    assert own_quantization(mixed) == "gguf"  # kinds kept exactly (quant_convert.py), mixed
+    odd = gguf_folder(tmp_path / "e", "Q4_1", odd_tensor=("model.layers.0.mlp.down_proj.weight", "Q5_1"))
     assert own_quantization(odd) is None  # a kind we cannot keep: the float model by default
     assert own_quantization(tmp_path) is None  # no GGUF
 

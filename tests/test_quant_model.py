@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from outrider.errors import ConfigError
+from outrider.errors import ConfigError, ModelError
 from outrider.generation import Request, generate_ids
 from outrider.models.batch import pack
 from outrider.models.loader import load_decoder
@@ -248,18 +248,41 @@ def test_mixed_kinds_are_stacked(tmp_path):
 
 
 def test_unsupported_gguf_type_falls_back_to_quantizing_the_floats(tmp_path, capsys):
-    """A GGUF with kinds we cannot keep (llama.cpp's Q5_0 / K-quant presets) is not used natively:
-    the folder's float weights are quantized at load, and one warning line says so."""
-    folder = gguf_folder(tmp_path / "q5", odd_tensor=("model.layers.0.mlp.down_proj.weight", "Q5_0"))
+    """A GGUF with kinds we cannot keep (Q5_1 here; Q2_K, Q3_K, Q5_K likewise) is not used
+    natively: the folder's float weights are quantized at load, and one warning line says so."""
+    folder = gguf_folder(tmp_path / "q5", odd_tensor=("model.layers.0.mlp.down_proj.weight", "Q5_1"))
     model = load_decoder(folder, "cpu", "q4")
     message = capsys.readouterr().err.strip()
     assert "\n" not in message and message.startswith("warning:")
-    assert "blk.0.ffn_down.weight" in message and "Q5_0" in message and "Q8_0, Q4_0, Q4_1" in message
+    assert "blk.0.ffn_down.weight" in message and "Q5_1" in message and "Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K" in message
     assert "--dtype float32" in message
     assert model.quantization == "q4" and isinstance(model.layers[0].qkv, QuantLinear)
     tokens = [5, 17, 3, 88]  # Q4_1 of the float weights: close to the float model, not equal
     ref, got = logits_of(load_decoder(folder, "cpu"), tokens), logits_of(model, tokens)
     assert (got - ref).abs().max() < 0.25 * ref.abs().max() and not torch.equal(got, ref)
+    with pytest.raises(ModelError, match="Q5_1 tensors"):  # --dtype gguf asks for the file's own blocks
+        load_decoder(folder, "cpu", "gguf")
+
+
+def test_q5_0_is_kept_exactly(tmp_path):
+    """A Q5_0 tensor (quant_convert.py) is kept as Q8_0 codes with the same scales: the model is
+    the GGUF's own, so its logits are the float folder's up to float32 rounding; "gguf" names it."""
+    from outrider.models.quant_load import QuantTensors, own_quantization
+    from outrider.models.loader import _Tensors
+
+    folder = gguf_folder(tmp_path / "q5", odd_tensor=("model.layers.0.mlp.down_proj.weight", "Q5_0"))
+    assert QuantTensors(folder, "gguf", _Tensors(folder)).source == "GGUF blocks (original.gguf)"
+    assert own_quantization(folder) == "gguf"
+    model = load_decoder(folder, "cpu", "gguf")
+    assert model.layers[0].down.kind == "q8_0" and model.layers[1].down.kind == "q4_1"
+    tokens = [5, 17, 3, 88, 41]
+    ref = logits_of(load_decoder(folder, "cpu"), tokens)
+    torch.testing.assert_close(logits_of(model, tokens), ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
+def test_gguf_dtype_needs_a_gguf(folder):
+    with pytest.raises(ModelError, match="--dtype gguf"):
+        load_decoder(folder, "cpu", "gguf")
 
 
 # -- the API ----------------------------------------------------------------------------------------
@@ -270,7 +293,7 @@ def test_llm_takes_quantized_dtypes(tiny_folders):
     llm = LLM(str(tiny_folders["llama"]), dtype="q8_0", drafter="suffix")
     assert isinstance(llm.target.layers[0].qkv, QuantLinear)
     assert isinstance(llm.generate("w5 w6 w7", max_new_tokens=8).text, str)
-    with pytest.raises(ConfigError, match="q8_0, q4, q8_0-bf16-lossy or q4-bf16-lossy"):
+    with pytest.raises(ConfigError, match="q8_0, q4, gguf, q8_0-bf16-lossy or q4-bf16-lossy"):
         LLM(str(tiny_folders["llama"]), dtype="q3")
 
 

@@ -107,7 +107,7 @@ class _Tensors:
 
 DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
                "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-               "q8_0": "q8_0", "q4": "q4", "q8_0-bf16-lossy": "q8_0-bf16-lossy", "q4-bf16-lossy": "q4-bf16-lossy"}
+               "q8_0": "q8_0", "q4": "q4", "gguf": "gguf", "q8_0-bf16-lossy": "q8_0-bf16-lossy", "q4-bf16-lossy": "q4-bf16-lossy"}
 
 
 def parse_dtype(name: str | None) -> torch.dtype | str | None:
@@ -116,17 +116,18 @@ def parse_dtype(name: str | None) -> torch.dtype | str | None:
     if name is None:
         return None
     if name not in DTYPE_NAMES:
-        raise ConfigError(f"unknown dtype '{name}': use float32, bfloat16, float16, q8_0, q4, q8_0-bf16-lossy "
-                          "or q4-bf16-lossy")
+        raise ConfigError(f"unknown dtype '{name}': use float32, bfloat16, float16, q8_0, q4, gguf, "
+                          "q8_0-bf16-lossy or q4-bf16-lossy")
     return DTYPE_NAMES[name]
 
 
 def auto_dtype(folder: str | Path, device: torch.device | str | None = None) -> str | None:
     """The dtype a model runs in when none is asked for (`LLM`, the CLI, the bench): on a CPU where
     Outrider's quantized kernel builds (models/native), a GGUF-sourced model's own quantization
-    ("q4" for the packaged SmolLM2's Q4_1): the same weights as the float32 folder converted from
-    that GGUF, computed in float32 in another summation order, at about twice the speed and a fifth
-    of the memory. Otherwise None: the device's float default (float32 on a CPU)."""
+    ("q4" for the packaged SmolLM2's Q4_1, "gguf" for a file of mixed or K-quant kinds such as the
+    packaged Qwens'): the same weights as the float32 folder converted from that GGUF, computed in
+    float32 in another summation order, at about twice the speed and a third to a fifth of the
+    memory. Otherwise None: the device's float default (float32 on a CPU)."""
     from . import native
     from .quant_load import own_quantization
 

@@ -1,4 +1,5 @@
-"""Weights kept quantized in GGUF's blocks: Q8_0, Q4_0 and Q4_1.
+"""Weights kept quantized in GGUF's blocks: Q8_0, Q4_0 and Q4_1 (and, re-expressed exactly,
+the K-quants and Q5_0 of quant_convert.py).
 
 A weight [out, in] is cut along `in` into blocks of 32 values; each block keeps small integer
 codes q and a float16 scale d (Q4_1 also a float16 min m). The value a code stands for:
@@ -6,6 +7,10 @@ codes q and a float16 scale d (Q4_1 also a float16 min m). The value a code stan
     Q8_0: w = d * q           q in -127..127 (int8)
     Q4_0: w = d * (q - 8)     q in 0..15
     Q4_1: w = d * q + m       q in 0..15
+    q8_16 (ours): w = d * q   q int8, one scale per 16 values (how Q6_K's blocks are kept)
+
+Scales and mins may also be float32 (quant_convert.py: a K-quant's super-block scale times its
+6-bit sub-block scale, exact in float32 but not in float16).
 
 Worked example, one Q4_1 block: d = 0.5, m = -2.0, codes [0, 3, 15, ...] stand for
 [-2.0, -0.5, 5.5, ...]. Q4 codes are stored two to a byte as GGUF stores them: byte j of a block
@@ -27,8 +32,9 @@ import torch
 
 from ..errors import ModelError
 
-BLOCK = 32  # values per block, for every kind here
-KINDS = ("q8_0", "q4_0", "q4_1")
+BLOCK = 32  # values per block, for every kind here (q8_16: two scale groups a block)
+KINDS = ("q8_0", "q4_0", "q4_1")  # the GGUF kinds kept as they are (GGUF type name, lower case)
+GROUP = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q8_16": 16}  # values sharing one scale, per kind
 _BLOCK_BYTES = {"q8_0": 2 + BLOCK, "q4_0": 2 + BLOCK // 2, "q4_1": 4 + BLOCK // 2}  # GGUF's layout
 
 
@@ -36,8 +42,8 @@ _BLOCK_BYTES = {"q8_0": 2 + BLOCK, "q4_0": 2 + BLOCK // 2, "q4_1": 4 + BLOCK // 
 class QuantBlocks:
     """One weight [out, in] as GGUF-style blocks (`in` a multiple of 32).
 
-    q: Q8_0 int8 [out, in]; Q4_* uint8 [out, in / 2] (two codes a byte, GGUF's nibble order).
-    d: float16 [out, in / 32], the scales. m: float16 [out, in / 32], Q4_1's mins (else None).
+    q: Q8_0 / q8_16 int8 [out, in]; Q4_* uint8 [out, in / 2] (two codes a byte, GGUF's nibble order).
+    d: float16 or float32 [out, in / group], the scales. m: [out, in / 32], Q4_1's mins (else None).
     dtype: the float dtype values come out in (`dequantize`, `lookup`), float32 by default.
     Also serves as an embedding table: `lookup(ids)` dequantizes only the rows asked for.
     """
@@ -49,22 +55,22 @@ class QuantBlocks:
     dtype: torch.dtype = torch.float32
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.kind not in GROUP:
+            raise ValueError(f"kind must be one of {', '.join(GROUP)}, got {self.kind!r}")
         if (self.m is None) != (self.kind != "q4_1"):
             raise ValueError("pass m (the mins) for q4_1 and only for q4_1")
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.d.shape[0], self.d.shape[1] * BLOCK
+        return self.d.shape[0], self.d.shape[1] * GROUP[self.kind]
 
     @property
     def device(self) -> torch.device:
         return self.q.device
 
     def codes(self) -> torch.Tensor:
-        """The codes one per value: int8 [out, in] for Q8_0, uint8 0..15 [out, in] for Q4."""
-        if self.kind == "q8_0":
+        """The codes one per value: int8 [out, in] for Q8_0 / q8_16, uint8 0..15 [out, in] for Q4."""
+        if self.kind in ("q8_0", "q8_16"):
             return self.q
         out, cols = self.shape
         packed = self.q.view(out, cols // BLOCK, 1, BLOCK // 2)  # [out, blocks, 1, 16]
@@ -96,16 +102,19 @@ def cat_rows(parts: list[QuantBlocks]) -> QuantBlocks:
     kinds = {p.kind for p in parts}
     if len(kinds) != 1:
         raise ValueError(f"cannot stack blocks of different kinds {sorted(kinds)}")
-    m = torch.cat([p.m for p in parts]) if parts[0].m is not None else None
-    return replace(parts[0], q=torch.cat([p.q for p in parts]), d=torch.cat([p.d for p in parts]), m=m)
+    wide = len({p.d.dtype for p in parts}) > 1  # float16 scales beside float32 ones (quant_convert.py)
+    same = (lambda t: t.float()) if wide else (lambda t: t)  # noqa: E731
+    m = torch.cat([same(p.m) for p in parts]) if parts[0].m is not None else None
+    return replace(parts[0], q=torch.cat([p.q for p in parts]), d=torch.cat([same(p.d) for p in parts]), m=m)
 
 
 def dequantize(blocks: QuantBlocks) -> torch.Tensor:
     """The reference: blocks -> [out, in] in `blocks.dtype`, computed in float32 as GGUF does."""
     out, cols = blocks.shape
-    q = blocks.codes().view(out, cols // BLOCK, BLOCK).float()  # [out, blocks, 32]
-    d = blocks.d.float().unsqueeze(-1)  # [out, blocks, 1]
-    if blocks.kind == "q8_0":
+    group = GROUP[blocks.kind]
+    q = blocks.codes().view(out, cols // group, group).float()  # [out, groups, 32 or 16]
+    d = blocks.d.float().unsqueeze(-1)  # [out, groups, 1]
+    if blocks.kind in ("q8_0", "q8_16"):
         w = d * q
     elif blocks.kind == "q4_0":
         w = d * (q - 8)
@@ -168,11 +177,13 @@ def blocks_from_gguf(raw: np.ndarray, kind: str) -> QuantBlocks:
     return QuantBlocks(kind, q, d, m)
 
 
+SUPPORTED_GGUF = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K")  # kept quantized (quant_convert.py)
+
+
 def check_gguf_kind(type_name: str, tensor: str) -> str:
-    """A GGUF tensor type name ("Q4_1") -> our kind ("q4_1"); other quantizations are refused."""
-    kind = type_name.lower()
-    if kind not in KINDS:
+    """A GGUF tensor type name ("Q4_1") -> itself when Outrider keeps it quantized; others are refused."""
+    if type_name not in SUPPORTED_GGUF:
         raise ModelError(f"GGUF tensor '{tensor}' is {type_name}, which Outrider cannot keep quantized "
-                         f"(supported: Q8_0, Q4_0, Q4_1, and F32/F16/BF16 as floats); use --dtype float32 "
-                         "to load the dequantized weights")
-    return kind
+                         f"(supported: {', '.join(SUPPORTED_GGUF)}, and F32/F16/BF16 as floats); use "
+                         "--dtype float32 to load the dequantized weights")
+    return type_name

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from . import cpu_linear, native
-from .quant import BLOCK, QuantBlocks, dequantize
+from .quant import BLOCK, GROUP, QuantBlocks, dequantize
 
 _CHUNK_VALUES = 1 << 16  # blockwise: values dequantized at a time (256 KB of float32: stays in cache)
 
@@ -66,7 +66,8 @@ _INT4_DTYPE = torch.bfloat16  # the activations the int4 kernel is fast with (se
 
 
 def _int4pack_ok(blocks: QuantBlocks) -> bool:
-    return _FAST_INT4 and blocks.device.type == "cpu" and blocks.shape[0] % 16 == 0
+    return (_FAST_INT4 and blocks.device.type == "cpu" and blocks.shape[0] % 16 == 0
+            and blocks.kind in ("q8_0", "q4_0", "q4_1"))
 
 
 def choose_kernel(blocks: QuantBlocks, fast: bool = False, dtype: torch.dtype = torch.float32) -> str:
@@ -176,13 +177,15 @@ def _matmul_native(x: torch.Tensor, state: dict) -> torch.Tensor:
 # -- blockwise: any kind, any device ---------------------------------------------------------------
 
 def _prepare_blockwise(blocks: QuantBlocks, dtype: torch.dtype) -> dict:
-    """Codes one a byte [out, in / 32, 32] and per block scale and offset [out, in / 32, 1], so
-    that codes * scale + offset is the reference's value exactly: d q (Q8_0), q d - 8 d = (q - 8) d
-    (Q4_0: both terms and the result are exact in float32), d q + m (Q4_1, the same operations)."""
+    """Codes one a byte [out, in / group, group] and per group scale and offset [out, in / group, 1],
+    so that codes * scale + offset is the reference's value exactly: d q (Q8_0, q8_16), q d - 8 d =
+    (q - 8) d (Q4_0: both terms and the result are exact in float32), d q + m (Q4_1, the same
+    operations)."""
     out_features, in_features = blocks.shape
-    codes = blocks.codes().view(out_features, in_features // BLOCK, BLOCK)
-    d = blocks.d.float().unsqueeze(-1)  # [out, blocks, 1]
-    if blocks.kind == "q8_0":
+    group = GROUP[blocks.kind]
+    codes = blocks.codes().view(out_features, in_features // group, group)
+    d = blocks.d.float().unsqueeze(-1)  # [out, groups, 1]
+    if blocks.kind in ("q8_0", "q8_16"):
         offset = None
     elif blocks.kind == "q4_0":
         offset = -8 * d
@@ -194,8 +197,8 @@ def _prepare_blockwise(blocks: QuantBlocks, dtype: torch.dtype) -> dict:
 def _matmul_blockwise(x: torch.Tensor, state: dict) -> torch.Tensor:
     codes, scale, offset = state["codes"], state["scale"], state["offset"]
     x = x.to(state["dtype"])
-    out_features, blocks, _ = codes.shape
-    step = max(16, _CHUNK_VALUES // (blocks * BLOCK))
+    out_features, groups, group = codes.shape
+    step = max(16, _CHUNK_VALUES // (groups * group))
     out = x.new_empty(x.shape[0], out_features)  # [M, out]
     for start in range(0, out_features, step):
         rows = slice(start, min(start + step, out_features))

@@ -10,6 +10,10 @@ safetensors, quantized at load. `load_decoder(folder, dtype="q4" | "q8_0")` read
                    saying so, since the model is then not the GGUF's exact one.
     --dtype q8_0   the GGUF's own blocks when its projections are Q8_0; otherwise every projection,
                    the head and the embedding quantized to Q8_0 at load.
+    --dtype gguf   every tensor as the GGUF keeps it, whatever its kinds (Q8_0, Q4_0, Q4_1, and
+                   Q5_0, Q4_K, Q6_K re-expressed exactly: quant_convert.py): llama.cpp's K-quant
+                   files (Q4_K_M ...) run on their own weights. Refused when the folder has no
+                   GGUF or the GGUF holds a kind outside those.
     --dtype q4-bf16-lossy, q8_0-bf16-lossy: the same weights through torch's int4 kernel with bfloat16
                    activations: much faster here, but not yet lossless against autoregressive
                    decoding (quant_linear.py says why); q4 and q8_0 compute in float32 and are.
@@ -34,10 +38,11 @@ from ..errors import ModelError
 from .gguf_index import GGUFIndex
 from .gguf_import import ARCHITECTURES, hf_tensor_name, unpermute_rotary_rows
 from .marker import GGUF_NAME
-from .quant import BLOCK, KINDS, QuantBlocks, blocks_from_gguf, cat_rows, check_gguf_kind, quantize
+from .quant import BLOCK, SUPPORTED_GGUF, QuantBlocks, cat_rows, check_gguf_kind, quantize
+from .quant_convert import gguf_blocks
 from .quant_linear import QuantLinear, choose_kernel
 
-QUANT_DTYPES = ("q8_0", "q4", "q8_0-bf16-lossy", "q4-bf16-lossy")  # the names --dtype takes for quantized weights
+QUANT_DTYPES = ("q8_0", "q4", "gguf", "q8_0-bf16-lossy", "q4-bf16-lossy")  # --dtype names for quantized weights
 _FAMILY = {"q8_0": "Q8", "q4": "Q4"}  # a GGUF is used natively when its projections are of this family
 _AT_LOAD = {"q8_0": ("q8_0", "q8_0"), "q4": ("q4_1", "q8_0")}  # (projections, head and embedding)
 _FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -71,9 +76,11 @@ def own_quantization(folder: str | Path) -> str | None:
         if index is not None:
             types = {t.type for t in index.tensors.values()}
             projections = {t.type for name, t in index.tensors.items() if _PROJECTION.fullmatch(name)}
-            supported = all(t in _FLOAT_TYPES or t.lower() in KINDS for t in types)
+            supported = all(t in _FLOAT_TYPES or t in SUPPORTED_GGUF for t in types)
             if supported and projections and projections <= {"Q4_0", "Q4_1", "Q8_0"}:
                 own = "q4" if any(t.startswith("Q4") for t in projections) else "q8_0"
+            elif supported and projections and not projections <= set(_FLOAT_TYPES):
+                own = "gguf"  # mixed kinds (K-quants, Q5_0): every tensor as the file keeps it
     _OWN[path] = own
     return own
 
@@ -104,6 +111,9 @@ class QuantTensors:
         self.fast = compute == "bf16-lossy"  # torch's int4 kernel in bfloat16: not lossless, named so
         self.floats = floats  # loader._Tensors over the folder's safetensors
         self.gguf = _NativeGGUF.open_if_native(folder / GGUF_NAME, self.name)
+        if self.name == "gguf" and self.gguf is None:
+            raise ModelError(f"{folder} keeps no GGUF ({GGUF_NAME}): --dtype gguf runs a GGUF's own blocks; "
+                             "use --dtype q4 or q8_0 to quantize its float weights at load")
         self.cache: dict[str, QuantBlocks | torch.Tensor] = {}
 
     @property
@@ -177,17 +187,22 @@ class _NativeGGUF:
             return None
         index = GGUFIndex.open(path)
         types = {t.type for name, t in index.tensors.items() if _PROJECTION.fullmatch(name)}
-        if not any(name.startswith(_FAMILY[dtype_name]) for name in types):
+        if dtype_name != "gguf" and not any(name.startswith(_FAMILY[dtype_name]) for name in types):
             return None
         odd = [(name, t.type) for name, t in index.tensors.items()
-               if t.type not in _FLOAT_TYPES and t.type.lower() not in KINDS]
+               if t.type not in _FLOAT_TYPES and t.type not in SUPPORTED_GGUF]
+        if odd and dtype_name == "gguf":
+            raise ModelError(f"{path} keeps {odd[0][1]} tensors (e.g. '{odd[0][0]}'), which Outrider cannot keep "
+                             f"quantized (supported: {', '.join(SUPPORTED_GGUF)}); use --dtype q4 or q8_0 to "
+                             "quantize the float weights at load, or --dtype float32")
         if odd:  # decided before reading anything: the whole model comes from one source
             if path in _WARNED:
                 return None
             _WARNED.add(path)
             kinds = ", ".join(sorted({kind for _, kind in odd}))
             warn(f"warning: {path} keeps {kinds} tensors (e.g. '{odd[0][0]}'), which Outrider cannot keep "
-                 f"quantized (supported: Q8_0, Q4_0, Q4_1); the float weights are quantized at load instead, "
+                 f"quantized (supported: {', '.join(SUPPORTED_GGUF)}); the float weights are quantized at load "
+                 "instead, "
                  f"so this --dtype {dtype_name} model is close to the GGUF's but not its exact one (--dtype "
                  "float32 runs the GGUF's own values, dequantized)")
             return None
@@ -222,5 +237,5 @@ class _NativeGGUF:
             return self.floats(name)
         kind = check_gguf_kind(tensor.type, tensor.name)
         raw = self._unpermute(name, np.asarray(tensor.data))  # uint8 [out, blocks * bytes]
-        return blocks_from_gguf(raw, kind)
+        return gguf_blocks(raw, kind, tensor.name)
 

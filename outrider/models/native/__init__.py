@@ -41,7 +41,7 @@ from ..quant import BLOCK, QuantBlocks
 
 SOURCE = Path(__file__).with_name("qmatmul.c")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
-KIND_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
+KIND_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q8_16": 3}
 
 _state: dict = {}  # "lib" (ctypes.CDLL) or "reason" (why not), decided once per process
 
@@ -148,8 +148,8 @@ class NativeWeight:
 
     kind: str
     shape: tuple[int, int]  # (out, in)
-    q: torch.Tensor  # int8 [out, in] (q8_0) or uint8 [out, in / 2] (q4_*)
-    d: torch.Tensor  # float32 [out, in / 32]
+    q: torch.Tensor  # int8 [out, in] (q8_0, q8_16) or uint8 [out, in / 2] (q4_*)
+    d: torch.Tensor  # float32 [out, in / 32] ([out, in / 16] for q8_16)
     m: torch.Tensor | None  # float32 [out, in / 32] (q4_1)
 
     @classmethod

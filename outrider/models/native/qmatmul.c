@@ -7,8 +7,9 @@
  * Layout (as quant.QuantBlocks holds it): 32 values a block along K.
  *   q8_0: q int8 [N, K]                     w = d * q
  *   q4_0: q uint8 [N, K / 2]                w = d * (q - 8)
- *   q4_1: q uint8 [N, K / 2], m fp16        w = d * q + m
- *   d (and m): fp16 [N, K / 32]. A Q4 block's 16 bytes hold value j in the low nibble of byte j
+ *   q4_1: q uint8 [N, K / 2], m             w = d * q + m
+ *   q8_16: q int8 [N, K]                    w = d * q, one d per 16 values (Q6_K kept exactly)
+ *   d (and m): float32 [N, K / 32] ([N, K / 16] for q8_16). A Q4 block's 16 bytes hold value j in the low nibble of byte j
  *   and value j + 16 in its high nibble.
  *
  * Exactness. Each weight value is computed with the reference's own operations (a multiply,
@@ -33,7 +34,8 @@
 #define QK 32             /* values per block */
 #define TILE_N 16         /* output columns a thread takes at a time */
 
-enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2 };
+enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2, KIND_Q8_16 = 3 };
+#define SCALES(kind) ((kind) == KIND_Q8_16 ? 2 : 1) /* scales a 32-value block has */
 
 
 /* Ask for the codes and scales PREFETCH_BYTES ahead of block b (past a row's end that is the
@@ -54,14 +56,14 @@ static inline __attribute__((always_inline)) void prefetch_ahead(int64_t b, cons
 /* ---- AVX-512: a block is two vectors of 16 values; two accumulators per row ---------------- */
 #define ROWS 8
 
-static inline __attribute__((always_inline)) void decode(int kind, const uint8_t *q, float d, float m,
+static inline __attribute__((always_inline)) void decode(int kind, const uint8_t *q, const float *d, float m,
                                                          __m512 *w0, __m512 *w1) {
-    __m512 dd = _mm512_set1_ps(d);
-    if (kind == KIND_Q8_0) {
+    __m512 dd = _mm512_set1_ps(d[0]);
+    if (kind == KIND_Q8_0 || kind == KIND_Q8_16) {
         __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
         __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))));
         *w0 = _mm512_mul_ps(dd, a);
-        *w1 = _mm512_mul_ps(dd, b);
+        *w1 = _mm512_mul_ps(kind == KIND_Q8_16 ? _mm512_set1_ps(d[1]) : dd, b);
         return;
     }
     __m512i all = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q)); /* bytes 0..15 */
@@ -88,8 +90,8 @@ static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, c
     const int64_t blocks = K / QK;
     for (int64_t b = 0; b < blocks; b++) {
         __m512 w0, w1;
-        prefetch_ahead(b, q + b * qstride, d + b, m ? m + b : 0);
-        decode(kind, q + b * qstride, d[b], kind == KIND_Q4_1 ? m[b] : 0.0f, &w0, &w1);
+        prefetch_ahead(b, q + b * qstride, d + b * SCALES(kind), m ? m + b : 0);
+        decode(kind, q + b * qstride, d + b * SCALES(kind), kind == KIND_Q4_1 ? m[b] : 0.0f, &w0, &w1);
         const float *xb = x + b * QK;
         for (int r = 0; r < rows; r++) {
             acc0[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xb + r * K), acc0[r]);
@@ -103,13 +105,13 @@ static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, c
 /* ---- AVX2: a block is four vectors of 8 values; four accumulators per row ------------------ */
 #define ROWS 2
 
-static inline __attribute__((always_inline)) void decode(int kind, const uint8_t *q, float d, float m,
+static inline __attribute__((always_inline)) void decode(int kind, const uint8_t *q, const float *d, float m,
                                                          __m256 w[4]) {
-    __m256 dd = _mm256_set1_ps(d);
-    if (kind == KIND_Q8_0) {
+    __m256 dd = _mm256_set1_ps(d[0]);
+    if (kind == KIND_Q8_0 || kind == KIND_Q8_16) {
         for (int i = 0; i < 4; i++) {
             __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * i)));
-            w[i] = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(v));
+            w[i] = _mm256_mul_ps(kind == KIND_Q8_16 && i >= 2 ? _mm256_set1_ps(d[1]) : dd, _mm256_cvtepi32_ps(v));
         }
         return;
     }
@@ -146,8 +148,8 @@ static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, c
     const int64_t blocks = K / QK;
     for (int64_t b = 0; b < blocks; b++) {
         __m256 w[4];
-        prefetch_ahead(b, q + b * qstride, d + b, m ? m + b : 0);
-        decode(kind, q + b * qstride, d[b], kind == KIND_Q4_1 ? m[b] : 0.0f, w);
+        prefetch_ahead(b, q + b * qstride, d + b * SCALES(kind), m ? m + b : 0);
+        decode(kind, q + b * qstride, d + b * SCALES(kind), kind == KIND_Q4_1 ? m[b] : 0.0f, w);
         const float *xb = x + b * QK;
         for (int r = 0; r < rows; r++)
             for (int i = 0; i < 4; i++)
@@ -185,7 +187,8 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
     static void NAME(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *d,        \
                      const float *m, int64_t N, float *y) {                                      \
         const int64_t blocks = K / QK;                                                              \
-        const int64_t qstride = KIND == KIND_Q8_0 ? QK : QK / 2; /* bytes of codes per block */     \
+        const int64_t qstride = KIND == KIND_Q8_0 || KIND == KIND_Q8_16 ? QK : QK / 2; /* code bytes a block */ \
+        const int64_t dstride = blocks * SCALES(KIND); /* scales a weight row */                    \
         const int64_t tiles = (N + TILE_N - 1) / TILE_N;                                            \
         _Pragma("omp parallel for schedule(static)")                                               \
         for (int64_t t = 0; t < tiles; t++) {                                                       \
@@ -195,7 +198,7 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
                 const int rows = M - r < ROWS ? (int)(M - r) : ROWS;                                \
                 for (int64_t n = t * TILE_N; n < n1; n++)                                           \
                     dot_group(KIND, rows, x + r * K, K, q + n * blocks * qstride, qstride,          \
-                              d + n * blocks, KIND == KIND_Q4_1 ? m + n * blocks : 0, y + r * N + n, N); \
+                              d + n * dstride, KIND == KIND_Q4_1 ? m + n * blocks : 0, y + r * N + n, N); \
             }                                                                                       \
         }                                                                                           \
     }
@@ -203,8 +206,9 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
 MATMUL(matmul_q8_0, KIND_Q8_0)
 MATMUL(matmul_q4_0, KIND_Q4_0)
 MATMUL(matmul_q4_1, KIND_Q4_1)
+MATMUL(matmul_q8_16, KIND_Q8_16)
 
-/* The entry point (ctypes). kind: 0 q8_0, 1 q4_0, 2 q4_1; K a multiple of 32; m only for q4_1.
+/* The entry point (ctypes). kind: 0 q8_0, 1 q4_0, 2 q4_1, 3 q8_16; K a multiple of 32; m only for q4_1.
  * x, y contiguous float32 [M, K] and [M, N]. Returns 0, or -1 for arguments it cannot take. */
 int outrider_qmatmul(int kind, const float *x, int64_t M, int64_t K, const void *q, const float *d,
                      const float *m, int64_t N, float *y) {
@@ -213,6 +217,7 @@ int outrider_qmatmul(int kind, const float *x, int64_t M, int64_t K, const void 
         case KIND_Q8_0: matmul_q8_0(x, M, K, q, d, m, N, y); return 0;
         case KIND_Q4_0: matmul_q4_0(x, M, K, q, d, m, N, y); return 0;
         case KIND_Q4_1: matmul_q4_1(x, M, K, q, d, m, N, y); return 0;
+        case KIND_Q8_16: matmul_q8_16(x, M, K, q, d, m, N, y); return 0;
         default: return -1;
     }
 }
