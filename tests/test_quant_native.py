@@ -96,3 +96,31 @@ def test_a_failing_build_falls_back_and_says_why(tmp_path):
     available, reason, kernel = _probe({"CC": "false", "OUTRIDER_CACHE": str(tmp_path), "OUTRIDER_NATIVE": "1"})
     assert available == "False" and "failed" in reason and kernel == "blockwise"
     assert not list((tmp_path / "kernels").glob("*.so*"))
+
+
+@needs_native
+def test_a_filling_forward_may_take_the_gemm_and_keeps_the_values():
+    """Within quant_linear.filling() a linear of BULK_ROWS rows or more multiplies dequantized rows
+    with the float GEMM: the same products up to summation order; outside, or below BULK_ROWS
+    rows, the kernel (bit-identical rows) as before."""
+    from outrider.models import quant_linear
+
+    blocks = quantize(torch.randn(200, 576, generator=torch.Generator().manual_seed(4)) * 0.05, "q4_1")
+    weight = QuantLinear(blocks, kernel="native")
+    x = torch.randn(quant_linear.BULK_ROWS, 576, generator=torch.Generator().manual_seed(5))
+    ref = reference_linear(x, blocks)
+    with quant_linear.filling():
+        bulk = weight.linear(x)
+        small = weight.linear(x[:3])
+    assert (bulk - ref).abs().max() <= 1e-5 * ref.abs().max()
+    assert torch.equal(small, native.qmatmul(x[:3], blocks))  # few rows: still the kernel
+    assert torch.equal(weight.linear(x), native.qmatmul(x, blocks))  # not filling: the kernel
+    assert not torch.equal(bulk, native.qmatmul(x, blocks))  # the GEMM really ran (another order)
+
+
+def test_only_a_logits_free_batch_fills():
+    from outrider.models.batch import pack
+
+    ids = [torch.tensor([1, 2, 3])]
+    assert pack([0], [0], ids, logits="none").fills_only
+    assert not any(pack([0], [0], ids, logits=mode).fills_only for mode in ("all", "last", "real"))

@@ -42,6 +42,12 @@ class ForwardBatch:
     # (pack's logits="real": every real row, no padding); the logits come back [N, vocab]
 
     @property
+    def fills_only(self) -> bool:
+        """No logits asked for (pack's logits="none"): the forward only writes the cache (a
+        prompt's prefill, a drafter catching up)."""
+        return self.logits_flat is None and self.logits_rows is not None and self.logits_rows.shape[-1] == 0
+
+    @property
     def slots(self) -> torch.Tensor:
         return torch.tensor(self.slot_ids, device=self.tokens.device)
 

@@ -13,7 +13,7 @@ import torch
 
 from ..kv import KVCache
 from .batch import ForwardBatch
-from . import cpu_linear
+from . import cpu_linear, quant_linear
 from .config import ModelConfig
 from .layers import apply_rotary, attention, embedding, fold_mask, linear, rms_norm, rotary_tables, swiglu_mlp
 
@@ -86,34 +86,35 @@ class Decoder:
         if 0 in batch.hidden_layers:
             hidden[0] = x
         layers = self.layers[: num_layers or len(self.layers)]
-        for index, w in enumerate(layers):
-            h = rms_norm(x, w.input_norm, c.rms_norm_eps)
-            qkv = linear(h, w.qkv, w.qkv_bias)  # [B, T, (H + 2G) * D]
-            v = qkv[..., (H + G) * D :].view(B, T, G, D)  # [B, T, G, D]
-            if w.q_norm is None:  # q and k rotated in one go: the same arithmetic, fewer ops
-                qk = apply_rotary(qkv[..., : (H + G) * D].view(B, T, H + G, D).transpose(1, 2), cos, sin)
-                q, k = qk[:, :H], qk[:, H:].transpose(1, 2)  # [B, H, T, D], [B, T, G, D]
-            else:
-                q = rms_norm(qkv[..., : H * D].view(B, T, H, D).transpose(1, 2), w.q_norm, c.rms_norm_eps)
-                k = rms_norm(qkv[..., H * D : (H + G) * D].view(B, T, G, D).transpose(1, 2), w.k_norm,
-                             c.rms_norm_eps)
-                q = apply_rotary(q, cos, sin)  # [B, H, T, D]
-                k = apply_rotary(k, cos, sin).transpose(1, 2)  # [B, T, G, D]
-            k_cache, v_cache = cache.k[index], cache.v[index]
-            # Advanced indices split by a slice: the indexed view is [B, T, G, D].
-            k_cache[slots.unsqueeze(1), :, batch.rows] = k
-            v_cache[slots.unsqueeze(1), :, batch.rows] = v
-            keys = k_cache[first : first + span, :, : batch.kv_len]  # [S, G, L, D], a view
-            values = v_cache[first : first + span, :, : batch.kv_len]
-            if place is None:
-                out = attention(q, keys, values, mask, folded)  # [B, H, T, D]
-            else:  # slots with holes or out of order: queries go to their span rows (batch.py)
-                q_span = q.new_zeros(span, H, T, D).index_copy_(0, place, q)  # [S, H, T, D]
-                out = attention(q_span, keys, values, mask, folded).index_select(0, place)  # [B, H, T, D]
-            x = x + linear(out.transpose(1, 2).reshape(B, T, H * D), w.o)
-            x = x + swiglu_mlp(rms_norm(x, w.post_norm, c.rms_norm_eps), w.gate_up, w.down)
-            if index + 1 in batch.hidden_layers:
-                hidden[index + 1] = x
+        with quant_linear.filling(batch.fills_only):  # a prefill's many rows may take the float GEMM
+            for index, w in enumerate(layers):
+                h = rms_norm(x, w.input_norm, c.rms_norm_eps)
+                qkv = linear(h, w.qkv, w.qkv_bias)  # [B, T, (H + 2G) * D]
+                v = qkv[..., (H + G) * D :].view(B, T, G, D)  # [B, T, G, D]
+                if w.q_norm is None:  # q and k rotated in one go: the same arithmetic, fewer ops
+                    qk = apply_rotary(qkv[..., : (H + G) * D].view(B, T, H + G, D).transpose(1, 2), cos, sin)
+                    q, k = qk[:, :H], qk[:, H:].transpose(1, 2)  # [B, H, T, D], [B, T, G, D]
+                else:
+                    q = rms_norm(qkv[..., : H * D].view(B, T, H, D).transpose(1, 2), w.q_norm, c.rms_norm_eps)
+                    k = rms_norm(qkv[..., H * D : (H + G) * D].view(B, T, G, D).transpose(1, 2), w.k_norm,
+                                 c.rms_norm_eps)
+                    q = apply_rotary(q, cos, sin)  # [B, H, T, D]
+                    k = apply_rotary(k, cos, sin).transpose(1, 2)  # [B, T, G, D]
+                k_cache, v_cache = cache.k[index], cache.v[index]
+                # Advanced indices split by a slice: the indexed view is [B, T, G, D].
+                k_cache[slots.unsqueeze(1), :, batch.rows] = k
+                v_cache[slots.unsqueeze(1), :, batch.rows] = v
+                keys = k_cache[first : first + span, :, : batch.kv_len]  # [S, G, L, D], a view
+                values = v_cache[first : first + span, :, : batch.kv_len]
+                if place is None:
+                    out = attention(q, keys, values, mask, folded)  # [B, H, T, D]
+                else:  # slots with holes or out of order: queries go to their span rows (batch.py)
+                    q_span = q.new_zeros(span, H, T, D).index_copy_(0, place, q)  # [S, H, T, D]
+                    out = attention(q_span, keys, values, mask, folded).index_select(0, place)  # [B, H, T, D]
+                x = x + linear(out.transpose(1, 2).reshape(B, T, H * D), w.o)
+                x = x + swiglu_mlp(rms_norm(x, w.post_norm, c.rms_norm_eps), w.gate_up, w.down)
+                if index + 1 in batch.hidden_layers:
+                    hidden[index + 1] = x
         if batch.logits_flat is not None:  # real rows only: padding gets no lm_head
             x = x.reshape(B * T, x.shape[-1]).index_select(0, batch.logits_flat)  # [N, E]
         elif batch.logits_rows is not None:

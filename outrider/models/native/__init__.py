@@ -109,6 +109,8 @@ def _load() -> None:
     lib.outrider_qmatmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, ptr, i64, ptr]
     lib.outrider_qmatmul.restype = ctypes.c_int
     lib.outrider_qmatmul_rows.restype = ctypes.c_int
+    lib.outrider_dequantize.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, i64, i64, ptr]
+    lib.outrider_dequantize.restype = ctypes.c_int
     _state["lib"] = lib
     _state["path"] = path
 
@@ -181,6 +183,23 @@ def qmatmul(x: torch.Tensor, weight: "NativeWeight | QuantBlocks") -> torch.Tens
     if status != 0:
         raise ValueError(f"the native kernel refused a {weight.kind} weight {weight.shape}")
     return y
+
+
+def dequantize_rows(weight: NativeWeight, start: int, stop: int) -> torch.Tensor:
+    """Weight rows start..stop as float32 [stop - start, in]: the values the kernel multiplies
+    with (quant.dequantize's exactly), for a float GEMM over many rows at once."""
+    if not available():
+        raise RuntimeError(f"the native kernel is not available: {reason()}")
+    out_features, in_features = weight.shape
+    if not 0 <= start <= stop <= out_features:
+        raise ValueError(f"rows {start}..{stop} are not within 0..{out_features}")
+    out = torch.empty(stop - start, in_features, dtype=torch.float32)
+    m = weight.m.data_ptr() if weight.m is not None else None
+    status = _state["lib"].outrider_dequantize(KIND_CODES[weight.kind], in_features, weight.q.data_ptr(),
+                                               weight.d.data_ptr(), m, start, stop, out.data_ptr())
+    if status != 0:
+        raise ValueError(f"the native kernel refused to dequantize a {weight.kind} weight {weight.shape}")
+    return out
 
 
 def describe() -> str:

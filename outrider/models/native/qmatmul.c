@@ -161,6 +161,40 @@ static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, c
 }
 #endif
 
+/* out[n - n0] = weight row n's values, n0 <= n < n1 (what decode gives, stored): for a caller
+ * that multiplies many rows at once with a float GEMM (native/__init__.py, `dequantize_rows`). */
+static inline __attribute__((always_inline)) void decode_row(int kind, int64_t K, const uint8_t *q, int64_t qstride,
+                                                             const float *d, const float *m, float *out) {
+    for (int64_t b = 0; b < K / QK; b++) {
+#if defined(__AVX512F__)
+        __m512 w0, w1;
+        decode(kind, q + b * qstride, d + b * SCALES(kind), kind == KIND_Q4_1 ? m[b] : 0.0f, &w0, &w1);
+        _mm512_storeu_ps(out + b * QK, w0);
+        _mm512_storeu_ps(out + b * QK + 16, w1);
+#else
+        __m256 w[4];
+        decode(kind, q + b * qstride, d + b * SCALES(kind), kind == KIND_Q4_1 ? m[b] : 0.0f, w);
+        for (int i = 0; i < 4; i++) _mm256_storeu_ps(out + b * QK + 8 * i, w[i]);
+#endif
+    }
+}
+
+#define DEQUANTIZE(NAME, KIND)                                                                      \
+    static void NAME(int64_t K, const uint8_t *q, const float *d, const float *m, int64_t n0,       \
+                     int64_t n1, float *out) {                                                      \
+        const int64_t blocks = K / QK;                                                              \
+        const int64_t qstride = KIND == KIND_Q8_0 || KIND == KIND_Q8_16 ? QK : QK / 2;             \
+        _Pragma("omp parallel for schedule(static)")                                               \
+        for (int64_t n = n0; n < n1; n++)                                                           \
+            decode_row(KIND, K, q + n * blocks * qstride, qstride, d + n * blocks * SCALES(KIND),   \
+                       KIND == KIND_Q4_1 ? m + n * blocks : 0, out + (n - n0) * K);                \
+    }
+
+DEQUANTIZE(dequantize_q8_0, KIND_Q8_0)
+DEQUANTIZE(dequantize_q4_0, KIND_Q4_0)
+DEQUANTIZE(dequantize_q4_1, KIND_Q4_1)
+DEQUANTIZE(dequantize_q8_16, KIND_Q8_16)
+
 /* Rows r..r+rows of x against one weight row (rows <= ROWS, each count its own constant-size
  * copy of dot_rows, so the accumulators stay in registers). */
 static inline __attribute__((always_inline)) void dot_group(int kind, int rows, const float *x, int64_t K,
@@ -218,6 +252,19 @@ int outrider_qmatmul(int kind, const float *x, int64_t M, int64_t K, const void 
         case KIND_Q4_0: matmul_q4_0(x, M, K, q, d, m, N, y); return 0;
         case KIND_Q4_1: matmul_q4_1(x, M, K, q, d, m, N, y); return 0;
         case KIND_Q8_16: matmul_q8_16(x, M, K, q, d, m, N, y); return 0;
+        default: return -1;
+    }
+}
+
+/* Weight rows n0..n1 as float32 values into out [n1 - n0, K]: 0, or -1 for arguments it cannot take. */
+int outrider_dequantize(int kind, int64_t K, const void *q, const float *d, const float *m, int64_t n0,
+                        int64_t n1, float *out) {
+    if (K % QK || n0 < 0 || n1 < n0 || (kind == KIND_Q4_1 && !m)) return -1;
+    switch (kind) {
+        case KIND_Q8_0: dequantize_q8_0(K, q, d, m, n0, n1, out); return 0;
+        case KIND_Q4_0: dequantize_q4_0(K, q, d, m, n0, n1, out); return 0;
+        case KIND_Q4_1: dequantize_q4_1(K, q, d, m, n0, n1, out); return 0;
+        case KIND_Q8_16: dequantize_q8_16(K, q, d, m, n0, n1, out); return 0;
         default: return -1;
     }
 }
