@@ -56,6 +56,30 @@ def test_cost_controller_learns_acceptance():
     assert ctl.budget(1).depth > low
 
 
+def test_a_new_sequence_starts_from_what_earlier_ones_saw():
+    """Beside a costly drafter (a step costs half a target step) the 0.5 prior never pays for a
+    first draft; a sequence started after others that accepted 90% drafts from its first round
+    (the pooled prior), and one started after rejections does not."""
+    ctl = CostController(VerifyCostProfile((1, 8), (1.0, 1.3)), max_depth=6)
+    for _ in range(30):  # a moving average: settle it at half a target step
+        ctl.observe_draft_time(0.5)
+    ctl.start(0)
+    assert ctl.budget(0).depth == 0  # nothing seen yet: the prior alone does not pay
+    for i in range(40):
+        ctl.observe(0, *chain_round(5, 5 if i % 10 else 2))
+    ctl.finish(0)
+    ctl.start(1)
+    assert ctl.budget(1).depth >= 3
+    bad = CostController(VerifyCostProfile((1, 8), (1.0, 1.3)), max_depth=6)
+    for _ in range(30):
+        bad.observe_draft_time(0.5)
+    bad.start(0)
+    for _ in range(40):
+        bad.observe(0, *chain_round(5, 0))
+    bad.start(1)
+    assert bad.budget(1).depth == 0
+
+
 def test_adaptive_moves_with_hysteresis():
     ctl = AdaptiveController(max_depth=6, start=3)
     ctl.start(0)

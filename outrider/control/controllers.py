@@ -136,11 +136,15 @@ class _PerPosition:
     accepted: list[float] = field(default_factory=list)
 
 
+_POOL_DECAY = 0.99  # the pooled prior forgets over ~100 rounds (a sequence's own counts: `decay`)
+
+
 class CostController:
     """Draft to the depth that maximises expected committed tokens per second of round time.
 
     expected(d) = 1 + sum_{i<=d} prod_{j<=i} a_j   (a_j: acceptance at depth j given depth j-1
-    was accepted; a decayed count per depth, prior 0.5). round_time(d) = verify_cost(d + 1) +
+    was accepted; a decayed count per depth, its prior what earlier sequences of this controller
+    saw at that depth, or 0.5 before any). round_time(d) = verify_cost(d + 1) +
     d * draft_step. The depth grows while the marginal tokens per marginal second beat the
     current tokens per second (LibraSpec's marginal rule); the drafter may stop earlier on its own
     confidence through `Budget.min_confidence`.
@@ -166,6 +170,11 @@ class CostController:
         self._batch_source = batch_profile
         self._batch_table = None if callable(batch_profile) else batch_profile
         self._seqs: dict[int, _PerPosition] = {}
+        # every sequence's observations, decayed slowly: a new sequence's prior. Without it each
+        # sequence starts at 0.5, and beside a costly drafter (a draft model's step is ~half a
+        # target step) 0.5 never pays for a first draft, so the controller never learned that
+        # this pair agrees 90% of the time (measured: tau 1.28 against 5.19 at fixed:5).
+        self._pool = _PerPosition([0.0] * max_depth, [0.0] * max_depth)
 
     def start(self, seq_id: int) -> None:
         self._seqs[seq_id] = _PerPosition()
@@ -183,10 +192,12 @@ class CostController:
         for d in range(self.max_depth):
             reached = st.reached[d] if d < len(st.reached) else 0.0
             accepted = st.accepted[d] if d < len(st.accepted) else 0.0
-            if reached < 1.0 and out:
+            pooled = self._pool.reached[d] >= 1.0
+            prior = self._pool.accepted[d] / self._pool.reached[d] if pooled else self.prior
+            if reached < 1.0 and not pooled and out:
                 out.append(out[-1])
             else:
-                out.append((accepted + self.prior) / (reached + 1.0))
+                out.append((accepted + prior) / (reached + 1.0))
         return out
 
     def best_depth(self, accept: list[float]) -> int:
@@ -222,10 +233,14 @@ class CostController:
             lst.extend([0.0] * (self.max_depth - len(lst)))
             for i in range(len(lst)):
                 lst[i] *= self.decay
+        for i in range(self.max_depth):
+            self._pool.reached[i] *= _POOL_DECAY
+            self._pool.accepted[i] *= _POOL_DECAY
         for d in range(min(reached, result.num_accepted + 1, self.max_depth)):
-            st.reached[d] += 1.0
-            if d < result.num_accepted:
-                st.accepted[d] += 1.0
+            for counts in (st, self._pool):
+                counts.reached[d] += 1.0
+                if d < result.num_accepted:
+                    counts.accepted[d] += 1.0
 
     def observe_draft_time(self, seconds_per_depth: float) -> None:
         self.draft_step_s = 0.8 * self.draft_step_s + 0.2 * seconds_per_depth
