@@ -195,7 +195,10 @@ def test_metrics_agree_with_per_request_stats(server):
 
 def test_client_that_disconnects_mid_stream_frees_its_slot(server):
     aborted = metric(server, "outrider:request_success_total", 'finished_reason="abort"')
-    body = {"prompt": words(50), "max_tokens": 200, "temperature": 0, "stream": True, "ignore_eos": True}
+    # one token a step (no drafting): the tiny model's 200 tokens must outlast the disconnect's
+    # discovery, else the request ends by length and no abort is counted (seen once in CI)
+    body = {"prompt": words(50), "max_tokens": 200, "temperature": 0, "stream": True, "ignore_eos": True,
+            "speculate": False}
     with httpx.stream("POST", server.url + "/v1/completions", json=body,
                       headers={"Authorization": f"Bearer {KEY}"}) as r:
         lines = r.iter_lines()
