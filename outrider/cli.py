@@ -260,6 +260,9 @@ def _models_list(args) -> int:
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    from .models import native
+
+    print(native.describe(), file=sys.stderr)  # why a GGUF model's default dtype is what it is here
     return 0
 
 

@@ -203,7 +203,7 @@ def dequantize_rows(weight: NativeWeight, start: int, stop: int) -> torch.Tensor
 
 
 def describe() -> str:
-    """One line: the kernel's state here (for `outrider models list`-style reports and tests)."""
+    """One line: the kernel's state here (`outrider models list` prints it on stderr)."""
     if available():
         return f"native kernel {_state['path'].name} ({rows_per_block()} rows a block)"
     return f"native kernel unavailable: {reason()}"
