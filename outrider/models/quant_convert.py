@@ -93,11 +93,14 @@ def _q6_k(b: torch.Tensor) -> QuantBlocks:
     l < 32, ggml's layout: value l takes ql[l] low nibble and qh[l] bits 0-1, value l + 32 ql[l + 32]
     low and bits 2-3, value l + 64 ql[l] high and bits 4-5, value l + 96 ql[l + 32] high and bits 6-7."""
     rows = b.shape[0]
-    ql = b[..., 0:128].view(rows, -1, 2, 2, 32).to(torch.int32)  # [rows, supers, half, 2, 32]
-    qh = b[..., 128:192].view(rows, -1, 2, 32).to(torch.int32)  # [rows, supers, half, 32]
-    parts = [(ql[:, :, :, 0] & 15) | ((qh & 3) << 4), (ql[:, :, :, 1] & 15) | (((qh >> 2) & 3) << 4),
-             (ql[:, :, :, 0] >> 4) | (((qh >> 4) & 3) << 4), (ql[:, :, :, 1] >> 4) | (((qh >> 6) & 3) << 4)]
-    codes = (torch.stack(parts, dim=3) - 32).to(torch.int8).view(rows, -1)  # [rows, cols]
+    ql = b[..., 0:128].reshape(rows, -1, 2, 2, 32)  # uint8 [rows, supers, half, 2, 32]
+    qh = b[..., 128:192].reshape(rows, -1, 2, 32)  # uint8 [rows, supers, half, 32]
+    codes = torch.empty(rows, ql.shape[1], 2, 4, 32, dtype=torch.uint8)  # 6-bit codes 0..63, in uint8
+    torch.bitwise_or(ql[:, :, :, 0] & 15, (qh & 3) << 4, out=codes[:, :, :, 0])
+    torch.bitwise_or(ql[:, :, :, 1] & 15, ((qh >> 2) & 3) << 4, out=codes[:, :, :, 1])
+    torch.bitwise_or(ql[:, :, :, 0] >> 4, ((qh >> 4) & 3) << 4, out=codes[:, :, :, 2])
+    torch.bitwise_or(ql[:, :, :, 1] >> 4, (qh >> 6) << 4, out=codes[:, :, :, 3])
+    codes = codes.view(torch.int8).sub_(32).view(rows, -1)  # q - 32: -32..31 [rows, cols]
     sc = b[..., 192:208].contiguous().view(torch.int8).float()  # [rows, supers, 16]
     d = _half(b[..., 208:210]).unsqueeze(-1)
     return QuantBlocks("q8_16", codes, (d * sc).view(rows, -1).contiguous())
