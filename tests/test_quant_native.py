@@ -124,3 +124,32 @@ def test_only_a_logits_free_batch_fills():
     ids = [torch.tensor([1, 2, 3])]
     assert pack([0], [0], ids, logits="none").fills_only
     assert not any(pack([0], [0], ids, logits=mode).fills_only for mode in ("all", "last", "real"))
+
+
+@needs_native
+def test_the_kernel_runs_on_torchs_thread_count_in_any_thread(monkeypatch):
+    """OpenMP's thread count is a per-thread setting: a server's worker thread would get every
+    core although torch.set_num_threads(1) was called. The kernel gets torch's count each call."""
+    import threading
+
+    lib, seen = native._state["lib"], []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(lib, name)
+
+        def outrider_qmatmul(self, *args):
+            seen.append(args[-1])
+            return lib.outrider_qmatmul(*args)
+
+    monkeypatch.setitem(native._state, "lib", Recording())
+    weight = native.NativeWeight.of(random_blocks("q4_1", 16, 64))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        worker = threading.Thread(target=native.qmatmul, args=(torch.randn(2, 64), weight))
+        worker.start()
+        worker.join()
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == [1]

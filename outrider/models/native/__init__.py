@@ -9,7 +9,9 @@
 `$OUTRIDER_CACHE/kernels/qmatmul-<key>.so`, the key a hash of the source, the flags, the
 compiler and the CPU's flags, so an edited source or another machine builds its own. It is
 loaded with ctypes (no Python extension API, no torch headers) after torch, so its OpenMP
-regions run on torch's own libgomp and follow `torch.set_num_threads`. Where it cannot be built
+regions run on torch's own libgomp with `torch.get_num_threads()` threads (passed on every call:
+OpenMP's own setting is per calling thread, and a server's worker thread would otherwise get
+every core). Where it cannot be built
 (no compiler, not x86-64 with AVX2/FMA/F16C) or OUTRIDER_NATIVE=0 is set, `available()` is
 False, one line on stderr says why when asked with `reason()`, and quantized weights use the
 torch "blockwise" kernel instead: same values, slower.
@@ -106,10 +108,10 @@ def _load() -> None:
         _state["reason"] = f"building {SOURCE.name} failed: {err}"
         return
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.outrider_qmatmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, ptr, i64, ptr]
+    lib.outrider_qmatmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int]
     lib.outrider_qmatmul.restype = ctypes.c_int
     lib.outrider_qmatmul_rows.restype = ctypes.c_int
-    lib.outrider_dequantize.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, i64, i64, ptr]
+    lib.outrider_dequantize.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, i64, i64, ptr, ctypes.c_int]
     lib.outrider_dequantize.restype = ctypes.c_int
     _state["lib"] = lib
     _state["path"] = path
@@ -179,7 +181,7 @@ def qmatmul(x: torch.Tensor, weight: "NativeWeight | QuantBlocks") -> torch.Tens
     m = weight.m.data_ptr() if weight.m is not None else None
     status = _state["lib"].outrider_qmatmul(KIND_CODES[weight.kind], x.data_ptr(), x.shape[0], in_features,
                                             weight.q.data_ptr(), weight.d.data_ptr(), m, out_features,
-                                            y.data_ptr())
+                                            y.data_ptr(), torch.get_num_threads())
     if status != 0:
         raise ValueError(f"the native kernel refused a {weight.kind} weight {weight.shape}")
     return y
@@ -196,7 +198,8 @@ def dequantize_rows(weight: NativeWeight, start: int, stop: int) -> torch.Tensor
     out = torch.empty(stop - start, in_features, dtype=torch.float32)
     m = weight.m.data_ptr() if weight.m is not None else None
     status = _state["lib"].outrider_dequantize(KIND_CODES[weight.kind], in_features, weight.q.data_ptr(),
-                                               weight.d.data_ptr(), m, start, stop, out.data_ptr())
+                                               weight.d.data_ptr(), m, start, stop, out.data_ptr(),
+                                               torch.get_num_threads())
     if status != 0:
         raise ValueError(f"the native kernel refused to dequantize a {weight.kind} weight {weight.shape}")
     return out

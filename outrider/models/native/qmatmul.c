@@ -22,7 +22,7 @@
  * construction, not only within rounding.
  *
  * Speed. Memory-bound at few rows: each block is read once and decoded in registers once for
- * up to ROWS rows of x; threads split N (OpenMP: torch's own libgomp, so torch's thread count).
+ * up to ROWS rows of x; threads split N (OpenMP: torch's own libgomp, with torch's thread count).
  */
 #include <stdint.h>
 
@@ -181,10 +181,10 @@ static inline __attribute__((always_inline)) void decode_row(int kind, int64_t K
 
 #define DEQUANTIZE(NAME, KIND)                                                                      \
     static void NAME(int64_t K, const uint8_t *q, const float *d, const float *m, int64_t n0,       \
-                     int64_t n1, float *out) {                                                      \
+                     int64_t n1, float *out, int threads) {                                         \
         const int64_t blocks = K / QK;                                                              \
         const int64_t qstride = KIND == KIND_Q8_0 || KIND == KIND_Q8_16 ? QK : QK / 2;             \
-        _Pragma("omp parallel for schedule(static)")                                               \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                                               \
         for (int64_t n = n0; n < n1; n++)                                                           \
             decode_row(KIND, K, q + n * blocks * qstride, qstride, d + n * blocks * SCALES(KIND),   \
                        KIND == KIND_Q4_1 ? m + n * blocks : 0, out + (n - n0) * K);                \
@@ -219,12 +219,12 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
 /* One function per kind (the kind a constant inside it, so each decode is specialized). */
 #define MATMUL(NAME, KIND)                                                                          \
     static void NAME(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *d,        \
-                     const float *m, int64_t N, float *y) {                                      \
+                     const float *m, int64_t N, float *y, int threads) {                         \
         const int64_t blocks = K / QK;                                                              \
         const int64_t qstride = KIND == KIND_Q8_0 || KIND == KIND_Q8_16 ? QK : QK / 2; /* code bytes a block */ \
         const int64_t dstride = blocks * SCALES(KIND); /* scales a weight row */                    \
         const int64_t tiles = (N + TILE_N - 1) / TILE_N;                                            \
-        _Pragma("omp parallel for schedule(static)")                                               \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                                               \
         for (int64_t t = 0; t < tiles; t++) {                                                       \
             const int64_t n1 = (t + 1) * TILE_N < N ? (t + 1) * TILE_N : N;                         \
             /* a group of rows of x stays in L1 while the tile's weight rows (also in L1) pass */   \
@@ -243,28 +243,30 @@ MATMUL(matmul_q4_1, KIND_Q4_1)
 MATMUL(matmul_q8_16, KIND_Q8_16)
 
 /* The entry point (ctypes). kind: 0 q8_0, 1 q4_0, 2 q4_1, 3 q8_16; K a multiple of 32; m only for q4_1.
- * x, y contiguous float32 [M, K] and [M, N]. Returns 0, or -1 for arguments it cannot take. */
+ * x, y contiguous float32 [M, K] and [M, N]; `threads`: the OpenMP team (torch's count: a thread
+ * other than the one that set it would otherwise get OpenMP's default, every core). Returns 0, or
+ * -1 for arguments it cannot take. */
 int outrider_qmatmul(int kind, const float *x, int64_t M, int64_t K, const void *q, const float *d,
-                     const float *m, int64_t N, float *y) {
-    if (K % QK || M < 0 || N < 0 || (kind == KIND_Q4_1 && !m)) return -1;
+                     const float *m, int64_t N, float *y, int threads) {
+    if (K % QK || M < 0 || N < 0 || (kind == KIND_Q4_1 && !m) || threads < 1) return -1;
     switch (kind) {  /* one specialized loop per kind */
-        case KIND_Q8_0: matmul_q8_0(x, M, K, q, d, m, N, y); return 0;
-        case KIND_Q4_0: matmul_q4_0(x, M, K, q, d, m, N, y); return 0;
-        case KIND_Q4_1: matmul_q4_1(x, M, K, q, d, m, N, y); return 0;
-        case KIND_Q8_16: matmul_q8_16(x, M, K, q, d, m, N, y); return 0;
+        case KIND_Q8_0: matmul_q8_0(x, M, K, q, d, m, N, y, threads); return 0;
+        case KIND_Q4_0: matmul_q4_0(x, M, K, q, d, m, N, y, threads); return 0;
+        case KIND_Q4_1: matmul_q4_1(x, M, K, q, d, m, N, y, threads); return 0;
+        case KIND_Q8_16: matmul_q8_16(x, M, K, q, d, m, N, y, threads); return 0;
         default: return -1;
     }
 }
 
 /* Weight rows n0..n1 as float32 values into out [n1 - n0, K]: 0, or -1 for arguments it cannot take. */
 int outrider_dequantize(int kind, int64_t K, const void *q, const float *d, const float *m, int64_t n0,
-                        int64_t n1, float *out) {
-    if (K % QK || n0 < 0 || n1 < n0 || (kind == KIND_Q4_1 && !m)) return -1;
+                        int64_t n1, float *out, int threads) {
+    if (K % QK || n0 < 0 || n1 < n0 || (kind == KIND_Q4_1 && !m) || threads < 1) return -1;
     switch (kind) {
-        case KIND_Q8_0: dequantize_q8_0(K, q, d, m, n0, n1, out); return 0;
-        case KIND_Q4_0: dequantize_q4_0(K, q, d, m, n0, n1, out); return 0;
-        case KIND_Q4_1: dequantize_q4_1(K, q, d, m, n0, n1, out); return 0;
-        case KIND_Q8_16: dequantize_q8_16(K, q, d, m, n0, n1, out); return 0;
+        case KIND_Q8_0: dequantize_q8_0(K, q, d, m, n0, n1, out, threads); return 0;
+        case KIND_Q4_0: dequantize_q4_0(K, q, d, m, n0, n1, out, threads); return 0;
+        case KIND_Q4_1: dequantize_q4_1(K, q, d, m, n0, n1, out, threads); return 0;
+        case KIND_Q8_16: dequantize_q8_16(K, q, d, m, n0, n1, out, threads); return 0;
         default: return -1;
     }
 }
