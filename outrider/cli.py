@@ -12,6 +12,11 @@ import sys
 
 from .errors import OutriderError
 
+DTYPE_HELP = ("float32, bfloat16, float16; q8_0, q4 or gguf (weights kept quantized, float32 activations, "
+              "exact); q8_0-bf16-lossy or q4-bf16-lossy (torch's int4 kernel, not lossless). Default: on a CPU "
+              "a GGUF-sourced model's own quantization where Outrider's kernel builds (`models list` says "
+              "which), else float32; bfloat16 on CUDA")
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
@@ -59,9 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
     gen.add_argument("--dtype", default=None,
-                     help="float32, bfloat16, float16, q8_0 or q4 (weights kept quantized), q8_0-bf16-lossy or "
-                          "q4-bf16-lossy (torch's int4 kernel, not lossless). Default: on a CPU the model's own GGUF "
-                          "quantization when it is Q4_0/Q4_1/Q8_0 (see `models list`), else float32; bfloat16 on CUDA")
+                     help=DTYPE_HELP)
     gen.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1 (default: torch's)")
     gen.add_argument("--drafter", default=None,
                      help="ngram | suffix | draft-model:NAME | early-exit:K (default: none, autoregressive)")
@@ -111,9 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--chunk-size", type=int, default=512, help="prompt tokens prefilled per step")
     srv.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps")
     srv.add_argument("--dtype", default=None,
-                     help="float32, bfloat16, float16, q8_0 or q4 (weights kept quantized), q8_0-bf16-lossy or "
-                          "q4-bf16-lossy (torch's int4 kernel, not lossless). Default: on a CPU the model's own GGUF "
-                          "quantization when it is Q4_0/Q4_1/Q8_0 (see `models list`), else float32; bfloat16 on CUDA")
+                     help=DTYPE_HELP)
     srv.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1")
     srv.set_defaults(run=_serve)
 

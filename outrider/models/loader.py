@@ -138,7 +138,9 @@ def auto_dtype(folder: str | Path, device: torch.device | str | None = None) -> 
 
 def load_decoder(folder: str | Path, device: torch.device | str | None = None,
                  dtype: torch.dtype | str | None = None) -> Decoder:
-    """dtype: a float dtype, or "q8_0" / "q4" for weights kept quantized (see quant_load.py)."""
+    """dtype: a float dtype, or "q8_0" / "q4" / "gguf" (and the -bf16-lossy forms) for weights kept
+    quantized (see quant_load.py); None: the device's float default (callers wanting the model's
+    own quantization pass `auto_dtype(folder, device)`)."""
     folder = Path(folder)
     config = ModelConfig.load(folder)
     device = resolve_device(device)

@@ -2,12 +2,12 @@
 safetensors, quantized at load. `load_decoder(folder, dtype="q4" | "q8_0")` reads through this.
 
     --dtype q4     the GGUF's own blocks when the folder keeps a GGUF (original.gguf) whose layer
-                   projections are 4-bit and every quantized tensor is Q4_0 / Q4_1 / Q8_0;
-                   otherwise the float weights quantized at load: projections to Q4_1, the output
-                   head and embedding to Q8_0 (as the packaged SmolLM2 GGUF has them: the head
-                   decides the argmax, and is read once per token either way). A GGUF with other
-                   kinds (Q5_0, Q4_K, Q6_K: llama.cpp's K-quant presets) gets one warning line
-                   saying so, since the model is then not the GGUF's exact one.
+                   projections are 4-bit (Q4_0, Q4_1, Q4_K) and every quantized tensor is of a kind
+                   kept (quant.SUPPORTED_GGUF); otherwise the float weights quantized at load:
+                   projections to Q4_1, the output head and embedding to Q8_0 (as the packaged
+                   SmolLM2 GGUF has them: the head decides the argmax, and is read once per token
+                   either way). A GGUF with other kinds (Q5_1, Q2_K, Q3_K, Q5_K) gets one warning
+                   line saying so, since the model is then not the GGUF's exact one.
     --dtype q8_0   the GGUF's own blocks when its projections are Q8_0; otherwise every projection,
                    the head and the embedding quantized to Q8_0 at load.
     --dtype gguf   every tensor as the GGUF keeps it, whatever its kinds (Q8_0, Q4_0, Q4_1, and
@@ -61,9 +61,10 @@ _OWN: dict[Path, str | None] = {}  # GGUF path -> its own quantization's --dtype
 
 
 def own_quantization(folder: str | Path) -> str | None:
-    """The --dtype name that runs `folder`'s GGUF on its own blocks ("q4" for 4-bit projections,
-    "q8_0" for 8-bit), or None: no GGUF, or one with kinds Outrider does not keep quantized
-    (K-quants, Q5_*), or float projections. Reads the GGUF's header once per process."""
+    """The --dtype name that runs `folder`'s GGUF on its own blocks ("q4" for Q4_0/Q4_1
+    projections, "q8_0" for Q8_0, "gguf" for other or mixed kept kinds such as K-quants), or None:
+    no GGUF, one with a kind Outrider does not keep quantized (Q5_1, Q2_K, Q3_K, Q5_K), or float
+    projections. Reads the GGUF's tensor table once per process."""
     path = Path(folder) / GGUF_NAME
     if path in _OWN:
         return _OWN[path]
