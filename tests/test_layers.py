@@ -40,3 +40,22 @@ def test_attention_with_folded_mask_is_the_same():
     assert torch.equal(attention(q, k, v, mask, folded), attention(q, k, v, mask))
     reference = F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), attn_mask=mask)
     torch.testing.assert_close(attention(q, k, v, mask, folded), reference)
+
+
+@pytest.mark.parametrize("lengths", [[5], [3, 7, 1], [4, 4]])
+def test_causal_batch_is_packs_batch(lengths):
+    """models/batch.causal_batch (a training batch built on the device) equals pack's, field by field."""
+    from outrider.models.batch import causal_batch, pack
+
+    gen = torch.Generator().manual_seed(len(lengths))
+    seqs = [torch.randint(0, 50, (n,), generator=gen) for n in lengths]
+    want = pack(list(range(len(seqs))), [0] * len(seqs), seqs, logits="none", hidden_layers=(1, 3), scratch_row=9)
+    got = causal_batch(seqs, hidden_layers=(1, 3), scratch_row=9)
+    for name in ("slot_ids", "kv_len", "hidden_layers", "span_first", "span_size", "span_place", "logits_flat"):
+        assert getattr(got, name) == getattr(want, name), name
+    for name in ("tokens", "positions", "rows", "logits_rows"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert (got.attn_mask is None) == (want.attn_mask is None)
+    if want.attn_mask is not None:
+        assert torch.equal(got.attn_mask, want.attn_mask)
+    assert got.fills_only and want.fills_only

@@ -181,6 +181,104 @@ def test_code_source_leaves_out_tests_and_code_edit_modules(tmp_path):
         data.load_corpus("code-prompts", regenerate=False, stdlib=tmp_path)
 
 
+FOO_PY = '''import os
+
+
+def add(a, b=1):
+    """Add b to a.
+
+    More.
+    """
+    c = a + b
+    return c
+
+
+def _hidden(x):
+    'Private.'
+    return x
+
+
+def bare(x):
+    return x
+
+
+class Box:
+    'A box.'
+
+    def size(self):
+        """How big."""
+        return 3
+
+    @property
+    def name(self):
+        'The name.'
+        return 'b'
+
+    @name.setter
+    def name(self, v):
+        'Set it.'
+        self.n = v
+
+    def only_doc(self):
+        'Nothing after.'
+'''
+
+
+def test_code_completions_are_humaneval_shaped(tmp_path):
+    (tmp_path / "foo.py").write_text(FOO_PY)
+    c = data.load_corpus("code-completions", regenerate=False, stdlib=tmp_path)
+    items = {i.id: i for i in c.items}
+    assert list(items) == ["code-completions:foo:add", "code-completions:foo:Box.size",
+                           "code-completions:foo:Box.name"]
+    add = items["code-completions:foo:add"]
+    assert add.kind == "prompt" and add.text == 'def add(a, b=1):\n    """Add b to a.\n\n    More.\n    """\n'
+    assert add.response == "    c = a + b\n    return c\n"
+    size = items["code-completions:foo:Box.size"]  # a method, dedented; decorators left out
+    assert size.text == 'def size(self):\n    """How big."""\n' and size.response == "    return 3\n"
+    assert items["code-completions:foo:Box.name"].response == "    return 'b'\n"  # the getter, defined first
+
+
+def test_greedy_batch_commits_what_generate_ids_commits(target):
+    from outrider.generation import Request, generate_ids
+    from outrider.sampling import SamplingParams
+    from outrider.train.regenerate import greedy_batch
+
+    decoder = load_decoder(target, "cpu")
+    rng = random.Random(7)
+    prompts = [[rng.randrange(3, 96) for _ in range(n)] for n in (1, 5, 9, 3)]
+    limits = [6, 11, 2, 9]
+    no_eos = greedy_batch(decoder, prompts, limits, set())
+    assert [len(g) for g in no_eos] == limits  # without end tokens every response runs to its limit
+    eos = {no_eos[0][2], no_eos[3][4]}  # tokens the greedy runs do produce: some responses end early
+    want = [f.output_ids for f in generate_ids(decoder, [Request(p, m, SamplingParams(0.0))
+                                                        for p, m in zip(prompts, limits)], eos)]
+    got = greedy_batch(decoder, prompts, limits, eos)
+    assert got == want
+    assert len(got[0]) <= 3 and len(got[3]) <= 5 and all(a[:len(b)] == b for a, b in zip(no_eos, got))
+
+
+def test_regenerate_then_a_time_budget_plans_the_steps(target, tmp_path):
+    from outrider.train import loop
+
+    rng = random.Random(4)
+    rows = [{"text": words(rng, SEQ)} for _ in range(8)]
+    rows += [{"messages": [{"role": "user", "content": words(rng, 4)}], "id": f"q{i}"} for i in range(5)]
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", rows)
+    out = tmp_path / "budget"
+    said = []
+    info = train(options(target, mixed, out, steps=None, time_budget=3.0, warmup_steps=loop.PLAN_AFTER,
+                         regenerate=True, max_response_tokens=6, regenerate_batch=2), log=said.append)
+    regenerated = [json.loads(line) for line in (out / "regenerated.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in regenerated) == [f"jsonl:q{i}" for i in range(5)]
+    assert all(1 <= len(r["ids"]) <= 6 for r in regenerated)
+    assert any(m.startswith("responses: 5 items, 5 generated now") for m in said), said
+    planned = [m for m in said if m.startswith("time budget")]
+    assert len(planned) == 1 and info["steps"] == int(planned[0].split(": ")[1].split()[0]) >= loop.PLAN_AFTER
+    assert info["reproduce"][-4:] == ["--steps", str(info["steps"]), "--warmup-steps", str(loop.PLAN_AFTER)]
+    assert "--time-budget" not in info["reproduce"]
+    assert len(log_of(out)) == info["steps"]
+
+
 def test_a_source_count_keeps_a_fixed_subset(tmp_path):
     for i in range(6):
         (tmp_path / f"m{i}.py").write_text(f"def f{i}(a):\n    return a\n")
@@ -209,7 +307,9 @@ def test_bf16_target_and_precision_train_and_snapshot(target, corpus, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--target-dtype", "int8"], "--target-dtype must be one of float32, bfloat16"),
     (["--snapshot-every", "0"], "--snapshot-every must be a positive integer"),
-    (["--steps", "2", "--tokens", "5"], "--steps or --tokens"),
+    (["--steps", "2", "--tokens", "5"], "give one of --steps, --tokens and --time-budget"),
+    (["--time-budget", "-3"], "--time-budget must be a positive number"),
+    (["--time-budget", "30", "--warmup-steps", "3"], "give --warmup-steps >= 12"),
     (["--steps", "0"], "--steps must be a positive integer"),
     (["--seq-len", "4"], "--seq-len must be at least"),
     (["--draft-vocab", "500"], "--draft-vocab must be between 1 and the target's vocabulary size 96"),

@@ -131,6 +131,29 @@ def pack(
     )
 
 
+def causal_batch(new_tokens: list[torch.Tensor], hidden_layers: tuple[int, ...] = (), scratch_row: int = -1,
+                 device: torch.device | str = "cpu") -> ForwardBatch:
+    """`pack(range(B), [0] * B, new_tokens, logits="none", ...)` built on the device with a few
+    vectorized ops: every slot starts empty and runs causally (a training batch). The same batch
+    field for field (tests/test_layers.py); pack's per-slot loop costs ~0.1 s for 32 x 1024 tokens."""
+    B = len(new_tokens)
+    lengths = torch.tensor([int(t.shape[0]) for t in new_tokens], device=device)  # [B]
+    T = int(lengths.max())
+    tokens = torch.nn.utils.rnn.pad_sequence([t.to(device) for t in new_tokens], batch_first=True)  # [B, T]
+    cols = torch.arange(T, device=device)  # [T]
+    real = cols.view(1, T) < lengths.view(B, 1)  # [B, T]
+    rows = torch.where(real, cols.view(1, T), torch.full_like(real, scratch_row, dtype=torch.long))
+    positions = torch.where(real, cols.view(1, T), torch.zeros_like(rows))
+    mask = None
+    if B > 1:  # padded rows see row 0 only (pack's rule); B == 1 is plain causal
+        mask = (cols.view(1, 1, T) <= cols.view(1, T, 1)) & real.unsqueeze(-1)  # [B, T, T]
+        mask[..., 0] = True
+        mask = mask.unsqueeze(1)  # [B, 1, T, T]
+    return ForwardBatch(slot_ids=list(range(B)), tokens=tokens, positions=positions, rows=rows, attn_mask=mask,
+                        kv_len=T, logits_rows=torch.zeros(B, 0, dtype=torch.long, device=device),
+                        hidden_layers=tuple(hidden_layers), span_first=0, span_size=B)
+
+
 def _mask(cache_lens: list[int], tree: torch.Tensor, kv_len: int) -> torch.Tensor:
     """cache_lens: B ints, tree: [B, T, W] bool (new token x tree node) -> [B, 1, T, kv_len] bool."""
     B, T, W = tree.shape

@@ -20,6 +20,10 @@ def add_parser(sub) -> None:
     p.add_argument("--out", required=True, help="output folder (new or empty; or the run to --resume)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default 1000 unless --tokens)")
     p.add_argument("--tokens", type=int, default=None, help="stop after this many training tokens instead")
+    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="train for about this many seconds instead: the step count is planned from the speed "
+                        "of the first steps (loading and --regenerate not counted); train_info.json records "
+                        "the --steps that reproduce the run")
     p.add_argument("--seq-len", type=int, default=512, help="tokens per training sequence (default 512)")
     p.add_argument("--batch-size", type=int, default=4, help="sequences per global batch (default 4)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
@@ -35,6 +39,8 @@ def add_parser(sub) -> None:
     p.add_argument("--regenerate", action="store_true",
                    help="the target writes the responses of chat/prompt items itself (greedy)")
     p.add_argument("--max-response-tokens", type=int, default=256, help="per regenerated response (default 256)")
+    p.add_argument("--regenerate-batch", type=int, default=None,
+                   help="prompts the target answers together (default 16 on a CPU, 512 on a GPU)")
     p.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (default 100)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     p.add_argument("--device", default=None, help="cpu (default), cuda, cuda:N or mps")
@@ -54,7 +60,7 @@ def run(args) -> int:
     keys = ("target", "data", "out", "steps", "tokens", "seq_len", "batch_size", "lr", "warmup_steps", "clip",
             "ttt_steps", "decay", "draft_vocab", "vocab_tokens", "seed", "resume", "regenerate",
             "max_response_tokens", "checkpoint_every", "threads", "device", "target_dtype", "precision",
-            "snapshot_every")
+            "snapshot_every", "regenerate_batch", "time_budget")
     options = TrainOptions(**{k: getattr(args, k) for k in keys}, progress=not args.no_progress,
                            command=["outrider"] + sys.argv[1:])
     train(options)

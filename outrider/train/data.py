@@ -6,6 +6,9 @@ Sources (`--data a,b,...`; a `jsonl:PATH` goes last if its path holds a comma):
                   without test suites and without the modules the code-edit workload edits
     code-prompts  chat prompts "Write a Python function `name(args)` ..." from the docstrings of
                   public stdlib functions, again not from the code-edit modules (need --regenerate)
+    code-completions  completion prompts in HumanEval's form: a public stdlib function or method's
+                  `def` line and docstring, dedented (the body is the item's own response; with
+                  --regenerate the target writes it); not from the code-edit modules
     toolcall      BFCL v4 categories the toolcall workload does not use (live_multiple, parallel,
                   parallel_multiple), as chat messages like workloads.toolcall_messages (need --regenerate)
     humaneval     HumanEval prompts + canonical solutions (completion mode). It IS the bench
@@ -30,6 +33,7 @@ import hashlib
 import json
 import os
 import sysconfig
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -38,7 +42,7 @@ from ..bench import datasets
 from ..bench.workloads import CODE_EDIT_MODULES, ROLES, _data_file, _module_file, toolcall_messages
 from ..errors import ConfigError
 
-SOURCES = ("code", "code-prompts", "toolcall", "humaneval", "jsonl:PATH")
+SOURCES = ("code", "code-prompts", "code-completions", "toolcall", "humaneval", "jsonl:PATH")
 TOOLCALL_TRAIN = ("bfcl_live_multiple", "bfcl_parallel", "bfcl_parallel_multiple")
 TEST_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 
@@ -181,6 +185,7 @@ class Encoder:
         return [Example(tokens, [False] * len(prompt) + [True] * (len(tokens) - len(prompt)))]
 
 
+ENCODED_CAP = 64_000_000  # tokens of tokenized items a Stream keeps (a few GB at most)
 Responder = Callable[[list[Item]], list[list[int]]]  # items -> response token ids (the target's)
 
 
@@ -192,6 +197,8 @@ class Stream:
         self.corpus, self.encoder, self.seed = corpus, encoder, seed
         self.responder, self.lookahead = responder, lookahead
         self.responses: dict[str, list[int]] = {}
+        self._encoded: dict[str, list[Example]] = {}  # each item tokenized once (epochs revisit it)
+        self._encoded_tokens = 0
 
     def examples(self, start: Position = Position()) -> Iterator[tuple[Position, Example]]:
         """(position of the example after this one, example), from `start` on."""
@@ -201,13 +208,34 @@ class Stream:
             for index in range(first, len(order)):
                 item = order[index]
                 response = self._response(order, index) if self.responder and item.kind != "text" else None
-                chunks = self.encoder.examples(item, response)
+                chunks = self._examples(item, response)
                 for c in range(chunk, len(chunks)):
                     last = c + 1 == len(chunks)
                     after = Position(epoch, index + 1, 0) if last else Position(epoch, index, c + 1)
                     yield after, chunks[c]
                 chunk = 0
             epoch, first = epoch + 1, 0
+
+    def _examples(self, item: Item, response: list[int] | None) -> list[Example]:
+        """encoder.examples(item, response), kept for later epochs while under ENCODED_CAP tokens."""
+        chunks = self._encoded.get(item.id)
+        if chunks is None:
+            chunks = self.encoder.examples(item, response)
+            size = sum(len(c.tokens) for c in chunks)
+            if self._encoded_tokens + size <= ENCODED_CAP:
+                self._encoded[item.id] = chunks
+                self._encoded_tokens += size
+        return chunks
+
+    def respond_all(self) -> int:
+        """Responses for every item that needs one, generated now (the responder batches them);
+        returns how many items needed one. Training steps then all cost the same."""
+        todo = [i for i in epoch_order(self.corpus.items, self.seed, 0) if i.kind != "text"
+                and i.id not in self.responses]
+        if todo and self.responder is not None:
+            for item, ids in zip(todo, self.responder(todo)):
+                self.responses[item.id] = ids
+        return len(todo)
 
     def _response(self, order: list[Item], index: int) -> list[int]:
         """The target's response to order[index], generated with the next few items that need one."""
@@ -270,6 +298,47 @@ def _code_prompts(stdlib: Path, fixtures) -> tuple[list[Item], str]:
             items.append(Item(f"code-prompts:{module}:{node.name}", "chat",
                               messages=({"role": "user", "content": user},)))
     return items, f"docstrings of public functions in Python stdlib {stdlib} (code-edit modules excluded)"
+
+
+def _code_completions(stdlib: Path, fixtures) -> tuple[list[Item], str]:
+    """HumanEval-shaped prompts: the def line(s) and docstring of every public function and method
+    with a docstring, dedented; the response is the rest of the body as written."""
+    items, seen = [], set()
+    for path in stdlib_files(stdlib):
+        try:
+            source = path.read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        lines = source.splitlines(keepends=True)
+        module = ".".join(path.relative_to(stdlib).with_suffix("").parts).removesuffix(".__init__")
+        for qualname, node in _public_defs(tree):
+            body = node.body
+            if not (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)) or len(body) < 2:
+                continue  # no docstring, or nothing after it
+            start = node.lineno - 1  # the def line (decorators left out)
+            prompt = textwrap.dedent("".join(lines[start:body[0].end_lineno]))
+            rest = textwrap.dedent("".join(lines[start:node.end_lineno]))[len(prompt):]
+            if not prompt.endswith("\n") or not rest.strip():
+                continue
+            item_id = f"code-completions:{module}:{qualname}"
+            if item_id not in seen:  # a name defined twice (a property's setter): the first
+                seen.add(item_id)
+                items.append(Item(item_id, "prompt", text=prompt, response=rest))
+    return items, f"def lines and docstrings of public functions and methods in Python stdlib {stdlib} " \
+                  "(code-edit modules excluded)"
+
+
+def _public_defs(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef]]:
+    """(qualified name, node) of the module's public functions and public classes' public methods."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+            yield node.name, node
+        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            for inner in node.body:
+                if isinstance(inner, ast.FunctionDef) and not inner.name.startswith("_"):
+                    yield f"{node.name}.{inner.name}", inner
 
 
 def _toolcall(stdlib: Path, fixtures) -> tuple[list[Item], str]:
@@ -338,4 +407,5 @@ def _messages(messages, where: str) -> list[dict]:
     return [dict(m) for m in messages]
 
 
-_BUILDERS = {"code": _code, "code-prompts": _code_prompts, "toolcall": _toolcall, "humaneval": _humaneval}
+_BUILDERS = {"code": _code, "code-prompts": _code_prompts, "code-completions": _code_completions,
+             "toolcall": _toolcall, "humaneval": _humaneval}

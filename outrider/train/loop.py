@@ -39,6 +39,8 @@ SAME_ON_RESUME = ("target", "data", "seq_len", "batch_size", "seed", "draft_voca
                   "max_response_tokens", "ttt_steps", "decay", "vocab_tokens", "target_dtype", "precision")
 PRECISIONS = ("fp32", "bf16")  # the head's arithmetic: fp32, or bf16 autocast (weights and optimizer fp32)
 TARGET_DTYPES = ("float32", "bfloat16")
+BUDGET_WARMUP = 50  # --time-budget's warmup steps (the lr before them does not depend on the step count)
+PLAN_AFTER = 12  # --time-budget: the step count is fixed after this many steps, timed from step 2 on
 
 
 @dataclass
@@ -67,19 +69,32 @@ class TrainOptions:
     target_dtype: str = "float32"  # the frozen target's weights (bfloat16: ~2x faster on CPUs with AMX)
     precision: str = "fp32"
     snapshot_every: int | None = None  # also write the head to OUT/snapshots/step-N every N steps
+    regenerate_batch: int | None = None  # prompts regenerated together (None: 16 on a CPU, 512 on a GPU)
+    time_budget: float | None = None  # seconds of training steps: the step count is planned from the first ones
     progress: bool = True
     command: list[str] = field(default_factory=list)
 
     def check(self) -> "TrainOptions":
         """One-line ConfigErrors for bad values, before anything is loaded."""
-        if self.steps is not None and self.tokens is not None:
-            raise ConfigError("give --steps or --tokens, not both")
-        if self.steps is None and self.tokens is None:
+        if sum(x is not None for x in (self.steps, self.tokens, self.time_budget)) > 1:
+            raise ConfigError("give one of --steps, --tokens and --time-budget")
+        if self.time_budget is not None:
+            if not (isinstance(self.time_budget, (int, float)) and self.time_budget > 0
+                    and math.isfinite(self.time_budget)):
+                raise ConfigError(f"--time-budget must be a positive number of seconds, got {self.time_budget}")
+            if self.warmup_steps is None:
+                self.warmup_steps = BUDGET_WARMUP  # 5% of a step count not known yet: a fixed warmup
+            if self.warmup_steps < PLAN_AFTER:
+                raise ConfigError(f"--time-budget plans the step count after {PLAN_AFTER} steps: give "
+                                  f"--warmup-steps >= {PLAN_AFTER} (default {BUDGET_WARMUP})")
+            if self.resume:
+                raise ConfigError("--time-budget plans a new run; resume with the --steps its train_info.json records")
+        elif self.steps is None and self.tokens is None:
             self.steps = 1000
         positive = {"steps": self.steps, "tokens": self.tokens, "batch_size": self.batch_size,
                     "ttt_steps": self.ttt_steps, "draft_vocab": self.draft_vocab, "threads": self.threads,
                     "max_response_tokens": self.max_response_tokens, "checkpoint_every": self.checkpoint_every,
-                    "vocab_tokens": self.vocab_tokens}
+                    "vocab_tokens": self.vocab_tokens, "regenerate_batch": self.regenerate_batch}
         for key, value in positive.items():
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
@@ -113,6 +128,9 @@ class TrainOptions:
 
     @property
     def total_steps(self) -> int:
+        """The planned steps; under --time-budget, before the plan (PLAN_AFTER steps), an upper bound."""
+        if self.steps is None and self.tokens is None:
+            return 10**9
         return self.steps or math.ceil(self.tokens / (self.batch_size * self.seq_len))
 
     def lr_at(self, step: int) -> float:
@@ -193,8 +211,14 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
     responder = None
     if o.regenerate:
         responder = Regenerator(target, encoder, eos_ids_of(path, tokenizer), o.max_response_tokens,
-                                out / "regenerated.jsonl", write=dist.rank == 0, log=say)
+                                out / "regenerated.jsonl", write=dist.rank == 0, log=say,
+                                batch=o.regenerate_batch or (512 if device.type == "cuda" else 16))
     stream = Stream(corpus, encoder, o.seed, responder)
+    if responder is not None:
+        began = time.perf_counter()
+        needed = stream.respond_all()
+        say(f"responses: {needed} items, {responder.generated} generated now in {time.perf_counter() - began:.1f} s, "
+            f"{responder.too_long} prompts too long for --seq-len, the rest from {out / 'regenerated.jsonl'}")
 
     if saved is not None:
         d2t = saved.model.get("d2t")
@@ -221,6 +245,7 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
     last = {}
     share = o.batch_size // dist.world
     data = batches(stream, o.batch_size, position)
+    timed_from = start
     while step < o.total_steps and (o.tokens is None or tokens_seen < o.tokens):
         position, examples = next(data)
         mine = examples[dist.rank * share:(dist.rank + 1) * share]
@@ -256,6 +281,13 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
         step += 1
         tokens_seen += sum(len(e.tokens) for e in examples)
         elapsed = elapsed0 + time.perf_counter() - start
+        if o.time_budget is not None:
+            if step == 2:
+                timed_from = time.perf_counter()  # steps 1 and 2 warm kernels and allocators up
+            elif step == PLAN_AFTER:
+                plan = _plan_steps(o, step, (time.perf_counter() - timed_from) / (step - 2), elapsed)
+                say(f"time budget {o.time_budget:.0f} s: {plan} steps in all "
+                    f"({(time.perf_counter() - timed_from) / (step - 2):.3f} s a step)")
         sums_all, acc_all = stats[1 + K:1 + 2 * K], stats[1 + 2 * K:]
         global_loss = sum((o.decay ** s) * float(sums_all[s]) / float(global_rows[s])
                           for s in range(K) if float(global_rows[s]) > 0)
@@ -290,11 +322,21 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
     return info
 
 
+def _plan_steps(o: TrainOptions, step: int, per_step: float, elapsed: float) -> int:
+    """--time-budget: fix the step count (and so the cosine schedule after the warmup) so that the
+    steps end within the budget, at the rate of the steps timed so far. The run is then the run
+    of `--steps N --warmup-steps W` (train_info.json's `reproduce`)."""
+    left = max(0.0, o.time_budget - elapsed)
+    o.steps = step + int(0.97 * left / per_step)  # 3% for checkpoints and snapshots
+    return o.steps
+
+
 def _choose_vocab(stream: Stream, o: TrainOptions, vocab_size: int, say) -> torch.Tensor:
     """Top draft_vocab ids by label count over the first labels of the stream (vocab.py)."""
     if o.draft_vocab == vocab_size:
         return torch.arange(vocab_size)
-    budget = min(o.vocab_tokens, o.total_steps * o.batch_size * o.seq_len if o.tokens is None else o.tokens)
+    planned = o.tokens if o.tokens is not None else o.steps * o.batch_size * o.seq_len if o.steps else o.vocab_tokens
+    budget = min(o.vocab_tokens, planned)
     chosen, labels = [], 0
     for _, example in stream.examples():
         chosen.append(example)
@@ -338,8 +380,24 @@ def _export(out: Path, o: TrainOptions, model, corpus, step, tokens, elapsed, la
             "seed": o.seed, "steps": step, "tokens": tokens, "time_s": round(elapsed, 1),
             "final_loss": last.get("loss"), "final_step_acc": last.get("step_acc"),
             "options": {k: v for k, v in asdict(o).items() if k != "command"}}
+    if o.time_budget is not None:  # the same run with its step count fixed (no clock in it)
+        info["reproduce"] = _without_budget(o.command) + ["--steps", str(o.steps), "--warmup-steps",
+                                                           str(o.warmup_steps)]
     (out / "train_info.json").write_text(json.dumps(info, indent=1))
     return info
+
+
+def _without_budget(command: list[str]) -> list[str]:
+    """`command` without its --time-budget and --warmup-steps arguments."""
+    out, skip = [], False
+    for arg in command:
+        if skip:
+            skip = False
+        elif arg in ("--time-budget", "--warmup-steps"):
+            skip = True
+        elif not arg.startswith(("--time-budget=", "--warmup-steps=")):
+            out.append(arg)
+    return out
 
 
 def _trim_log(path: Path, step: int) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.batch import pack
+from ..models.batch import causal_batch
 from ..models.layers import linear, rms_norm
 
 
@@ -53,8 +53,8 @@ def target_pass(target, examples: list, taps: tuple[int, ...], used: torch.Tenso
     B, T = tokens.shape
     N = target.config.num_layers
     cache = target.new_cache(B, T)  # fresh: one slot per sequence, scratch row T for padding
-    batch = pack(list(range(B)), [0] * B, [tokens[b, :n] for b, n in enumerate(lengths)], logits="none",
-                 hidden_layers=tuple(sorted(set(taps) | {N})), scratch_row=cache.scratch_row, device=device)
+    batch = causal_batch([tokens[b, :n] for b, n in enumerate(lengths)], hidden_layers=tuple(sorted(set(taps) | {N})),
+                         scratch_row=cache.scratch_row, device=device)
     out = target.forward(batch, cache)
     del cache
     with torch.no_grad():  # plain tensors from here (inference tensors cannot enter autograd)

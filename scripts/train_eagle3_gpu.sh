@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The shipped EAGLE-3 head for smollm2-135m-instruct: its training run on one CUDA GPU.
+#
+#     scripts/train_eagle3_gpu.sh OUT [SECONDS]      # default 420 s of training steps
+#
+# Needs the model pulled (`outrider models pull smollm2-135m-instruct`; on a machine without
+# network, copy its original.gguf into $OUTRIDER_CACHE/models/smollm2-135m-instruct/ first: the
+# pull then only converts it) and the toolcall data in the cache. The target writes every
+# response itself (--regenerate, greedy, 512 prompts at a time), then the head trains for SECONDS;
+# the step count is planned from the first steps and OUT/train_info.json's "reproduce" is the same
+# run with that count fixed. Snapshots every 100 steps feed scripts/eagle3_tau_curve.py.
+set -euo pipefail
+out=${1:?usage: $0 OUT [SECONDS]}
+budget=${2:-420}
+python=${PYTHON:-python3}
+exec "$python" -m outrider.cli train eagle3 --target smollm2-135m-instruct \
+    --data code,code-prompts,code-completions,toolcall --regenerate --max-response-tokens 256 \
+    --device cuda --target-dtype bfloat16 --precision bf16 \
+    --seq-len 1024 --batch-size "${BATCH:-32}" --ttt-steps 7 --draft-vocab 8192 --lr "${LR:-1e-3}" --seed 0 \
+    --time-budget "$budget" --checkpoint-every 500 --snapshot-every 100 --no-progress --out "$out"
