@@ -13,7 +13,7 @@ set -euo pipefail
 out=${1:?usage: $0 OUT [SECONDS]}
 budget=${2:-420}
 python=${PYTHON:-python3}
-exec "$python" -m outrider.cli train eagle3 --target smollm2-135m-instruct \
+exec "$python" -m outrider.cli train eagle3 --target "${TARGET:-smollm2-135m-instruct}" \
     --data code,code-prompts,code-completions,toolcall --regenerate --max-response-tokens 256 \
     --device cuda --target-dtype bfloat16 --precision bf16 \
     --seq-len 1024 --batch-size "${BATCH:-32}" --ttt-steps 7 --draft-vocab 8192 --lr "${LR:-1e-3}" --seed 0 \
