@@ -136,3 +136,37 @@ def test_the_drafter_gets_the_targets_hidden_states(setup, engine):
         want = torch.stack([out.hidden[3][0], out.hidden[1][0]], dim=1)[: got.shape[0]]  # [n, 2, E]
         assert got.shape[0] >= len(tokens) - 1 - 3  # up to the last round's cut (16 new tokens asked for)
         assert torch.allclose(got, want, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("tree", ["chain", "dynamic:3,8"])
+def test_a_quantized_head_drafts_and_changes_no_output(setup, kind, tree):
+    """`eagle3:PATH@q8_0`: the head's matrices kept as blocks (drafting reads fewer bytes); its
+    proposals may differ from the float head's, what is committed may not."""
+    from outrider.models.quant_linear import QuantLinear
+
+    folder, target, head = setup
+    spec = Speculator.build(SpecOptions(f"eagle3:{head}@{kind}", tree, "fixed:3"), target, folder)
+    w = spec.drafter.head.w
+    assert all(isinstance(getattr(w, n), QuantLinear) for n in ("fc", "qkv", "o", "gate_up", "down", "lm_head"))
+    assert isinstance(w.norm, torch.Tensor) and isinstance(w.embed, torch.Tensor)  # the target's, shared
+    fast = run(target, spec)
+    assert outputs(fast) == outputs(run(target, None))
+    assert sum(f.stats.committed for f in fast) > sum(f.stats.rounds for f in fast)
+
+
+def test_head_dtype_default_and_bad_names(setup):
+    from types import SimpleNamespace
+
+    from outrider.drafters.eagle3 import head_dtype, parse_argument
+    from outrider.errors import ConfigError
+    from outrider.models import native
+
+    folder, target, head = setup
+    quantized = SimpleNamespace(quantization="q4", device=torch.device("cpu"))
+    assert head_dtype(None, target) is None  # a float target: the head drafts in its dtype
+    assert head_dtype(None, quantized) == ("q8_0" if native.available() else None)
+    assert head_dtype("float", quantized) is None and head_dtype("q4_0", target) == "q4_0"
+    assert parse_argument(f"{head}@q8_0") == f"{head}@q8_0"
+    with pytest.raises(ConfigError, match="must be one of q8_0, q4_0, q4_1, float"):
+        parse_argument(f"{head}@int3")

@@ -40,7 +40,7 @@ import torch
 from ..errors import ConfigError
 from ..heads.catalog import resolve_head
 from ..heads.eagle3 import Eagle3Head
-from ..heads.eagle3_format import load_eagle3, misfit, read_config
+from ..heads.eagle3_format import HEAD_QUANTS, load_eagle3, misfit, read_config
 from ..models.batch import pack
 from ..sampling import SamplingParams, warp_probs
 from ..spec.random import PositionalRandom
@@ -105,7 +105,7 @@ class Eagle3Drafter:
             raise ValueError(f"eagle3 start needs the prompt's features [{len(prompt) - 1}, 3, Ht], got {got}")
         self.finish(seq_id, prompt)  # a state left by an interrupted run gives its slot back
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**63 - 1, ()))
-        pending = self.head.fuse(hidden) if rows else self.head.w.fc.new_zeros(0, self.head.config.hidden_size)
+        pending = self.head.fuse(hidden) if rows else self.head.w.norm.new_zeros(0, self.head.config.hidden_size)
         st = _State(self.slots.take(), params, PositionalRandom(seed).drafting(), pending)
         self._states[seq_id] = st
         self.slots.ensure_rows(len(prompt) + 1)
@@ -170,7 +170,7 @@ class Eagle3Drafter:
                      [None if f.parents is None else torch.tensor(f.parents) for f in rows],
                      scratch_row=self.cache.scratch_row, device=self.head.device,
                      first_nodes=[f.first for f in rows])
-        inputs = self.head.w.fc.new_zeros(len(span), batch.tokens.shape[1], self.head.config.hidden_size)  # [S, T, H]
+        inputs = self.head.w.norm.new_zeros(len(span), batch.tokens.shape[1], self.head.config.hidden_size)  # [S, T, H]
         for i, f in enumerate(rows):
             if f.tokens:
                 inputs[i, : len(f.tokens)] = f.inputs
@@ -271,21 +271,51 @@ class Eagle3Drafter:
 
 
 # -- registration ---------------------------------------------------------------------------------
+HEAD_DTYPES = HEAD_QUANTS + ("float",)  # `eagle3:PATH@DTYPE`: float = the target's own float dtype
+
+
 def parse_argument(text: str) -> str:
-    """A head folder, or a shipped head by its target's catalog name (heads/catalog.py)."""
-    if not text:
+    """`PATH_OR_NAME[@DTYPE]`: a head folder, or a shipped head by its target's catalog name
+    (heads/catalog.py); DTYPE one of HEAD_DTYPES (default: see `head_dtype`). Returns the folder,
+    with the @DTYPE kept when given."""
+    name, at, dtype = text.rpartition("@") if "@" in text else (text, "", "")
+    if at and dtype not in HEAD_DTYPES:
+        raise ConfigError(f"eagle3:{text}: the head's dtype after '@' must be one of {', '.join(HEAD_DTYPES)}")
+    if not name:
         raise ConfigError("eagle3:PATH needs the folder of an EAGLE-3 head (config.json + model.safetensors) "
                           "or the name of a shipped head")
-    return str(resolve_head(text))
+    return str(resolve_head(name)) + (f"@{dtype}" if at else "")
+
+
+def _split(argument: str) -> tuple[str, str | None]:
+    path, at, dtype = argument.rpartition("@")
+    return (path, dtype) if at and dtype in HEAD_DTYPES else (argument, None)
+
+
+def head_dtype(asked: str | None, target) -> str | None:
+    """The kind the head's matrices are kept in (None: the target's float dtype). By default q8_0
+    beside a target whose weights are kept quantized on a CPU where the native kernel runs: the
+    head then reads a quarter of the bytes per drafting step and drafts as well (measured in the
+    README); otherwise float, as the target computes."""
+    from ..models import native
+
+    if asked is not None:
+        return None if asked == "float" else asked
+    if target.quantization is not None and target.device.type == "cpu" and native.available():
+        return "q8_0"
+    return None
 
 
 def check_fits(path: str, target_config, target_path: Path) -> str | None:
-    return misfit(read_config(path), target_config, has_embed=True, has_lm_head=True)  # tensors: at load
+    return misfit(read_config(_split(path)[0]), target_config, has_embed=True, has_lm_head=True)  # tensors: at load
 
 
 def build(path: str, shape: TreeShape, target, target_path: Path) -> Eagle3Drafter:
-    head = load_eagle3(path, target)
-    return Eagle3Drafter(head, shape, head.config.taps(target.config.num_layers), name=f"eagle3:{path}")
+    folder, asked = _split(path)
+    dtype = head_dtype(asked, target)
+    head = load_eagle3(folder, target, quantize=dtype)
+    return Eagle3Drafter(head, shape, head.config.taps(target.config.num_layers),
+                         name=f"eagle3:{folder}" + (f"@{dtype}" if dtype else ""))
 
 
 register(DrafterEntry("eagle3", "eagle3:PATH_OR_NAME", Capabilities(trees=TREES), build=build,

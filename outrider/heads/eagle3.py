@@ -82,15 +82,15 @@ class Eagle3Head:
         self.w = weights
         c = config
         self.inv_freq = 1.0 / (c.rope_theta ** (
-            torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=weights.fc.device) / c.head_dim))
+            torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=weights.norm.device) / c.head_dim))
 
     @property
     def device(self) -> torch.device:
-        return self.w.fc.device
+        return self.w.norm.device  # a float tensor whatever the matrices are kept in
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.w.fc.dtype
+        return self.w.norm.dtype
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         c = self.config

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from ..errors import ModelError
+from ..errors import ConfigError, ModelError
 from .eagle3 import CONVENTIONS, Eagle3Config, Eagle3Head, Eagle3Weights
 from .eagle3_speculators import config_from_speculators, runtime_problems, schema_problems
 
@@ -151,9 +151,17 @@ def misfit(config: Eagle3Config, target_config, has_embed: bool = False, has_lm_
     return None
 
 
-def load_eagle3(folder: str | Path, target) -> Eagle3Head:
+HEAD_QUANTS = ("q8_0", "q4_0", "q4_1")  # kinds a head's matrices may be kept in for drafting
+
+
+def load_eagle3(folder: str | Path, target, quantize: str | None = None) -> Eagle3Head:
     """Load the head in `folder` to draft for `target` (a Decoder): its weights on the target's
-    device and dtype, the target's embedding and lm_head shared unless the head has its own."""
+    device and dtype, the target's embedding and lm_head shared unless the head has its own.
+
+    quantize: keep the head's own matrices (fc, qkv, o, gate_up, down, its lm_head) as GGUF blocks
+    of that kind (HEAD_QUANTS), multiplied by the native kernel where it runs (float32 only): a
+    drafting step reads a quarter of the bytes. What the head proposes may change a little, never
+    what is committed (the target verifies every draft)."""
     folder = Path(folder)
     config = read_config(folder)
     tensors = _open(folder)
@@ -193,7 +201,26 @@ def load_eagle3(folder: str | Path, target) -> Eagle3Head:
     if maps_needed:
         weights.draft_to_target = draft_to_target(_read(tensors, folder, "d2t"), _read(tensors, folder, "t2d"),
                                                   str(folder)).to(device)
+    if quantize is not None:
+        _quantize_matrices(weights, quantize, own_lm_head="lm_head.weight" in names, dtype=dtype)
     return Eagle3Head(config, weights)
+
+
+def _quantize_matrices(w: Eagle3Weights, kind: str, own_lm_head: bool, dtype: torch.dtype) -> None:
+    """Replace the head's float matrices by QuantLinear weights of `kind` (see load_eagle3)."""
+    from ..models import quant_linear
+    from ..models.quant import quantize
+
+    if kind not in HEAD_QUANTS:
+        raise ConfigError(f"an EAGLE-3 head can draft in {', '.join(HEAD_QUANTS)} or its own float dtype, not {kind!r}")
+    if dtype != torch.float32:
+        raise ConfigError(f"a head kept in {kind} drafts in float32; this target computes in {dtype}")
+    names = ["fc", "qkv", "o", "gate_up", "down"] + (["lm_head"] if own_lm_head else [])
+    for name in names:
+        if getattr(w, name).shape[1] % 32:
+            continue  # rows that are not whole blocks stay float
+        blocks = quantize(getattr(w, name), kind)
+        setattr(w, name, quant_linear.QuantLinear(blocks, dtype, quant_linear.choose_kernel(blocks)))
 
 
 def expected_shapes(c: Eagle3Config, prefix: str = "midlayer.") -> tuple[dict, dict]:
