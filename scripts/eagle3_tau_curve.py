@@ -95,11 +95,23 @@ def main() -> int:
 
     fig = Figure(figsize=(5.5, 3.4), dpi=110)
     ax = fig.add_subplot()
-    ax.plot([c["tokens"] / 1e6 for c in curve], [c["tau"] for c in curve], marker="o")
+    ax.plot([c["tokens"] / 1e6 for c in curve], [c["tau"] for c in curve], marker="o", label="tau (bench)")
     ax.set_xlabel("training tokens (millions)")
     ax.set_ylabel(f"tau ({args.workload}, chain of {args.depth})")
     ax.set_title("EAGLE-3 head for the target: acceptance vs training")
     ax.grid(alpha=0.3)
+    log = args.run / "train_log.jsonl"
+    if log.is_file():  # the training batches' own first-draft accuracy, a running mean of 50 steps
+        rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        acc = [r["step_acc"][0] for r in rows]
+        mean = [sum(acc[max(0, i - 49):i + 1]) / len(acc[max(0, i - 49):i + 1]) for i in range(len(acc))]
+        right = ax.twinx()
+        right.plot([r["tokens"] / 1e6 for r in rows], mean, color="tab:orange", alpha=0.7,
+                   label="first-draft accuracy on training batches")
+        right.set_ylabel("training accuracy, step 0")
+        right.set_ylim(0, 1)
+        handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+        ax.legend(handles=handles, loc="lower right", fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "tau_curve.png")
     print(f"wrote {out / 'tau_curve.json'} and {out / 'tau_curve.png'}")
