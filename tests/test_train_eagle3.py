@@ -367,3 +367,24 @@ def test_torchrun_two_processes_match_one(target, corpus, tmp_path):
     assert [r["tokens"] for r in la] == [r["tokens"] for r in lb]
     assert [r["loss"] for r in lb] == pytest.approx([r["loss"] for r in la], rel=1e-4)
     shutil.rmtree(two)
+
+
+def test_init_from_a_head_continues_it(target, corpus, tmp_path):
+    """--init-from: the new run starts from the exported head's function (its first loss is the
+    loss the first run ended near, far below a fresh head's) and its draft vocabulary."""
+    first = tmp_path / "first"
+    train(options(target, corpus, first, steps=12, lr=3e-3), log=lambda m: None)
+    fresh = tmp_path / "fresh"
+    train(options(target, corpus, fresh, steps=1), log=lambda m: None)
+    said = []
+    cont = tmp_path / "cont"
+    train(options(target, corpus, cont, steps=1, lr=1e-9, init_from=str(first)), log=said.append)
+    assert any(m.startswith(f"starting from the head {first}") for m in said)
+    a, b = load_file(str(first / "model.safetensors")), load_file(str(cont / "model.safetensors"))
+    assert torch.equal(a["d2t"], b["d2t"])
+    assert torch.allclose(a["fc.weight"], b["fc.weight"], rtol=1e-3, atol=1e-6)  # the same function at lr ~0
+    assert log_of(cont)[0]["loss"] < log_of(fresh)[0]["loss"] - 0.2
+    from outrider.errors import ModelError
+
+    with pytest.raises(ModelError, match="config.json not found"):
+        train(options(target, corpus, tmp_path / "bad", steps=1, init_from=str(tmp_path / "nothing")))

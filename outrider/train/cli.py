@@ -36,6 +36,9 @@ def add_parser(sub) -> None:
                    help="training labels counted to choose the draft vocabulary (default 2,000,000)")
     p.add_argument("--seed", type=int, default=0, help="initialisation and data order (default 0)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    p.add_argument("--init-from", default=None, metavar="HEAD",
+                   help="start from this head's weights and draft vocabulary (a head folder in the EAGLE or "
+                        "speculators layout, or a shipped head's name), with a new optimizer and schedule")
     p.add_argument("--regenerate", action="store_true",
                    help="the target writes the responses of chat/prompt items itself (greedy)")
     p.add_argument("--max-response-tokens", type=int, default=256, help="per regenerated response (default 256)")
@@ -60,7 +63,7 @@ def run(args) -> int:
     keys = ("target", "data", "out", "steps", "tokens", "seq_len", "batch_size", "lr", "warmup_steps", "clip",
             "ttt_steps", "decay", "draft_vocab", "vocab_tokens", "seed", "resume", "regenerate",
             "max_response_tokens", "checkpoint_every", "threads", "device", "target_dtype", "precision",
-            "snapshot_every", "regenerate_batch", "time_budget")
+            "snapshot_every", "regenerate_batch", "time_budget", "init_from")
     options = TrainOptions(**{k: getattr(args, k) for k in keys}, progress=not args.no_progress,
                            command=["outrider"] + sys.argv[1:])
     train(options)

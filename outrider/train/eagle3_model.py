@@ -114,15 +114,20 @@ class Eagle3Trainable(torch.nn.Module):
         return self.config.taps(num_target_layers)
 
     @torch.no_grad()
-    def calibrate(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+    def calibrate(self, features: torch.Tensor, valid: torch.Tensor | None = None, keep_function: bool = False) -> None:
         """Set the per-dimension input scale of fc from a batch of target features [B, T, 3, Ht]:
         1 / RMS of each dimension over the batch's rows (`valid` rows only when given). Call once,
-        before training; the exported fc.weight is the same function of the raw features."""
+        before training; the exported fc.weight is the same function of the raw features.
+        keep_function: rescale fc.weight too, so the head computes what it computed before (a
+        head loaded from an export, whose scale is folded into fc.weight, keeps what it learned)."""
         flat = features.reshape(-1, features.shape[-2] * features.shape[-1]).float()  # [rows, 3Ht]
         if valid is not None and bool(valid.any()):
             flat = flat[valid.reshape(-1)]
         rms = flat.pow(2).mean(0).sqrt().clamp_min(1e-3)
-        self.feature_scale.copy_(1.0 / rms)
+        scale = (1.0 / rms).to(self.feature_scale.device)  # [3Ht]
+        if keep_function:
+            self.fc.mul_(self.feature_scale / scale)  # fc(x * old) == fc'(x * new), column by column
+        self.feature_scale.copy_(scale)
 
     # -- forward ----------------------------------------------------------------------------------
     def unroll(self, features: torch.Tensor, tokens: torch.Tensor, steps: int) -> list[torch.Tensor]:

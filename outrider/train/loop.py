@@ -36,7 +36,8 @@ from .vocab import check_draft_vocab, count_labels, draft_vocab, used_from_maps
 
 # arguments a resumed run must share with the run it continues (the batches depend on them)
 SAME_ON_RESUME = ("target", "data", "seq_len", "batch_size", "seed", "draft_vocab", "regenerate",
-                  "max_response_tokens", "ttt_steps", "decay", "vocab_tokens", "target_dtype", "precision")
+                  "max_response_tokens", "ttt_steps", "decay", "vocab_tokens", "target_dtype", "precision",
+                  "init_from")
 PRECISIONS = ("fp32", "bf16")  # the head's arithmetic: fp32, or bf16 autocast (weights and optimizer fp32)
 TARGET_DTYPES = ("float32", "bfloat16")
 BUDGET_WARMUP = 50  # --time-budget's warmup steps (the lr before them does not depend on the step count)
@@ -71,6 +72,7 @@ class TrainOptions:
     snapshot_every: int | None = None  # also write the head to OUT/snapshots/step-N every N steps
     regenerate_batch: int | None = None  # prompts regenerated together (None: 16 on a CPU, 512 on a GPU)
     time_budget: float | None = None  # seconds of training steps: the step count is planned from the first ones
+    init_from: str | None = None  # start from this head's weights (a folder or a shipped head's name)
     progress: bool = True
     command: list[str] = field(default_factory=list)
 
@@ -220,14 +222,20 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
         say(f"responses: {needed} items, {responder.generated} generated now in {time.perf_counter() - began:.1f} s, "
             f"{responder.too_long} prompts too long for --seq-len, the rest from {out / 'regenerated.jsonl'}")
 
-    if saved is not None:
-        d2t = saved.model.get("d2t")
+    init = _init_head(o.init_from, target) if o.init_from and saved is None else None
+    if saved is not None or init is not None:
+        d2t = (saved.model if saved is not None else init[0]).get("d2t")
         used = used_from_maps(d2t) if d2t is not None else torch.arange(vocab_size)
     else:
         used = _choose_vocab(stream, o, vocab_size, say)
-    model = Eagle3Trainable.for_target(target, used, seed=o.seed).to(device)
+    layer_ids = saved.meta["config"].get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids") \
+        if saved is not None else init[1] if init is not None else None
+    model = Eagle3Trainable.for_target(target, used, seed=o.seed, layer_ids=layer_ids).to(device)
     if saved is not None:
         model.load_state_tensors({k: v.to(device) for k, v in saved.model.items()})
+    elif init is not None:
+        model.load_state_tensors({k: v.to(device) for k, v in init[0].items()})
+        say(f"starting from the head {o.init_from} (its weights and draft vocabulary; a new optimizer)")
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=o.lr, weight_decay=0.0)
     step, tokens_seen, position, elapsed0 = 0, 0, Position(), 0.0
@@ -254,7 +262,7 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
         tb = target_pass(target, mine, taps, used)
         if step == 0 and saved is None:  # fc's input scale, from the first batch (all ranks: the same rows)
             first = target_pass(target, examples, taps, used) if dist.world > 1 else tb
-            model.calibrate(first.features, first.valid)
+            model.calibrate(first.features, first.valid, keep_function=init is not None)
         model.train()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=o.precision == "bf16"):
             result = model.ttt(tb.features, tb.tokens, tb.draft_logits, tb.valid, steps=o.ttt_steps, decay=o.decay)
@@ -320,6 +328,29 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
         say(f"head written to {out} ({step} steps, {tokens_seen} tokens, {elapsed:.0f} s)")
     dist.close()
     return info
+
+
+def _init_head(name: str, target) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """--init-from: (the head's tensors under the EAGLE names, float32; its layer ids in vLLM's
+    convention), after checking that it fits `target` and that this trainer can continue it."""
+    from safetensors.torch import load_file
+
+    from ..heads.catalog import resolve_head
+    from ..heads.eagle3_format import WEIGHTS, layer_prefix, misfit, read_config
+
+    folder = resolve_head(name)
+    config = read_config(folder)
+    tensors = load_file(str(folder / WEIGHTS))
+    reason = misfit(config, target.config, "embed_tokens.weight" in tensors, "lm_head.weight" in tensors)
+    if reason:
+        raise ConfigError(f"--init-from {name}: {reason}")
+    if config.norm_before_residual or config.hidden_size != target.config.hidden_size:
+        raise ConfigError(f"--init-from {name}: this trainer continues heads of the target's hidden size with "
+                          "norm_before_residual false; train a new head instead")
+    prefix = layer_prefix(set(tensors))
+    renamed = {("midlayer." + k[len(prefix):] if k.startswith(prefix) else k): v for k, v in tensors.items()}
+    out = {k: v.float() if v.is_floating_point() else v for k, v in renamed.items()}
+    return out, list(config.taps(target.config.num_layers))
 
 
 def _plan_steps(o: TrainOptions, step: int, per_step: float, elapsed: float) -> int:
