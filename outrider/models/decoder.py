@@ -46,6 +46,7 @@ class Decoder:
         self.norm = norm  # [E]
         self.lm_head = lm_head  # [vocab, E]; the same tensor as embed when tied (a QuantLinear when quantized)
         self.quantization = quantization  # None, or "q8_0" / "q4": what load_decoder was asked for
+        self._native = None  # native/layer.py NativeLayers, chosen at the first forward
         c = config
         self.inv_freq = 1.0 / (
             c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=embed.device) / c.head_dim)
@@ -78,14 +79,17 @@ class Decoder:
         H, G, D = c.num_heads, c.num_kv_heads, c.head_dim
         slots = batch.slots
         first, span, place = batch.span_first, batch.span_size, batch.span_place
-        mask = batch.attn_mask if place is None else _span_mask(batch.attn_mask, place, span)
-        folded = None if mask is None else fold_mask(mask, H // G, self.dtype)  # once for all layers
         cos, sin = rotary_tables(batch.positions, self.inv_freq, self.dtype)
         x = embedding(batch.tokens, self.embed)  # [B, T, E]
         hidden = {}
         if 0 in batch.hidden_layers:
             hidden[0] = x
         layers = self.layers[: num_layers or len(self.layers)]
+        if self._native is not None and not batch.fills_only:  # a few rows: each layer in one native call
+            x = self._native.run(self, batch, cache, x, cos, sin, len(layers), hidden)
+            layers = []  # done
+        mask = batch.attn_mask if place is None or not layers else _span_mask(batch.attn_mask, place, span)
+        folded = None if mask is None or not layers else fold_mask(mask, H // G, self.dtype)  # once for all layers
         with quant_linear.filling(batch.fills_only):  # a prefill's many rows may take the float GEMM
             for index, w in enumerate(layers):
                 h = rms_norm(x, w.input_norm, c.rms_norm_eps)
@@ -124,7 +128,14 @@ class Decoder:
 
     def _choose_linear_paths(self) -> None:
         """Measure the CPU's fastest matrix-product path for this model's weight shapes, once per
-        process and shape (cpu_linear.py), before the first product uses one."""
+        process and shape (cpu_linear.py), before the first product uses one; and take the native
+        layer (native/layer.py) when every layer's matrices run in the native kernel (set
+        OUTRIDER_NATIVE_LAYER=0 for the torch layer: the reference, and a measurement baseline)."""
+        import os
+
+        from .native.layer import NativeLayers
+
+        self._native = NativeLayers.of(self) if os.environ.get("OUTRIDER_NATIVE_LAYER", "1") != "0" else None
         if self.device.type == "cpu":
             from .catalog import cache_dir
 

@@ -42,6 +42,7 @@ import torch
 from ..quant import BLOCK, QuantBlocks
 
 SOURCE = Path(__file__).with_name("qmatmul.c")
+SOURCES = (SOURCE, Path(__file__).with_name("layer.c"))  # built into one library
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
 KIND_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q8_16": 3}
 
@@ -67,7 +68,7 @@ def library_path(compiler: str) -> Path:
     from ..catalog import cache_dir
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode())
+    key = hashlib.sha256("\0".join([*(s.read_text() for s in SOURCES), " ".join(FLAGS), version, _cpu_flags()]).encode())
     return cache_dir() / "kernels" / f"qmatmul-{key.hexdigest()[:16]}.so"
 
 
@@ -78,7 +79,7 @@ def _build(compiler: str, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".so.tmp", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True,
+        done = subprocess.run([compiler, *FLAGS, "-o", tmp, *map(str, SOURCES)], capture_output=True, text=True,
                               timeout=120)
         if done.returncode != 0:
             raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed")
@@ -113,6 +114,10 @@ def _load() -> None:
     lib.outrider_qmatmul_rows.restype = ctypes.c_int
     lib.outrider_dequantize.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, i64, i64, ptr, ctypes.c_int]
     lib.outrider_dequantize.restype = ctypes.c_int
+    f32 = ctypes.c_float
+    lib.outrider_layer.argtypes = [i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, f32, ptr, ptr, ptr, ptr, ptr, ptr,
+                                   ptr, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int]
+    lib.outrider_layer.restype = ctypes.c_int
     _state["lib"] = lib
     _state["path"] = path
 
@@ -203,6 +208,12 @@ def dequantize_rows(weight: NativeWeight, start: int, stop: int) -> torch.Tensor
     if status != 0:
         raise ValueError(f"the native kernel refused to dequantize a {weight.kind} weight {weight.shape}")
     return out
+
+
+def library():
+    """The loaded ctypes library (native/layer.py calls its outrider_layer); None when unavailable."""
+    _ensure()
+    return _state.get("lib")
 
 
 def describe() -> str:

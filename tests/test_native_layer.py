@@ -1,0 +1,111 @@
+"""The native decoder layer (models/native/layer.py + layer.c) against the torch layer it
+replaces for forwards that ask for logits: the same logits, hidden states and K/V up to float
+rounding for each family (Llama, Qwen2 with q/k/v biases, Qwen3 with q/k norms), ragged batches,
+slots out of order and tree masks; each row's result bit-identical whatever the other rows; and
+greedy speculative output equal to autoregressive output with it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from outrider.generation import Request, generate_ids
+from outrider.models import native
+from outrider.models.batch import pack
+from outrider.models.loader import load_decoder
+from outrider.sampling import SamplingParams
+from outrider.spec.speculator import SpecOptions, Speculator
+
+pytestmark = pytest.mark.skipif(not native.available(), reason=f"native kernel: {native.reason()}")
+
+
+def make_family(family: str, folder: Path, seed: int = 0) -> Path:
+    """A tiny random model of `family` whose projections all take a multiple of 32 inputs."""
+    import transformers as tf
+
+    common = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    config, cls = {"llama": (lambda: tf.LlamaConfig(**common), tf.LlamaForCausalLM),
+                   "qwen2": (lambda: tf.Qwen2Config(**common, rope_theta=1e6), tf.Qwen2ForCausalLM),
+                   "qwen3": (lambda: tf.Qwen3Config(**common, head_dim=32, rope_theta=1e6), tf.Qwen3ForCausalLM)}[family]
+    torch.manual_seed(seed)
+    model = cls(config()).eval()
+    with torch.no_grad():  # weights larger than the init, so logits are far from uniform
+        for name, p in model.named_parameters():
+            p.mul_(4.0 if p.dim() > 1 else 1.0)
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def model(request, tmp_path_factory):
+    folder = make_family(request.param, tmp_path_factory.mktemp("native") / request.param)
+    return load_decoder(folder, "cpu", "q4"), folder
+
+
+def run(m, native_on: bool, steps):
+    """A prefill of two prompts (torch path: no logits), then `steps` forwards (slots, lengths,
+    tokens, parents) with logits; returns their logits, a tapped hidden state and the cache."""
+    saved = m._native
+    m.forward(pack([0], [0], [torch.tensor([5])], logits="none", scratch_row=0), m.new_cache(1, 4))  # choose paths
+    native_layers = m._native if m._native is not None else saved
+    m._native = native_layers if native_on else None
+    cache = m.new_cache(3, 64)
+    prompts = {0: [3, 9, 4, 11, 7, 8, 20], 2: [6, 5, 30, 31]}
+    for slot, toks in prompts.items():
+        m.forward(pack([slot], [0], [torch.tensor(toks)], logits="none", scratch_row=cache.scratch_row), cache)
+    out = []
+    for slots, lens, toks, parents in steps:
+        batch = pack(slots, lens, [torch.tensor(t) for t in toks], parents, scratch_row=cache.scratch_row,
+                     hidden_layers=(1, 3))
+        got = m.forward(batch, cache)
+        out.append((got.logits, got.hidden[1], got.hidden[3]))
+    m._native = native_layers
+    return out, cache
+
+
+STEPS = [
+    ([0], [7], [[12]], None),  # one decode step
+    ([2, 0], [4, 8], [[13, 14, 15], [16]], None),  # ragged, slots out of order
+    ([0, 2], [9, 7], [[17, 18, 19, 21], [22, 23, 24]],  # trees
+     [torch.tensor([-1, 0, 0, 1]), torch.tensor([-1, 0, 1])]),
+]
+
+
+def test_native_layer_matches_the_torch_layer(model):
+    m, _ = model
+    fast, cache_fast = run(m, True, STEPS)
+    assert m._native is not None  # every projection is a native QuantLinear: the path is taken
+    slow, cache_slow = run(m, False, STEPS)
+    for (a, ha, hb), (b, hc, hd) in zip(fast, slow):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4), (a - b).abs().max()
+        assert torch.allclose(ha, hc, rtol=1e-4, atol=1e-4) and torch.allclose(hb, hd, rtol=1e-4, atol=1e-4)
+    for layer in range(len(m.layers)):
+        assert torch.allclose(cache_fast.k[layer], cache_slow.k[layer], rtol=1e-4, atol=1e-5)
+        assert torch.allclose(cache_fast.v[layer], cache_slow.v[layer], rtol=1e-4, atol=1e-5)
+
+
+def test_a_rows_result_does_not_depend_on_the_others(model):
+    """Four tokens verified in one forward (beside another slot's rows) give each row the logits
+    four one-token steps give, bit for bit: the premise of lossless speculation here."""
+    m, _ = model
+    toks = [12, 40, 41, 42]
+    together, _ = run(m, True, [([0, 2], [7, 4], [toks, [50, 51]], None)])
+    alone, _ = run(m, True, [([0], [7 + i], [[t]], None) for i, t in enumerate(toks)])
+    for i in range(4):
+        assert torch.equal(together[0][0][0, i], alone[i][0][0, 0])
+
+
+def test_greedy_speculative_equals_autoregressive(model):
+    m, folder = model
+    requests = [Request([3, 9, 4, 3, 9, 4, 3, 9], 24, SamplingParams(0.0)), Request([7, 8, 7, 8, 7], 24, SamplingParams(0.0))]
+    plain = [f.output_ids for f in generate_ids(m, requests, set())]
+    spec = Speculator.build(SpecOptions("ngram", "chain", "fixed:4"), m, folder)
+    fast = generate_ids(m, requests, set(), speculation=spec)
+    assert [f.output_ids for f in fast] == plain
+    assert sum(f.stats.committed for f in fast) > sum(f.stats.rounds for f in fast)  # drafts were accepted
