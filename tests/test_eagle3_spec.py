@@ -170,3 +170,27 @@ def test_head_dtype_default_and_bad_names(setup):
     assert parse_argument(f"{head}@q8_0") == f"{head}@q8_0"
     with pytest.raises(ConfigError, match="must be one of q8_0, q4_0, q4_1, float"):
         parse_argument(f"{head}@int3")
+
+
+def test_a_quantized_head_runs_the_native_layer_like_the_torch_one(setup):
+    """`@q8_0` on a CPU: the head's layer is one native call (models/native/layer.py, with the
+    caller's [norm(embedding) ; norm(hidden)] as its input); the same logits as its torch layer."""
+    from outrider.models import native
+
+    if not native.available():
+        pytest.skip(native.reason())
+    folder, target, head = setup
+    results = []
+    for use_native in (True, False):
+        spec = Speculator.build(SpecOptions(f"eagle3:{head}@q8_0", "chain", "fixed:3"), target, folder)
+        h = spec.drafter.head
+        h._native = None if use_native else False
+        cache = h.new_cache(2, 32)
+        batch = pack([0, 1], [0, 0], [torch.tensor([3, 4, 5]), torch.tensor([6, 7])], scratch_row=cache.scratch_row)
+        hidden = torch.randn(2, 3, h.config.hidden_size, generator=torch.Generator().manual_seed(0))
+        logits, out = h.forward(batch, cache, hidden)
+        assert (h._native is not False) == use_native
+        results.append((logits, out, cache.k[0].clone()))
+    (a, ha, ka), (b, hb, kb) = results
+    assert torch.allclose(a, b, rtol=1e-4, atol=1e-4) and torch.allclose(ha, hb, rtol=1e-4, atol=1e-4)
+    assert torch.allclose(ka, kb, rtol=1e-4, atol=1e-5)

@@ -80,6 +80,7 @@ class Eagle3Head:
     def __init__(self, config: Eagle3Config, weights: Eagle3Weights):
         self.config = config
         self.w = weights
+        self._native = None  # (QWeight * 4), False (the torch layer), or None: not decided yet
         c = config
         self.inv_freq = 1.0 / (c.rope_theta ** (
             torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=weights.norm.device) / c.head_dim))
@@ -115,8 +116,17 @@ class Eagle3Head:
         normed = rms_norm(hidden, w.hidden_norm, eps)
         residual = normed if c.norm_before_residual else hidden
         x = torch.cat((rms_norm(emb, w.input_norm, eps), normed), dim=-1)  # [B, T, 2H]
-        q, k, v = linear(x, w.qkv).split((nh * D, G * D, G * D), dim=-1)
         cos, sin = rotary_tables(batch.positions, self.inv_freq, self.dtype)
+        if self._native is None:
+            self._native = self._native_matrices()
+        if self._native is not False:  # the layer in one native call (models/native/layer.py)
+            from ..models.native.layer import LayerCall
+
+            call = LayerCall(batch, cache, residual, cos, sin, nh, G, D, c.intermediate_size, h_in=x)
+            call.run(0, self._native, None, w.post_norm, eps)
+            h = call.x.view(B, T, -1)  # [B, T, H]
+            return linear(rms_norm(h, w.norm, eps), w.lm_head).float(), h
+        q, k, v = linear(x, w.qkv).split((nh * D, G * D, G * D), dim=-1)
         q = apply_rotary(q.view(B, T, nh, D).transpose(1, 2), cos, sin)  # [B, nh, T, D]
         k = apply_rotary(k.view(B, T, G, D).transpose(1, 2), cos, sin).transpose(1, 2)  # [B, T, G, D]
         slots = batch.slots
@@ -131,6 +141,18 @@ class Eagle3Head:
         h = h + swiglu_mlp(rms_norm(h, w.post_norm, eps), w.gate_up, w.down)  # [B, T, H]
         logits = linear(rms_norm(h, w.norm, eps), w.lm_head).float()  # [B, T, Vd]
         return logits, h
+
+    def _native_matrices(self):
+        """(QWeight * 4) when the head's matrices are native QuantLinears on a float32 CPU head
+        (`eagle3:PATH@q8_0`, the default beside a quantized target), else False: the torch layer."""
+        import os
+
+        from ..models.native.layer import NativeLayers
+
+        if self.device.type != "cpu" or self.dtype != torch.float32 or os.environ.get("OUTRIDER_NATIVE_LAYER") == "0":
+            return False
+        found = NativeLayers.matrices([self.w.qkv, self.w.o, self.w.gate_up, self.w.down])
+        return False if found is None else found
 
     def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target ids (same shape)."""

@@ -115,7 +115,7 @@ def _load() -> None:
     lib.outrider_dequantize.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, i64, i64, ptr, ctypes.c_int]
     lib.outrider_dequantize.restype = ctypes.c_int
     f32 = ctypes.c_float
-    lib.outrider_layer.argtypes = [i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, f32, ptr, ptr, ptr, ptr, ptr, ptr,
+    lib.outrider_layer.argtypes = [i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, ptr, ptr, ptr,
                                    ptr, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int]
     lib.outrider_layer.restype = ctypes.c_int
     _state["lib"] = lib

@@ -13,6 +13,8 @@
  * batch (a k-token verify gives each row what a 1-token step gives) and whatever the thread
  * count. Rotary is torch's formula, x * cos + (-x2 or x1) * sin, operation for operation.
  *
+ * h_in: the qkv product's input [R, w[0].in] when the caller normed it itself (an EAGLE-3 head's
+ * [norm(embedding) ; norm(hidden)]); NULL: rmsnorm(x) with in_norm, as a decoder layer.
  * Shapes (floats, row-major): x [R, E]; cos, sin [R, D]; mask [R, L] bytes (NULL: row r sees the
  * cache rows 0..crow[r] of its slot); the cache [S, G, Lmax + 1, D] of one layer, addressed by
  * slot[r] and crow[r]; work >= R * (Q + H*D + E + 3*I) + R * H * L floats, Q = (H + 2G) * D.
@@ -63,7 +65,7 @@ static int matmul(const QWeight *w, const float *x, int64_t R, float *y, int thr
 }
 
 int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_t I, float *x,
-                   const float *in_norm, const float *post_norm, float eps, const QWeight *w,
+                   const float *h_in, const float *in_norm, const float *post_norm, float eps, const QWeight *w,
                    const float *qkv_bias, const float *q_norm, const float *k_norm, const float *cos,
                    const float *sin, float *k_cache, float *v_cache, int64_t slot_stride, int64_t row_stride,
                    const int64_t *slot, const int64_t *crow, const uint8_t *mask, int64_t L, float *work,
@@ -72,8 +74,8 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
     const int64_t Q = (H + 2 * G) * D, g_stride = slot_stride / G;  /* a slot's kv heads, one after another */
     float *qkv = work, *att = qkv + R * Q, *h = att + R * H * D, *gu = h + R * E, *act = gu + R * 2 * I;
     float *scores = act + R * I;
-    for (int64_t r = 0; r < R; r++) rmsnorm_row(x + r * E, in_norm, eps, E, h + r * E);
-    if (matmul(&w[0], h, R, qkv, threads)) return -1;
+    if (!h_in) for (int64_t r = 0; r < R; r++) rmsnorm_row(x + r * E, in_norm, eps, E, h + r * E);
+    if (matmul(&w[0], h_in ? h_in : h, R, qkv, threads)) return -1;
     for (int64_t r = 0; r < R; r++) {  /* bias, q/k norms, rotary; K/V into the cache */
         float *row = qkv + r * Q;
         if (qkv_bias) for (int64_t i = 0; i < Q; i++) row[i] = row[i] + qkv_bias[i];

@@ -37,19 +37,21 @@ def _ptr(t: torch.Tensor | None):
 class NativeLayers:
     weights: list  # per layer: (QWeight * 4) array (qkv, o, gate_up, down); their tensors stay alive in the decoder
 
+    @staticmethod
+    def matrices(mats: list) -> "ctypes.Array | None":
+        """(QWeight * 4) for [qkv, o, gate_up, down], or None unless all four are native QuantLinears."""
+        if not all(getattr(m, "kernel", None) == "native" for m in mats):
+            return None
+        return (QWeight * 4)(*[_qweight(m.state["weight"]) for m in mats])
+
     @classmethod
     def of(cls, decoder) -> "NativeLayers | None":
         """The layers' matrices as the kernel reads them, or None when any is not a native
         QuantLinear (a float model, another kernel), or the model is not float32 on a CPU."""
         if library() is None or decoder.device.type != "cpu" or decoder.dtype != torch.float32:
             return None
-        arrays = []
-        for w in decoder.layers:
-            mats = [w.qkv, w.o, w.gate_up, w.down]
-            if not all(getattr(m, "kernel", None) == "native" for m in mats):
-                return None
-            arrays.append((QWeight * 4)(*[_qweight(m.state["weight"]) for m in mats]))
-        return cls(arrays)
+        arrays = [cls.matrices([w.qkv, w.o, w.gate_up, w.down]) for w in decoder.layers]
+        return None if any(a is None for a in arrays) else cls(arrays)
 
     def run(self, decoder, batch, cache, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, upto: int,
             hidden: dict) -> torch.Tensor:
@@ -57,29 +59,43 @@ class NativeLayers:
         batch's rows go to `cache` as decoder.forward writes them; hidden[l] gets a copy of x
         after layer l for l in batch.hidden_layers."""
         c = decoder.config
-        B, T, E = x.shape
-        R, H, G, D, I = B * T, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
-        L = batch.kv_len
-        x = x.clone(memory_format=torch.contiguous_format)  # updated in place; the caller's x (hidden[0]) kept
-        cos = cos.reshape(R, D).contiguous()  # [R, D]
-        sin = sin.reshape(R, D).contiguous()
-        slots = torch.tensor(batch.slot_ids, dtype=torch.long).view(B, 1).expand(B, T).reshape(R).contiguous()
-        rows = batch.rows.reshape(R).contiguous()  # [R] cache row of each token
-        mask = None if batch.attn_mask is None else batch.attn_mask.reshape(R, L).contiguous()  # [R, L] bool
-        work = torch.empty(R * ((H + 2 * G) * D + H * D + E + 3 * I) + R * H * L, dtype=torch.float32)
-        k0 = cache.k[0]
-        slot_stride, row_stride = k0.stride(0), k0.stride(2)
-        lib, threads, eps = library(), torch.get_num_threads(), c.rms_norm_eps
+        call = LayerCall(batch, cache, x, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size)
         for index in range(upto):
             w = decoder.layers[index]
-            k, v = cache.k[index], cache.v[index]
-            status = lib.outrider_layer(R, E, H, G, D, I, x.data_ptr(), w.input_norm.data_ptr(),
-                                        w.post_norm.data_ptr(), eps, self.weights[index], _ptr(w.qkv_bias),
-                                        _ptr(w.q_norm), _ptr(w.k_norm), cos.data_ptr(), sin.data_ptr(),
-                                        k.data_ptr(), v.data_ptr(), slot_stride, row_stride, slots.data_ptr(),
-                                        rows.data_ptr(), _ptr(mask), L, work.data_ptr(), threads)
-            if status != 0:
-                raise ValueError(f"the native layer refused layer {index} (R={R}, L={L})")
+            call.run(index, self.weights[index], w.input_norm, w.post_norm, c.rms_norm_eps, w.qkv_bias, w.q_norm,
+                     w.k_norm)
             if index + 1 in batch.hidden_layers:
-                hidden[index + 1] = x.clone()
-        return x
+                hidden[index + 1] = call.x.clone()
+        return call.x
+
+
+class LayerCall:
+    """The arguments of outrider_layer that one forward shares across its layers: the residual
+    stream x [R, E] (a copy, updated in place), rotary tables, slots, cache rows, mask, workspace."""
+
+    def __init__(self, batch, cache, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, H: int, G: int, D: int,
+                 I: int, h_in: torch.Tensor | None = None):
+        B, T, E = x.shape
+        R, L = B * T, batch.kv_len
+        self.shape, self.cache, self.L = (R, E, H, G, D, I), cache, L
+        self.x = x.clone(memory_format=torch.contiguous_format)  # the caller's x (hidden[0]) is kept
+        self.h_in = None if h_in is None else h_in.reshape(R, -1).contiguous()  # [R, w[0].in], normed by the caller
+        self.cos = cos.reshape(R, D).contiguous()  # [R, D]
+        self.sin = sin.reshape(R, D).contiguous()
+        self.slots = torch.tensor(batch.slot_ids, dtype=torch.long).view(B, 1).expand(B, T).reshape(R).contiguous()
+        self.rows = batch.rows.reshape(R).contiguous()  # [R] cache row of each token
+        self.mask = None if batch.attn_mask is None else batch.attn_mask.reshape(R, L).contiguous()  # [R, L] bool
+        self.work = torch.empty(R * ((H + 2 * G) * D + H * D + E + 3 * I) + R * H * L, dtype=torch.float32)
+
+    def run(self, index: int, weights, input_norm, post_norm, eps: float, qkv_bias=None, q_norm=None,
+            k_norm=None) -> None:
+        """Layer `index` of the cache with `weights` ((QWeight * 4)); updates self.x."""
+        R, E, H, G, D, I = self.shape
+        k, v = self.cache.k[index], self.cache.v[index]
+        status = library().outrider_layer(
+            R, E, H, G, D, I, self.x.data_ptr(), _ptr(self.h_in), _ptr(input_norm), post_norm.data_ptr(), eps,
+            weights, _ptr(qkv_bias), _ptr(q_norm), _ptr(k_norm), self.cos.data_ptr(), self.sin.data_ptr(),
+            k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(2), self.slots.data_ptr(), self.rows.data_ptr(),
+            _ptr(self.mask), self.L, self.work.data_ptr(), torch.get_num_threads())
+        if status != 0:
+            raise ValueError(f"the native layer refused layer {index} (R={R}, L={self.L})")
