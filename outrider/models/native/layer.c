@@ -17,7 +17,9 @@
  * [norm(embedding) ; norm(hidden)]); NULL: rmsnorm(x) with in_norm, as a decoder layer.
  * Shapes (floats, row-major): x [R, E]; cos, sin [R, D]; mask [R, L] bytes (NULL: row r sees the
  * cache rows 0..crow[r] of its slot); the cache [S, G, Lmax + 1, D] of one layer, addressed by
- * slot[r] and crow[r]; work >= R * (Q + H*D + E + 3*I) + R * H * L floats, Q = (H + 2G) * D.
+ * slot[r] and crow[r]; work >= R * (Q + H*D + E + 3*I) + R * H * (L + 8) floats, Q = (H + 2G) * D.
+ * Attention runs one task per (row, kv head), the threads splitting the tasks when there is work
+ * enough; which thread runs a task changes nothing in its result.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -40,16 +42,41 @@ static void rmsnorm_row(const float *x, const float *w, float eps, int64_t E, fl
     for (int64_t i = 0; i < E; i++) out[i] = w[i] * (x[i] * inv);
 }
 
-static float dot(const float *a, const float *b, int64_t n) {  /* 8 lanes, then lanes in order */
-    __m256 acc = _mm256_setzero_ps();
+static float dot(const float *a, const float *b, int64_t n) {
+    /* Two chains of 8 lanes (even and odd 8-value chunks), added, then the lanes by a fixed tree:
+     * the same operations for every call of the same n, so a score never depends on its batch. */
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
-    float lanes[8];
-    _mm256_storeu_ps(lanes, acc);
-    float s = 0.0f;
-    for (int k = 0; k < 8; k++) s += lanes[k];
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    __m256 acc = _mm256_add_ps(acc0, acc1);
+    __m128 four = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    float s = _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
     for (; i < n; i++) s += a[i] * b[i];
     return s;
+}
+
+static inline __m256 exp8(__m256 x) {
+    /* e^x in 8 lanes (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n), a
+     * fixed sequence of operations per lane: about 1 ulp, and no call into libm. x is clamped to
+     * [-87.3, 88] (below: a denormal's neighbour instead of 0; above: 1.6e38 instead of inf). */
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
 static void rotate(float *x, const float *c, const float *s, int D) {  /* half-split, as torch */
@@ -70,7 +97,7 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
                    const float *sin, float *k_cache, float *v_cache, int64_t slot_stride, int64_t row_stride,
                    const int64_t *slot, const int64_t *crow, const uint8_t *mask, int64_t L, float *work,
                    int threads) {
-    if (R < 1 || D > 512 || D % 2 || H % G || threads < 1) return -1;
+    if (R < 1 || D > 512 || D % 2 || H % G || H / G > 64 || threads < 1) return -1;
     const int64_t Q = (H + 2 * G) * D, g_stride = slot_stride / G;  /* a slot's kv heads, one after another */
     float *qkv = work, *att = qkv + R * Q, *h = att + R * H * D, *gu = h + R * E, *act = gu + R * 2 * I;
     float *scores = act + R * I;
@@ -93,41 +120,77 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
     }
     const float scale = 1.0f / sqrtf((float)D);
     const int64_t groups = H / G;
-#pragma omp parallel for num_threads(threads) schedule(static) if (R * H * L > 16384)
-    for (int64_t task = 0; task < R * H; task++) {  /* one (row, head): softmax over the seen rows */
-        int64_t r = task / H, hh = task % H, g = hh / groups;
-        const float *q = qkv + r * Q + hh * D;
+    /* One task per (row, kv head): each cached key and value row is read once for the `groups`
+     * query heads that share it; each (row, head) still gets its own fixed sequence of operations. */
+#pragma omp parallel for num_threads(threads) schedule(static) if (R * H * L >= 2048)
+    for (int64_t task = 0; task < R * G; task++) {
+        int64_t r = task / G, g = task % G;
         const float *keys = k_cache + slot[r] * slot_stride + g * g_stride;
         const float *values = v_cache + slot[r] * slot_stride + g * g_stride;
         const uint8_t *seen = mask ? mask + r * L : 0;
         int64_t last = mask ? L - 1 : crow[r];
-        float *s = scores + task * L, top = -INFINITY;
+        const int64_t Lp = (L + 8) / 8 * 8;  /* a head's scores, padded to whole lanes */
+        float *s = scores + task * groups * Lp, top[64], total[64];  /* total: 1 / the sum of weights */
+        const float *q = qkv + r * Q + g * groups * D;  /* the group's query heads, one after another */
+        for (int64_t a = 0; a < groups; a++) top[a] = -INFINITY, total[a] = 0.0f;
         for (int64_t j = 0; j <= last; j++) {
-            if (seen && !seen[j]) continue;
-            s[j] = dot(q, keys + j * row_stride, D) * scale;
-            if (s[j] > top) top = s[j];
+            if (seen && !seen[j]) {
+                for (int64_t a = 0; a < groups; a++) s[a * Lp + j] = -INFINITY;
+                continue;
+            }
+            const float *k = keys + j * row_stride;
+            for (int64_t a = 0; a < groups; a++) {
+                float v = dot(q + a * D, k, D) * scale;
+                s[a * Lp + j] = v;
+                if (v > top[a]) top[a] = v;
+            }
         }
-        float total = 0.0f;
-        for (int64_t j = 0; j <= last; j++) {
-            if (seen && !seen[j]) continue;
-            s[j] = expf(s[j] - top);
-            total += s[j];
+        /* e^(s - top) in 8 lanes over j = 0..last rounded up to 8 (unseen and past-the-end scores
+         * are -inf, their weights exactly 0, so a row's lane sums are the same whatever L), then
+         * the lanes by a fixed tree. */
+        const int64_t span = (last + 8) / 8 * 8;
+        for (int64_t a = 0; a < groups; a++) {
+            float *sa = s + a * Lp;
+            for (int64_t j = last + 1; j < span; j++) sa[j] = -INFINITY;
+            __m256 sum = _mm256_setzero_ps(), zero = _mm256_setzero_ps(), none = _mm256_set1_ps(-INFINITY);
+            for (int64_t j = 0; j < span; j += 8) {
+                __m256 v = _mm256_loadu_ps(sa + j);
+                __m256 e = _mm256_blendv_ps(exp8(_mm256_sub_ps(v, _mm256_set1_ps(top[a]))), zero,
+                                            _mm256_cmp_ps(v, none, _CMP_EQ_OQ));
+                _mm256_storeu_ps(sa + j, e);
+                sum = _mm256_add_ps(sum, e);
+            }
+            __m128 four = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+            __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+            total[a] = 1.0f / _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
         }
-        float *out = att + r * H * D + hh * D;
-        for (int64_t i = 0; i < D; i++) out[i] = 0.0f;
+        float *out = att + r * H * D + g * groups * D;
+        for (int64_t i = 0; i < groups * D; i++) out[i] = 0.0f;
         for (int64_t j = 0; j <= last; j++) {
             if (seen && !seen[j]) continue;
-            const float p = s[j] / total, *v = values + j * row_stride;
-            for (int64_t i = 0; i < D; i++) out[i] = out[i] + p * v[i];
+            const float *v = values + j * row_stride;
+            for (int64_t a = 0; a < groups; a++) {
+                const float p = s[a * Lp + j] * total[a];
+                float *o = out + a * D;
+                for (int64_t i = 0; i < D; i++) o[i] = o[i] + p * v[i];
+            }
         }
     }
     if (matmul(&w[1], att, R, h, threads)) return -1;
     for (int64_t i = 0; i < R * E; i++) x[i] = x[i] + h[i];
     for (int64_t r = 0; r < R; r++) rmsnorm_row(x + r * E, post_norm, eps, E, h + r * E);
     if (matmul(&w[2], h, R, gu, threads)) return -1;
-    for (int64_t r = 0; r < R; r++) {
+    for (int64_t r = 0; r < R; r++) {  /* silu(gate) * up = gate / (1 + e^-gate) * up, 8 lanes at a time */
         const float *gate = gu + r * 2 * I, *up = gate + I;
-        for (int64_t i = 0; i < I; i++) act[r * I + i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+        float *a = act + r * I;
+        int64_t i = 0;
+        for (; i + 8 <= I; i += 8) {
+            __m256 gv = _mm256_loadu_ps(gate + i);
+            __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+            _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e)),
+                                                  _mm256_loadu_ps(up + i)));
+        }
+        for (; i < I; i++) a[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
     }
     if (matmul(&w[3], act, R, h, threads)) return -1;
     for (int64_t i = 0; i < R * E; i++) x[i] = x[i] + h[i];

@@ -85,7 +85,7 @@ class LayerCall:
         self.slots = torch.tensor(batch.slot_ids, dtype=torch.long).view(B, 1).expand(B, T).reshape(R).contiguous()
         self.rows = batch.rows.reshape(R).contiguous()  # [R] cache row of each token
         self.mask = None if batch.attn_mask is None else batch.attn_mask.reshape(R, L).contiguous()  # [R, L] bool
-        self.work = torch.empty(R * ((H + 2 * G) * D + H * D + E + 3 * I) + R * H * L, dtype=torch.float32)
+        self.work = torch.empty(R * ((H + 2 * G) * D + H * D + E + 3 * I) + R * H * (L + 8), dtype=torch.float32)
 
     def run(self, index: int, weights, input_norm, post_norm, eps: float, qkv_bias=None, q_norm=None,
             k_norm=None) -> None:
