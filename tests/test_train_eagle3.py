@@ -23,7 +23,7 @@ from outrider.cli import main
 from outrider.errors import ConfigError
 from outrider.heads.eagle3_format import draft_to_target, load_eagle3
 from outrider.models.loader import load_decoder
-from outrider.train import data
+from outrider.train import data, sources
 from outrider.train.loop import TrainOptions, train
 from outrider.train.vocab import count_labels, draft_vocab, vocab_maps
 
@@ -172,7 +172,7 @@ def test_code_source_leaves_out_tests_and_code_edit_modules(tmp_path):
                  "pkg/tests/baz.py", "test_x.py", "site-packages/q.py"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("def f(a, b=1):\n    '''Add one.'''\n    return a\n")
-    files = sorted(str(p.relative_to(tmp_path)) for p in data.stdlib_files(tmp_path))
+    files = sorted(str(p.relative_to(tmp_path)) for p in sources.stdlib_files(tmp_path))
     assert files == ["foo.py", "json/__init__.py"]
     c = data.load_corpus("code-prompts", regenerate=True, stdlib=tmp_path)
     assert [i.id for i in c.items] == ["code-prompts:foo:f", "code-prompts:json:f"]

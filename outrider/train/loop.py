@@ -30,6 +30,8 @@ import torch
 
 from ..errors import ConfigError
 from . import checkpoint
+from .budget import BUDGET_WARMUP, PLAN_AFTER, plan_steps, reproduce
+from .init_head import init_head
 from .data import Encoder, Position, Stream, batches, load_corpus, parse_sources
 from .target_pass import target_pass
 from .vocab import check_draft_vocab, count_labels, draft_vocab, used_from_maps
@@ -40,8 +42,6 @@ SAME_ON_RESUME = ("target", "data", "seq_len", "batch_size", "seed", "draft_voca
                   "init_from")
 PRECISIONS = ("fp32", "bf16")  # the head's arithmetic: fp32, or bf16 autocast (weights and optimizer fp32)
 TARGET_DTYPES = ("float32", "bfloat16")
-BUDGET_WARMUP = 50  # --time-budget's warmup steps (the lr before them does not depend on the step count)
-PLAN_AFTER = 12  # --time-budget: the step count is fixed after this many steps, timed from step 2 on
 
 
 @dataclass
@@ -119,6 +119,11 @@ class TrainOptions:
         if self.seed < 0:
             raise ConfigError(f"--seed must be >= 0, got {self.seed}")
         parse_sources(self.data)
+        if self.init_from is not None:  # a head that is not there: refused before anything loads
+            from ..heads.catalog import resolve_head
+            from ..heads.eagle3_format import read_config
+
+            read_config(resolve_head(self.init_from))
         out = Path(self.out)
         if out.exists() and not out.is_dir():
             raise ConfigError(f"--out {out} is a file; give a folder")
@@ -222,7 +227,7 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
         say(f"responses: {needed} items, {responder.generated} generated now in {time.perf_counter() - began:.1f} s, "
             f"{responder.too_long} prompts too long for --seq-len, the rest from {out / 'regenerated.jsonl'}")
 
-    init = _init_head(o.init_from, target) if o.init_from and saved is None else None
+    init = init_head(o.init_from, target) if o.init_from and saved is None else None
     if saved is not None or init is not None:
         d2t = (saved.model if saved is not None else init[0]).get("d2t")
         used = used_from_maps(d2t) if d2t is not None else torch.arange(vocab_size)
@@ -293,7 +298,7 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
             if step == 2:
                 timed_from = time.perf_counter()  # steps 1 and 2 warm kernels and allocators up
             elif step == PLAN_AFTER:
-                plan = _plan_steps(o, step, (time.perf_counter() - timed_from) / (step - 2), elapsed)
+                plan = plan_steps(o, step, (time.perf_counter() - timed_from) / (step - 2), elapsed)
                 say(f"time budget {o.time_budget:.0f} s: {plan} steps in all "
                     f"({(time.perf_counter() - timed_from) / (step - 2):.3f} s a step)")
         sums_all, acc_all = stats[1 + K:1 + 2 * K], stats[1 + 2 * K:]
@@ -330,36 +335,6 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
     return info
 
 
-def _init_head(name: str, target) -> tuple[dict[str, torch.Tensor], list[int]]:
-    """--init-from: (the head's tensors under the EAGLE names, float32; its layer ids in vLLM's
-    convention), after checking that it fits `target` and that this trainer can continue it."""
-    from safetensors.torch import load_file
-
-    from ..heads.catalog import resolve_head
-    from ..heads.eagle3_format import WEIGHTS, layer_prefix, misfit, read_config
-
-    folder = resolve_head(name)
-    config = read_config(folder)
-    tensors = load_file(str(folder / WEIGHTS))
-    reason = misfit(config, target.config, "embed_tokens.weight" in tensors, "lm_head.weight" in tensors)
-    if reason:
-        raise ConfigError(f"--init-from {name}: {reason}")
-    if config.norm_before_residual or config.hidden_size != target.config.hidden_size:
-        raise ConfigError(f"--init-from {name}: this trainer continues heads of the target's hidden size with "
-                          "norm_before_residual false; train a new head instead")
-    prefix = layer_prefix(set(tensors))
-    renamed = {("midlayer." + k[len(prefix):] if k.startswith(prefix) else k): v for k, v in tensors.items()}
-    out = {k: v.float() if v.is_floating_point() else v for k, v in renamed.items()}
-    return out, list(config.taps(target.config.num_layers))
-
-
-def _plan_steps(o: TrainOptions, step: int, per_step: float, elapsed: float) -> int:
-    """--time-budget: fix the step count (and so the cosine schedule after the warmup) so that the
-    steps end within the budget, at the rate of the steps timed so far. The run is then the run
-    of `--steps N --warmup-steps W` (train_info.json's `reproduce`)."""
-    left = max(0.0, o.time_budget - elapsed)
-    o.steps = step + int(0.97 * left / per_step)  # 3% for checkpoints and snapshots
-    return o.steps
 
 
 def _choose_vocab(stream: Stream, o: TrainOptions, vocab_size: int, say) -> torch.Tensor:
@@ -412,23 +387,10 @@ def _export(out: Path, o: TrainOptions, model, corpus, step, tokens, elapsed, la
             "final_loss": last.get("loss"), "final_step_acc": last.get("step_acc"),
             "options": {k: v for k, v in asdict(o).items() if k != "command"}}
     if o.time_budget is not None:  # the same run with its step count fixed (no clock in it)
-        info["reproduce"] = _without_budget(o.command) + ["--steps", str(o.steps), "--warmup-steps",
-                                                           str(o.warmup_steps)]
+        info["reproduce"] = reproduce(o.command, o.steps, o.warmup_steps)
     (out / "train_info.json").write_text(json.dumps(info, indent=1))
     return info
 
-
-def _without_budget(command: list[str]) -> list[str]:
-    """`command` without its --time-budget and --warmup-steps arguments."""
-    out, skip = [], False
-    for arg in command:
-        if skip:
-            skip = False
-        elif arg in ("--time-budget", "--warmup-steps"):
-            skip = True
-        elif not arg.startswith(("--time-budget=", "--warmup-steps=")):
-            out.append(arg)
-    return out
 
 
 def _trim_log(path: Path, step: int) -> None:

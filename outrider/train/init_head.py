@@ -1,0 +1,30 @@
+"""`--init-from HEAD`: a training run that starts from an exported head's weights and draft vocabulary."""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import ConfigError
+
+
+def init_head(name: str, target) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """--init-from: (the head's tensors under the EAGLE names, float32; its layer ids in vLLM's
+    convention), after checking that it fits `target` and that this trainer can continue it."""
+    from safetensors.torch import load_file
+
+    from ..heads.catalog import resolve_head
+    from ..heads.eagle3_format import WEIGHTS, layer_prefix, misfit, read_config
+
+    folder = resolve_head(name)
+    config = read_config(folder)
+    tensors = load_file(str(folder / WEIGHTS))
+    reason = misfit(config, target.config, "embed_tokens.weight" in tensors, "lm_head.weight" in tensors)
+    if reason:
+        raise ConfigError(f"--init-from {name}: {reason}")
+    if config.norm_before_residual or config.hidden_size != target.config.hidden_size:
+        raise ConfigError(f"--init-from {name}: this trainer continues heads of the target's hidden size with "
+                          "norm_before_residual false; train a new head instead")
+    prefix = layer_prefix(set(tensors))
+    renamed = {("midlayer." + k[len(prefix):] if k.startswith(prefix) else k): v for k, v in tensors.items()}
+    out = {k: v.float() if v.is_floating_point() else v for k, v in renamed.items()}
+    return out, list(config.taps(target.config.num_layers))
