@@ -193,11 +193,23 @@ def test_metrics_agree_with_per_request_stats(server):
     assert metric(server, "outrider:num_requests_running") == 0
 
 
-def test_client_that_disconnects_mid_stream_frees_its_slot(server):
+@pytest.fixture(scope="module")
+def long_server(tmp_path_factory):
+    """A tiny model with room for 8,000 tokens: a request that cannot end before its client's
+    disconnect is discovered, however fast or loaded the machine (200 tokens of the 256-position
+    model ended by length first twice in CI)."""
+    from tiny import add_tokenizer, make_tiny
+
+    folder = add_tokenizer(make_tiny("llama", tmp_path_factory.mktemp("long") / "llama", max_positions=8192))
+    srv = LiveServer(folder, api_key=KEY, max_running=2)
+    yield srv
+    srv.close()
+
+
+def test_client_that_disconnects_mid_stream_frees_its_slot(long_server):
+    server = long_server
     aborted = metric(server, "outrider:request_success_total", 'finished_reason="abort"')
-    # one token a step (no drafting): the tiny model's 200 tokens must outlast the disconnect's
-    # discovery, else the request ends by length and no abort is counted (seen once in CI)
-    body = {"prompt": words(50), "max_tokens": 200, "temperature": 0, "stream": True, "ignore_eos": True,
+    body = {"prompt": words(50), "max_tokens": 8000, "temperature": 0, "stream": True, "ignore_eos": True,
             "speculate": False}
     with httpx.stream("POST", server.url + "/v1/completions", json=body,
                       headers={"Authorization": f"Bearer {KEY}"}) as r:

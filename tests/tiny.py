@@ -9,13 +9,14 @@ import torch
 FAMILIES = ("llama", "qwen2", "qwen3")
 
 
-def make_tiny(family: str, folder: Path, vocab: int = 96, seed: int = 0, layers: int = 3, tied: bool = False) -> Path:
+def make_tiny(family: str, folder: Path, vocab: int = 96, seed: int = 0, layers: int = 3, tied: bool = False,
+              max_positions: int = 256) -> Path:
     """Save a tiny random `family` model to `folder`; returns the folder."""
     import transformers as tf
 
     common = dict(
         vocab_size=vocab, hidden_size=64, intermediate_size=112, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
         rms_norm_eps=1e-5, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
     )
     if family == "llama":
