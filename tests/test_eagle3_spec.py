@@ -165,7 +165,7 @@ def test_head_dtype_default_and_bad_names(setup):
     folder, target, head = setup
     quantized = SimpleNamespace(quantization="q4", device=torch.device("cpu"))
     assert head_dtype(None, target) is None  # a float target: the head drafts in its dtype
-    assert head_dtype(None, quantized) == ("q8_0" if native.available() else None)
+    assert head_dtype(None, quantized) == ("q4_0" if native.available() else None)
     assert head_dtype("float", quantized) is None and head_dtype("q4_0", target) == "q4_0"
     assert parse_argument(f"{head}@q8_0") == f"{head}@q8_0"
     with pytest.raises(ConfigError, match="must be one of q8_0, q4_0, q4_1, float"):

@@ -144,7 +144,7 @@ class Eagle3Head:
 
     def _native_matrices(self):
         """(QWeight * 4) when the head's matrices are native QuantLinears on a float32 CPU head
-        (`eagle3:PATH@q8_0`, the default beside a quantized target), else False: the torch layer."""
+        (`eagle3:PATH@q4_0`, the default beside a quantized target), else False: the torch layer."""
         import os
 
         from ..models.native.layer import NativeLayers
