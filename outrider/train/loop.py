@@ -30,8 +30,9 @@ import torch
 
 from ..errors import ConfigError
 from . import checkpoint
-from .budget import BUDGET_WARMUP, PLAN_AFTER, plan_steps, reproduce
+from .budget import BUDGET_WARMUP, PLAN_AFTER, plan_steps
 from .init_head import init_head
+from .outputs import export, trim_log, write_head
 from .data import Encoder, Position, Stream, batches, load_corpus, parse_sources
 from .target_pass import target_pass
 from .vocab import check_draft_vocab, count_labels, draft_vocab, used_from_maps
@@ -252,7 +253,7 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
     taps = model.taps(target.config.num_layers)
     log_path = out / "train_log.jsonl"
     if dist.rank == 0:
-        _trim_log(log_path, step)
+        trim_log(log_path, step)
     bar = _progress(o, dist, step)
     start = time.perf_counter()
     last = {}
@@ -319,7 +320,7 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
             if step % o.checkpoint_every == 0:
                 _checkpoint(out, o, model, optimizer, step, tokens_seen, position, elapsed)
             if o.snapshot_every and step % o.snapshot_every == 0:
-                _write_head(out / "snapshots" / f"step-{step:06d}", model, {"step": step, "tokens": tokens_seen,
+                write_head(out / "snapshots" / f"step-{step:06d}", model, {"step": step, "tokens": tokens_seen,
                                                                              "elapsed_s": elapsed, "last": last})
         if on_step is not None:
             on_step(last)
@@ -329,7 +330,7 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
     if dist.rank == 0:
         elapsed = last.get("elapsed_s", elapsed0)
         _checkpoint(out, o, model, optimizer, step, tokens_seen, position, elapsed)
-        info = _export(out, o, model, corpus, step, tokens_seen, elapsed, last)
+        info = export(out, o, model, corpus, step, tokens_seen, elapsed, last)
         say(f"head written to {out} ({step} steps, {tokens_seen} tokens, {elapsed:.0f} s)")
     dist.close()
     return info
@@ -361,44 +362,6 @@ def _checkpoint(out, o, model, optimizer, step, tokens, position, elapsed) -> No
             "options": {k: v for k, v in asdict(o).items() if k != "command"}, "command": o.command,
             "config": model.export_config()}
     checkpoint.save(out, meta, model.state_tensors(training=True), optimizer)
-
-
-def _write_head(folder: Path, model, info: dict | None = None) -> None:
-    """The head in the EAGLE layout (config.json + model.safetensors), each file renamed into place."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    writers = [("config.json", lambda p: p.write_text(json.dumps(model.export_config(), indent=1))),
-               ("model.safetensors", lambda p: save_file(
-                   {k: v.cpu().contiguous() for k, v in model.state_tensors().items()}, str(p)))]
-    if info is not None:
-        writers.append(("snapshot.json", lambda p: p.write_text(json.dumps(info))))
-    for name, write in writers:
-        tmp = folder / (name + ".tmp")
-        write(tmp)
-        os.replace(tmp, folder / name)
-
-
-def _export(out: Path, o: TrainOptions, model, corpus, step, tokens, elapsed, last) -> dict:
-    """The head in the EAGLE layout (config.json + model.safetensors) and train_info.json."""
-    _write_head(out, model)
-    info = {"command": o.command, "target": o.target, "data": corpus.sources, "skipped_items": corpus.skipped,
-            "seed": o.seed, "steps": step, "tokens": tokens, "time_s": round(elapsed, 1),
-            "final_loss": last.get("loss"), "final_step_acc": last.get("step_acc"),
-            "options": {k: v for k, v in asdict(o).items() if k != "command"}}
-    if o.time_budget is not None:  # the same run with its step count fixed (no clock in it)
-        info["reproduce"] = reproduce(o.command, o.steps, o.warmup_steps)
-    (out / "train_info.json").write_text(json.dumps(info, indent=1))
-    return info
-
-
-
-def _trim_log(path: Path, step: int) -> None:
-    """Keep the log lines of steps up to `step` (a resumed run rewrites what came after its checkpoint)."""
-    if not path.is_file():
-        return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in keep))
 
 
 def _progress(o: TrainOptions, dist: _Dist, step: int):
