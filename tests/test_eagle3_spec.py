@@ -170,6 +170,10 @@ def test_head_dtype_default_and_bad_names(setup):
     assert parse_argument(f"{head}@q8_0") == f"{head}@q8_0"
     with pytest.raises(ConfigError, match="must be one of q8_0, q4_0, q4_1, float"):
         parse_argument(f"{head}@int3")
+    import shutil
+
+    odd = shutil.copytree(head, head.parent / "head@v2")  # a folder whose name holds '@'
+    assert parse_argument(str(odd)) == str(odd)
 
 
 def test_a_quantized_head_runs_the_native_layer_like_the_torch_one(setup):

@@ -278,7 +278,7 @@ def parse_argument(text: str) -> str:
     """`PATH_OR_NAME[@DTYPE]`: a head folder, or a shipped head by its target's catalog name
     (heads/catalog.py); DTYPE one of HEAD_DTYPES (default: see `head_dtype`). Returns the folder,
     with the @DTYPE kept when given."""
-    name, at, dtype = text.rpartition("@") if "@" in text else (text, "", "")
+    name, at, dtype = text.rpartition("@") if "@" in text and not Path(text).expanduser().is_dir() else (text, "", "")
     if at and dtype not in HEAD_DTYPES:
         raise ConfigError(f"eagle3:{text}: the head's dtype after '@' must be one of {', '.join(HEAD_DTYPES)}")
     if not name:
@@ -288,8 +288,9 @@ def parse_argument(text: str) -> str:
 
 
 def _split(argument: str) -> tuple[str, str | None]:
+    """parse_argument's result -> (folder, dtype or None); a folder whose own name holds '@' stays whole."""
     path, at, dtype = argument.rpartition("@")
-    return (path, dtype) if at and dtype in HEAD_DTYPES else (argument, None)
+    return (path, dtype) if at and dtype in HEAD_DTYPES and not Path(argument).is_dir() else (argument, None)
 
 
 def head_dtype(asked: str | None, target) -> str | None:

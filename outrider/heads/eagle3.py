@@ -145,11 +145,9 @@ class Eagle3Head:
     def _native_matrices(self):
         """(QWeight * 4) when the head's matrices are native QuantLinears on a float32 CPU head
         (`eagle3:PATH@q4_0`, the default beside a quantized target), else False: the torch layer."""
-        import os
+        from ..models.native.layer import NativeLayers, enabled
 
-        from ..models.native.layer import NativeLayers
-
-        if self.device.type != "cpu" or self.dtype != torch.float32 or os.environ.get("OUTRIDER_NATIVE_LAYER") == "0":
+        if self.device.type != "cpu" or self.dtype != torch.float32 or not enabled():
             return False
         found = NativeLayers.matrices([self.w.qkv, self.w.o, self.w.gate_up, self.w.down])
         return False if found is None else found

@@ -76,9 +76,6 @@ class Decoder:
         if not getattr(self, "_linear_paths_chosen", False):
             self._choose_linear_paths()
         B, T = batch.tokens.shape
-        H, G, D = c.num_heads, c.num_kv_heads, c.head_dim
-        slots = batch.slots
-        first, span, place = batch.span_first, batch.span_size, batch.span_place
         cos, sin = rotary_tables(batch.positions, self.inv_freq, self.dtype)
         x = embedding(batch.tokens, self.embed)  # [B, T, E]
         hidden = {}
@@ -87,9 +84,26 @@ class Decoder:
         layers = self.layers[: num_layers or len(self.layers)]
         if self._native is not None and not batch.fills_only:  # a few rows: each layer in one native call
             x = self._native.run(self, batch, cache, x, cos, sin, len(layers), hidden)
-            layers = []  # done
-        mask = batch.attn_mask if place is None or not layers else _span_mask(batch.attn_mask, place, span)
-        folded = None if mask is None or not layers else fold_mask(mask, H // G, self.dtype)  # once for all layers
+        else:
+            x = self._torch_layers(layers, batch, cache, x, cos, sin, hidden)
+        if batch.logits_flat is not None:  # real rows only: padding gets no lm_head
+            x = x.reshape(B * T, x.shape[-1]).index_select(0, batch.logits_flat)  # [N, E]
+        elif batch.logits_rows is not None:
+            x = torch.gather(x, 1, batch.logits_rows.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        logits = linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head).float()
+        return ForwardOutput(logits=logits, hidden=hidden)
+
+    def _torch_layers(self, layers, batch: ForwardBatch, cache: KVCache, x: torch.Tensor, cos, sin,
+                      hidden: dict) -> torch.Tensor:
+        """`layers` over x [B, T, E] in torch ops (the reference for native/layer.py, and every
+        prefill); hidden[l] gets x after layer l for l in batch.hidden_layers."""
+        c = self.config
+        B, T = batch.tokens.shape
+        H, G, D = c.num_heads, c.num_kv_heads, c.head_dim
+        slots = batch.slots
+        first, span, place = batch.span_first, batch.span_size, batch.span_place
+        mask = batch.attn_mask if place is None else _span_mask(batch.attn_mask, place, span)
+        folded = None if mask is None else fold_mask(mask, H // G, self.dtype)  # once for all layers
         with quant_linear.filling(batch.fills_only):  # a prefill's many rows may take the float GEMM
             for index, w in enumerate(layers):
                 h = rms_norm(x, w.input_norm, c.rms_norm_eps)
@@ -119,23 +133,16 @@ class Decoder:
                 x = x + swiglu_mlp(rms_norm(x, w.post_norm, c.rms_norm_eps), w.gate_up, w.down)
                 if index + 1 in batch.hidden_layers:
                     hidden[index + 1] = x
-        if batch.logits_flat is not None:  # real rows only: padding gets no lm_head
-            x = x.reshape(B * T, x.shape[-1]).index_select(0, batch.logits_flat)  # [N, E]
-        elif batch.logits_rows is not None:
-            x = torch.gather(x, 1, batch.logits_rows.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-        logits = linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head).float()
-        return ForwardOutput(logits=logits, hidden=hidden)
+        return x
 
     def _choose_linear_paths(self) -> None:
         """Measure the CPU's fastest matrix-product path for this model's weight shapes, once per
         process and shape (cpu_linear.py), before the first product uses one; and take the native
         layer (native/layer.py) when every layer's matrices run in the native kernel (set
         OUTRIDER_NATIVE_LAYER=0 for the torch layer: the reference, and a measurement baseline)."""
-        import os
-
         from .native.layer import NativeLayers
 
-        self._native = NativeLayers.of(self) if os.environ.get("OUTRIDER_NATIVE_LAYER", "1") != "0" else None
+        self._native = NativeLayers.of(self)
         if self.device.type == "cpu":
             from .catalog import cache_dir
 

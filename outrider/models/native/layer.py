@@ -12,6 +12,7 @@ that a row's result does not depend on the other rows of its batch.
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,11 @@ class QWeight(ctypes.Structure):
 def _qweight(w: NativeWeight) -> QWeight:
     return QWeight(KIND_CODES[w.kind], w.shape[0], w.shape[1], w.q.data_ptr(), w.d.data_ptr(),
                    w.m.data_ptr() if w.m is not None else None)
+
+
+def enabled() -> bool:
+    """False when OUTRIDER_NATIVE_LAYER=0 (the torch layer everywhere: the reference, a baseline)."""
+    return os.environ.get("OUTRIDER_NATIVE_LAYER", "1") != "0"
 
 
 def _ptr(t: torch.Tensor | None):
@@ -48,7 +54,7 @@ class NativeLayers:
     def of(cls, decoder) -> "NativeLayers | None":
         """The layers' matrices as the kernel reads them, or None when any is not a native
         QuantLinear (a float model, another kernel), or the model is not float32 on a CPU."""
-        if library() is None or decoder.device.type != "cpu" or decoder.dtype != torch.float32:
+        if not enabled() or library() is None or decoder.device.type != "cpu" or decoder.dtype != torch.float32:
             return None
         arrays = [cls.matrices([w.qkv, w.o, w.gate_up, w.down]) for w in decoder.layers]
         return None if any(a is None for a in arrays) else cls(arrays)
@@ -82,7 +88,7 @@ class LayerCall:
         self.h_in = None if h_in is None else h_in.reshape(R, -1).contiguous()  # [R, w[0].in], normed by the caller
         self.cos = cos.reshape(R, D).contiguous()  # [R, D]
         self.sin = sin.reshape(R, D).contiguous()
-        self.slots = torch.tensor(batch.slot_ids, dtype=torch.long).view(B, 1).expand(B, T).reshape(R).contiguous()
+        self.slots = batch.slots.view(B, 1).expand(B, T).reshape(R).contiguous()  # [R] slot of each row
         self.rows = batch.rows.reshape(R).contiguous()  # [R] cache row of each token
         self.mask = None if batch.attn_mask is None else batch.attn_mask.reshape(R, L).contiguous()  # [R, L] bool
         self.work = torch.empty(R * ((H + 2 * G) * D + H * D + E + 3 * I) + R * H * (L + 8), dtype=torch.float32)
