@@ -10,14 +10,21 @@
 # the step count is planned from the first steps and OUT/train_info.json's "reproduce" is the same
 # run with that count fixed. Snapshots every 100 steps feed scripts/eagle3_tau_curve.py.
 # INIT=HEAD continues a head (--init-from: its weights and draft vocabulary, a new optimizer),
-# e.g. INIT=smollm2-135m-instruct to add a GPU run's tokens to the shipped head.
+# e.g. INIT=smollm2-135m-instruct to add a GPU run's tokens to the shipped head. DATA overrides
+# the sources, CODE_ROOTS (folders, ':'-separated) the code sources' folders (--code-root),
+# RESPONSES hands in an earlier run's regenerated.jsonl (--responses: only missing items are
+# generated), REGEN_BATCH the prompts answered together.
 set -euo pipefail
 out=${1:?usage: $0 OUT [SECONDS]}
 budget=${2:-420}
 python=${PYTHON:-python3}
+roots=()
+IFS=: read -ra dirs <<< "${CODE_ROOTS:-}"
+for d in "${dirs[@]}"; do [ -n "$d" ] && roots+=(--code-root "$d"); done
 exec "$python" -m outrider.cli train eagle3 --target "${TARGET:-smollm2-135m-instruct}" \
-    --data code,code-prompts,code-completions,toolcall --regenerate --max-response-tokens 256 \
-    --device cuda --target-dtype bfloat16 --precision bf16 \
+    --data "${DATA:-code,code-prompts,code-completions,toolcall}" --regenerate --max-response-tokens 256 \
+    --device "${DEVICE:-cuda}" --target-dtype bfloat16 --precision bf16 \
     --seq-len 1024 --batch-size "${BATCH:-32}" --ttt-steps 7 --draft-vocab 8192 --lr "${LR:-1e-3}" --seed 0 \
     --time-budget "$budget" --checkpoint-every 500 --snapshot-every 100 --no-progress --out "$out" \
-    ${INIT:+--init-from "$INIT"}
+    ${INIT:+--init-from "$INIT"} ${RESPONSES:+--responses "$RESPONSES"} \
+    ${REGEN_BATCH:+--regenerate-batch "$REGEN_BATCH"} "${roots[@]}"

@@ -167,6 +167,46 @@ def test_examples_masks_and_order(target, corpus):
     assert [t for _, t in take(data.Stream(c, enc, seed=4), 60)] != [t for _, t in first]
 
 
+def test_length_groups_batch_similar_lengths_and_resume_anywhere(target, tmp_path):
+    rng = random.Random(1)
+    rows = [{"text": words(rng, rng.randrange(2, SEQ + 1))} for _ in range(40)]
+    c = data.load_corpus(f"jsonl:{write_jsonl(tmp_path / 'v.jsonl', rows)}", regenerate=False)
+    from outrider.engine import _load_tokenizer
+
+    enc = data.Encoder(_load_tokenizer(target), SEQ)
+
+    def take(n, group, start=data.Position()):
+        return list(zip(range(n), data.batches(data.Stream(c, enc, seed=5), 4, start, group=group)))
+
+    plain, grouped = take(20, 1), take(20, 5)  # 80 examples: two epochs, four groups of 5 batches
+    tokens = lambda got: [[tuple(e.tokens) for e in b] for _, (_, b) in got]  # noqa: E731
+    for w in range(4):  # each group of 5 batches holds the same examples as 5 plain batches...
+        a, b = tokens(plain)[5 * w:5 * w + 5], tokens(grouped)[5 * w:5 * w + 5]
+        assert sorted(x for batch in a for x in batch) == sorted(x for batch in b for x in batch)
+        spans = sorted((min(map(len, batch)), max(map(len, batch))) for batch in b)
+        assert all(hi <= lo for (_, hi), (lo, _) in zip(spans, spans[1:]))  # ...cut by length
+    padded = lambda got: sum(len(b) * max(map(len, b)) for b in tokens(got))  # noqa: E731
+    assert padded(grouped) < 0.85 * padded(plain)
+    assert [p for _, (p, _) in grouped][4::5] == [p for _, (p, _) in plain][4::5]  # same stream position
+    for k in (0, 2, 4, 7):  # a position resumes the same batches, inside a group or at its end
+        assert tokens(take(20 - k - 1, 5, start=grouped[k][1][0])) == tokens(grouped)[k + 1:]
+
+
+def test_code_roots_read_other_folders(tmp_path):
+    for name in ("proj/app/__init__.py", "proj/app/core.py", "lib/util.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text('def add(a, b):\n    """Add two numbers."""\n    return a + b\n')
+    one = data.load_corpus("code-completions", regenerate=False, roots=[tmp_path / "proj" / "app"]).items
+    assert [i.id for i in one] == ["code-completions:app:add", "code-completions:app.core:add"]
+    two = data.load_corpus("code,code-prompts", regenerate=True, roots=[tmp_path / "proj", tmp_path / "lib"])
+    assert sorted(i.id for i in two.items if i.kind == "text") == [
+        "code:lib/util.py", "code:proj/app/__init__.py", "code:proj/app/core.py"]
+    assert "code-prompts:lib/util:add" in {i.id for i in two.items}
+    assert any("lib" in line for line in two.sources)
+    with pytest.raises(ConfigError, match="--code-root .*no such folder"):
+        options(tmp_path, tmp_path / "x.jsonl", tmp_path / "o", data="code", code_roots=[str(tmp_path / "nope")]).check()
+
+
 def test_code_source_leaves_out_tests_and_code_edit_modules(tmp_path):
     for name in ("argparse.py", "foo.py", "test/bar.py", "json/decoder.py", "json/__init__.py",
                  "pkg/tests/baz.py", "test_x.py", "site-packages/q.py"):
@@ -257,7 +297,7 @@ def test_greedy_batch_commits_what_generate_ids_commits(target):
     assert len(got[0]) <= 3 and len(got[3]) <= 5 and all(a[:len(b)] == b for a, b in zip(no_eos, got))
 
 
-def test_regenerate_then_a_time_budget_plans_the_steps(target, tmp_path):
+def test_regenerate_then_a_time_budget_plans_the_steps_and_responses_carry_over(target, tmp_path):
     from outrider.train import loop
 
     rng = random.Random(4)
@@ -277,6 +317,25 @@ def test_regenerate_then_a_time_budget_plans_the_steps(target, tmp_path):
     assert info["reproduce"][-4:] == ["--steps", str(info["steps"]), "--warmup-steps", str(loop.PLAN_AFTER)]
     assert "--time-budget" not in info["reproduce"]
     assert len(log_of(out)) == info["steps"]
+    # the same responses handed to another run: none generated again, the same training
+    again, said2 = tmp_path / "again", []
+    info2 = train(options(target, mixed, again, steps=info["steps"], warmup_steps=loop.PLAN_AFTER, regenerate=True,
+                          max_response_tokens=6, responses=str(out / "regenerated.jsonl")), log=said2.append)
+    assert any(m.startswith("responses: 5 items, 0 generated now") for m in said2), said2
+    assert sorted((again / "regenerated.jsonl").read_text().splitlines()) == sorted(
+        (out / "regenerated.jsonl").read_text().splitlines())
+    a, b = load_file(str(out / "model.safetensors")), load_file(str(again / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a) and info2["steps"] == info["steps"]
+    (tmp_path / "bad.jsonl").write_text('{"id": "jsonl:q0", "ids": [5, 100000]}\n')
+    with pytest.raises(ConfigError, match="outside the target's vocabulary"):
+        train(options(target, mixed, tmp_path / "bad", regenerate=True, responses=str(tmp_path / "bad.jsonl")),
+              log=said2.append)
+    (tmp_path / "bad.jsonl").write_text('{"id": 3}\n')
+    with pytest.raises(ConfigError, match="bad.jsonl:1: not a response line"):
+        train(options(target, mixed, tmp_path / "bad2", regenerate=True, responses=str(tmp_path / "bad.jsonl")),
+              log=said2.append)
+    with pytest.raises(ConfigError, match="only with --regenerate"):
+        options(target, mixed, tmp_path / "bad3", responses=str(tmp_path / "bad.jsonl")).check()
 
 
 def test_a_source_count_keeps_a_fixed_subset(tmp_path):

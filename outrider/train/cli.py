@@ -17,6 +17,9 @@ def add_parser(sub) -> None:
     p.add_argument("--data", required=True,
                    help=f"comma-separated sources: {', '.join(SOURCES)} (humaneval is the bench workload: "
                         "contaminated for it)")
+    p.add_argument("--code-root", action="append", default=None, metavar="DIR", dest="code_roots",
+                   help="a folder of .py files the code sources read instead of this Python's standard library "
+                        "(repeatable: your own project, installed packages)")
     p.add_argument("--out", required=True, help="output folder (new or empty; or the run to --resume)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default 1000 unless --tokens)")
     p.add_argument("--tokens", type=int, default=None, help="stop after this many training tokens instead")
@@ -34,6 +37,9 @@ def add_parser(sub) -> None:
     p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size Vd (default 8192)")
     p.add_argument("--vocab-tokens", type=int, default=2_000_000,
                    help="training labels counted to choose the draft vocabulary (default 2,000,000)")
+    p.add_argument("--length-group", type=int, default=8, metavar="G",
+                   help="sort G batches' examples by length together so each batch pads less (1: stream order; "
+                        "default 8)")
     p.add_argument("--seed", type=int, default=0, help="initialisation and data order (default 0)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--init-from", default=None, metavar="HEAD",
@@ -41,6 +47,9 @@ def add_parser(sub) -> None:
                         "speculators layout, or a shipped head's name), with a new optimizer and schedule")
     p.add_argument("--regenerate", action="store_true",
                    help="the target writes the responses of chat/prompt items itself (greedy)")
+    p.add_argument("--responses", default=None, metavar="FILE",
+                   help="with --regenerate: responses this target already wrote (another run's OUT/regenerated.jsonl); "
+                        "only the items it lacks are generated")
     p.add_argument("--max-response-tokens", type=int, default=256, help="per regenerated response (default 256)")
     p.add_argument("--regenerate-batch", type=int, default=None,
                    help="prompts the target answers together (default 16 on a CPU, 512 on a GPU)")
@@ -63,7 +72,7 @@ def run(args) -> int:
     keys = ("target", "data", "out", "steps", "tokens", "seq_len", "batch_size", "lr", "warmup_steps", "clip",
             "ttt_steps", "decay", "draft_vocab", "vocab_tokens", "seed", "resume", "regenerate",
             "max_response_tokens", "checkpoint_every", "threads", "device", "target_dtype", "precision",
-            "snapshot_every", "regenerate_batch", "time_budget", "init_from")
+            "snapshot_every", "regenerate_batch", "time_budget", "init_from", "length_group", "code_roots", "responses")
     options = TrainOptions(**{k: getattr(args, k) for k in keys}, progress=not args.no_progress,
                            command=["outrider"] + sys.argv[1:])
     train(options)

@@ -4,7 +4,9 @@ Sources (`--data a,b,...`; a `jsonl:PATH` goes last if its path holds a comma; t
 in train/sources.py):
 
     code          Python standard-library files (sysconfig stdlib of the running Python), raw text,
-                  without test suites and without the modules the code-edit workload edits
+                  without test suites and without the modules the code-edit workload edits;
+                  `--code-root DIR` (repeatable) reads DIR's .py files instead, for this source
+                  and the next two: your own project, or installed packages
     code-prompts  chat prompts "Write a Python function `name(args)` ..." from the docstrings of
                   public stdlib functions, again not from the code-edit modules (need --regenerate)
     code-completions  completion prompts in HumanEval's form: a public stdlib function or method's
@@ -63,13 +65,16 @@ class Example:
 
 @dataclass(frozen=True)
 class Position:
-    """Where the stream is: the next example is chunk `chunk` of item `item` of epoch `epoch`."""
+    """Where the stream is: the next example is chunk `chunk` of item `item` of epoch `epoch`.
+    With length groups (`batches(..., group=G)`), the position of a group's first example and
+    `skip`, how many of the group's batches were taken already."""
     epoch: int = 0
     item: int = 0
     chunk: int = 0
+    skip: int = 0
 
     def to_json(self) -> list[int]:
-        return [self.epoch, self.item, self.chunk]
+        return [self.epoch, self.item, self.chunk, self.skip]
 
 
 @dataclass
@@ -106,18 +111,20 @@ def parse_sources(spec: str) -> list[str]:
     return names
 
 
-def load_corpus(spec: str, *, regenerate: bool, fixtures: Path | None = None, stdlib: Path | None = None) -> Corpus:
-    """Every item of the sources in `spec`; refuses (one line) a corpus with nothing to train on."""
-    from .sources import BUILDERS, jsonl_items
+def load_corpus(spec: str, *, regenerate: bool, fixtures: Path | None = None, stdlib: Path | None = None,
+                roots: list | None = None) -> Corpus:
+    """Every item of the sources in `spec`; refuses (one line) a corpus with nothing to train on.
+    The code sources read `roots` (--code-root folders), else `stdlib` (default: this Python's)."""
+    from .sources import build, jsonl_items
 
-    stdlib = Path(stdlib or sysconfig.get_paths()["stdlib"])
+    roots = [Path(r).expanduser() for r in roots] if roots else [Path(stdlib or sysconfig.get_paths()["stdlib"])]
     items, sources = [], []
     for name in parse_sources(spec):
         if name.startswith("jsonl:"):
             got, where = jsonl_items(Path(name[6:]).expanduser())
         else:
             base, _, count = name.partition(":")
-            got, where = BUILDERS[base](stdlib, fixtures)
+            got, where = build(base, roots, fixtures)
             if count:  # a fixed subset, the same for every seed: first N by sha256 of the id
                 got = sorted(got, key=lambda i: hashlib.sha256(f"subset:{i.id}".encode()).hexdigest())[:int(count)]
         items += got
@@ -242,11 +249,33 @@ class Stream:
         return self.responses[item.id]
 
 
-def batches(stream: Stream, batch_size: int, start: Position = Position()) -> Iterator[tuple[Position, list[Example]]]:
-    """Global batches of `batch_size` examples: (position after the batch, examples)."""
-    batch, it = [], stream.examples(start)
-    for after, example in it:
-        batch.append(example)
-        if len(batch) == batch_size:
-            yield after, batch
-            batch = []
+def batches(stream: Stream, batch_size: int, start: Position = Position(),
+            group: int = 1) -> Iterator[tuple[Position, list[Example]]]:
+    """Global batches of `batch_size` examples: (position after the batch, examples).
+
+    group > 1: the next `group` batches' examples are sorted by length (longest first, ties in
+    stream order) and cut into `group` batches of similar lengths, taken in a seeded order, so a
+    batch pads to its own longest example rather than to a random one's (about half the padded
+    tokens on a mix of short responses and full code chunks). A pure function of the stream."""
+    if group == 1:
+        batch, it = [], stream.examples(Position(start.epoch, start.item, start.chunk))
+        for after, example in it:
+            batch.append(example)
+            if len(batch) == batch_size:
+                yield after, batch
+                batch = []
+        return
+    first, skip = Position(start.epoch, start.item, start.chunk), start.skip
+    it = stream.examples(first)
+    while True:
+        window = [next(it) for _ in range(group * batch_size)]
+        after = window[-1][0]
+        examples = [e for _, e in window]
+        by_length = sorted(range(len(examples)), key=lambda i: (-len(examples[i].tokens), i))
+        cut = [[examples[i] for i in by_length[b * batch_size:(b + 1) * batch_size]] for b in range(group)]
+        key = f"{stream.seed}:{first.epoch}:{first.item}:{first.chunk}"
+        order = sorted(range(group), key=lambda b: hashlib.sha256(f"{key}:{b}".encode()).hexdigest())
+        for taken in range(skip, group):
+            done = taken + 1 == group
+            yield (after if done else Position(first.epoch, first.item, first.chunk, taken + 1)), cut[order[taken]]
+        first, skip = after, 0

@@ -40,7 +40,8 @@ from .vocab import check_draft_vocab, count_labels, draft_vocab, used_from_maps
 # arguments a resumed run must share with the run it continues (the batches depend on them)
 SAME_ON_RESUME = ("target", "data", "seq_len", "batch_size", "seed", "draft_vocab", "regenerate",
                   "max_response_tokens", "ttt_steps", "decay", "vocab_tokens", "target_dtype", "precision",
-                  "init_from")
+                  "init_from", "length_group", "code_roots")
+OLD_RUNS = {"length_group": 1}  # what a checkpoint written before an option existed ran with
 PRECISIONS = ("fp32", "bf16")  # the head's arithmetic: fp32, or bf16 autocast (weights and optimizer fp32)
 TARGET_DTYPES = ("float32", "bfloat16")
 
@@ -74,6 +75,9 @@ class TrainOptions:
     regenerate_batch: int | None = None  # prompts regenerated together (None: 16 on a CPU, 512 on a GPU)
     time_budget: float | None = None  # seconds of training steps: the step count is planned from the first ones
     init_from: str | None = None  # start from this head's weights (a folder or a shipped head's name)
+    length_group: int = 8  # batches whose examples are sorted by length together (1: stream order)
+    code_roots: list[str] | None = None  # folders the code sources read (None: this Python's stdlib)
+    responses: str | None = None  # another run's regenerated.jsonl: responses not generated again
     progress: bool = True
     command: list[str] = field(default_factory=list)
 
@@ -97,7 +101,8 @@ class TrainOptions:
         positive = {"steps": self.steps, "tokens": self.tokens, "batch_size": self.batch_size,
                     "ttt_steps": self.ttt_steps, "draft_vocab": self.draft_vocab, "threads": self.threads,
                     "max_response_tokens": self.max_response_tokens, "checkpoint_every": self.checkpoint_every,
-                    "vocab_tokens": self.vocab_tokens, "regenerate_batch": self.regenerate_batch}
+                    "vocab_tokens": self.vocab_tokens, "regenerate_batch": self.regenerate_batch,
+                    "length_group": self.length_group}
         for key, value in positive.items():
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
@@ -120,6 +125,12 @@ class TrainOptions:
         if self.seed < 0:
             raise ConfigError(f"--seed must be >= 0, got {self.seed}")
         parse_sources(self.data)
+        if self.responses is not None and not (self.regenerate and Path(self.responses).is_file()):
+            raise ConfigError(f"--responses {self.responses}: " + ("no such file" if self.regenerate else
+                              "only with --regenerate (the responses stand in for the target's own)"))
+        for root in self.code_roots or ():
+            if not Path(root).expanduser().is_dir():
+                raise ConfigError(f"--code-root {root}: no such folder; give a folder of .py files")
         if self.init_from is not None:  # a head that is not there: refused before anything loads
             from ..heads.catalog import resolve_head
             from ..heads.eagle3_format import read_config
@@ -196,7 +207,7 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
         torch.set_num_threads(o.threads)
     out = Path(o.out)
     device = resolve_device(o.device or "cpu")
-    corpus = load_corpus(o.data, regenerate=o.regenerate,
+    corpus = load_corpus(o.data, regenerate=o.regenerate, roots=o.code_roots,
                          fixtures=Path(os.environ["OUTRIDER_BENCH_FIXTURES"]) if os.environ.get("OUTRIDER_BENCH_FIXTURES") else None)
     path = resolve_model(o.target)
     vocab_size = ModelConfig.load(path).vocab_size
@@ -204,7 +215,7 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
     saved = checkpoint.load(out) if o.resume else None
     if saved is not None:
         before = saved.meta["options"]
-        changed = [k for k in SAME_ON_RESUME if before.get(k) != asdict(o).get(k)]
+        changed = [k for k in SAME_ON_RESUME if before.get(k, OLD_RUNS.get(k)) != asdict(o).get(k)]
         if changed:
             raise ConfigError(f"--resume: {', '.join('--' + k.replace('_', '-') for k in changed)} differ from the "
                               f"run in {out} ({', '.join(f'{before.get(k)!r}' for k in changed)}); use its values")
@@ -220,7 +231,8 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
     if o.regenerate:
         responder = Regenerator(target, encoder, eos_ids_of(path, tokenizer), o.max_response_tokens,
                                 out / "regenerated.jsonl", write=dist.rank == 0, log=say,
-                                batch=o.regenerate_batch or (512 if device.type == "cuda" else 16))
+                                batch=o.regenerate_batch or (512 if device.type == "cuda" else 16),
+                                responses=Path(o.responses) if o.responses else None)
     stream = Stream(corpus, encoder, o.seed, responder)
     if responder is not None:
         began = time.perf_counter()
@@ -258,7 +270,7 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
     start = time.perf_counter()
     last = {}
     share = o.batch_size // dist.world
-    data = batches(stream, o.batch_size, position)
+    data = batches(stream, o.batch_size, position, group=o.length_group)
     timed_from = start
     while step < o.total_steps and (o.tokens is None or tokens_seen < o.tokens):
         position, examples = next(data)

@@ -8,6 +8,7 @@ import ast
 import json
 import os
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -36,7 +37,7 @@ def stdlib_files(stdlib: Path) -> list[Path]:
 def _code(stdlib: Path, fixtures) -> tuple[list[Item], str]:
     files = stdlib_files(stdlib)
     items = [Item(f"code:{p.relative_to(stdlib)}", "text", path=str(p)) for p in files]
-    return items, f"Python stdlib {stdlib} ({len(files)} files; tests and code-edit modules excluded)"
+    return items, f"{stdlib} ({len(files)} .py files; tests and code-edit modules excluded)"
 
 
 def _code_prompts(stdlib: Path, fixtures) -> tuple[list[Item], str]:
@@ -46,7 +47,7 @@ def _code_prompts(stdlib: Path, fixtures) -> tuple[list[Item], str]:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
-        module = ".".join(path.relative_to(stdlib).with_suffix("").parts).removesuffix(".__init__")
+        module = _module_name(path, stdlib)
         for node in tree.body:
             if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
                 continue
@@ -58,7 +59,7 @@ def _code_prompts(stdlib: Path, fixtures) -> tuple[list[Item], str]:
                     f"`{module}`). What it does:\n\n{summary}\n\nReply with the function in one ```python block.")
             items.append(Item(f"code-prompts:{module}:{node.name}", "chat",
                               messages=({"role": "user", "content": user},)))
-    return items, f"docstrings of public functions in Python stdlib {stdlib} (code-edit modules excluded)"
+    return items, f"docstrings of public functions in {stdlib} (code-edit modules excluded)"
 
 
 def _code_completions(stdlib: Path, fixtures) -> tuple[list[Item], str]:
@@ -72,7 +73,7 @@ def _code_completions(stdlib: Path, fixtures) -> tuple[list[Item], str]:
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
         lines = source.splitlines(keepends=True)
-        module = ".".join(path.relative_to(stdlib).with_suffix("").parts).removesuffix(".__init__")
+        module = _module_name(path, stdlib)
         for qualname, node in _public_defs(tree):
             body = node.body
             if not (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
@@ -87,8 +88,16 @@ def _code_completions(stdlib: Path, fixtures) -> tuple[list[Item], str]:
             if item_id not in seen:  # a name defined twice (a property's setter): the first
                 seen.add(item_id)
                 items.append(Item(item_id, "prompt", text=prompt, response=rest))
-    return items, f"def lines and docstrings of public functions and methods in Python stdlib {stdlib} " \
+    return items, f"def lines and docstrings of public functions and methods in {stdlib} " \
                   "(code-edit modules excluded)"
+
+
+def _module_name(path: Path, root: Path) -> str:
+    """The dotted module of `path` under `root`; a root that is itself a package leads it."""
+    parts = path.relative_to(root).with_suffix("").parts
+    if (root / "__init__.py").is_file():
+        parts = (root.name,) + parts
+    return ".".join(parts).removesuffix(".__init__")
 
 
 def _public_defs(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef]]:
@@ -170,3 +179,18 @@ def _messages(messages, where: str) -> list[dict]:
 
 BUILDERS = {"code": _code, "code-prompts": _code_prompts, "code-completions": _code_completions,
              "toolcall": _toolcall, "humaneval": _humaneval}
+CODE_SOURCES = ("code", "code-prompts", "code-completions")  # the ones that read the code roots
+
+
+def build(base: str, roots: list[Path], fixtures) -> tuple[list[Item], str]:
+    """The items of source `base`: a code source reads every root (each item id then names its
+    root's folder when there are several), the others read none."""
+    if base not in CODE_SOURCES or len(roots) == 1:
+        return BUILDERS[base](roots[0], fixtures)
+    items, where = [], []
+    for root in roots:
+        got, _ = BUILDERS[base](root, fixtures)
+        prefix = f"{base}:"
+        items += [replace(i, id=f"{prefix}{root.name}/{i.id[len(prefix):]}") for i in got]
+        where.append(f"{root} ({len(got)})")
+    return items, f"{len(roots)} folders (items in each; tests and code-edit modules excluded): {', '.join(where)}"
