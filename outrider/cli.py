@@ -13,7 +13,8 @@ import sys
 from .errors import OutriderError
 
 DTYPE_HELP = ("float32, bfloat16, float16; q8_0, q4 or gguf (weights kept quantized, float32 activations, "
-              "exact); q8_0-bf16-lossy or q4-bf16-lossy (torch's int4 kernel, not lossless). Default: on a CPU "
+              "exact); q4_0 (every weight, head included, re-quantized to Q4_0 at load: the smallest, "
+              "e.g. for a drafter); q8_0-bf16-lossy or q4-bf16-lossy (torch's int4 kernel, not lossless). Default: on a CPU "
               "a GGUF-sourced model's own quantization where Outrider's kernel builds (`models list` says "
               "which), else float32; bfloat16 on CUDA")
 

@@ -253,7 +253,7 @@ def test_a_draft_model_in_its_own_dtype_changes_no_output(tiny_folders):
     requests = [Request([5, 6, 7, 5, 6, 7, 5], 12), Request([9, 3, 9, 3], 12)]
     llm = LLM(target, device="cpu")
     plain = [f.output_ids for f in generate_ids(llm.target, requests, set())]
-    for dtype, expect in (("bfloat16", torch.bfloat16), ("q8_0", "q8_0")):
+    for dtype, expect in (("bfloat16", torch.bfloat16), ("q8_0", "q8_0"), ("q4_0", "q4_0")):
         llm = LLM(target, drafter=f"draft-model:{tiny_folders['llama-draft']}@{dtype}", controller="fixed:3", device="cpu")
         draft = llm.speculator.drafter.decoder
         assert (draft.quantization or draft.dtype) == expect and llm.target.dtype == torch.float32

@@ -74,13 +74,14 @@ def dequantized_copy(model, folder: Path, kinds: dict[str, str]):
 
 
 KINDS_OF = {"q8_0": {"projections": "q8_0", "head": "q8_0"}, "q4": {"projections": "q4_1", "head": "q8_0"}}
+AT_LOAD = {**KINDS_OF, "q4_0": {"projections": "q4_0", "head": "q4_0"}}  # q4_0: no bf16 form
 
 
-@pytest.mark.parametrize("dtype", KINDS_OF)
+@pytest.mark.parametrize("dtype", AT_LOAD)
 def test_quantized_at_load_equals_dequantized_float_model(folder, dtype):
     """The forward (float32 kernel) is the float model of the dequantized blocks, up to float32
     rounding: the loader quantizes and wires every weight as it should."""
-    kinds = KINDS_OF[dtype]
+    kinds = AT_LOAD[dtype]
     model = load_decoder(folder, "cpu", dtype)
     assert model.dtype == torch.float32 and model.device.type == "cpu" and model.quantization == dtype
     for layer in model.layers:
@@ -227,6 +228,15 @@ def test_gguf_blocks_load_natively(tmp_path):
     torch.testing.assert_close(logits_of(model, tokens), ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
 
 
+def test_q4_0_requantizes_a_gguf_folder_from_its_floats(tmp_path):
+    """--dtype q4_0 never takes the GGUF's blocks: every weight is the float folder's, quantized
+    to Q4_0 at load (the smallest model a step reads, e.g. for a drafter)."""
+    folder = gguf_folder(tmp_path / "q4_1")
+    model = load_decoder(folder, "cpu", "q4_0")
+    assert {model.layers[0].qkv.kind, model.lm_head.kind, model.embed.kind} == {"q4_0"}
+    assert model.lm_head.nbytes() < load_decoder(folder, "cpu", "q4").lm_head.nbytes()
+
+
 def test_gguf_of_another_family_is_quantized_from_floats(tmp_path):
     from outrider.models.quant_load import QuantTensors
     from outrider.models.loader import _Tensors
@@ -293,7 +303,7 @@ def test_llm_takes_quantized_dtypes(tiny_folders):
     llm = LLM(str(tiny_folders["llama"]), dtype="q8_0", drafter="suffix")
     assert isinstance(llm.target.layers[0].qkv, QuantLinear)
     assert isinstance(llm.generate("w5 w6 w7", max_new_tokens=8).text, str)
-    with pytest.raises(ConfigError, match="q8_0, q4, gguf, q8_0-bf16-lossy or q4-bf16-lossy"):
+    with pytest.raises(ConfigError, match="q8_0, q4, q4_0, gguf, q8_0-bf16-lossy or q4-bf16-lossy"):
         LLM(str(tiny_folders["llama"]), dtype="q3")
 
 

@@ -99,23 +99,42 @@ def test_a_failing_build_falls_back_and_says_why(tmp_path):
 
 
 @needs_native
-def test_a_filling_forward_may_take_the_gemm_and_keeps_the_values():
-    """Within quant_linear.filling() a linear of BULK_ROWS rows or more multiplies dequantized rows
-    with the float GEMM: the same products up to summation order; outside, or below BULK_ROWS
-    rows, the kernel (bit-identical rows) as before."""
+@pytest.mark.parametrize("bf16", [False, True])
+def test_a_filling_forward_may_take_the_gemm_and_keeps_the_values(bf16, monkeypatch):
+    """Within quant_linear.filling() a linear of BULK_ROWS rows or more (BULK_ROWS_BF16 where the
+    GEMM runs in bfloat16, as on CPUs with AMX) multiplies dequantized rows with the GEMM: the same
+    products up to summation order (float32) or bfloat16 rounding of x and the weight; outside, or
+    below the threshold, the kernel (bit-identical rows) as before."""
     from outrider.models import quant_linear
 
+    monkeypatch.setattr(quant_linear, "_BF16_PREFILL", [bf16])
+    rows = quant_linear.BULK_ROWS_BF16 if bf16 else quant_linear.BULK_ROWS
     blocks = quantize(torch.randn(200, 576, generator=torch.Generator().manual_seed(4)) * 0.05, "q4_1")
     weight = QuantLinear(blocks, kernel="native")
-    x = torch.randn(quant_linear.BULK_ROWS, 576, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(5))
     ref = reference_linear(x, blocks)
     with quant_linear.filling():
         bulk = weight.linear(x)
-        small = weight.linear(x[:3])
-    assert (bulk - ref).abs().max() <= 1e-5 * ref.abs().max()
-    assert torch.equal(small, native.qmatmul(x[:3], blocks))  # few rows: still the kernel
+        small = weight.linear(x[:rows - 1])
+    if bf16:  # exactly the bfloat16 product of the rounded operands (float32 sums), near the reference
+        rounded = x.to(torch.bfloat16) @ native.dequantize_rows(native.NativeWeight.of(blocks), 0, 200,
+                                                                  torch.bfloat16).t()
+        assert torch.allclose(bulk, rounded.float(), rtol=1e-2, atol=1e-2 * ref.abs().max())
+        assert (bulk - ref).abs().max() <= 2e-2 * ref.abs().max()
+    else:
+        assert (bulk - ref).abs().max() <= 1e-5 * ref.abs().max()
+    assert torch.equal(small, native.qmatmul(x[:rows - 1], blocks))  # fewer rows: still the kernel
     assert torch.equal(weight.linear(x), native.qmatmul(x, blocks))  # not filling: the kernel
     assert not torch.equal(bulk, native.qmatmul(x, blocks))  # the GEMM really ran (another order)
+
+
+@needs_native
+def test_bf16_rows_are_the_float_rows_rounded():
+    for kind in ("q8_0", "q4_0", "q4_1"):
+        blocks = quantize(torch.randn(40, 128, generator=torch.Generator().manual_seed(6)), kind)
+        w = native.NativeWeight.of(blocks)
+        assert torch.equal(native.dequantize_rows(w, 3, 37, torch.bfloat16),
+                           native.dequantize_rows(w, 3, 37).to(torch.bfloat16))
 
 
 def test_only_a_logits_free_batch_fills():

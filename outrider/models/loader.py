@@ -107,7 +107,7 @@ class _Tensors:
 
 DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
                "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-               "q8_0": "q8_0", "q4": "q4", "gguf": "gguf", "q8_0-bf16-lossy": "q8_0-bf16-lossy", "q4-bf16-lossy": "q4-bf16-lossy"}
+               "q8_0": "q8_0", "q4": "q4", "q4_0": "q4_0", "gguf": "gguf", "q8_0-bf16-lossy": "q8_0-bf16-lossy", "q4-bf16-lossy": "q4-bf16-lossy"}
 
 
 def parse_dtype(name: str | None) -> torch.dtype | str | None:
@@ -116,7 +116,7 @@ def parse_dtype(name: str | None) -> torch.dtype | str | None:
     if name is None:
         return None
     if name not in DTYPE_NAMES:
-        raise ConfigError(f"unknown dtype '{name}': use float32, bfloat16, float16, q8_0, q4, gguf, "
+        raise ConfigError(f"unknown dtype '{name}': use float32, bfloat16, float16, q8_0, q4, q4_0, gguf, "
                           "q8_0-bf16-lossy or q4-bf16-lossy")
     return DTYPE_NAMES[name]
 

@@ -10,6 +10,10 @@ safetensors, quantized at load. `load_decoder(folder, dtype="q4" | "q8_0")` read
                    line saying so, since the model is then not the GGUF's exact one.
     --dtype q8_0   the GGUF's own blocks when its projections are Q8_0; otherwise every projection,
                    the head and the embedding quantized to Q8_0 at load.
+    --dtype q4_0   every projection, the head and the embedding quantized to Q4_0 at load from the
+                   float weights, whatever the GGUF keeps: the fewest bytes a step (18 per 32
+                   weights), a coarser model than the file's own. For a drafter (`draft-model:
+                   NAME@q4_0`) that costs nothing in output: the target verifies every token.
     --dtype gguf   every tensor as the GGUF keeps it, whatever its kinds (Q8_0, Q4_0, Q4_1, and
                    Q5_0, Q4_K, Q6_K re-expressed exactly: quant_convert.py): llama.cpp's K-quant
                    files (Q4_K_M ...) run on their own weights. Refused when the folder has no
@@ -42,9 +46,9 @@ from .quant import BLOCK, SUPPORTED_GGUF, QuantBlocks, cat_rows, check_gguf_kind
 from .quant_convert import gguf_blocks
 from .quant_linear import QuantLinear, choose_kernel
 
-QUANT_DTYPES = ("q8_0", "q4", "gguf", "q8_0-bf16-lossy", "q4-bf16-lossy")  # --dtype names for quantized weights
+QUANT_DTYPES = ("q8_0", "q4", "q4_0", "gguf", "q8_0-bf16-lossy", "q4-bf16-lossy")  # --dtype names for quantized weights
 _FAMILY = {"q8_0": "Q8", "q4": "Q4"}  # a GGUF is used natively when its projections are of this family
-_AT_LOAD = {"q8_0": ("q8_0", "q8_0"), "q4": ("q4_1", "q8_0")}  # (projections, head and embedding)
+_AT_LOAD = {"q8_0": ("q8_0", "q8_0"), "q4": ("q4_1", "q8_0"), "q4_0": ("q4_0", "q4_0")}  # (projections, head and embedding)
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 _TABLES = ("model.embed_tokens.weight", "lm_head.weight")
 _PROJECTION = re.compile(r"blk\.\d+\.(attn_(q|k|v|output)|ffn_(gate|up|down))\.weight")
@@ -184,7 +188,7 @@ class _NativeGGUF:
     def open_if_native(cls, path: Path, dtype_name: str) -> "_NativeGGUF | None":
         """The GGUF when its layer projections are of the family asked for (4-bit for q4, 8-bit
         for q8_0); None when there is no GGUF or it is of another kind (then floats are quantized)."""
-        if not path.is_file():
+        if not path.is_file() or dtype_name == "q4_0":  # q4_0: always the float weights, quantized at load
             return None
         index = GGUFIndex.open(path)
         types = {t.type for name, t in index.tensors.items() if _PROJECTION.fullmatch(name)}

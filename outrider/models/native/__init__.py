@@ -114,6 +114,8 @@ def _load() -> None:
     lib.outrider_qmatmul_rows.restype = ctypes.c_int
     lib.outrider_dequantize.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, i64, i64, ptr, ctypes.c_int]
     lib.outrider_dequantize.restype = ctypes.c_int
+    lib.outrider_dequantize_bf16.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, i64, i64, ptr, ctypes.c_int]
+    lib.outrider_dequantize_bf16.restype = ctypes.c_int
     f32 = ctypes.c_float
     lib.outrider_layer.argtypes = [i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, ptr, ptr, ptr,
                                    ptr, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int]
@@ -192,20 +194,25 @@ def qmatmul(x: torch.Tensor, weight: "NativeWeight | QuantBlocks") -> torch.Tens
     return y
 
 
-def dequantize_rows(weight: NativeWeight, start: int, stop: int) -> torch.Tensor:
-    """Weight rows start..stop as float32 [stop - start, in]: the values the kernel multiplies
-    with (quant.dequantize's exactly), for a float GEMM over many rows at once."""
+def dequantize_rows(weight: NativeWeight, start: int, stop: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Weight rows start..stop as [stop - start, in] of `dtype`: float32, the values the kernel
+    multiplies with (quant.dequantize's exactly), for a float GEMM over many rows at once; or
+    bfloat16, those values rounded as torch rounds them (AVX-512 builds; else via float32)."""
     if not available():
         raise RuntimeError(f"the native kernel is not available: {reason()}")
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"dequantize_rows gives float32 or bfloat16, not {dtype}")
     out_features, in_features = weight.shape
     if not 0 <= start <= stop <= out_features:
         raise ValueError(f"rows {start}..{stop} are not within 0..{out_features}")
-    out = torch.empty(stop - start, in_features, dtype=torch.float32)
+    out = torch.empty(stop - start, in_features, dtype=dtype)
     m = weight.m.data_ptr() if weight.m is not None else None
-    status = _state["lib"].outrider_dequantize(KIND_CODES[weight.kind], in_features, weight.q.data_ptr(),
-                                               weight.d.data_ptr(), m, start, stop, out.data_ptr(),
-                                               torch.get_num_threads())
+    call = _state["lib"].outrider_dequantize if dtype == torch.float32 else _state["lib"].outrider_dequantize_bf16
+    status = call(KIND_CODES[weight.kind], in_features, weight.q.data_ptr(), weight.d.data_ptr(), m, start, stop,
+                  out.data_ptr(), torch.get_num_threads())
     if status != 0:
+        if dtype == torch.bfloat16:  # a build without AVX-512
+            return dequantize_rows(weight, start, stop).to(torch.bfloat16)
         raise ValueError(f"the native kernel refused to dequantize a {weight.kind} weight {weight.shape}")
     return out
 

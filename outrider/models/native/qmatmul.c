@@ -190,6 +190,43 @@ static inline __attribute__((always_inline)) void decode_row(int kind, int64_t K
                        KIND == KIND_Q4_1 ? m + n * blocks : 0, out + (n - n0) * K);                \
     }
 
+/* The same values rounded to bfloat16 (to nearest, ties to even: torch's float -> bfloat16), two
+ * bytes each, for a bfloat16 GEMM (a prefill on a CPU with AMX): half the bytes written, no
+ * float32 copy. AVX-512 builds only (every CPU with AMX has it). */
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) __m256i bf16_of(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+#define DEQUANTIZE_BF16(NAME, KIND)                                                                 \
+    static void NAME(int64_t K, const uint8_t *q, const float *d, const float *m, int64_t n0,       \
+                     int64_t n1, uint16_t *out, int threads) {                                      \
+        const int64_t blocks = K / QK;                                                              \
+        const int64_t qstride = KIND == KIND_Q8_0 || KIND == KIND_Q8_16 ? QK : QK / 2;             \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                          \
+        for (int64_t n = n0; n < n1; n++) {                                                         \
+            const uint8_t *qn = q + n * blocks * qstride;                                           \
+            const float *dn = d + n * blocks * SCALES(KIND);                                        \
+            uint16_t *o = out + (n - n0) * K;                                                       \
+            for (int64_t b = 0; b < blocks; b++) {                                                  \
+                __m512 w0, w1;                                                                      \
+                decode(KIND, qn + b * qstride, dn + b * SCALES(KIND),                               \
+                       KIND == KIND_Q4_1 ? m[n * blocks + b] : 0.0f, &w0, &w1);                     \
+                _mm256_storeu_si256((__m256i *)(o + b * QK), bf16_of(w0));                          \
+                _mm256_storeu_si256((__m256i *)(o + b * QK + 16), bf16_of(w1));                     \
+            }                                                                                       \
+        }                                                                                           \
+    }
+
+DEQUANTIZE_BF16(dequantize_bf16_q8_0, KIND_Q8_0)
+DEQUANTIZE_BF16(dequantize_bf16_q4_0, KIND_Q4_0)
+DEQUANTIZE_BF16(dequantize_bf16_q4_1, KIND_Q4_1)
+DEQUANTIZE_BF16(dequantize_bf16_q8_16, KIND_Q8_16)
+#endif
+
 DEQUANTIZE(dequantize_q8_0, KIND_Q8_0)
 DEQUANTIZE(dequantize_q4_0, KIND_Q4_0)
 DEQUANTIZE(dequantize_q4_1, KIND_Q4_1)
@@ -216,6 +253,16 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
     }
 }
 
+/* A lone row of x takes four weight rows at a time (AVX-512 builds), the rest one at a time. */
+#if defined(__AVX512F__)
+#define ROW_N4(KIND)                                                                                \
+    for (; n + N4 <= n1; n += N4)                                                                   \
+        dot_row_n4(KIND, x + r * K, K, q + n * blocks * qstride, blocks * qstride, qstride,         \
+                   d + n * dstride, dstride, KIND == KIND_Q4_1 ? m + n * blocks : 0, blocks, y + r * N + n);
+#else
+#define ROW_N4(KIND) {}
+#endif
+
 /* One function per kind (the kind a constant inside it, so each decode is specialized). */
 #define MATMUL(NAME, KIND)                                                                          \
     static void NAME(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *d,        \
@@ -230,7 +277,8 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
             /* a group of rows of x stays in L1 while the tile's weight rows (also in L1) pass */   \
             for (int64_t r = 0; r < M; r += ROWS) {                                                 \
                 const int rows = M - r < ROWS ? (int)(M - r) : ROWS;                                \
-                for (int64_t n = t * TILE_N; n < n1; n++)                                           \
+                int64_t n = t * TILE_N;                                                             \
+                for (; n < n1; n++)                                                                 \
                     dot_group(KIND, rows, x + r * K, K, q + n * blocks * qstride, qstride,          \
                               d + n * dstride, KIND == KIND_Q4_1 ? m + n * blocks : 0, y + r * N + n, N); \
             }                                                                                       \
@@ -269,6 +317,25 @@ int outrider_dequantize(int kind, int64_t K, const void *q, const float *d, cons
         case KIND_Q8_16: dequantize_q8_16(K, q, d, m, n0, n1, out, threads); return 0;
         default: return -1;
     }
+}
+
+/* As outrider_dequantize, into bfloat16 (uint16 bits) [n1 - n0, K]; -1 also where the build has no
+ * AVX-512. */
+int outrider_dequantize_bf16(int kind, int64_t K, const void *q, const float *d, const float *m, int64_t n0,
+                             int64_t n1, uint16_t *out, int threads) {
+#if defined(__AVX512F__)
+    if (K % QK || n0 < 0 || n1 < n0 || (kind == KIND_Q4_1 && !m) || threads < 1) return -1;
+    switch (kind) {
+        case KIND_Q8_0: dequantize_bf16_q8_0(K, q, d, m, n0, n1, out, threads); return 0;
+        case KIND_Q4_0: dequantize_bf16_q4_0(K, q, d, m, n0, n1, out, threads); return 0;
+        case KIND_Q4_1: dequantize_bf16_q4_1(K, q, d, m, n0, n1, out, threads); return 0;
+        case KIND_Q8_16: dequantize_bf16_q8_16(K, q, d, m, n0, n1, out, threads); return 0;
+        default: return -1;
+    }
+#else
+    (void)kind; (void)K; (void)q; (void)d; (void)m; (void)n0; (void)n1; (void)out; (void)threads;
+    return -1;
+#endif
 }
 
 /* The rows per decoded block this build uses (the Python side reports it). */
