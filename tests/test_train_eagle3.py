@@ -317,10 +317,17 @@ def test_regenerate_then_a_time_budget_plans_the_steps_and_responses_carry_over(
     assert info["reproduce"][-4:] == ["--steps", str(info["steps"]), "--warmup-steps", str(loop.PLAN_AFTER)]
     assert "--time-budget" not in info["reproduce"]
     assert len(log_of(out)) == info["steps"]
-    # the same responses handed to another run: none generated again, the same training
+    # --regenerate-only writes the responses and stops; another run takes them: none generated
+    # again, the same training
+    only = train(options(target, mixed, tmp_path / "only", regenerate=True, max_response_tokens=6,
+                         regenerate_batch=2, regenerate_only=True), log=lambda m: None)
+    assert only["generated"] == 5 and not (tmp_path / "only" / "model.safetensors").exists()
+    assert sorted((tmp_path / "only" / "regenerated.jsonl").read_text().splitlines()) == sorted(
+        (out / "regenerated.jsonl").read_text().splitlines())
     again, said2 = tmp_path / "again", []
     info2 = train(options(target, mixed, again, steps=info["steps"], warmup_steps=loop.PLAN_AFTER, regenerate=True,
-                          max_response_tokens=6, responses=str(out / "regenerated.jsonl")), log=said2.append)
+                          max_response_tokens=6, responses=str(tmp_path / "only" / "regenerated.jsonl")),
+                  log=said2.append)
     assert any(m.startswith("responses: 5 items, 0 generated now") for m in said2), said2
     assert sorted((again / "regenerated.jsonl").read_text().splitlines()) == sorted(
         (out / "regenerated.jsonl").read_text().splitlines())
@@ -334,6 +341,8 @@ def test_regenerate_then_a_time_budget_plans_the_steps_and_responses_carry_over(
     with pytest.raises(ConfigError, match="bad.jsonl:1: not a response line"):
         train(options(target, mixed, tmp_path / "bad2", regenerate=True, responses=str(tmp_path / "bad.jsonl")),
               log=said2.append)
+    with pytest.raises(ConfigError, match="--regenerate-only needs --regenerate"):
+        options(target, mixed, tmp_path / "bad4", regenerate_only=True).check()
     with pytest.raises(ConfigError, match="only with --regenerate"):
         options(target, mixed, tmp_path / "bad3", responses=str(tmp_path / "bad.jsonl")).check()
 

@@ -155,11 +155,12 @@ class Eagle3Drafter:
         return self._tree(st, tokens[-1], depth, budget.nodes)
 
     # -- the head's forward -------------------------------------------------------------------
-    def _forward(self, slots: list[int], starts: list[int], feeds: list[Feed]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _forward(self, slots: list[int], starts: list[int], feeds: list[Feed],
+                 last_only: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """One head forward: feeds[b]'s nodes at rows starts[b] + node of slot slots[b] (a tree's
         node 0 is row starts[b]; parents None: causal rows). The head takes the span of slots in
         order, so slots between that do not feed come as empty rows. Returns (logits [n, Vd],
-        hidden [n, H]) per feed."""
+        hidden [n, H]) per feed; with `last_only`, of its last node alone ([1, Vd], [1, H])."""
         lo, hi = min(slots), max(slots)
         at = {slot: b for b, slot in enumerate(slots)}
         span = range(lo, hi + 1)
@@ -174,6 +175,10 @@ class Eagle3Drafter:
         for i, f in enumerate(rows):
             if f.tokens:
                 inputs[i, : len(f.tokens)] = f.inputs
+        if last_only:
+            last = torch.tensor([max(len(f.tokens) - 1, 0) for f in rows])  # [S]
+            logits, hidden = self.head.forward(batch, self.cache, inputs, last)  # [S, 1, Vd], [S, 1, H]
+            return [(logits[s - lo], hidden[s - lo]) for s in slots]
         logits, hidden = self.head.forward(batch, self.cache, inputs)  # [S, T, Vd], [S, T, H]
         return [(logits[s - lo, : len(f.tokens)], hidden[s - lo, : len(f.tokens)]) for s, f in zip(slots, feeds)]
 
@@ -190,7 +195,8 @@ class Eagle3Drafter:
                 todo.append((st, Feed(toks[st.rows + 1:], None, 0, st.pending)))
         if not todo:
             return
-        outs = self._forward([st.slot for st, _ in todo], [st.rows for st, _ in todo], [f for _, f in todo])
+        outs = self._forward([st.slot for st, _ in todo], [st.rows for st, _ in todo], [f for _, f in todo],
+                             last_only=True)
         for (st, feed), (logits, hidden) in zip(todo, outs):
             st.rows += len(feed.tokens)
             self.cache.set_length(st.slot, st.rows)
@@ -204,13 +210,12 @@ class Eagle3Drafter:
         logits, hidden = st.last_logits, st.last_hidden
         drafts, qs = [], []
         for d in range(1, k + 1):
-            full = self.head.target_logits(logits)  # [V]
             if sampling:
-                q = warp_probs(full, st.params)
+                q = warp_probs(self.head.target_logits(logits), st.params)  # over [V]
                 token = rng.categorical(q, offset=d - 1)
                 qs.append(q)
             else:
-                token = int(full.argmax())
+                token = self.head.greedy_token(logits)
             drafts.append(token)
             if d < k:
                 out_logits, out_hidden = yield Feed([token], list(range(-1, d)), d, hidden.unsqueeze(0))

@@ -81,6 +81,7 @@ class Eagle3Head:
         self.config = config
         self.w = weights
         self._native = None  # (QWeight * 4), False (the torch layer), or None: not decided yet
+        self._ordered = None  # draft ids in target-id order (greedy_token), decided at first use
         c = config
         self.inv_freq = 1.0 / (c.rope_theta ** (
             torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=weights.norm.device) / c.head_dim))
@@ -102,10 +103,12 @@ class Eagle3Head:
         return linear(features.reshape(*features.shape[:-2], -1).to(self.dtype), self.w.fc)
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, cache: KVCache, hidden: torch.Tensor):
+    def forward(self, batch: ForwardBatch, cache: KVCache, hidden: torch.Tensor, last: torch.Tensor | None = None):
         """batch: the rows' tokens (token p+1 for row p), positions, cache rows and mask
         (models/batch.py; slots in order); hidden: [B, T, H] their input features.
-        Writes the rows' K/V; returns (logits [B, T, Vd] float32, output hidden [B, T, H])."""
+        Writes the rows' K/V; returns (logits [B, T, Vd] float32, output hidden [B, T, H]), or with
+        `last` ([B] long: one row per slot) only those rows' ([B, 1, Vd], [B, 1, H]): a catch-up
+        over many committed rows needs the output of its last one alone."""
         if batch.span_place is not None:
             raise ValueError("Eagle3Head.forward takes slots in order (span_place None)")
         c, w = self.config, self.w
@@ -124,8 +127,7 @@ class Eagle3Head:
 
             call = LayerCall(batch, cache, residual, cos, sin, nh, G, D, c.intermediate_size, h_in=x)
             call.run(0, self._native, None, w.post_norm, eps)
-            h = call.x.view(B, T, -1)  # [B, T, H]
-            return linear(rms_norm(h, w.norm, eps), w.lm_head).float(), h
+            return self._out(call.x.view(B, T, -1), last)
         q, k, v = linear(x, w.qkv).split((nh * D, G * D, G * D), dim=-1)
         q = apply_rotary(q.view(B, T, nh, D).transpose(1, 2), cos, sin)  # [B, nh, T, D]
         k = apply_rotary(k.view(B, T, G, D).transpose(1, 2), cos, sin).transpose(1, 2)  # [B, T, G, D]
@@ -139,8 +141,14 @@ class Eagle3Head:
         out = attention(q, keys, values, batch.attn_mask)  # [B, nh, T, D]
         h = residual + linear(out.transpose(1, 2).reshape(B, T, nh * D), w.o)
         h = h + swiglu_mlp(rms_norm(h, w.post_norm, eps), w.gate_up, w.down)  # [B, T, H]
-        logits = linear(rms_norm(h, w.norm, eps), w.lm_head).float()  # [B, T, Vd]
-        return logits, h
+        return self._out(h, last)
+
+    def _out(self, h: torch.Tensor, last: torch.Tensor | None):
+        """h: [B, T, H] the layer's output -> (logits [B, T', Vd] float32, h [B, T', H]); T' = T, or
+        1 with `last` (the row of each slot to keep)."""
+        if last is not None:
+            h = h[torch.arange(h.shape[0], device=h.device), last.to(h.device)].unsqueeze(1)  # [B, 1, H]
+        return linear(rms_norm(h, self.w.norm, self.config.rms_norm_eps), self.w.lm_head).float(), h
 
     def _native_matrices(self):
         """(QWeight * 4) when the head's matrices are native QuantLinears on a float32 CPU head
@@ -151,6 +159,16 @@ class Eagle3Head:
             return False
         found = NativeLayers.matrices([self.w.qkv, self.w.o, self.w.gate_up, self.w.down])
         return False if found is None else found
+
+    def greedy_token(self, logits: torch.Tensor) -> int:
+        """The target id of the largest of draft logits [Vd]: what argmax over target_logits gives
+        (its first maximum), without the [V] tensor when draft ids are in target-id order."""
+        m = self.w.draft_to_target
+        if m is None:
+            return int(logits.argmax())
+        if self._ordered is None:
+            self._ordered = bool((m[1:] > m[:-1]).all())
+        return int(m[logits.argmax()]) if self._ordered else int(self.target_logits(logits).argmax())
 
     def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target ids (same shape)."""

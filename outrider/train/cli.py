@@ -50,6 +50,9 @@ def add_parser(sub) -> None:
     p.add_argument("--responses", default=None, metavar="FILE",
                    help="with --regenerate: responses this target already wrote (another run's OUT/regenerated.jsonl); "
                         "only the items it lacks are generated")
+    p.add_argument("--regenerate-only", action="store_true",
+                   help="with --regenerate: write OUT/regenerated.jsonl and stop (no head); a later run takes it as "
+                        "--responses, so its --time-budget counts training alone")
     p.add_argument("--max-response-tokens", type=int, default=256, help="per regenerated response (default 256)")
     p.add_argument("--regenerate-batch", type=int, default=None,
                    help="prompts the target answers together (default 16 on a CPU, 512 on a GPU)")
@@ -72,7 +75,7 @@ def run(args) -> int:
     keys = ("target", "data", "out", "steps", "tokens", "seq_len", "batch_size", "lr", "warmup_steps", "clip",
             "ttt_steps", "decay", "draft_vocab", "vocab_tokens", "seed", "resume", "regenerate",
             "max_response_tokens", "checkpoint_every", "threads", "device", "target_dtype", "precision",
-            "snapshot_every", "regenerate_batch", "time_budget", "init_from", "length_group", "code_roots", "responses")
+            "snapshot_every", "regenerate_batch", "time_budget", "init_from", "length_group", "code_roots", "responses", "regenerate_only")
     options = TrainOptions(**{k: getattr(args, k) for k in keys}, progress=not args.no_progress,
                            command=["outrider"] + sys.argv[1:])
     train(options)

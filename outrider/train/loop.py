@@ -78,6 +78,7 @@ class TrainOptions:
     length_group: int = 8  # batches whose examples are sorted by length together (1: stream order)
     code_roots: list[str] | None = None  # folders the code sources read (None: this Python's stdlib)
     responses: str | None = None  # another run's regenerated.jsonl: responses not generated again
+    regenerate_only: bool = False  # write OUT/regenerated.jsonl and stop (a later run takes it as --responses)
     progress: bool = True
     command: list[str] = field(default_factory=list)
 
@@ -125,6 +126,8 @@ class TrainOptions:
         if self.seed < 0:
             raise ConfigError(f"--seed must be >= 0, got {self.seed}")
         parse_sources(self.data)
+        if self.regenerate_only and not self.regenerate:
+            raise ConfigError("--regenerate-only needs --regenerate (it writes the target's responses and stops)")
         if self.responses is not None and not (self.regenerate and Path(self.responses).is_file()):
             raise ConfigError(f"--responses {self.responses}: " + ("no such file" if self.regenerate else
                               "only with --regenerate (the responses stand in for the target's own)"))
@@ -239,6 +242,10 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
         needed = stream.respond_all()
         say(f"responses: {needed} items, {responder.generated} generated now in {time.perf_counter() - began:.1f} s, "
             f"{responder.too_long} prompts too long for --seq-len, the rest from {out / 'regenerated.jsonl'}")
+        if o.regenerate_only:
+            dist.close()
+            return {"responses": needed, "generated": responder.generated, "too_long": responder.too_long,
+                    "file": str(out / "regenerated.jsonl")}
 
     init = init_head(o.init_from, target) if o.init_from and saved is None else None
     if saved is not None or init is not None:
