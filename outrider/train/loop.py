@@ -131,6 +131,10 @@ class TrainOptions:
         if self.responses is not None and not (self.regenerate and Path(self.responses).is_file()):
             raise ConfigError(f"--responses {self.responses}: " + ("no such file" if self.regenerate else
                               "only with --regenerate (the responses stand in for the target's own)"))
+        if self.responses is not None:  # a file that is not a regenerated.jsonl: refused before loading
+            from .regenerate import read_responses
+
+            read_responses(Path(self.responses))
         for root in self.code_roots or ():
             if not Path(root).expanduser().is_dir():
                 raise ConfigError(f"--code-root {root}: no such folder; give a folder of .py files")
