@@ -59,3 +59,20 @@ def test_causal_batch_is_packs_batch(lengths):
     if want.attn_mask is not None:
         assert torch.equal(got.attn_mask, want.attn_mask)
     assert got.fills_only and want.fills_only
+
+
+@pytest.mark.parametrize("cache_len", [0, 6])
+@pytest.mark.parametrize("parents", [None, "root"])
+@pytest.mark.parametrize("logits", ["all", "real", "last"])
+def test_one_token_batch_is_the_general_batch(cache_len, parents, logits):
+    """pack's one-slot, one-token shortcut (a decode step) gives _pack's batch field for field."""
+    from outrider.models.batch import _pack, pack
+
+    args = ([3], [cache_len], [torch.tensor([17])], None if parents is None else [torch.tensor([-1])], logits,
+            (2,), 9, "cpu", None)
+    got, want = pack(*args[:5], hidden_layers=(2,), scratch_row=9), _pack(*args)
+    for name in ("slot_ids", "kv_len", "hidden_layers", "span_first", "span_size", "span_place"):
+        assert getattr(got, name) == getattr(want, name), name
+    for name in ("tokens", "positions", "rows", "logits_rows", "logits_flat", "attn_mask"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert (a is None) == (b is None) and (a is None or (a.dtype == b.dtype and torch.equal(a, b))), name

@@ -73,6 +73,16 @@ def pack(
     `parents[b]`; its earlier nodes were written by an earlier forward at rows
     cache_len + node (a drafter growing its tree one depth at a time).
     """
+    if (len(slot_ids) == 1 and int(new_tokens[0].shape[0]) == 1 and not (first_nodes and first_nodes[0])
+            and logits in ("all", "real", "last")):
+        masked = parents is not None and parents[0] is not None
+        return _one_token(slot_ids[0], cache_lens[0], new_tokens[0], masked, logits, hidden_layers, device)
+    return _pack(slot_ids, cache_lens, new_tokens, parents, logits, hidden_layers, scratch_row, device, first_nodes)
+
+
+def _pack(slot_ids, cache_lens, new_tokens, parents, logits, hidden_layers, scratch_row, device,
+          first_nodes) -> ForwardBatch:
+    """pack's general case (any slots, tokens and trees)."""
     B = len(slot_ids)
     counts = [int(t.shape[0]) for t in new_tokens]
     firsts = first_nodes or [0] * B
@@ -152,6 +162,23 @@ def causal_batch(new_tokens: list[torch.Tensor], hidden_layers: tuple[int, ...] 
     return ForwardBatch(slot_ids=list(range(B)), tokens=tokens, positions=positions, rows=rows, attn_mask=mask,
                         kv_len=T, logits_rows=torch.zeros(B, 0, dtype=torch.long, device=device),
                         hidden_layers=tuple(hidden_layers), span_first=0, span_size=B)
+
+
+def _one_token(slot: int, cache_len: int, token: torch.Tensor, masked: bool, logits: str, hidden_layers,
+               device) -> ForwardBatch:
+    """_pack's batch for one slot and one new token (a decode step: a lone root), field for field,
+    without the tree and mask machinery (~1 ms a step on a 2-core CPU): the token sees every
+    cached row and itself; a tree root gets that all-true mask as _pack gives it, a causal run none."""
+    at = torch.tensor([[cache_len]])  # [1, 1]
+    mask = torch.ones(1, 1, 1, cache_len + 1, dtype=torch.bool) if masked else None  # [1, 1, 1, L]
+    to = lambda x: x.to(device, non_blocking=True)  # noqa: E731
+    return ForwardBatch(
+        slot_ids=[slot], tokens=to(token.reshape(1, 1).cpu()), positions=to(at), rows=to(at.clone()),
+        attn_mask=None if mask is None else to(mask),
+        kv_len=cache_len + 1, logits_rows=None if logits != "last" else to(torch.zeros(1, 1, dtype=torch.long)),
+        hidden_layers=tuple(hidden_layers), span_first=slot, span_size=1, span_place=None,
+        logits_flat=to(torch.zeros(1, dtype=torch.long)) if logits == "real" else None,
+    )
 
 
 def _mask(cache_lens: list[int], tree: torch.Tensor, kv_len: int) -> torch.Tensor:

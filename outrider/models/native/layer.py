@@ -92,6 +92,11 @@ class LayerCall:
         self.rows = batch.rows.reshape(R).contiguous()  # [R] cache row of each token
         self.mask = None if batch.attn_mask is None else batch.attn_mask.reshape(R, L).contiguous()  # [R, L] bool
         self.work = torch.empty(R * ((H + 2 * G) * D + H * D + E + 3 * I) + R * H * (L + 8), dtype=torch.float32)
+        # the pointers every layer's call shares, read once (~30 layers a forward, a few µs each)
+        self._x, self._h_in, self._mask = self.x.data_ptr(), _ptr(self.h_in), _ptr(self.mask)
+        self._rope = (self.cos.data_ptr(), self.sin.data_ptr())
+        self._rows = (self.slots.data_ptr(), self.rows.data_ptr())
+        self._work = self.work.data_ptr()
 
     def run(self, index: int, weights, input_norm, post_norm, eps: float, qkv_bias=None, q_norm=None,
             k_norm=None) -> None:
@@ -99,9 +104,9 @@ class LayerCall:
         R, E, H, G, D, I = self.shape
         k, v = self.cache.k[index], self.cache.v[index]
         status = library().outrider_layer(
-            R, E, H, G, D, I, self.x.data_ptr(), _ptr(self.h_in), _ptr(input_norm), post_norm.data_ptr(), eps,
-            weights, _ptr(qkv_bias), _ptr(q_norm), _ptr(k_norm), self.cos.data_ptr(), self.sin.data_ptr(),
-            k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(2), self.slots.data_ptr(), self.rows.data_ptr(),
-            _ptr(self.mask), self.L, self.work.data_ptr(), torch.get_num_threads())
+            R, E, H, G, D, I, self._x, self._h_in, _ptr(input_norm), post_norm.data_ptr(), eps,
+            weights, _ptr(qkv_bias), _ptr(q_norm), _ptr(k_norm), *self._rope,
+            k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(2), *self._rows,
+            self._mask, self.L, self._work, torch.get_num_threads())
         if status != 0:
             raise ValueError(f"the native layer refused layer {index} (R={R}, L={self.L})")
