@@ -62,17 +62,23 @@ def test_causal_batch_is_packs_batch(lengths):
 
 
 @pytest.mark.parametrize("cache_len", [0, 6])
-@pytest.mark.parametrize("parents", [None, "root"])
-@pytest.mark.parametrize("logits", ["all", "real", "last"])
-def test_one_token_batch_is_the_general_batch(cache_len, parents, logits):
-    """pack's one-slot, one-token shortcut (a decode step) gives _pack's batch field for field."""
+@pytest.mark.parametrize("n", [1, 4])
+@pytest.mark.parametrize("tree", [None, "chain"])
+@pytest.mark.parametrize("logits", ["all", "real", "last", "none"])
+def test_one_slot_causal_batch_is_the_general_batch(cache_len, n, tree, logits):
+    """pack's shortcut for one slot of causal tokens (a decode step, a chain's verify, a prompt)
+    gives _pack's batch field for field; a tree that is not a chain takes _pack itself."""
     from outrider.models.batch import _pack, pack
 
-    args = ([3], [cache_len], [torch.tensor([17])], None if parents is None else [torch.tensor([-1])], logits,
-            (2,), 9, "cpu", None)
-    got, want = pack(*args[:5], hidden_layers=(2,), scratch_row=9), _pack(*args)
+    tokens = [torch.arange(10, 10 + n)]
+    parents = None if tree is None else [torch.arange(-1, n - 1)]
+    got, want = pack([3], [cache_len], tokens, parents, logits, hidden_layers=(2,), scratch_row=9), \
+        _pack([3], [cache_len], tokens, parents, logits, (2,), 9, "cpu", None)
     for name in ("slot_ids", "kv_len", "hidden_layers", "span_first", "span_size", "span_place"):
         assert getattr(got, name) == getattr(want, name), name
     for name in ("tokens", "positions", "rows", "logits_rows", "logits_flat", "attn_mask"):
         a, b = getattr(got, name), getattr(want, name)
         assert (a is None) == (b is None) and (a is None or (a.dtype == b.dtype and torch.equal(a, b))), name
+    forked = [torch.tensor([-1, 0, 0])]  # not a chain
+    assert torch.equal(pack([0], [5], [torch.tensor([1, 2, 3])], forked).attn_mask,
+                       _pack([0], [5], [torch.tensor([1, 2, 3])], forked, "all", (), -1, "cpu", None).attn_mask)

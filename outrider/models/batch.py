@@ -73,10 +73,12 @@ def pack(
     `parents[b]`; its earlier nodes were written by an earlier forward at rows
     cache_len + node (a drafter growing its tree one depth at a time).
     """
-    if (len(slot_ids) == 1 and int(new_tokens[0].shape[0]) == 1 and not (first_nodes and first_nodes[0])
-            and logits in ("all", "real", "last")):
-        masked = parents is not None and parents[0] is not None
-        return _one_token(slot_ids[0], cache_lens[0], new_tokens[0], masked, logits, hidden_layers, device)
+    if len(slot_ids) == 1 and not (first_nodes and first_nodes[0]) and isinstance(logits, str):
+        tree = parents[0] if parents is not None else None
+        n = int(new_tokens[0].shape[0])
+        if tree is None or torch.equal(tree.cpu(), torch.arange(-1, n - 1)):  # causal: a chain or no tree
+            return _one_chain(slot_ids[0], cache_lens[0], new_tokens[0], tree is not None, logits, hidden_layers,
+                              device)
     return _pack(slot_ids, cache_lens, new_tokens, parents, logits, hidden_layers, scratch_row, device, first_nodes)
 
 
@@ -164,20 +166,32 @@ def causal_batch(new_tokens: list[torch.Tensor], hidden_layers: tuple[int, ...] 
                         hidden_layers=tuple(hidden_layers), span_first=0, span_size=B)
 
 
-def _one_token(slot: int, cache_len: int, token: torch.Tensor, masked: bool, logits: str, hidden_layers,
+def _one_chain(slot: int, cache_len: int, tokens: torch.Tensor, tree: bool, logits: str, hidden_layers,
                device) -> ForwardBatch:
-    """_pack's batch for one slot and one new token (a decode step: a lone root), field for field,
-    without the tree and mask machinery (~1 ms a step on a 2-core CPU): the token sees every
-    cached row and itself; a tree root gets that all-true mask as _pack gives it, a causal run none."""
-    at = torch.tensor([[cache_len]])  # [1, 1]
-    mask = torch.ones(1, 1, 1, cache_len + 1, dtype=torch.bool) if masked else None  # [1, 1, 1, L]
-    to = lambda x: x.to(device, non_blocking=True)  # noqa: E731
+    """_pack's batch for one slot whose new tokens run causally (no tree, or a chain: a decode step,
+    a chain's verify, a prompt), field for field, without the per-node tree machinery (~1 ms a
+    step on a 2-core CPU): token i sees every cached row and the new tokens up to itself. The mask
+    is _pack's too: none for a causal run that starts the cache or is one token, else [1, 1, T, L]."""
+    T = int(tokens.shape[0])
+    L = cache_len + T
+    at = torch.arange(cache_len, L).view(1, T)  # [1, T] positions and cache rows
+    mask = None
+    if tree or (T > 1 and cache_len > 0):
+        mask = torch.ones(T, L, dtype=torch.bool).tril(cache_len).view(1, 1, T, L)  # [1, 1, T, L]
+    logits_rows = logits_flat = None
+    if logits == "real":
+        logits_flat = torch.arange(T)
+    elif logits == "last":
+        logits_rows = torch.tensor([[T - 1]])
+    elif logits == "none":
+        logits_rows = torch.zeros(1, 0, dtype=torch.long)
+    elif logits != "all":
+        raise ValueError(f"logits must be all, real, last, none or rows per slot, got {logits!r}")
+    to = lambda x: None if x is None else x.to(device, non_blocking=True)  # noqa: E731
     return ForwardBatch(
-        slot_ids=[slot], tokens=to(token.reshape(1, 1).cpu()), positions=to(at), rows=to(at.clone()),
-        attn_mask=None if mask is None else to(mask),
-        kv_len=cache_len + 1, logits_rows=None if logits != "last" else to(torch.zeros(1, 1, dtype=torch.long)),
-        hidden_layers=tuple(hidden_layers), span_first=slot, span_size=1, span_place=None,
-        logits_flat=to(torch.zeros(1, dtype=torch.long)) if logits == "real" else None,
+        slot_ids=[slot], tokens=to(tokens.reshape(1, T).cpu()), positions=to(at), rows=to(at.clone()),
+        attn_mask=to(mask), kv_len=L, logits_rows=to(logits_rows), hidden_layers=tuple(hidden_layers),
+        span_first=slot, span_size=1, span_place=None, logits_flat=to(logits_flat),
     )
 
 
