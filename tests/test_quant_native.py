@@ -128,6 +128,21 @@ def test_a_filling_forward_may_take_the_gemm_and_keeps_the_values(bf16, monkeypa
     assert not torch.equal(bulk, native.qmatmul(x, blocks))  # the GEMM really ran (another order)
 
 
+def test_bf16_prefill_is_off_unless_asked(monkeypatch):
+    """The bfloat16 prefill changes the target's output (lossy): only OUTRIDER_LOSSY_BF16_PREFILL=1
+    turns it on, and only where the CPU has AMX."""
+    from outrider.models import quant_linear
+
+    monkeypatch.delenv("OUTRIDER_LOSSY_BF16_PREFILL", raising=False)
+    monkeypatch.setattr(quant_linear, "_BF16_PREFILL", [None])
+    assert quant_linear.bf16_prefill() is False
+    monkeypatch.setenv("OUTRIDER_LOSSY_BF16_PREFILL", "1")
+    monkeypatch.setattr(quant_linear, "_BF16_PREFILL", [None])
+    amx = all(f in native._cpu_flags().split() for f in ("amx_bf16", "amx_tile"))
+    usable = amx and bool(getattr(torch._C._cpu, "_init_amx", lambda: False)())
+    assert quant_linear.bf16_prefill() is usable  # this CPU (AMX, tile registers granted) or none
+
+
 @needs_native
 def test_bf16_rows_are_the_float_rows_rounded():
     for kind in ("q8_0", "q4_0", "q4_1"):

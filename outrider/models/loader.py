@@ -126,8 +126,8 @@ def auto_dtype(folder: str | Path, device: torch.device | str | None = None) -> 
     Outrider's quantized kernel builds (models/native), a GGUF-sourced model's own quantization
     ("q4" for the packaged SmolLM2's Q4_1, "gguf" for a file of mixed or K-quant kinds such as the
     packaged Qwens'): the same weights as the float32 folder converted from that GGUF, computed in
-    float32 in another summation order (a prompt's prefill in bfloat16 on CPUs with AMX:
-    quant_linear.bf16_prefill), at about twice the speed and a third to a fifth of the memory. Otherwise None: the device's float default (float32 on a CPU)."""
+    float32 in another summation order, at about twice the speed and a third to a fifth of the
+    memory. Otherwise None: the device's float default (float32 on a CPU)."""
     from . import native
     from .quant_load import own_quantization
 

@@ -173,11 +173,12 @@ def _matmul_int4pair(x: torch.Tensor, state: dict) -> torch.Tensor:
 # faster there (measured: 1.4-1.6x at 256 rows); its results then differ from the kernel's in
 # summation order, which nothing compares: autoregressive decoding and speculation prefill a
 # prompt alike, and every decode and verify row still goes through the kernel (bit-identical
-# whatever the number of rows). On a CPU with AMX the GEMM runs in bfloat16 (`bf16_prefill`:
-# x and the weight rows rounded to bfloat16, float32 sums; 2.1-2.5x faster prefill of 512 tokens
-# on the Qwen 0.5B / 1.5B): the prompt's K/V then carry bfloat16 rounding (logits after a 512-token
-# prompt moved by <= 0.1 of 9-29), the same for every method, so greedy speculative output still
-# equals greedy autoregressive output token for token.
+# whatever the number of rows). Opt-in and lossy (`bf16_prefill`, OUTRIDER_LOSSY_BF16_PREFILL=1,
+# CPUs with AMX): the GEMM in bfloat16, x and the weight rows rounded to bfloat16, float32 sums;
+# 2.1-2.5x faster prefill of 512 tokens on the Qwen 0.5B / 1.5B. The prompt's K/V then carry
+# bfloat16 rounding (logits after a 512-token prompt moved by <= 0.1 of 9-29), so the target's
+# output can differ from the float32 prefill's; every method prefills alike, so greedy speculative
+# output still equals greedy autoregressive output under the same setting.
 _FILLING = contextvars.ContextVar("outrider_filling", default=False)
 BULK_ROWS = 96  # rows from which a filling forward takes the GEMM (native is faster below ~64)
 BULK_ROWS_BF16 = 32  # the same for the bfloat16 GEMM (measured: 0.8x native's time at 32 rows, 0.5x at 64)
@@ -201,13 +202,15 @@ def _prepare_native(blocks: QuantBlocks, dtype: torch.dtype) -> dict:
 
 
 def bf16_prefill() -> bool:
-    """Whether a filling forward's GEMM runs in bfloat16: on CPUs with a bf16 matrix unit (AMX,
-    which torch's oneDNN uses: ~5x the float32 GEMM at 512 rows on 2 cores) unless
-    OUTRIDER_BF16_PREFILL=0. Only prompt K/V is computed so; decode and verify rows never are."""
+    """Whether a filling forward's GEMM runs in bfloat16 (lossy, off by default): with
+    OUTRIDER_LOSSY_BF16_PREFILL=1 on CPUs with a bf16 matrix unit (AMX, which torch's oneDNN uses:
+    ~5x the float32 GEMM at 512 rows on 2 cores). Only prompt K/V is computed so; decode and
+    verify rows never are."""
     if _BF16_PREFILL[0] is None:
+        asked = os.environ.get("OUTRIDER_LOSSY_BF16_PREFILL", "0") == "1"
         flags = native._cpu_flags().split()
-        amx = "amx_bf16" in flags and "amx_tile" in flags and bool(getattr(torch._C._cpu, "_init_amx", lambda: False)())
-        _BF16_PREFILL[0] = amx and os.environ.get("OUTRIDER_BF16_PREFILL", "1") != "0"
+        _BF16_PREFILL[0] = asked and "amx_bf16" in flags and "amx_tile" in flags and bool(
+            getattr(torch._C._cpu, "_init_amx", lambda: False)())
     return _BF16_PREFILL[0]
 
 
