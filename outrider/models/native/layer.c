@@ -42,24 +42,6 @@ static void rmsnorm_row(const float *x, const float *w, float eps, int64_t E, fl
     for (int64_t i = 0; i < E; i++) out[i] = w[i] * (x[i] * inv);
 }
 
-static float dot(const float *a, const float *b, int64_t n) {
-    /* Two chains of 8 lanes (even and odd 8-value chunks), added, then the lanes by a fixed tree:
-     * the same operations for every call of the same n, so a score never depends on its batch. */
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-    }
-    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    __m256 acc = _mm256_add_ps(acc0, acc1);
-    __m128 four = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
-    float s = _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
 static inline __m256 exp8(__m256 x) {
     /* e^x in 8 lanes (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n), a
      * fixed sequence of operations per lane: about 1 ulp, and no call into libm. x is clamped to
@@ -77,6 +59,51 @@ static inline __m256 exp8(__m256 x) {
     y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* The scores of query q against the 8 keys j0..j0+7 (a key past `last` reads key `last`: computed,
+ * then ignored by the caller). Each score is one fixed sequence of operations whatever its lane:
+ * multiply-adds over 8-value chunks of the head in order, the 8 lanes added as ((0+1)+(2+3)) +
+ * ((4+5)+(6+7)) (the hadd tree below), then the values past the last whole chunk one by one. */
+static inline __m256 dot8(const float *q, const float *keys, int64_t row_stride, int64_t j0, int64_t last,
+                          int64_t D) {
+    const float *k[8];
+    __m256 acc[8];
+    for (int l = 0; l < 8; l++) {
+        k[l] = keys + (j0 + l <= last ? j0 + l : last) * row_stride;
+        acc[l] = _mm256_setzero_ps();
+    }
+    int64_t i = 0;
+    for (; i + 8 <= D; i += 8) {
+        __m256 qi = _mm256_loadu_ps(q + i);
+        for (int l = 0; l < 8; l++) acc[l] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k[l] + i), acc[l]);
+    }
+    __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
+    __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  /* keys 0-3 | 4-7, lanes 0-3 | 4-7 */
+    __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+    if (i == D) return sum;
+    float lanes[8];
+    _mm256_storeu_ps(lanes, sum);
+    for (int l = 0; l < 8; l++)
+        for (int64_t t = i; t < D; t++) lanes[l] = lanes[l] + q[t] * k[l][t];
+    return _mm256_loadu_ps(lanes);
+}
+
+/* out[0 .. 8 nv) = the sum over the seen keys j <= last, in order, of p[j] * value_j[0 .. 8 nv), each
+ * element as o = o + p * v (a multiply, then an add), kept in registers across the keys. */
+static inline __attribute__((always_inline)) void weigh_values(int nv, const float *values, int64_t row_stride,
+                                                              const float *p, const uint8_t *seen, int64_t last,
+                                                              float *out) {
+    __m256 o[8];
+    for (int i = 0; i < nv; i++) o[i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j <= last; j++) {
+        if (seen && !seen[j]) continue;
+        const float *v = values + j * row_stride;
+        __m256 pj = _mm256_set1_ps(p[j]);
+        for (int i = 0; i < nv; i++) o[i] = _mm256_add_ps(o[i], _mm256_mul_ps(pj, _mm256_loadu_ps(v + 8 * i)));
+    }
+    for (int i = 0; i < nv; i++) _mm256_storeu_ps(out + 8 * i, o[i]);
 }
 
 static void rotate(float *x, const float *c, const float *s, int D) {  /* half-split, as torch */
@@ -121,35 +148,36 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
     const float scale = 1.0f / sqrtf((float)D);
     const int64_t groups = H / G;
     /* One task per (row, kv head): each cached key and value row is read once for the `groups`
-     * query heads that share it; each (row, head) still gets its own fixed sequence of operations. */
+     * query heads that share it; with fewer such tasks than two per thread (one row, few kv heads),
+     * one task per (row, query head), so that the threads share the work evenly. Each (row, head)
+     * gets its own fixed sequence of operations either way. */
+    const int64_t parts = R * G < 2 * threads ? groups : 1, per = groups / parts;  /* query heads a task takes */
 #pragma omp parallel for num_threads(threads) schedule(static) if (R * H * L >= 2048)
-    for (int64_t task = 0; task < R * G; task++) {
-        int64_t r = task / G, g = task % G;
+    for (int64_t task = 0; task < R * G * parts; task++) {
+        int64_t r = task / (G * parts), g = task % (G * parts) / parts, first = g * groups + task % parts * per;
         const float *keys = k_cache + slot[r] * slot_stride + g * g_stride;
         const float *values = v_cache + slot[r] * slot_stride + g * g_stride;
         const uint8_t *seen = mask ? mask + r * L : 0;
         int64_t last = mask ? L - 1 : crow[r];
         const int64_t Lp = (L + 8) / 8 * 8;  /* a head's scores, padded to whole lanes */
-        float *s = scores + task * groups * Lp, top[64], total[64];  /* total: 1 / the sum of weights */
-        const float *q = qkv + r * Q + g * groups * D;  /* the group's query heads, one after another */
-        for (int64_t a = 0; a < groups; a++) top[a] = -INFINITY, total[a] = 0.0f;
-        for (int64_t j = 0; j <= last; j++) {
-            if (seen && !seen[j]) {
-                for (int64_t a = 0; a < groups; a++) s[a * Lp + j] = -INFINITY;
-                continue;
-            }
-            const float *k = keys + j * row_stride;
-            for (int64_t a = 0; a < groups; a++) {
-                float v = dot(q + a * D, k, D) * scale;
-                s[a * Lp + j] = v;
-                if (v > top[a]) top[a] = v;
+        float *s = scores + task * per * Lp, top[64], total[64];  /* total: 1 / the sum of weights */
+        const float *q = qkv + r * Q + first * D;  /* the task's query heads, one after another */
+        for (int64_t a = 0; a < per; a++) top[a] = -INFINITY, total[a] = 0.0f;
+        for (int64_t j0 = 0; j0 <= last; j0 += 8) {  /* 8 keys at a time: each read once per query head */
+            for (int64_t a = 0; a < per; a++) {
+                float *sa = s + a * Lp + j0;
+                _mm256_storeu_ps(sa, _mm256_mul_ps(dot8(q + a * D, keys, row_stride, j0, last, D), _mm256_set1_ps(scale)));
+                for (int l = 0; l < 8; l++) {
+                    if (j0 + l > last || (seen && !seen[j0 + l])) sa[l] = -INFINITY;
+                    else if (sa[l] > top[a]) top[a] = sa[l];
+                }
             }
         }
         /* e^(s - top) in 8 lanes over j = 0..last rounded up to 8 (unseen and past-the-end scores
          * are -inf, their weights exactly 0, so a row's lane sums are the same whatever L), then
          * the lanes by a fixed tree. */
         const int64_t span = (last + 8) / 8 * 8;
-        for (int64_t a = 0; a < groups; a++) {
+        for (int64_t a = 0; a < per; a++) {
             float *sa = s + a * Lp;
             for (int64_t j = last + 1; j < span; j++) sa[j] = -INFINITY;
             __m256 sum = _mm256_setzero_ps(), zero = _mm256_setzero_ps(), none = _mm256_set1_ps(-INFINITY);
@@ -164,15 +192,19 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
             __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
             total[a] = 1.0f / _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
         }
-        float *out = att + r * H * D + g * groups * D;
-        for (int64_t i = 0; i < groups * D; i++) out[i] = 0.0f;
-        for (int64_t j = 0; j <= last; j++) {
-            if (seen && !seen[j]) continue;
-            const float *v = values + j * row_stride;
-            for (int64_t a = 0; a < groups; a++) {
-                const float p = s[a * Lp + j] * total[a];
-                float *o = out + a * D;
-                for (int64_t i = 0; i < D; i++) o[i] = o[i] + p * v[i];
+        float *out = att + r * H * D + first * D;
+        for (int64_t a = 0; a < per; a++) {  /* weights p = e * (1 / sum), then p-weighted values */
+            float *p = s + a * Lp, *o = out + a * D;
+            for (int64_t j = 0; j <= last; j++) p[j] = p[j] * total[a];
+            int64_t c = 0;
+            for (; c + 64 <= D; c += 64) weigh_values(8, values + c, row_stride, p, seen, last, o + c);
+            if (c + 32 <= D) weigh_values(4, values + c, row_stride, p, seen, last, o + c), c += 32;
+            if (c + 16 <= D) weigh_values(2, values + c, row_stride, p, seen, last, o + c), c += 16;
+            if (c + 8 <= D) weigh_values(1, values + c, row_stride, p, seen, last, o + c), c += 8;
+            for (int64_t i = c; i < D; i++) o[i] = 0.0f;
+            for (int64_t j = 0; j <= last && c < D; j++) {
+                if (seen && !seen[j]) continue;
+                for (int64_t i = c; i < D; i++) o[i] = o[i] + p[j] * values[j * row_stride + i];
             }
         }
     }
