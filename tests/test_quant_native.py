@@ -128,6 +128,40 @@ def test_a_filling_forward_may_take_the_gemm_and_keeps_the_values(bf16, monkeypa
     assert not torch.equal(bulk, native.qmatmul(x, blocks))  # the GEMM really ran (another order)
 
 
+@needs_native
+def test_a_drafters_prefill_rounds_to_bf16_where_the_cpu_has_amx(monkeypatch):
+    """filling(bf16=True), a draft model's prefill: the bfloat16 GEMM from BULK_ROWS_BF16 rows
+    without OUTRIDER_LOSSY_BF16_PREFILL (a drafter's numerics change only its proposals) where the
+    CPU has AMX; elsewhere, and for a target's prefill, the kernel at that many rows."""
+    from outrider.models import quant_linear
+
+    monkeypatch.setattr(quant_linear, "_BF16_PREFILL", [False])
+    blocks = quantize(torch.randn(64, 576, generator=torch.Generator().manual_seed(7)) * 0.05, "q4_1")
+    weight = QuantLinear(blocks, kernel="native")
+    x = torch.randn(quant_linear.BULK_ROWS_BF16, 576, generator=torch.Generator().manual_seed(8))
+    with quant_linear.filling():
+        assert torch.equal(weight.linear(x), native.qmatmul(x, blocks))  # a target's prefill
+    with quant_linear.filling(bf16=True):
+        drafted = weight.linear(x)
+    rounded = (x.to(torch.bfloat16) @ native.dequantize_rows(native.NativeWeight.of(blocks), 0, 64,
+                                                              torch.bfloat16).t()).float()
+    if quant_linear.has_amx():
+        assert torch.allclose(drafted, rounded, rtol=1e-2, atol=1e-2 * rounded.abs().max())
+        assert not torch.equal(drafted, native.qmatmul(x, blocks))
+    else:
+        assert torch.equal(drafted, native.qmatmul(x, blocks))
+
+
+def test_only_a_draft_models_prefill_may_round(tiny_folders):
+    from outrider.drafters.draft_model import DraftModel, build
+    from outrider.spec.shapes import parse_shape
+    from outrider.models.loader import load_decoder
+
+    target = load_decoder(tiny_folders["llama"], "cpu", torch.float32)
+    drafter = build(DraftModel(str(tiny_folders["llama-draft"])), parse_shape("chain"), target, tiny_folders["llama"])
+    assert drafter.decoder.drafter_prefill_bf16 and not target.drafter_prefill_bf16
+
+
 def test_bf16_prefill_is_off_unless_asked(monkeypatch):
     """The bfloat16 prefill changes the target's output (lossy): only OUTRIDER_LOSSY_BF16_PREFILL=1
     turns it on, and only where the CPU has AMX."""

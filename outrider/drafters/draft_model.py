@@ -8,6 +8,9 @@ weights load. It drafts with `ModelDrafter` (model.py) and declares what that cl
 target's). The drafter's precision only changes which tokens it proposes, never what is
 committed (the target verifies every one), so a fast lossy kernel is fair game here:
 `@q4-bf16-lossy` drafts with torch's int4 kernel while the output stays exactly the target's.
+For the same reason the draft model's prompt prefill runs its many rows through the bfloat16
+GEMM wherever the CPU has AMX (quant_linear.filling(bf16=True)), with no opt-in: on the Qwen
+pair the 0.5B's prefill of 3 HumanEval prompts went from ~2.8 s to ~0.9 s beyond the target's.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ def build(arg: DraftModel, shape, target, target_path: Path) -> ModelDrafter:
     # no @DTYPE: the drafter's own GGUF quantization where our kernel runs it, else the target's float dtype
     dtype = parse_dtype(arg.dtype) if arg.dtype else auto_dtype(path, target.device) or target.dtype
     draft = load_decoder(path, target.device, dtype)
+    draft.drafter_prefill_bf16 = True  # the prompt in bfloat16 where the CPU has AMX: proposals only
     return ModelDrafter(draft, shape, name=f"draft-model:{arg}", target_vocab=target.config.vocab_size)
 
 

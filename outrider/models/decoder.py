@@ -47,6 +47,9 @@ class Decoder:
         self.lm_head = lm_head  # [vocab, E]; the same tensor as embed when tied (a QuantLinear when quantized)
         self.quantization = quantization  # None, or "q8_0" / "q4": what load_decoder was asked for
         self._native = None  # native/layer.py NativeLayers, chosen at the first forward
+        # a draft model's: its prompt may be multiplied in bfloat16 (quant_linear.filling; its
+        # numerics change only what it proposes, never what is committed)
+        self.drafter_prefill_bf16 = False
         c = config
         self.inv_freq = 1.0 / (
             c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=embed.device) / c.head_dim)
@@ -104,7 +107,7 @@ class Decoder:
         first, span, place = batch.span_first, batch.span_size, batch.span_place
         mask = batch.attn_mask if place is None else _span_mask(batch.attn_mask, place, span)
         folded = None if mask is None else fold_mask(mask, H // G, self.dtype)  # once for all layers
-        with quant_linear.filling(batch.fills_only):  # a prefill's many rows may take the float GEMM
+        with quant_linear.filling(batch.fills_only, bf16=self.drafter_prefill_bf16):  # many rows: a GEMM
             for index, w in enumerate(layers):
                 h = rms_norm(x, w.input_norm, c.rms_norm_eps)
                 qkv = linear(h, w.qkv, w.qkv_bias)  # [B, T, (H + 2G) * D]

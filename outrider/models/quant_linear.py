@@ -178,7 +178,9 @@ def _matmul_int4pair(x: torch.Tensor, state: dict) -> torch.Tensor:
 # 2.1-2.5x faster prefill of 512 tokens on the Qwen 0.5B / 1.5B. The prompt's K/V then carry
 # bfloat16 rounding (logits after a 512-token prompt moved by <= 0.1 of 9-29), so the target's
 # output can differ from the float32 prefill's; every method prefills alike, so greedy speculative
-# output still equals greedy autoregressive output under the same setting.
+# output still equals greedy autoregressive output under the same setting. A draft model's
+# prefill takes it whenever the CPU has AMX (`filling(bf16=True)`, Decoder.drafter_prefill_bf16):
+# a drafter's numerics change only what it proposes, never what is committed.
 _FILLING = contextvars.ContextVar("outrider_filling", default=False)
 BULK_ROWS = 96  # rows from which a filling forward takes the GEMM (native is faster below ~64)
 BULK_ROWS_BF16 = 32  # the same for the bfloat16 GEMM (measured: 0.8x native's time at 32 rows, 0.5x at 64)
@@ -186,9 +188,10 @@ _BULK_VALUES = 1 << 20  # weight values dequantized at a time (4 MB of float32: 
 
 
 @contextlib.contextmanager
-def filling(on: bool = True):
-    """Within: linears of at least BULK_ROWS rows may take the dequantize-then-GEMM path."""
-    token = _FILLING.set(on)
+def filling(on: bool = True, bf16: bool = False):
+    """Within: linears of at least BULK_ROWS rows may take the dequantize-then-GEMM path; with
+    `bf16` (a drafter's prefill) the bfloat16 GEMM wherever the CPU has AMX, asked for or not."""
+    token = _FILLING.set("bf16" if on and bf16 else on)
     try:
         yield
     finally:
@@ -207,20 +210,28 @@ def bf16_prefill() -> bool:
     ~5x the float32 GEMM at 512 rows on 2 cores). Only prompt K/V is computed so; decode and
     verify rows never are."""
     if _BF16_PREFILL[0] is None:
-        asked = os.environ.get("OUTRIDER_LOSSY_BF16_PREFILL", "0") == "1"
-        flags = native._cpu_flags().split()
-        _BF16_PREFILL[0] = asked and "amx_bf16" in flags and "amx_tile" in flags and bool(
-            getattr(torch._C._cpu, "_init_amx", lambda: False)())
+        _BF16_PREFILL[0] = os.environ.get("OUTRIDER_LOSSY_BF16_PREFILL", "0") == "1" and has_amx()
     return _BF16_PREFILL[0]
 
 
+def has_amx() -> bool:
+    """Whether this CPU has the bfloat16 tile unit and the kernel grants its registers."""
+    if _AMX[0] is None:
+        flags = native._cpu_flags().split()
+        _AMX[0] = "amx_bf16" in flags and "amx_tile" in flags and bool(
+            getattr(torch._C._cpu, "_init_amx", lambda: False)())
+    return _AMX[0]
+
+
 _BF16_PREFILL: list = [None]
+_AMX: list = [None]
 
 
 def _matmul_native(x: torch.Tensor, state: dict) -> torch.Tensor:
     weight = state["weight"]
-    bf16 = _FILLING.get() and bf16_prefill()
-    if not _FILLING.get() or x.shape[0] < (BULK_ROWS_BF16 if bf16 else BULK_ROWS):
+    fill = _FILLING.get()
+    bf16 = bool(fill) and (bf16_prefill() or (fill == "bf16" and has_amx()))
+    if not fill or x.shape[0] < (BULK_ROWS_BF16 if bf16 else BULK_ROWS):
         return native.qmatmul(x, weight)
     out_features, in_features = weight.shape
     x = x.to(torch.bfloat16 if bf16 else torch.float32)
