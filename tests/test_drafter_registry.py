@@ -31,7 +31,7 @@ from outrider.spec.shapes import parse_shape
 from outrider.spec.types import DraftTree
 from outrider.spec.verifiers import VERIFIERS
 
-BUILT_IN_NAMES = ("ngram", "suffix", "draft-model", "early-exit")
+BUILT_IN_NAMES = ("ngram", "suffix", "draft-model", "early-exit", "hybrid")
 GREEDY = SamplingParams()
 SAMPLED = SamplingParams(temperature=0.8, seed=1)
 
@@ -60,6 +60,9 @@ EXPECTED = {
     ("draft-model:DRAFT", "chain"): ("greedy_chain", "rejection_chain"),
     ("draft-model:DRAFT", "static:2,2"): ("greedy_tree", "tree_walk"),
     ("draft-model:DRAFT", "dynamic:2,4"): ("greedy_tree", "tree_walk"),
+    ("hybrid:draft-model:DRAFT", "chain"): ("greedy_tree", "tree_walk"),  # suffix trees or the other's, no q
+    ("hybrid:draft-model:DRAFT", "static:2,2"): ("greedy_tree", "tree_walk"),
+    ("hybrid:draft-model:DRAFT", "dynamic:2,4"): ("greedy_tree", "tree_walk"),
 }
 
 

@@ -10,6 +10,7 @@ the layers the drafter reads. The built-in drafters declare:
     draft-model, early-exit chain    a chain             yes: a sampled chain draws each draft from q
                            static    a tree              no: the top-b children of q
                            dynamic   a tree              no: the best nodes by cumulative log q
+    hybrid:[K,]DRAFTER     DRAFTER's a tree              no (suffix trees or DRAFTER's drafts, q dropped)
 
 How `gives_probs` depends on the shape and on sampling: it is declared per `--tree` kind, and it
 states what the drafts are *when sampling* (temperature > 0): every child drawn at random from

@@ -196,14 +196,19 @@ class SuffixDrafter:
         self._states[seq_id] = SuffixState(tree, prompt_len=len(prompt))
 
     def propose(self, seq_id: int, tokens: list[int], budget: Budget) -> DraftTree:
+        return self.scored_proposal(seq_id, tokens, budget)[0]
+
+    def scored_proposal(self, seq_id: int, tokens: list[int], budget: Budget) -> tuple[DraftTree, float]:
+        """The proposal and its score: the tokens it expects accepted if the counts were the
+        truth (the sum of its node scores; 0 for no drafts)."""
         state = self._synced_state(seq_id, tokens)
         spec = self.speculation(state, budget)
         if not spec.tokens:
-            return DraftTree.root_only(tokens[-1])
+            return DraftTree.root_only(tokens[-1]), 0.0
         return DraftTree(
             torch.tensor([tokens[-1], *spec.tokens], dtype=torch.long),  # [n]
             torch.tensor([-1, *spec.parents], dtype=torch.long),  # [n]
-        )
+        ), spec.score
 
     def update(self, seq_id: int, result: VerifyResult, hidden: torch.Tensor | None = None) -> None:
         state = self._states.get(seq_id)

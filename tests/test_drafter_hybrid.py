@@ -1,0 +1,98 @@
+"""`--drafter hybrid:[K,]DRAFTER`: suffix trees where they are confident, DRAFTER elsewhere.
+
+Greedy output equals autoregressive output with an EAGLE-3 head (hidden states handed through)
+and a draft model, chains and trees, with both sources proposing in the same run and sequences
+joining while others decode; sampled output equals plain sampling with the same seed (its trees
+carry no probabilities: the tree walk); bad arguments get one-line errors.
+"""
+
+import json
+import re
+
+import pytest
+from eagle3_tiny import write_eagle3
+from enumerate_law import one_thread
+from tiny import add_tokenizer, make_tiny
+
+from outrider.drafters.hybrid import HybridDrafter
+from outrider.errors import ConfigError
+from outrider.generation import Request, generate_ids
+from outrider.models.loader import load_decoder
+from outrider.sampling import SamplingParams
+from outrider.serve.engine_loop import EngineLoop
+from outrider.spec.speculator import SpecOptions, Speculator
+from outrider.spec.verifiers import VERIFIERS
+
+# repeats (the suffix trees' part) and a prompt that does not repeat (the other drafter's)
+PROMPTS = [[3, 4, 5, 6, 3, 4, 5, 6, 3, 4, 5], [6, 7, 3, 6, 7, 3, 6, 7], [5], [1, 2, 7, 4, 6, 3]]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    with one_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A vocab-8 target, a head with 6 draft tokens over three of its layers, a draft model."""
+    root = tmp_path_factory.mktemp("hybrid")
+    folder = make_tiny("llama", root / "t", vocab=8, layers=4)
+    head = write_eagle3(root / "head", json.loads((folder / "config.json").read_text()), draft_vocab=6,
+                        layer_ids=[0, 1, 2], semantics="sglang", seed=4)
+    draft = make_tiny("llama", root / "d", vocab=8, layers=2, seed=5)
+    for model in (folder, draft):  # the same tokenizer: a draft model must share the target's
+        add_tokenizer(model, vocab=8)
+    return folder, load_decoder(folder, "cpu"), {"eagle3": f"eagle3:{head}", "draft-model": f"draft-model:{draft}"}
+
+
+def run(target, spec, params=SamplingParams(), n=24, **engine):
+    requests = [Request(list(p), n, params) for p in PROMPTS]
+    if not engine:
+        return [f.output_ids for f in generate_ids(target, requests, set(), speculation=spec)]
+    return [f.output_ids for f in EngineLoop(target, set(), spec, **engine).run_all(requests)]
+
+
+@pytest.mark.parametrize("other, tree", [("eagle3", "chain"), ("eagle3", "dynamic:2,5"),
+                                         ("draft-model", "chain"), ("draft-model", "static:2,1")])
+def test_greedy_equals_autoregressive_with_both_sources(setup, other, tree):
+    folder, target, drafters = setup
+    spec = Speculator.build(SpecOptions(f"hybrid:2,{drafters[other]}", tree, "fixed:5"), target, folder)
+    hybrid = spec.drafter
+    assert isinstance(hybrid, HybridDrafter) and hybrid.depth == 2
+    assert spec.verifier_for(SamplingParams()) is VERIFIERS["greedy_tree"].verify
+    if other == "eagle3":
+        assert spec.hidden_layers == (1, 2, 3)  # the head's layers, declared through the hybrid
+    hybrid.min_score = 1.0  # the tiny model's repeats are short: let the suffix trees in
+    plain = run(target, None)
+    assert run(target, spec) == plain
+    assert hybrid.suffix_rounds > 0 and hybrid.other_rounds > 0  # both proposed
+    assert run(target, spec, max_running=2, chunk_size=3) == plain  # sequences join mid-run
+
+
+def test_sampled_output_equals_plain_sampling(setup):
+    folder, target, drafters = setup
+    spec = Speculator.build(SpecOptions(f"hybrid:{drafters['eagle3']}", "chain", "fixed:3"), target, folder)
+    spec.drafter.min_score = 1.0
+    params = SamplingParams(temperature=1.0, seed=3)
+    assert spec.verifier_for(params) is VERIFIERS["tree_walk"].verify
+    assert run(target, spec, params) == run(target, None, params)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("hybrid", "name the drafter to use where suffix decoding is not confident"),
+    ("hybrid:0,ngram", "K (the other drafter's depth) must be >= 1"),
+    ("hybrid:suffix", "cannot be suffix"),
+    ("hybrid:hybrid:ngram", "cannot be hybrid"),
+    ("hybrid:warp", "unknown drafter"),
+])
+def test_bad_arguments_say_what_to_pass(text, message):
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        SpecOptions(text).check()
+    assert "\n" not in str(err.value)
+
+
+def test_a_tree_the_other_drafter_cannot_build_is_refused(setup):
+    folder, target, _ = setup
+    with pytest.raises(ConfigError, match="ngram builds only --tree chain, not dynamic"):
+        Speculator.build(SpecOptions("hybrid:ngram", "dynamic:2,4", "fixed:3"), target, folder)
