@@ -5,6 +5,7 @@ clear fallback where it cannot be built."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 import subprocess
 import sys
 
@@ -19,13 +20,20 @@ from test_quant import random_blocks
 needs_native = pytest.mark.skipif(not native.available(), reason=f"native kernel: {native.reason()}")
 
 
+def widened(blocks):
+    """The same blocks with float32 scales (and mins), as a K-quant's re-expressed ones are kept."""
+    return replace(blocks, d=blocks.d.float(), m=None if blocks.m is None else blocks.m.float())
+
+
 @needs_native
-@pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1"])
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1", "q4_1 float32 scales", "q8_0 float32 scales"])
 def test_rows_are_bit_identical_whatever_the_batch_and_threads(kind):
     """Each output row is the same bits alone, among 2..17 rows (groups of 8 rows share a decoded
     block, the last group smaller), at any offset, and with 1 or 2 threads: what makes a k-token
-    verify forward equal k one-token steps."""
-    weight = native.NativeWeight.of(random_blocks(kind, 70, 96, seed=3))
+    verify forward equal k one-token steps. Scales as GGUF keeps them (float16) or widened."""
+    blocks = random_blocks(kind.split()[0], 70, 96, seed=3)
+    weight = native.NativeWeight.of(widened(blocks) if "float32" in kind else blocks)
+    assert weight.d.dtype == (torch.float32 if "float32" in kind else torch.float16)
     x = torch.randn(17, 96, generator=torch.Generator().manual_seed(1))
     threads = torch.get_num_threads()
     try:
@@ -46,7 +54,8 @@ def test_weights_are_the_references_values():
     for kind in ("q8_0", "q4_0", "q4_1"):
         blocks = random_blocks(kind, 24, 64, seed=5)
         eye = torch.eye(64)
-        assert torch.equal(native.qmatmul(eye, blocks).T, reference_linear(eye, blocks).T), kind
+        for given in (blocks, widened(blocks)):  # float16 scales read as such, or widened before
+            assert torch.equal(native.qmatmul(eye, given).T, reference_linear(eye, blocks).T), kind
 
 
 @needs_native
@@ -64,8 +73,11 @@ def test_real_weights_close_to_reference():
 @needs_native
 def test_the_exact_default_is_native():
     assert choose_kernel(random_blocks("q4_1", 32, 64)) == "native"
-    weight = QuantLinear(random_blocks("q4_1", 32, 64), kernel="native")
-    assert weight.nbytes() == 32 * 32 + 2 * 32 * 2 * 4  # codes, float32 scales and mins
+    blocks = random_blocks("q4_1", 32, 64)
+    weight = QuantLinear(blocks, kernel="native")
+    assert weight.nbytes() == 32 * 32 + 2 * 32 * 2 * 2  # codes, float16 scales and mins as GGUF's
+    wide = QuantLinear(replace(blocks, d=blocks.d.float(), m=blocks.m.float()), kernel="native")
+    assert wide.nbytes() == 32 * 32 + 2 * 32 * 2 * 4  # scales that are not float16 values stay float32
     with pytest.raises(ValueError, match="float32"):
         QuantLinear(random_blocks("q4_1", 32, 64), torch.bfloat16, kernel="native")
 
@@ -184,6 +196,8 @@ def test_bf16_rows_are_the_float_rows_rounded():
         w = native.NativeWeight.of(blocks)
         assert torch.equal(native.dequantize_rows(w, 3, 37, torch.bfloat16),
                            native.dequantize_rows(w, 3, 37).to(torch.bfloat16))
+        wide = native.NativeWeight.of(widened(blocks))
+        assert torch.equal(native.dequantize_rows(wide, 3, 37), native.dequantize_rows(w, 3, 37))
 
 
 def test_only_a_logits_free_batch_fills():

@@ -151,22 +151,35 @@ def supports(blocks: QuantBlocks) -> bool:
     return available() and blocks.device.type == "cpu" and blocks.kind in KIND_CODES
 
 
+HALF = 4  # added to a kind code: its scales and mins are float16 (qmatmul.c)
+
+
 @dataclass(frozen=True)
 class NativeWeight:
-    """One weight as the kernel reads it: the codes as GGUF keeps them, the float16 scales and
-    mins widened to float32 once (a broadcast load per block instead of a conversion; 4 bytes a
-    block more than the GGUF)."""
+    """One weight as the kernel reads it: the codes as GGUF keeps them, the scales and mins as
+    GGUF keeps them too (float16: the kernel widens each once a block, exactly) or in float32
+    where they are not float16 values (a K-quant's scales re-expressed: quant_convert.py; q8_16).
+    Float16 scales make a Q4_1 block 20 bytes instead of 24 and a Q8_0 block 34 instead of 36:
+    the bytes a decode step streams."""
 
     kind: str
     shape: tuple[int, int]  # (out, in)
     q: torch.Tensor  # int8 [out, in] (q8_0, q8_16) or uint8 [out, in / 2] (q4_*)
-    d: torch.Tensor  # float32 [out, in / 32] ([out, in / 16] for q8_16)
-    m: torch.Tensor | None  # float32 [out, in / 32] (q4_1)
+    d: torch.Tensor  # float16 or float32 [out, in / 32] ([out, in / 16] for q8_16, float32)
+    m: torch.Tensor | None  # as d [out, in / 32] (q4_1)
 
     @classmethod
     def of(cls, blocks: QuantBlocks) -> "NativeWeight":
-        m = blocks.m.float().contiguous() if blocks.m is not None else None
-        return cls(blocks.kind, blocks.shape, blocks.q.contiguous(), blocks.d.float().contiguous(), m)
+        half = blocks.kind != "q8_16" and blocks.d.dtype == torch.float16 and (
+            blocks.m is None or blocks.m.dtype == torch.float16)
+        dtype = torch.float16 if half else torch.float32
+        m = blocks.m.to(dtype).contiguous() if blocks.m is not None else None
+        return cls(blocks.kind, blocks.shape, blocks.q.contiguous(), blocks.d.to(dtype).contiguous(), m)
+
+    @property
+    def code(self) -> int:
+        """The kernel's kind code: KIND_CODES, plus HALF for float16 scales."""
+        return KIND_CODES[self.kind] + (HALF if self.d.dtype == torch.float16 else 0)
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.q, self.d, self.m) if t is not None]
@@ -186,7 +199,7 @@ def qmatmul(x: torch.Tensor, weight: "NativeWeight | QuantBlocks") -> torch.Tens
         raise ValueError(f"x must be [rows, {in_features}], got {tuple(x.shape)}")
     y = torch.empty(x.shape[0], out_features, dtype=torch.float32)
     m = weight.m.data_ptr() if weight.m is not None else None
-    status = _state["lib"].outrider_qmatmul(KIND_CODES[weight.kind], x.data_ptr(), x.shape[0], in_features,
+    status = _state["lib"].outrider_qmatmul(weight.code, x.data_ptr(), x.shape[0], in_features,
                                             weight.q.data_ptr(), weight.d.data_ptr(), m, out_features,
                                             y.data_ptr(), torch.get_num_threads())
     if status != 0:
@@ -208,7 +221,7 @@ def dequantize_rows(weight: NativeWeight, start: int, stop: int, dtype: torch.dt
     out = torch.empty(stop - start, in_features, dtype=dtype)
     m = weight.m.data_ptr() if weight.m is not None else None
     call = _state["lib"].outrider_dequantize if dtype == torch.float32 else _state["lib"].outrider_dequantize_bf16
-    status = call(KIND_CODES[weight.kind], in_features, weight.q.data_ptr(), weight.d.data_ptr(), m, start, stop,
+    status = call(weight.code, in_features, weight.q.data_ptr(), weight.d.data_ptr(), m, start, stop,
                   out.data_ptr(), torch.get_num_threads())
     if status != 0:
         if dtype == torch.bfloat16:  # a build without AVX-512

@@ -26,13 +26,13 @@
 #include <stdint.h>
 #include <string.h>
 
-int outrider_qmatmul(int kind, const float *x, int64_t M, int64_t K, const void *q, const float *d,
-                     const float *m, int64_t N, float *y, int threads);
+int outrider_qmatmul(int kind, const float *x, int64_t M, int64_t K, const void *q, const void *d,
+                     const void *m, int64_t N, float *y, int threads);
 
 typedef struct {  /* one weight as the kernel reads it (native.NativeWeight) */
     int64_t kind, out, in;
     const void *q;
-    const float *d, *m;
+    const void *d, *m;  /* float32, or float16 where kind has HALF (qmatmul.c) */
 } QWeight;
 
 static void rmsnorm_row(const float *x, const float *w, float eps, int64_t E, float *out) {

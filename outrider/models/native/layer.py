@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import KIND_CODES, NativeWeight, library
+from . import NativeWeight, library
 
 
 class QWeight(ctypes.Structure):
@@ -26,7 +26,7 @@ class QWeight(ctypes.Structure):
 
 
 def _qweight(w: NativeWeight) -> QWeight:
-    return QWeight(KIND_CODES[w.kind], w.shape[0], w.shape[1], w.q.data_ptr(), w.d.data_ptr(),
+    return QWeight(w.code, w.shape[0], w.shape[1], w.q.data_ptr(), w.d.data_ptr(),
                    w.m.data_ptr() if w.m is not None else None)
 
 

@@ -9,8 +9,10 @@
  *   q4_0: q uint8 [N, K / 2]                w = d * (q - 8)
  *   q4_1: q uint8 [N, K / 2], m             w = d * q + m
  *   q8_16: q int8 [N, K]                    w = d * q, one d per 16 values (Q6_K kept exactly)
- *   d (and m): float32 [N, K / 32] ([N, K / 16] for q8_16). A Q4 block's 16 bytes hold value j in the low nibble of byte j
- *   and value j + 16 in its high nibble.
+ *   d (and m): [N, K / 32] ([N, K / 16] for q8_16), float16 as GGUF keeps them (kind + HALF: widened
+ *   once a block, exactly) or float32 (q8_16, and a K-quant's re-expressed scales, which are not
+ *   float16 values). A Q4 block's 16 bytes hold value j in the low nibble of byte j and value j + 16
+ *   in its high nibble.
  *
  * Exactness. Each weight value is computed with the reference's own operations (a multiply,
  * then an add; no contraction), so it is the value quant.dequantize gives. Each y[r, n] is one
@@ -39,7 +41,14 @@
 #define TILE_N 16         /* output columns a thread takes at a time */
 
 enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2, KIND_Q8_16 = 3 };
-#define SCALES(kind) ((kind) == KIND_Q8_16 ? 2 : 1) /* scales a 32-value block has */
+#define HALF 4                      /* added to a kind: its scales (and mins) are float16, as GGUF keeps them */
+#define BASE(kind) ((kind) & 3)     /* the kind without HALF */
+#define SCALES(kind) (BASE(kind) == KIND_Q8_16 ? 2 : 1) /* scales a 32-value block has */
+
+/* Scale (or min) i of a weight's float32 or float16 array, as float32 (the widening is exact). */
+static inline __attribute__((always_inline)) float scale_at(int kind, const void *p, int64_t i) {
+    return (kind & HALF) ? _cvtsh_ss(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
 
 
 /* Ask for the codes and scales PREFETCH_BYTES ahead of block b (past a row's end that is the
@@ -47,13 +56,14 @@ enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2, KIND_Q8_16 = 3 };
  * the hardware prefetcher to get ahead on its own. Once per 64-byte line: codes every second block
  * (Q8_0 blocks are 32 bytes), scales and mins every sixteenth. */
 #define PREFETCH_BYTES 4096
-static inline __attribute__((always_inline)) void prefetch_ahead(int64_t b, const uint8_t *q, const float *d,
-                                                                 const float *m) {
+static inline __attribute__((always_inline)) void prefetch_ahead(int kind, int64_t b, const uint8_t *q,
+                                                                 const void *d, const void *m) {
     if (b & 1) return;
     _mm_prefetch((const char *)(q + PREFETCH_BYTES), _MM_HINT_T2);
     if (b & 15) return;
-    _mm_prefetch((const char *)(d + PREFETCH_BYTES / 8), _MM_HINT_T2);
-    if (m) _mm_prefetch((const char *)(m + PREFETCH_BYTES / 8), _MM_HINT_T2);
+    const int64_t ahead = PREFETCH_BYTES / 8 * ((kind & HALF) ? 2 : 4);  /* 512 scales ahead, in bytes */
+    _mm_prefetch((const char *)d + ahead, _MM_HINT_T2);
+    if (m) _mm_prefetch((const char *)m + ahead, _MM_HINT_T2);
 }
 
 #if defined(__AVX512F__)
@@ -61,21 +71,23 @@ static inline __attribute__((always_inline)) void prefetch_ahead(int64_t b, cons
 #define ROWS 8
 #define COLS 4  /* weight rows a register tile takes at most */
 
-static inline __attribute__((always_inline)) void decode(int kind, const uint8_t *q, const float *d, float m,
-                                                         __m512 *w0, __m512 *w1) {
-    __m512 dd = _mm512_set1_ps(d[0]);
-    if (kind == KIND_Q8_0 || kind == KIND_Q8_16) {
+/* Block i of a weight row: its codes at q, its scales and min at index i (SCALES(kind) i for the
+ * scales) of d and m. */
+static inline __attribute__((always_inline)) void decode(int kind, const uint8_t *q, const void *d, const void *m,
+                                                         int64_t i, __m512 *w0, __m512 *w1) {
+    __m512 dd = _mm512_set1_ps(scale_at(kind, d, i * SCALES(kind)));
+    if (BASE(kind) == KIND_Q8_0 || BASE(kind) == KIND_Q8_16) {
         __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
         __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))));
         *w0 = _mm512_mul_ps(dd, a);
-        *w1 = _mm512_mul_ps(kind == KIND_Q8_16 ? _mm512_set1_ps(d[1]) : dd, b);
+        *w1 = _mm512_mul_ps(BASE(kind) == KIND_Q8_16 ? _mm512_set1_ps(scale_at(kind, d, 2 * i + 1)) : dd, b);
         return;
     }
     /* the block's 16 possible values, each computed as the reference computes it, then looked up
      * by code (vpermps reads the low 4 bits of each index: no mask needed for the low nibbles) */
     const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512 table = kind == KIND_Q4_0 ? _mm512_mul_ps(dd, _mm512_sub_ps(codes, _mm512_set1_ps(8.0f)))
-                                     : _mm512_add_ps(_mm512_mul_ps(dd, codes), _mm512_set1_ps(m));
+    __m512 table = BASE(kind) == KIND_Q4_0 ? _mm512_mul_ps(dd, _mm512_sub_ps(codes, _mm512_set1_ps(8.0f)))
+                                           : _mm512_add_ps(_mm512_mul_ps(dd, codes), _mm512_set1_ps(scale_at(kind, m, i)));
     __m512i all = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q)); /* bytes 0..15 */
     *w0 = _mm512_permutexvar_ps(all, table);                        /* values 0..15 */
     *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(all, 4), table);  /* values 16..31 */
@@ -89,20 +101,20 @@ static inline __attribute__((always_inline)) void decode(int kind, const uint8_t
  * then of its last 16, then one reduction; the same sequence whatever the tile. */
 static inline __attribute__((always_inline)) void dot_tile(int kind, int rows, int cols, const float *x, int64_t K,
                                                            const uint8_t *q, int64_t qrow, int64_t qstride,
-                                                           const float *d, int64_t drow, const float *m,
+                                                           const void *d, int64_t drow, const void *m,
                                                            int64_t mrow, float *y, int64_t ystride) {
+    const int64_t sbytes = (kind & HALF) ? 2 : 4;
     __m512 acc[ROWS][COLS];
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) acc[r][c] = _mm512_setzero_ps();
     const int64_t blocks = K / QK;
     for (int64_t b = 0; b < blocks; b++) {
         __m512 w0[COLS], w1[COLS];
-        for (int c = 0; c < cols; c++) {
-            const uint8_t *qc = q + c * qrow + b * qstride;
-            const float *dc = d + c * drow + b * SCALES(kind);
-            const float *mc = m ? m + c * mrow + b : 0;
-            prefetch_ahead(b, qc, dc, mc);
-            decode(kind, qc, dc, mc ? *mc : 0.0f, &w0[c], &w1[c]);
+        for (int c = 0; c < cols; c++) {  /* weight row c: codes, scales, mins */
+            const uint8_t *qc = q + c * qrow, *dc = (const uint8_t *)d + c * drow * sbytes;
+            const uint8_t *mc = m ? (const uint8_t *)m + c * mrow * sbytes : 0;
+            prefetch_ahead(kind, b, qc + b * qstride, dc + b * SCALES(kind) * sbytes, mc ? mc + b * sbytes : 0);
+            decode(kind, qc + b * qstride, dc, mc, b, &w0[c], &w1[c]);
         }
         const float *xb = x + b * QK;
         for (int r = 0; r < rows; r++) {
@@ -121,13 +133,14 @@ static inline __attribute__((always_inline)) void dot_tile(int kind, int rows, i
 /* ---- AVX2: a block is four vectors of 8 values; four accumulators per row ------------------ */
 #define ROWS 2
 
-static inline __attribute__((always_inline)) void decode(int kind, const uint8_t *q, const float *d, float m,
-                                                         __m256 w[4]) {
-    __m256 dd = _mm256_set1_ps(d[0]);
-    if (kind == KIND_Q8_0 || kind == KIND_Q8_16) {
+static inline __attribute__((always_inline)) void decode(int kind, const uint8_t *q, const void *d, const void *m,
+                                                         int64_t block, __m256 w[4]) {
+    __m256 dd = _mm256_set1_ps(scale_at(kind, d, block * SCALES(kind)));
+    if (BASE(kind) == KIND_Q8_0 || BASE(kind) == KIND_Q8_16) {
+        __m256 d1 = BASE(kind) == KIND_Q8_16 ? _mm256_set1_ps(scale_at(kind, d, 2 * block + 1)) : dd;
         for (int i = 0; i < 4; i++) {
             __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * i)));
-            w[i] = _mm256_mul_ps(kind == KIND_Q8_16 && i >= 2 ? _mm256_set1_ps(d[1]) : dd, _mm256_cvtepi32_ps(v));
+            w[i] = _mm256_mul_ps(i >= 2 ? d1 : dd, _mm256_cvtepi32_ps(v));
         }
         return;
     }
@@ -141,10 +154,10 @@ static inline __attribute__((always_inline)) void decode(int kind, const uint8_t
         _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)),   /* values 16..23 */
         _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)),   /* values 24..31 */
     };
-    __m256 mm = _mm256_set1_ps(m), eight = _mm256_set1_ps(8.0f);
+    __m256 mm = _mm256_set1_ps(BASE(kind) == KIND_Q4_1 ? scale_at(kind, m, block) : 0.0f), eight = _mm256_set1_ps(8.0f);
     for (int i = 0; i < 4; i++)
-        w[i] = kind == KIND_Q4_0 ? _mm256_mul_ps(dd, _mm256_sub_ps(v[i], eight))
-                                 : _mm256_add_ps(_mm256_mul_ps(dd, v[i]), mm);
+        w[i] = BASE(kind) == KIND_Q4_0 ? _mm256_mul_ps(dd, _mm256_sub_ps(v[i], eight))
+                                       : _mm256_add_ps(_mm256_mul_ps(dd, v[i]), mm);
 }
 
 static inline float hsum256(__m256 v) {
@@ -156,16 +169,18 @@ static inline float hsum256(__m256 v) {
 
 static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, const float *x, int64_t K,
                                                            const uint8_t *q, int64_t qstride,
-                                                           const float *d, const float *m,
+                                                           const void *d, const void *m,
                                                            float *y, int64_t ystride) {
+    const int64_t sbytes = (kind & HALF) ? 2 : 4;
     __m256 acc[ROWS][4];
     for (int r = 0; r < rows; r++)
         for (int i = 0; i < 4; i++) acc[r][i] = _mm256_setzero_ps();
     const int64_t blocks = K / QK;
     for (int64_t b = 0; b < blocks; b++) {
         __m256 w[4];
-        prefetch_ahead(b, q + b * qstride, d + b * SCALES(kind), m ? m + b : 0);
-        decode(kind, q + b * qstride, d + b * SCALES(kind), kind == KIND_Q4_1 ? m[b] : 0.0f, w);
+        prefetch_ahead(kind, b, q + b * qstride, (const uint8_t *)d + b * SCALES(kind) * sbytes,
+                       m ? (const uint8_t *)m + b * sbytes : 0);
+        decode(kind, q + b * qstride, d, m, b, w);
         const float *xb = x + b * QK;
         for (int r = 0; r < rows; r++)
             for (int i = 0; i < 4; i++)
@@ -180,30 +195,32 @@ static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, c
 /* out[n - n0] = weight row n's values, n0 <= n < n1 (what decode gives, stored): for a caller
  * that multiplies many rows at once with a float GEMM (native/__init__.py, `dequantize_rows`). */
 static inline __attribute__((always_inline)) void decode_row(int kind, int64_t K, const uint8_t *q, int64_t qstride,
-                                                             const float *d, const float *m, float *out) {
+                                                             const void *d, const void *m, float *out) {
     for (int64_t b = 0; b < K / QK; b++) {
 #if defined(__AVX512F__)
         __m512 w0, w1;
-        decode(kind, q + b * qstride, d + b * SCALES(kind), kind == KIND_Q4_1 ? m[b] : 0.0f, &w0, &w1);
+        decode(kind, q + b * qstride, d, m, b, &w0, &w1);
         _mm512_storeu_ps(out + b * QK, w0);
         _mm512_storeu_ps(out + b * QK + 16, w1);
 #else
         __m256 w[4];
-        decode(kind, q + b * qstride, d + b * SCALES(kind), kind == KIND_Q4_1 ? m[b] : 0.0f, w);
+        decode(kind, q + b * qstride, d, m, b, w);
         for (int i = 0; i < 4; i++) _mm256_storeu_ps(out + b * QK + 8 * i, w[i]);
 #endif
     }
 }
 
 #define DEQUANTIZE(NAME, KIND)                                                                      \
-    static void NAME(int64_t K, const uint8_t *q, const float *d, const float *m, int64_t n0,       \
+    static void NAME(int64_t K, const uint8_t *q, const void *d, const void *m, int64_t n0,         \
                      int64_t n1, float *out, int threads) {                                         \
-        const int64_t blocks = K / QK;                                                              \
-        const int64_t qstride = KIND == KIND_Q8_0 || KIND == KIND_Q8_16 ? QK : QK / 2;             \
-        _Pragma("omp parallel for schedule(static) num_threads(threads)")                                               \
+        const int64_t blocks = K / QK, sbytes = (KIND & HALF) ? 2 : 4;                              \
+        const int64_t qstride = BASE(KIND) == KIND_Q8_0 || BASE(KIND) == KIND_Q8_16 ? QK : QK / 2; \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                          \
         for (int64_t n = n0; n < n1; n++)                                                           \
-            decode_row(KIND, K, q + n * blocks * qstride, qstride, d + n * blocks * SCALES(KIND),   \
-                       KIND == KIND_Q4_1 ? m + n * blocks : 0, out + (n - n0) * K);                \
+            decode_row(KIND, K, q + n * blocks * qstride, qstride,                                  \
+                       (const uint8_t *)d + n * blocks * SCALES(KIND) * sbytes,                     \
+                       BASE(KIND) == KIND_Q4_1 ? (const uint8_t *)m + n * blocks * sbytes : 0,      \
+                       out + (n - n0) * K);                                                         \
     }
 
 /* The same values rounded to bfloat16 (to nearest, ties to even: torch's float -> bfloat16), two
@@ -218,35 +235,27 @@ static inline __attribute__((always_inline)) __m256i bf16_of(__m512 v) {
 }
 
 #define DEQUANTIZE_BF16(NAME, KIND)                                                                 \
-    static void NAME(int64_t K, const uint8_t *q, const float *d, const float *m, int64_t n0,       \
+    static void NAME(int64_t K, const uint8_t *q, const void *d, const void *m, int64_t n0,         \
                      int64_t n1, uint16_t *out, int threads) {                                      \
-        const int64_t blocks = K / QK;                                                              \
-        const int64_t qstride = KIND == KIND_Q8_0 || KIND == KIND_Q8_16 ? QK : QK / 2;             \
+        const int64_t blocks = K / QK, sbytes = (KIND & HALF) ? 2 : 4;                              \
+        const int64_t qstride = BASE(KIND) == KIND_Q8_0 || BASE(KIND) == KIND_Q8_16 ? QK : QK / 2; \
         _Pragma("omp parallel for schedule(static) num_threads(threads)")                          \
         for (int64_t n = n0; n < n1; n++) {                                                         \
             const uint8_t *qn = q + n * blocks * qstride;                                           \
-            const float *dn = d + n * blocks * SCALES(KIND);                                        \
+            const uint8_t *dn = (const uint8_t *)d + n * blocks * SCALES(KIND) * sbytes;            \
+            const uint8_t *mn = BASE(KIND) == KIND_Q4_1 ? (const uint8_t *)m + n * blocks * sbytes : 0; \
             uint16_t *o = out + (n - n0) * K;                                                       \
             for (int64_t b = 0; b < blocks; b++) {                                                  \
                 __m512 w0, w1;                                                                      \
-                decode(KIND, qn + b * qstride, dn + b * SCALES(KIND),                               \
-                       KIND == KIND_Q4_1 ? m[n * blocks + b] : 0.0f, &w0, &w1);                     \
+                decode(KIND, qn + b * qstride, dn, mn, b, &w0, &w1);                                \
                 _mm256_storeu_si256((__m256i *)(o + b * QK), bf16_of(w0));                          \
                 _mm256_storeu_si256((__m256i *)(o + b * QK + 16), bf16_of(w1));                     \
             }                                                                                       \
         }                                                                                           \
     }
 
-DEQUANTIZE_BF16(dequantize_bf16_q8_0, KIND_Q8_0)
-DEQUANTIZE_BF16(dequantize_bf16_q4_0, KIND_Q4_0)
-DEQUANTIZE_BF16(dequantize_bf16_q4_1, KIND_Q4_1)
-DEQUANTIZE_BF16(dequantize_bf16_q8_16, KIND_Q8_16)
 #endif
 
-DEQUANTIZE(dequantize_q8_0, KIND_Q8_0)
-DEQUANTIZE(dequantize_q4_0, KIND_Q4_0)
-DEQUANTIZE(dequantize_q4_1, KIND_Q4_1)
-DEQUANTIZE(dequantize_q8_16, KIND_Q8_16)
 
 #if defined(__AVX512F__)
 /* Rows r..r+rows of x against weight rows n..n+cols (rows <= ROWS, cols <= COLS): each pair its
@@ -254,7 +263,7 @@ DEQUANTIZE(dequantize_q8_16, KIND_Q8_16)
 #define TILE(R, C) case R * 8 + C: dot_tile(kind, R, C, x, K, q, qrow, qstride, d, drow, m, mrow, y, N); break;
 static inline __attribute__((always_inline)) void dot_group(int kind, int rows, int cols, const float *x, int64_t K,
                                                             const uint8_t *q, int64_t qrow, int64_t qstride,
-                                                            const float *d, int64_t drow, const float *m,
+                                                            const void *d, int64_t drow, const void *m,
                                                             int64_t mrow, float *y, int64_t N) {
     switch (rows * 8 + cols) {
         TILE(8, 2) TILE(7, 2) TILE(6, 2) TILE(5, 2) TILE(4, 4) TILE(3, 4) TILE(2, 4) TILE(1, 4)
@@ -270,7 +279,7 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
  * copy of dot_rows, so the accumulators stay in registers). */
 static inline __attribute__((always_inline)) void dot_group(int kind, int rows, int cols, const float *x, int64_t K,
                                                             const uint8_t *q, int64_t qrow, int64_t qstride,
-                                                            const float *d, int64_t drow, const float *m,
+                                                            const void *d, int64_t drow, const void *m,
                                                             int64_t mrow, float *y, int64_t N) {
     (void)cols; (void)qrow; (void)drow; (void)mrow;
     switch (rows) {
@@ -284,13 +293,13 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
 
 /* One function per kind (the kind a constant inside it, so each decode is specialized). */
 #define MATMUL(NAME, KIND)                                                                          \
-    static void NAME(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *d,        \
-                     const float *m, int64_t N, float *y, int threads) {                         \
-        const int64_t blocks = K / QK;                                                              \
-        const int64_t qstride = KIND == KIND_Q8_0 || KIND == KIND_Q8_16 ? QK : QK / 2; /* code bytes a block */ \
+    static void NAME(const float *x, int64_t M, int64_t K, const uint8_t *q, const void *d,         \
+                     const void *m, int64_t N, float *y, int threads) {                             \
+        const int64_t blocks = K / QK, sbytes = (KIND & HALF) ? 2 : 4;                              \
+        const int64_t qstride = BASE(KIND) == KIND_Q8_0 || BASE(KIND) == KIND_Q8_16 ? QK : QK / 2; /* code bytes a block */ \
         const int64_t dstride = blocks * SCALES(KIND); /* scales a weight row */                    \
         const int64_t tiles = (N + TILE_N - 1) / TILE_N;                                            \
-        _Pragma("omp parallel for schedule(static) num_threads(threads)")                                               \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                          \
         for (int64_t t = 0; t < tiles; t++) {                                                       \
             const int64_t n1 = (t + 1) * TILE_N < N ? (t + 1) * TILE_N : N;                         \
             /* a group of rows of x stays in L1 while the tile's weight rows (also in L1) pass */   \
@@ -300,7 +309,8 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
                 for (int64_t n = t * TILE_N; n < n1;) {                                             \
                     const int c = n + cols <= n1 ? cols : 1;                                        \
                     dot_group(KIND, rows, c, x + r * K, K, q + n * blocks * qstride, blocks * qstride, qstride, \
-                              d + n * dstride, dstride, KIND == KIND_Q4_1 ? m + n * blocks : 0, blocks, \
+                              (const uint8_t *)d + n * dstride * sbytes, dstride,                   \
+                              BASE(KIND) == KIND_Q4_1 ? (const uint8_t *)m + n * blocks * sbytes : 0, blocks, \
                               y + r * N + n, N);                                                    \
                     n += c;                                                                         \
                 }                                                                                   \
@@ -308,53 +318,53 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
         }                                                                                           \
     }
 
-MATMUL(matmul_q8_0, KIND_Q8_0)
-MATMUL(matmul_q4_0, KIND_Q4_0)
-MATMUL(matmul_q4_1, KIND_Q4_1)
-MATMUL(matmul_q8_16, KIND_Q8_16)
+/* Every kind the entry points take: the four, and those with float16 scales (q8_16's are float32). */
+#define KINDS(X) X(q8_0, KIND_Q8_0) X(q4_0, KIND_Q4_0) X(q4_1, KIND_Q4_1) X(q8_16, KIND_Q8_16) \
+                 X(q8_0h, (KIND_Q8_0 + HALF)) X(q4_0h, (KIND_Q4_0 + HALF)) X(q4_1h, (KIND_Q4_1 + HALF))
+#define DEFINE(NAME, KIND) MATMUL(matmul_##NAME, KIND) DEQUANTIZE(dequantize_##NAME, KIND) DEFINE_BF16(NAME, KIND)
+#if defined(__AVX512F__)
+#define DEFINE_BF16(NAME, KIND) DEQUANTIZE_BF16(dequantize_bf16_##NAME, KIND)
+#else
+#define DEFINE_BF16(NAME, KIND)
+#endif
+KINDS(DEFINE)
 
-/* The entry point (ctypes). kind: 0 q8_0, 1 q4_0, 2 q4_1, 3 q8_16; K a multiple of 32; m only for q4_1.
- * x, y contiguous float32 [M, K] and [M, N]; `threads`: the OpenMP team (torch's count: a thread
- * other than the one that set it would otherwise get OpenMP's default, every core). Returns 0, or
- * -1 for arguments it cannot take. */
-int outrider_qmatmul(int kind, const float *x, int64_t M, int64_t K, const void *q, const float *d,
-                     const float *m, int64_t N, float *y, int threads) {
-    if (K % QK || M < 0 || N < 0 || (kind == KIND_Q4_1 && !m) || threads < 1) return -1;
-    switch (kind) {  /* one specialized loop per kind */
-        case KIND_Q8_0: matmul_q8_0(x, M, K, q, d, m, N, y, threads); return 0;
-        case KIND_Q4_0: matmul_q4_0(x, M, K, q, d, m, N, y, threads); return 0;
-        case KIND_Q4_1: matmul_q4_1(x, M, K, q, d, m, N, y, threads); return 0;
-        case KIND_Q8_16: matmul_q8_16(x, M, K, q, d, m, N, y, threads); return 0;
-        default: return -1;
-    }
+static int known(int kind, const void *m, int64_t K) {  /* 0: arguments the kernel takes */
+    int ok = kind >= 0 && kind <= KIND_Q4_1 + HALF && kind != KIND_Q8_16 + HALF && K % QK == 0;
+    return ok && (BASE(kind) != KIND_Q4_1 || m) ? 0 : -1;
+}
+
+/* The entry point (ctypes). kind: 0 q8_0, 1 q4_0, 2 q4_1, 3 q8_16, plus HALF (4) for float16
+ * scales and mins (not q8_16); K a multiple of 32; m only for q4_1. x, y contiguous float32
+ * [M, K] and [M, N]; d (and m) float32 or float16 [N, K / 32] ([N, K / 16] for q8_16); `threads`:
+ * the OpenMP team (torch's count: a thread other than the one that set it would otherwise get
+ * OpenMP's default, every core). Returns 0, or -1 for arguments it cannot take. */
+int outrider_qmatmul(int kind, const float *x, int64_t M, int64_t K, const void *q, const void *d,
+                     const void *m, int64_t N, float *y, int threads) {
+    if (known(kind, m, K) || M < 0 || N < 0 || threads < 1) return -1;
+#define CALL(NAME, KIND) case KIND: matmul_##NAME(x, M, K, q, d, m, N, y, threads); return 0;
+    switch (kind) { KINDS(CALL) default: return -1; }  /* one specialized loop per kind */
+#undef CALL
 }
 
 /* Weight rows n0..n1 as float32 values into out [n1 - n0, K]: 0, or -1 for arguments it cannot take. */
-int outrider_dequantize(int kind, int64_t K, const void *q, const float *d, const float *m, int64_t n0,
+int outrider_dequantize(int kind, int64_t K, const void *q, const void *d, const void *m, int64_t n0,
                         int64_t n1, float *out, int threads) {
-    if (K % QK || n0 < 0 || n1 < n0 || (kind == KIND_Q4_1 && !m) || threads < 1) return -1;
-    switch (kind) {
-        case KIND_Q8_0: dequantize_q8_0(K, q, d, m, n0, n1, out, threads); return 0;
-        case KIND_Q4_0: dequantize_q4_0(K, q, d, m, n0, n1, out, threads); return 0;
-        case KIND_Q4_1: dequantize_q4_1(K, q, d, m, n0, n1, out, threads); return 0;
-        case KIND_Q8_16: dequantize_q8_16(K, q, d, m, n0, n1, out, threads); return 0;
-        default: return -1;
-    }
+    if (known(kind, m, K) || n0 < 0 || n1 < n0 || threads < 1) return -1;
+#define CALL(NAME, KIND) case KIND: dequantize_##NAME(K, q, d, m, n0, n1, out, threads); return 0;
+    switch (kind) { KINDS(CALL) default: return -1; }
+#undef CALL
 }
 
 /* As outrider_dequantize, into bfloat16 (uint16 bits) [n1 - n0, K]; -1 also where the build has no
  * AVX-512. */
-int outrider_dequantize_bf16(int kind, int64_t K, const void *q, const float *d, const float *m, int64_t n0,
+int outrider_dequantize_bf16(int kind, int64_t K, const void *q, const void *d, const void *m, int64_t n0,
                              int64_t n1, uint16_t *out, int threads) {
 #if defined(__AVX512F__)
-    if (K % QK || n0 < 0 || n1 < n0 || (kind == KIND_Q4_1 && !m) || threads < 1) return -1;
-    switch (kind) {
-        case KIND_Q8_0: dequantize_bf16_q8_0(K, q, d, m, n0, n1, out, threads); return 0;
-        case KIND_Q4_0: dequantize_bf16_q4_0(K, q, d, m, n0, n1, out, threads); return 0;
-        case KIND_Q4_1: dequantize_bf16_q4_1(K, q, d, m, n0, n1, out, threads); return 0;
-        case KIND_Q8_16: dequantize_bf16_q8_16(K, q, d, m, n0, n1, out, threads); return 0;
-        default: return -1;
-    }
+    if (known(kind, m, K) || n0 < 0 || n1 < n0 || threads < 1) return -1;
+#define CALL(NAME, KIND) case KIND: dequantize_bf16_##NAME(K, q, d, m, n0, n1, out, threads); return 0;
+    switch (kind) { KINDS(CALL) default: return -1; }
+#undef CALL
 #else
     (void)kind; (void)K; (void)q; (void)d; (void)m; (void)n0; (void)n1; (void)out; (void)threads;
     return -1;
