@@ -90,6 +90,22 @@ def test_native_layer_matches_the_torch_layer(model):
         assert torch.allclose(cache_fast.v[layer], cache_slow.v[layer], rtol=1e-4, atol=1e-5)
 
 
+def test_one_call_for_the_layers_between_taps_equals_a_call_a_layer(model, monkeypatch):
+    """NativeLayers.run (one native call for the layers between two hidden-state taps) gives the
+    logits, taps and cache that run_one (a call a layer) gives, bit for bit."""
+    from outrider.models.native.layer import NativeLayers
+
+    m, _ = model
+    spans, cache_spans = run(m, True, STEPS)
+    monkeypatch.setattr(NativeLayers, "run", NativeLayers.run_one)
+    ones, cache_ones = run(m, True, STEPS)
+    for got, want in zip(spans, ones):
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    for layer in range(len(m.layers)):
+        assert torch.equal(cache_spans.k[layer], cache_ones.k[layer])
+        assert torch.equal(cache_spans.v[layer], cache_ones.v[layer])
+
+
 def test_a_rows_result_does_not_depend_on_the_others(model):
     """Four tokens verified in one forward (beside another slot's rows) give each row the logits
     four one-token steps give, bit for bit: the premise of lossless speculation here."""

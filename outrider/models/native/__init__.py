@@ -120,6 +120,9 @@ def _load() -> None:
     lib.outrider_layer.argtypes = [i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, ptr, ptr, ptr,
                                    ptr, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int]
     lib.outrider_layer.restype = ctypes.c_int
+    lib.outrider_layers.argtypes = [i64, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ptr, f32, ptr, ptr, i64,
+                                    i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int]
+    lib.outrider_layers.restype = ctypes.c_int
     _state["lib"] = lib
     _state["path"] = path
 

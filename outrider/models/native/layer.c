@@ -228,3 +228,27 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
     for (int64_t i = 0; i < R * E; i++) x[i] = x[i] + h[i];
     return 0;
 }
+
+/* Layers first..last-1 of a decoder in one call (native/layer.py NativeLayers.run): layer i's own
+ * weights and norms in spec[i], its cache in k_caches[i] / v_caches[i], everything else shared
+ * (x is updated in place, as by outrider_layer). One ctypes call a forward instead of one a layer:
+ * the ~27 arguments of a call cost Python ~30 us, a tenth of a SmolLM2 decode step in all. */
+typedef struct {  /* what differs between layers */
+    const float *in_norm, *post_norm, *qkv_bias, *q_norm, *k_norm;
+    const QWeight *w;  /* [4]: qkv, o, gate_up, down */
+} LayerSpec;
+
+int outrider_layers(int64_t first, int64_t last, const LayerSpec *spec, float *const *k_caches,
+                    float *const *v_caches, int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_t I,
+                    float *x, float eps, const float *cos, const float *sin, int64_t slot_stride,
+                    int64_t row_stride, const int64_t *slot, const int64_t *crow, const uint8_t *mask, int64_t L,
+                    float *work, int threads) {
+    for (int64_t i = first; i < last; i++) {
+        const LayerSpec *s = &spec[i];
+        int status = outrider_layer(R, E, H, G, D, I, x, NULL, s->in_norm, s->post_norm, eps, s->w, s->qkv_bias,
+                                    s->q_norm, s->k_norm, cos, sin, k_caches[i], v_caches[i], slot_stride,
+                                    row_stride, slot, crow, mask, L, work, threads);
+        if (status) return status;
+    }
+    return 0;
+}

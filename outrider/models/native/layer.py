@@ -25,6 +25,11 @@ class QWeight(ctypes.Structure):
                 ("q", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p)]
 
 
+class LayerSpec(ctypes.Structure):  # layer.c: what differs between layers
+    _fields_ = [("in_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("qkv_bias", ctypes.c_void_p),
+                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("w", ctypes.c_void_p)]
+
+
 def _qweight(w: NativeWeight) -> QWeight:
     return QWeight(w.code, w.shape[0], w.shape[1], w.q.data_ptr(), w.d.data_ptr(),
                    w.m.data_ptr() if w.m is not None else None)
@@ -42,6 +47,7 @@ def _ptr(t: torch.Tensor | None):
 @dataclass
 class NativeLayers:
     weights: list  # per layer: (QWeight * 4) array (qkv, o, gate_up, down); their tensors stay alive in the decoder
+    specs: ctypes.Array  # (LayerSpec * layers): each layer's weights and norms, for outrider_layers
 
     @staticmethod
     def matrices(mats: list) -> "ctypes.Array | None":
@@ -57,13 +63,34 @@ class NativeLayers:
         if not enabled() or library() is None or decoder.device.type != "cpu" or decoder.dtype != torch.float32:
             return None
         arrays = [cls.matrices([w.qkv, w.o, w.gate_up, w.down]) for w in decoder.layers]
-        return None if any(a is None for a in arrays) else cls(arrays)
+        if any(a is None for a in arrays):
+            return None
+        specs = (LayerSpec * len(arrays))(*[
+            LayerSpec(_ptr(w.input_norm), _ptr(w.post_norm), _ptr(w.qkv_bias), _ptr(w.q_norm), _ptr(w.k_norm),
+                      ctypes.addressof(a)) for w, a in zip(decoder.layers, arrays)])
+        return cls(arrays, specs)
 
     def run(self, decoder, batch, cache, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, upto: int,
             hidden: dict) -> torch.Tensor:
         """Layers 0..upto-1 over x [B, T, E] (a new tensor, updated in place); the K/V of the
         batch's rows go to `cache` as decoder.forward writes them; hidden[l] gets a copy of x
-        after layer l for l in batch.hidden_layers."""
+        after layer l for l in batch.hidden_layers. One native call for the layers between two
+        taps (`run_one` below is the call a layer)."""
+        c = decoder.config
+        call = LayerCall(batch, cache, x, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size)
+        k_caches = (ctypes.c_void_p * upto)(*[t.data_ptr() for t in cache.k[:upto]])
+        v_caches = (ctypes.c_void_p * upto)(*[t.data_ptr() for t in cache.v[:upto]])
+        start = 0
+        for stop in sorted({*(l for l in batch.hidden_layers if 0 < l < upto), upto}):
+            call.run_span(start, stop, self.specs, k_caches, v_caches, c.rms_norm_eps)
+            if stop in batch.hidden_layers:
+                hidden[stop] = call.x.clone()
+            start = stop
+        return call.x
+
+    def run_one(self, decoder, batch, cache, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, upto: int,
+                hidden: dict) -> torch.Tensor:
+        """`run`, one native call a layer (the reference for the span call; tests)."""
         c = decoder.config
         call = LayerCall(batch, cache, x, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size)
         for index in range(upto):
@@ -110,3 +137,15 @@ class LayerCall:
             self._mask, self.L, self._work, torch.get_num_threads())
         if status != 0:
             raise ValueError(f"the native layer refused layer {index} (R={R}, L={self.L})")
+
+    def run_span(self, start: int, stop: int, specs, k_caches, v_caches, eps: float) -> None:
+        """Layers start..stop-1 in one call (specs, k/v_caches: per layer, NativeLayers.run)."""
+        if stop <= start:
+            return
+        R, E, H, G, D, I = self.shape
+        k = self.cache.k[start]
+        status = library().outrider_layers(
+            start, stop, specs, k_caches, v_caches, R, E, H, G, D, I, self._x, eps, *self._rope,
+            k.stride(0), k.stride(2), *self._rows, self._mask, self.L, self._work, torch.get_num_threads())
+        if status != 0:
+            raise ValueError(f"the native layer refused layers {start}..{stop - 1} (R={R}, L={self.L})")
