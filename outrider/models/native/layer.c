@@ -91,7 +91,7 @@ static inline __m256 dot8(const float *q, const float *keys, int64_t row_stride,
 }
 
 /* out[0 .. 8 nv) = the sum over the seen keys j <= last, in order, of p[j] * value_j[0 .. 8 nv), each
- * element as o = o + p * v (a multiply, then an add), kept in registers across the keys. */
+ * element as o = fma(p, v, o), kept in registers across the keys. */
 static inline __attribute__((always_inline)) void weigh_values(int nv, const float *values, int64_t row_stride,
                                                               const float *p, const uint8_t *seen, int64_t last,
                                                               float *out) {
@@ -101,7 +101,7 @@ static inline __attribute__((always_inline)) void weigh_values(int nv, const flo
         if (seen && !seen[j]) continue;
         const float *v = values + j * row_stride;
         __m256 pj = _mm256_set1_ps(p[j]);
-        for (int i = 0; i < nv; i++) o[i] = _mm256_add_ps(o[i], _mm256_mul_ps(pj, _mm256_loadu_ps(v + 8 * i)));
+        for (int i = 0; i < nv; i++) o[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), o[i]);
     }
     for (int i = 0; i < nv; i++) _mm256_storeu_ps(out + 8 * i, o[i]);
 }
@@ -204,7 +204,7 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
             for (int64_t i = c; i < D; i++) o[i] = 0.0f;
             for (int64_t j = 0; j <= last && c < D; j++) {
                 if (seen && !seen[j]) continue;
-                for (int64_t i = c; i < D; i++) o[i] = o[i] + p[j] * values[j * row_stride + i];
+                for (int64_t i = c; i < D; i++) o[i] = fmaf(p[j], values[j * row_stride + i], o[i]);
             }
         }
     }
