@@ -154,7 +154,8 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
     const int64_t parts = R * G < 2 * threads ? groups : 1, per = groups / parts;  /* query heads a task takes */
 #pragma omp parallel for num_threads(threads) schedule(static) if (R * H * L >= 2048)
     for (int64_t task = 0; task < R * G * parts; task++) {
-        int64_t r = task / (G * parts), g = task % (G * parts) / parts, first = g * groups + task % parts * per;
+        /* kv head major: the threads' consecutive tasks share a head's keys and values (L2) */
+        int64_t g = task / (R * parts), r = task % (R * parts) / parts, first = g * groups + task % parts * per;
         const float *keys = k_cache + slot[r] * slot_stride + g * g_stride;
         const float *values = v_cache + slot[r] * slot_stride + g * g_stride;
         const uint8_t *seen = mask ? mask + r * L : 0;
