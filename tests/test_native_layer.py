@@ -29,6 +29,9 @@ def make_family(family: str, folder: Path, seed: int = 0) -> Path:
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                   rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
     config, cls = {"llama": (lambda: tf.LlamaConfig(**common), tf.LlamaForCausalLM),
+                   # head size 64, two query heads a kv head: the AVX-512 path that weighs values for several heads at once
+                   "llama-d64": (lambda: tf.LlamaConfig(**{**common, "hidden_size": 128, "num_attention_heads": 2,
+                                                           "num_key_value_heads": 1}), tf.LlamaForCausalLM),
                    "qwen2": (lambda: tf.Qwen2Config(**common, rope_theta=1e6), tf.Qwen2ForCausalLM),
                    "qwen3": (lambda: tf.Qwen3Config(**common, head_dim=32, rope_theta=1e6), tf.Qwen3ForCausalLM)}[family]
     torch.manual_seed(seed)
@@ -42,7 +45,7 @@ def make_family(family: str, folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "llama-d64", "qwen2", "qwen3"])
 def model(request, tmp_path_factory):
     folder = make_family(request.param, tmp_path_factory.mktemp("native") / request.param)
     return load_decoder(folder, "cpu", "q4"), folder

@@ -106,6 +106,55 @@ static inline __attribute__((always_inline)) void weigh_values(int nv, const flo
     for (int i = 0; i < nv; i++) _mm256_storeu_ps(out + 8 * i, o[i]);
 }
 
+#if defined(__AVX512F__)
+/* weigh_values for nh heads at once (AVX-512; nv vectors of 16 values a head, nh * nv <= 24):
+ * each key's value row is loaded once for all nh heads instead of once a head. Head a's weights
+ * are p[a * Lp + j], its output out[a * D ..]; each element's operations are weigh_values' own
+ * (o = fma(p, v, o) over the seen keys in order), so the results are the same bits. */
+static inline __attribute__((always_inline)) void weigh_heads(int nh, int nv, const float *values, int64_t row_stride,
+                                                             const float *p, int64_t Lp, const uint8_t *seen,
+                                                             int64_t last, float *out, int64_t D) {
+    __m512 o[6][8];
+    for (int a = 0; a < nh; a++)
+        for (int i = 0; i < nv; i++) o[a][i] = _mm512_setzero_ps();
+    for (int64_t j = 0; j <= last; j++) {
+        if (seen && !seen[j]) continue;
+        const float *v = values + j * row_stride;
+        __m512 vj[8];
+        for (int i = 0; i < nv; i++) vj[i] = _mm512_loadu_ps(v + 16 * i);
+        for (int a = 0; a < nh; a++) {
+            __m512 pj = _mm512_set1_ps(p[a * Lp + j]);
+            for (int i = 0; i < nv; i++) o[a][i] = _mm512_fmadd_ps(pj, vj[i], o[a][i]);
+        }
+    }
+    for (int a = 0; a < nh; a++)
+        for (int i = 0; i < nv; i++) _mm512_storeu_ps(out + a * D + 16 * i, o[a][i]);
+}
+
+/* Heads a0.. of a task whose head dimension is 64 or 128, as many at a time as 24 registers hold:
+ * returns the number of heads done (0 for other head sizes: the caller's per-head path). */
+static int weigh_heads_all(int64_t per, const float *values, int64_t row_stride, const float *p, int64_t Lp,
+                           const uint8_t *seen, int64_t last, float *out, int64_t D) {
+    if (D != 64 && D != 128) return 0;
+    const int nv = (int)(D / 16), most = 24 / nv;
+    int64_t a = 0;
+    for (; a < per; ) {
+        int nh = per - a < most ? (int)(per - a) : most;
+        const float *pa = p + a * Lp;
+        float *oa = out + a * D;
+#define HEADS(NH, NV) case NH * 16 + NV: weigh_heads(NH, NV, values, row_stride, pa, Lp, seen, last, oa, D); break;
+        switch (nh * 16 + nv) {
+            HEADS(6, 4) HEADS(5, 4) HEADS(4, 4) HEADS(3, 4) HEADS(2, 4) HEADS(1, 4)
+            HEADS(3, 8) HEADS(2, 8) HEADS(1, 8)
+            default: return (int)a;
+        }
+#undef HEADS
+        a += nh;
+    }
+    return (int)a;
+}
+#endif
+
 static void rotate(float *x, const float *c, const float *s, int D) {  /* half-split, as torch */
     int half = D / 2;
     float tmp[512];
@@ -194,9 +243,14 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
             total[a] = 1.0f / _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
         }
         float *out = att + r * H * D + first * D;
-        for (int64_t a = 0; a < per; a++) {  /* weights p = e * (1 / sum), then p-weighted values */
+        for (int64_t a = 0; a < per; a++)  /* weights p = e * (1 / sum) */
+            for (int64_t j = 0; j <= last; j++) s[a * Lp + j] = s[a * Lp + j] * total[a];
+        int64_t done = 0;  /* heads whose p-weighted values are summed */
+#if defined(__AVX512F__)
+        done = weigh_heads_all(per, values, row_stride, s, Lp, seen, last, out, D);
+#endif
+        for (int64_t a = done; a < per; a++) {  /* the p-weighted values, a head at a time */
             float *p = s + a * Lp, *o = out + a * D;
-            for (int64_t j = 0; j <= last; j++) p[j] = p[j] * total[a];
             int64_t c = 0;
             for (; c + 64 <= D; c += 64) weigh_values(8, values + c, row_stride, p, seen, last, o + c);
             if (c + 32 <= D) weigh_values(4, values + c, row_stride, p, seen, last, o + c), c += 32;
