@@ -24,6 +24,7 @@ from ..models.batch import pack
 from ..models.decoder import Decoder
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+WARM_UP = 8  # forwards before timing (measured: cost(1) came out above cost(2) with one in noisy minutes)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ def measure(target: Decoder, context: int = 256, repeats: int = 5) -> VerifyCost
     prefix = torch.randint(0, target.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0))
     target.forward(pack([0], [0], [prefix], logits="none", scratch_row=cache.scratch_row,
                         device=target.device), cache)
+    warm = pack([0], [context], [prefix[:1]], scratch_row=cache.scratch_row, device=target.device)
+    for _ in range(WARM_UP):  # the first steps after a prefill run slow (caches, buffers): not a step's cost
+        target.forward(warm, cache)
     seconds = []
     for n in SIZES:
         chain = torch.tensor([-1, *range(n - 1)])
