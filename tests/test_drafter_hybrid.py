@@ -96,3 +96,18 @@ def test_a_tree_the_other_drafter_cannot_build_is_refused(setup):
     folder, target, _ = setup
     with pytest.raises(ConfigError, match="ngram builds only --tree chain, not dynamic"):
         Speculator.build(SpecOptions("hybrid:ngram", "dynamic:2,4", "fixed:3"), target, folder)
+
+
+def test_the_threshold_rises_to_what_the_other_drafter_gets_accepted(setup):
+    """Beside a drafter whose proposals are all accepted (the target drafting for itself, 3 deep),
+    the suffix trees must expect more than that to propose: the threshold follows the running mean
+    of the other drafter's accepted tokens, never below MIN_SCORE."""
+    from outrider.drafters.hybrid import MIN_SCORE
+
+    folder, target, _ = setup
+    spec = Speculator.build(SpecOptions(f"hybrid:3,draft-model:{folder}", "chain", "fixed:5"), target, folder)
+    hybrid = spec.drafter
+    assert hybrid.threshold == MIN_SCORE
+    assert run(target, spec) == run(target, None)
+    assert hybrid.other_rounds > 0 and 2.5 < hybrid.other_accepted <= 3.0
+    assert hybrid.threshold == hybrid.other_accepted

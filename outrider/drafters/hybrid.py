@@ -5,8 +5,11 @@ came before (code being edited, tool-call arguments echoing the prompt) and noth
 not; a model drafter (an EAGLE-3 head, a draft model) drafts a token or two everywhere at the cost
 of forwards. Each round, for each sequence, the hybrid asks the suffix drafter first: when its
 best speculation's score (the tokens it expects accepted if its counts were the truth, the sum of
-its node scores) reaches `min_score`, that tree is proposed; otherwise DRAFTER's, drafted at most
-K deep (K: the round's depth when omitted). So `--drafter hybrid:2,eagle3:smollm2-135m-instruct
+its node scores) reaches the threshold, that tree is proposed; otherwise DRAFTER's, drafted at
+most K deep (K: the round's depth when omitted). The threshold is MIN_SCORE (2 tokens), or the
+tokens DRAFTER's own proposals have had accepted lately when that is more (a running mean over
+the rounds it proposed), so beside a strong drafter (a draft model accepted 5 tokens a round) the
+suffix trees take only the rounds they would win. So `--drafter hybrid:2,eagle3:smollm2-135m-instruct
 --controller fixed:6` drafts 6 deep from the suffix trees and a chain of 2 from the head.
 
 Both drafters follow every committed token, whichever proposed: the suffix trees take each
@@ -37,6 +40,7 @@ from .registry import DrafterEntry, parse_drafter, register
 from .suffix import SuffixDrafter
 
 MIN_SCORE = 2.0  # a suffix speculation expecting this many accepted tokens beats the model drafter
+RATE = 0.1  # weight of each round in the running mean of the other drafter's accepted tokens
 TREES = {kind: Drafts("tree") for kind in ("chain", "static", "dynamic")}
 
 
@@ -88,6 +92,13 @@ class HybridDrafter:
         self.capabilities = replace(type(self).capabilities, needs_hidden=needs)
         self.suffix_rounds = 0  # proposals taken from the suffix trees (the rest: the other drafter's)
         self.other_rounds = 0
+        self.other_accepted = min_score  # running mean of the tokens the other drafter's proposals had accepted
+        self._by_other: set[int] = set()  # sequences whose latest proposal was the other drafter's
+
+    @property
+    def threshold(self) -> float:
+        """The suffix score from which the suffix trees propose."""
+        return max(self.min_score, self.other_accepted)
 
     def _other_budget(self, budget: Budget) -> Budget:
         return budget if self.depth is None else replace(budget, depth=min(budget.depth, self.depth))
@@ -107,11 +118,15 @@ class HybridDrafter:
     def propose_batch(self, seq_ids: list[int], tokens: list[list[int]], budgets: list[Budget]) -> list[DraftTree]:
         trees: list[DraftTree | None] = []
         rest = []  # sequences the suffix trees are not confident for
+        threshold = self.threshold
         for i, (seq_id, toks, budget) in enumerate(zip(seq_ids, tokens, budgets)):
             tree, score = self.suffix.scored_proposal(seq_id, toks, budget)
-            trees.append(tree if score >= self.min_score else None)
+            trees.append(tree if score >= threshold else None)
             if trees[-1] is None:
                 rest.append(i)
+                self._by_other.add(seq_id)
+            else:
+                self._by_other.discard(seq_id)
         self.suffix_rounds += len(seq_ids) - len(rest)
         self.other_rounds += len(rest)
         if rest:
@@ -127,9 +142,12 @@ class HybridDrafter:
     def update_batch(self, seq_ids: list[int], results: list[VerifyResult], hidden: list) -> None:
         for seq_id, result in zip(seq_ids, results):
             self.suffix.update(seq_id, result)
+            if seq_id in self._by_other:
+                self.other_accepted += RATE * (result.num_accepted - self.other_accepted)
         update_batch(self.other, seq_ids, results, hidden)
 
     def finish(self, seq_id: int, tokens: list[int]) -> None:
+        self._by_other.discard(seq_id)
         self.suffix.finish(seq_id, tokens)
         self.other.finish(seq_id, tokens)
 
