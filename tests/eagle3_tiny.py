@@ -68,3 +68,14 @@ def write_eagle3(folder: Path, target_config: dict, *, draft_vocab: int | None =
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
     return folder
+
+
+def target_with_head(root: Path) -> tuple[Path, Path]:
+    """A vocab-8, 4-layer Llama (so random drafts are sometimes right) and a head for it with 6
+    draft tokens reading its layers 0, 1, 2 (sglang ids): (target folder, head folder)."""
+    from tiny import make_tiny
+
+    folder = make_tiny("llama", root / "t", vocab=8, layers=4)
+    head = write_eagle3(root / "head", json.loads((folder / "config.json").read_text()), draft_vocab=6,
+                        layer_ids=[0, 1, 2], semantics="sglang", seed=4)
+    return folder, head

@@ -6,11 +6,10 @@ joining while others decode; sampled output equals plain sampling with the same 
 carry no probabilities: the tree walk); bad arguments get one-line errors.
 """
 
-import json
 import re
 
 import pytest
-from eagle3_tiny import write_eagle3
+from eagle3_tiny import target_with_head
 from enumerate_law import one_thread
 from tiny import add_tokenizer, make_tiny
 
@@ -37,9 +36,7 @@ def single_thread():
 def setup(tmp_path_factory):
     """A vocab-8 target, a head with 6 draft tokens over three of its layers, a draft model."""
     root = tmp_path_factory.mktemp("hybrid")
-    folder = make_tiny("llama", root / "t", vocab=8, layers=4)
-    head = write_eagle3(root / "head", json.loads((folder / "config.json").read_text()), draft_vocab=6,
-                        layer_ids=[0, 1, 2], semantics="sglang", seed=4)
+    folder, head = target_with_head(root)
     draft = make_tiny("llama", root / "d", vocab=8, layers=2, seed=5)
     for model in (folder, draft):  # the same tokenizer: a draft model must share the target's
         add_tokenizer(model, vocab=8)

@@ -5,13 +5,11 @@ per seed; sampled trees (tree walk) equal plain sampling; the hidden states the 
 (prefill, chunked prefill, then the accepted path of every round) are the target's own at those
 positions, and the greedy output does not depend on the prefill chunking."""
 
-import json
 
 import pytest
 import torch
-from eagle3_tiny import write_eagle3
+from eagle3_tiny import target_with_head
 from enumerate_law import one_thread
-from tiny import make_tiny
 
 from outrider.control.controllers import FixedController
 from outrider.drafters.capabilities import Capabilities, Drafts
@@ -37,10 +35,7 @@ def single_thread():
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A vocab-8 target (so random drafts are sometimes right) and a head with 6 draft tokens."""
-    root = tmp_path_factory.mktemp("e3spec")
-    folder = make_tiny("llama", root / "t", vocab=8, layers=4)
-    head = write_eagle3(root / "head", json.loads((folder / "config.json").read_text()), draft_vocab=6,
-                        layer_ids=[0, 1, 2], semantics="sglang", seed=4)
+    folder, head = target_with_head(tmp_path_factory.mktemp("e3spec"))
     return folder, load_decoder(folder, "cpu"), head
 
 
