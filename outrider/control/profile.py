@@ -88,7 +88,8 @@ def profile_key(model_path: Path, target: Decoder) -> str:
              str(torch.get_num_threads()),
              platform.processor() or platform.machine(), torch.__version__,
              # the CPU product path: per-machine choice since cpu_linear.py (older profiles timed W @ x.T)
-             "linear:" + (os.environ.get("OUTRIDER_LINEAR") or "auto")]
+             "linear:" + (os.environ.get("OUTRIDER_LINEAR") or "auto"),
+             f"warm-up:{WARM_UP}"]  # profiles measured after a single warm-up forward are measured again
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
