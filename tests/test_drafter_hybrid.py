@@ -91,7 +91,7 @@ def test_bad_arguments_say_what_to_pass(text, message):
 
 def test_a_tree_the_other_drafter_cannot_build_is_refused(setup):
     folder, target, _ = setup
-    with pytest.raises(ConfigError, match="ngram builds only --tree chain, not dynamic"):
+    with pytest.raises(ConfigError, match="--tree dynamic does not fit --drafter hybrid:ngram: ngram builds only --tree chain"):
         Speculator.build(SpecOptions("hybrid:ngram", "dynamic:2,4", "fixed:3"), target, folder)
 
 
@@ -108,3 +108,9 @@ def test_the_threshold_rises_to_what_the_other_drafter_gets_accepted(setup):
     assert run(target, spec) == run(target, None)
     assert hybrid.other_rounds > 0 and 2.5 < hybrid.other_accepted <= 3.0
     assert hybrid.threshold == hybrid.other_accepted
+
+
+def test_a_drafter_over_the_targets_cache_is_refused(setup):
+    folder, target, _ = setup
+    with pytest.raises(ConfigError, match="over the target's own cache cannot skip rounds"):
+        Speculator.build(SpecOptions("hybrid:early-exit:1", "chain", "fixed:3"), target, folder)

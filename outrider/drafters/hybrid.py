@@ -81,8 +81,8 @@ class HybridDrafter:
                  min_score: float = MIN_SCORE):
         own = getattr(other, "capabilities", None)
         if isinstance(own, Capabilities) and own.reads_target_cache:
-            raise ConfigError(f"hybrid:{other_name}: a drafter over the target's own cache cannot skip rounds; "
-                              "use eagle3:NAME or draft-model:NAME")
+            raise ConfigError(f"--drafter hybrid:{other_name}: a drafter over the target's own cache cannot skip "
+                              "rounds; use eagle3:NAME or draft-model:NAME")
         self.suffix = suffix
         self.other = other
         self.depth = depth
@@ -154,8 +154,8 @@ class HybridDrafter:
 
 def build(arg: HybridArgument, shape: TreeShape, target, target_path: Path) -> HybridDrafter:
     if not arg.entry.capabilities.builds(shape.kind):
-        raise ConfigError(f"hybrid:{arg.text}: {arg.entry.name} builds only --tree "
-                          f"{' or '.join(arg.entry.capabilities.trees)}, not {shape.kind}")
+        raise ConfigError(f"--tree {shape.kind} does not fit --drafter hybrid:{arg}: {arg.entry.name} builds only "
+                          f"--tree {' or '.join(arg.entry.capabilities.trees)}; use that, or a model drafter")
     other = arg.entry.build(arg.argument, shape, target, target_path)
     return HybridDrafter(SuffixDrafter(), other, arg.text, arg.depth)
 
