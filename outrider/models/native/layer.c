@@ -18,8 +18,9 @@
  * Shapes (floats, row-major): x [R, E]; cos, sin [R, D]; mask [R, L] bytes (NULL: row r sees the
  * cache rows 0..crow[r] of its slot); the cache [S, G, Lmax + 1, D] of one layer, addressed by
  * slot[r] and crow[r]; work >= R * (Q + H*D + E + 3*I) + R * H * (L + 8) floats, Q = (H + 2G) * D.
- * Attention runs one task per (row, kv head), the threads splitting the tasks when there is work
- * enough; which thread runs a task changes nothing in its result.
+ * Attention runs one task per (row, kv head), kv head major (one per (row, query head) when a lone
+ * row has few kv heads), the threads splitting the tasks when there is work enough; which thread
+ * runs a task changes nothing in its result.
  */
 #include <immintrin.h>
 #include <math.h>

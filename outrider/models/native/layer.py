@@ -83,7 +83,7 @@ class NativeLayers:
         start = 0
         for stop in sorted({*(l for l in batch.hidden_layers if 0 < l < upto), upto}):
             call.run_span(start, stop, self.specs, k_caches, v_caches, c.rms_norm_eps)
-            if stop in batch.hidden_layers:
+            if stop > 0 and stop in batch.hidden_layers:  # hidden[0] (the embedding) is the caller's
                 hidden[stop] = call.x.clone()
             start = stop
         return call.x
