@@ -120,6 +120,7 @@ def test_a_filling_forward_may_take_the_gemm_and_keeps_the_values(bf16, monkeypa
     from outrider.models import quant_linear
 
     monkeypatch.setattr(quant_linear, "_BF16_PREFILL", [bf16])
+    monkeypatch.setattr(quant_linear, "_TILE_PREFILL", [False])  # the GEMM path (fill.c: test_native_fill.py)
     rows = quant_linear.BULK_ROWS_BF16 if bf16 else quant_linear.BULK_ROWS
     blocks = quantize(torch.randn(200, 576, generator=torch.Generator().manual_seed(4)) * 0.05, "q4_1")
     weight = QuantLinear(blocks, kernel="native")
@@ -148,6 +149,7 @@ def test_a_drafters_prefill_rounds_to_bf16_where_the_cpu_has_amx(monkeypatch):
     from outrider.models import quant_linear
 
     monkeypatch.setattr(quant_linear, "_BF16_PREFILL", [False])
+    monkeypatch.setattr(quant_linear, "_TILE_PREFILL", [False])  # a target's prefill without fill.c
     blocks = quantize(torch.randn(64, 576, generator=torch.Generator().manual_seed(7)) * 0.05, "q4_1")
     weight = QuantLinear(blocks, kernel="native")
     x = torch.randn(quant_linear.BULK_ROWS_BF16, 576, generator=torch.Generator().manual_seed(8))

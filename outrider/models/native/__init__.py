@@ -42,7 +42,7 @@ import torch
 from ..quant import BLOCK, QuantBlocks
 
 SOURCE = Path(__file__).with_name("qmatmul.c")
-SOURCES = (SOURCE, Path(__file__).with_name("layer.c"))  # built into one library
+SOURCES = (SOURCE, Path(__file__).with_name("layer.c"), Path(__file__).with_name("fill.c"))  # one library
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
 KIND_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q8_16": 3}
 
@@ -123,6 +123,9 @@ def _load() -> None:
     lib.outrider_layers.argtypes = [i64, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ptr, f32, ptr, ptr, i64,
                                     i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int]
     lib.outrider_layers.restype = ctypes.c_int
+    lib.outrider_fill_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int]
+    lib.outrider_fill_matmul.restype = ctypes.c_int
+    lib.outrider_fill_ok.restype = ctypes.c_int
     _state["lib"] = lib
     _state["path"] = path
 
@@ -207,6 +210,36 @@ def qmatmul(x: torch.Tensor, weight: "NativeWeight | QuantBlocks") -> torch.Tens
                                             y.data_ptr(), torch.get_num_threads())
     if status != 0:
         raise ValueError(f"the native kernel refused a {weight.kind} weight {weight.shape}")
+    return y
+
+
+FILL_ROWS = 1024  # rows fill.c takes a call (fill_matmul splits more)
+
+
+def fill_available() -> bool:
+    """Whether fill.c's tile kernel runs here: built with the AMX tile unit, and the OS lets this
+    process use it (asked once)."""
+    lib = library()
+    return lib is not None and bool(lib.outrider_fill_ok())
+
+
+def fill_matmul(x: torch.Tensor, weight: NativeWeight) -> torch.Tensor | None:
+    """x: float32 [M, in] -> float32 [M, out] on the tile unit with exact products and float32 sums
+    (fill.c: for a prefill's many rows); None where it cannot (no AMX, a q8_16 weight, out not a
+    multiple of 16), for the caller's float GEMM."""
+    if not fill_available():
+        return None
+    out_features, in_features = weight.shape
+    x = x.to(torch.float32).contiguous()
+    y = torch.empty(x.shape[0], out_features, dtype=torch.float32)
+    m = weight.m.data_ptr() if weight.m is not None else None
+    for start in range(0, x.shape[0], FILL_ROWS):
+        rows = x[start : start + FILL_ROWS]
+        status = _state["lib"].outrider_fill_matmul(weight.code, rows.data_ptr(), rows.shape[0], in_features,
+                                                    weight.q.data_ptr(), weight.d.data_ptr(), m, out_features,
+                                                    y[start:].data_ptr(), torch.get_num_threads())
+        if status != 0:
+            return None
     return y
 
 
