@@ -37,7 +37,7 @@ int outrider_fill_ok(void);
 enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2, KIND_Q8_16 = 3 };  /* as qmatmul.c */
 #define HALF 4
 #define BASE(kind) ((kind) & 3)
-#define KC 128          /* values of K a chunk: x's tiles of 16 rows for it (12 KB) stay in L1 */
+#define KC 512          /* values of K a chunk: x's tiles of 16 rows for it (12 KB) stay in L1 */
 #define NC 8            /* weight pairs (of 16-row blocks) a thread takes at a time */
 #define MAX_ROWS 1024   /* rows a call takes (the caller splits larger prefills) */
 
