@@ -69,6 +69,21 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it_or_the_threads(kind
 
 
 @needs_tiles
+@pytest.mark.parametrize("kind", ["q4_1", "q8_16"])
+def test_the_lossy_one_part_form_rounds_only_x(kind):
+    """lossy_bf16 (a drafter's prefill): x rounded to bfloat16, the codes exact, float32 sums: within
+    float32 rounding of the float64 product of the rounded x and the reference's values."""
+    blocks = weight_of(kind, 64, 256, seed=9)
+    x = torch.randn(40, 256, generator=torch.Generator().manual_seed(10))
+    y = native.fill_matmul(x, native.NativeWeight.of(blocks), lossy_bf16=True)
+    w = dequantize(blocks).double()
+    rounded = x.to(torch.bfloat16).double() @ w.T
+    scale = x.double().abs() @ w.abs().T
+    assert ((y.double() - rounded).abs() / scale).max().item() <= 2 ** -20
+    assert ((y.double() - x.double() @ w.T).abs() / scale).max().item() > 2 ** -12  # it did round x
+
+
+@needs_tiles
 def test_weights_it_does_not_take_are_left_to_the_caller():
     """Outputs not a multiple of 16: the caller's GEMM."""
     x = torch.randn(32, 64)
@@ -87,7 +102,8 @@ def test_rows_past_fill_rows_are_split_into_calls(monkeypatch):
 
 @needs_tiles
 def test_a_filling_forward_takes_it_from_tile_rows(monkeypatch):
-    """Within quant_linear.filling(): TILE_ROWS rows or more go to fill.c, fewer to the kernel;
+    """Within quant_linear.filling(): TILE_ROWS rows or more go to fill.c (a drafter's prefill: its
+    one-part form), fewer to the kernel;
     outside a filling forward (decode, verify) always the kernel; OUTRIDER_TILE_PREFILL=0 (read
     once) keeps the GEMM."""
     monkeypatch.setattr(quant_linear, "_BF16_PREFILL", [False])
@@ -101,6 +117,8 @@ def test_a_filling_forward_takes_it_from_tile_rows(monkeypatch):
     with quant_linear.filling():
         assert torch.equal(weight.linear(x), tiles)
         assert torch.equal(weight.linear(x[: rows - 1]), native.qmatmul(x[: rows - 1], blocks))
+    with quant_linear.filling(bf16=True):  # a drafter's prefill: one bfloat16 part
+        assert torch.equal(weight.linear(x), native.fill_matmul(x, native.NativeWeight.of(blocks), lossy_bf16=True))
     assert torch.equal(weight.linear(x), native.qmatmul(x, blocks))
     assert not torch.equal(tiles, native.qmatmul(x, blocks))  # another summation: the tiles really ran
     monkeypatch.setenv("OUTRIDER_TILE_PREFILL", "0")

@@ -185,7 +185,9 @@ def _matmul_int4pair(x: torch.Tensor, state: dict) -> torch.Tensor:
 # instead of the float GEMM: exact products (a block's integer codes and x split into three
 # bfloat16 parts whose sum is x exactly) and float32 sums, 1.8-2.5x the GEMM at 256 rows and
 # closer to the float64 reference than it (README "Quantized weights"); float32 like the GEMM,
-# so not lossy in the bfloat16 prefill's sense. OUTRIDER_TILE_PREFILL=0 keeps the GEMM (for A/B runs).
+# so not lossy in the bfloat16 prefill's sense. Where the bfloat16 prefill is asked for (a drafter's,
+# or the lossy opt-in) fill.c rounds x to one bfloat16 part instead (the codes stay exact: half the
+# bfloat16 GEMM's error, 1.25x its speed at 256 rows). OUTRIDER_TILE_PREFILL=0 keeps the GEMMs.
 _FILLING = contextvars.ContextVar("outrider_filling", default=False)
 TILE_ROWS = 24  # rows from which fill.c beats the kernel (measured: 1.0x at 16 rows, 1.1-1.4x at 24, 2.4x at 96)
 BULK_ROWS = 96  # rows from which a filling forward takes the GEMM (native is faster below ~64)
@@ -246,9 +248,9 @@ def _matmul_native(x: torch.Tensor, state: dict) -> torch.Tensor:
     weight = state["weight"]
     fill = _FILLING.get()
     bf16 = bool(fill) and (bf16_prefill() or (fill == "bf16" and has_amx()))
-    if fill and not bf16 and x.shape[0] >= TILE_ROWS and tile_prefill():
-        y = native.fill_matmul(x, weight)
-        if y is not None:  # None: a weight it does not take (q8_16), for the paths below
+    if fill and x.shape[0] >= TILE_ROWS and tile_prefill():
+        y = native.fill_matmul(x, weight, lossy_bf16=bf16)  # bf16: x in one bfloat16 part, not three
+        if y is not None:  # None: a weight it does not take (out not a multiple of 16), for the paths below
             return y
     if not fill or x.shape[0] < (BULK_ROWS_BF16 if bf16 else BULK_ROWS):
         return native.qmatmul(x, weight)

@@ -123,7 +123,7 @@ def _load() -> None:
     lib.outrider_layers.argtypes = [i64, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ptr, f32, ptr, ptr, i64,
                                     i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int]
     lib.outrider_layers.restype = ctypes.c_int
-    lib.outrider_fill_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int]
+    lib.outrider_fill_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int, ctypes.c_int]
     lib.outrider_fill_matmul.restype = ctypes.c_int
     lib.outrider_fill_ok.restype = ctypes.c_int
     _state["lib"] = lib
@@ -223,10 +223,11 @@ def fill_available() -> bool:
     return lib is not None and bool(lib.outrider_fill_ok())
 
 
-def fill_matmul(x: torch.Tensor, weight: NativeWeight) -> torch.Tensor | None:
+def fill_matmul(x: torch.Tensor, weight: NativeWeight, lossy_bf16: bool = False) -> torch.Tensor | None:
     """x: float32 [M, in] -> float32 [M, out] on the tile unit with exact products and float32 sums
-    (fill.c: for a prefill's many rows); None where it cannot (no AMX, a q8_16 weight, out not a
-    multiple of 16), for the caller's float GEMM."""
+    (fill.c: for a prefill's many rows); None where it cannot (no AMX, out not a multiple of 16),
+    for the caller's float GEMM. `lossy_bf16`: x rounded to bfloat16 (one part, not three; the
+    codes stay exact): for a drafter's prefill, whose numerics change only its proposals."""
     if not fill_available():
         return None
     out_features, in_features = weight.shape
@@ -237,7 +238,8 @@ def fill_matmul(x: torch.Tensor, weight: NativeWeight) -> torch.Tensor | None:
         rows = x[start : start + FILL_ROWS]
         status = _state["lib"].outrider_fill_matmul(weight.code, rows.data_ptr(), rows.shape[0], in_features,
                                                     weight.q.data_ptr(), weight.d.data_ptr(), m, out_features,
-                                                    y[start:].data_ptr(), torch.get_num_threads())
+                                                    y[start:].data_ptr(), torch.get_num_threads(),
+                                                    1 if lossy_bf16 else 3)
         if status != 0:
             return None
     return y

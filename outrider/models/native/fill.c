@@ -86,17 +86,22 @@ static inline void split16(__m512 v, __m256i part[3]) {
  * apart: rows K * 2 bytes apart would share a few L1 sets); dst[p] points at row r's place in its
  * group-0 tile. Within a group the values are in PAIR ORDER, x[0], x[h], x[1], x[h + 1], ...,
  * x[h - 1], x[2h - 1] (h = qk / 2), the order decode_block16 pairs the codes in. And (Q4_1) the
- * row's group sums s[g]. */
-static void split_row(const float *x, int64_t K, int qk, int have, uint16_t *const dst[3], float *s) {
+ * row's group sums s[g]. `parts` 1: only x rounded to bfloat16 (a drafter's lossy prefill). */
+static void split_row(const float *x, int64_t K, int qk, int parts, int have, uint16_t *const dst[3], float *s) {
     const __m512i order32 = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m256i order16 = _mm256_set_epi16(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
     for (int64_t k = 0; k < K; k += qk) {
         const int64_t at = k / qk * 16 * qk;
         __m256i lo[3], hi[3];
-        split16(have ? _mm512_loadu_ps(x + k) : _mm512_setzero_ps(), lo);
-        if (qk == 32) split16(have ? _mm512_loadu_ps(x + k + 16) : _mm512_setzero_ps(), hi);
-        for (int p = 0; p < 3; p++) {
+        const __m512 a = have ? _mm512_loadu_ps(x + k) : _mm512_setzero_ps();
+        const __m512 b = have && qk == 32 ? _mm512_loadu_ps(x + k + 16) : _mm512_setzero_ps();
+        split16(a, lo);
+        if (qk == 32) split16(b, hi);
+        if (s)  /* Q4_1's group sum, of the values the products see (x, or x rounded: one part) */
+            s[k / 32] = _mm512_reduce_add_ps(parts == 3 ? _mm512_add_ps(a, b)
+                                                        : _mm512_add_ps(from_bf16(lo[0]), from_bf16(hi[0])));
+        for (int p = 0; p < parts; p++) {
             if (qk == 32) {
                 const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo[p]), hi[p], 1);
                 _mm512_storeu_si512((__m512i *)(dst[p] + at), _mm512_permutexvar_epi16(order32, both));
@@ -105,10 +110,6 @@ static void split_row(const float *x, int64_t K, int qk, int have, uint16_t *con
             }
         }
     }
-    if (s)
-        for (int64_t g = 0; g < K / 32; g++)
-            s[g] = have ? _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(x + g * 32),
-                                                             _mm512_loadu_ps(x + g * 32 + 16))) : 0.0f;
 }
 
 static inline float scale_at(int kind, const void *p, int64_t i) {
@@ -221,7 +222,7 @@ static inline void scale_into(const float *c, float *acc, const float *ds0, cons
         _tile_zero(C1);                                                        \
         _tile_loadd(6, b0, 64);                                                \
         _tile_loadd(7, b1, 64);                                                \
-        for (int p = 0; p < 3; p++) {                                          \
+        for (int p = 0; p < parts; p++) {                                      \
             _tile_loadd(4, (xt) + p * part, qk * 2);                           \
             _tile_dpbf16ps(C0, 4, 6);                                          \
             _tile_dpbf16ps(C1, 4, 7);                                          \
@@ -233,7 +234,7 @@ static inline void scale_into(const float *c, float *acc, const float *ds0, cons
 /* Sums for x rows m0..m0+15 against weight rows n0..n0+31 over groups g0..g1, into acc [2 weight
  * blocks][16][16] (zeroed here). Groups alternate between tiles 0-1 and 2-3 so the scaling of one
  * group's stored sums runs while the tile unit computes the next. */
-static void tile_row(int qk, const uint16_t *xs, int64_t Mp, int64_t K, const float *s, int64_t m0, int64_t g0,
+static void tile_row(int qk, int parts, const uint16_t *xs, int64_t Mp, int64_t K, const float *s, int64_t m0, int64_t g0,
                      int64_t g1, const uint32_t *B0, const uint32_t *B1, const float *ds0, const float *ds1,
                      const float *ms0, const float *ms1, float *acc) {
     float c[2][512] __attribute__((aligned(64)));
@@ -255,7 +256,8 @@ static void tile_row(int qk, const uint16_t *xs, int64_t Mp, int64_t K, const fl
 }
 
 int outrider_fill_matmul(int kind, const float *x, int64_t M, int64_t K, const void *q, const void *d, const void *m,
-                         int64_t N, float *y, int threads) {
+                         int64_t N, float *y, int threads, int parts) {
+    if (parts != 1 && parts != 3) return -1;
     if (!outrider_fill_ok() || kind < 0 || kind > KIND_Q4_1 + HALF || kind == KIND_Q8_16 + HALF) return -1;
     if (K % 32 || N % 16 || M < 1 || M > MAX_ROWS || threads < 1 || (BASE(kind) == KIND_Q4_1 && !m)) return -1;
     const int qk = BASE(kind) == KIND_Q8_16 ? 16 : 32, q41 = BASE(kind) == KIND_Q4_1;
@@ -263,7 +265,7 @@ int outrider_fill_matmul(int kind, const float *x, int64_t M, int64_t K, const v
     /* blocks of at most NC pairs, at least one a thread */
     const int64_t per = (pairs + threads - 1) / threads < NC ? (pairs + threads - 1) / threads : NC;
     const int64_t nblocks = (pairs + per - 1) / per;
-    uint16_t *xs = aligned_alloc(64, (size_t)(3 * Mp * K * 2));
+    uint16_t *xs = aligned_alloc(64, (size_t)(parts * Mp * K * 2));
     float *s = q41 ? malloc((size_t)(Mp * (K / 32)) * sizeof(float)) : 0;
     if (!xs || (q41 && !s)) {
         free(xs);
@@ -277,7 +279,7 @@ int outrider_fill_matmul(int kind, const float *x, int64_t M, int64_t K, const v
         for (int64_t r = 0; r < Mp; r++) {
             const int64_t at = r / 16 * 16 * K + r % 16 * qk;  /* row r's place in its group-0 tile */
             uint16_t *const dst[3] = {xs + at, xs + Mp * K + at, xs + 2 * Mp * K + at};
-            split_row(x + r * K, K, qk, r < M, dst, s ? s + r * (K / 32) : 0);
+            split_row(x + r * K, K, qk, parts, r < M, dst, s ? s + r * (K / 32) : 0);
         }
         uint32_t *B = aligned_alloc(64, NC * 2 * chunk * 8 * qk * sizeof(uint32_t));
         float *sc = malloc(NC * 4 * chunk * 16 * sizeof(float));
@@ -298,7 +300,7 @@ int outrider_fill_matmul(int kind, const float *x, int64_t M, int64_t K, const v
                     for (int64_t pr = p0; pr < p1; pr++) {
                         const uint32_t *b = B + (pr - p0) * 2 * nb * 8 * qk;
                         const float *ps = sc + (pr - p0) * 4 * nb * 16;
-                        tile_row(qk, xs, Mp, K, s, m0, g0, g1, b, b + nb * 8 * qk, ps, ps + nb * 16,
+                        tile_row(qk, parts, xs, Mp, K, s, m0, g0, g1, b, b + nb * 8 * qk, ps, ps + nb * 16,
                                  q41 ? ps + 2 * nb * 16 : 0, q41 ? ps + 3 * nb * 16 : 0, acc);
                         for (int t = 0; t < 2; t++) {
                             const int64_t n = pr * 32 + t * 16;
@@ -326,8 +328,8 @@ int outrider_fill_matmul(int kind, const float *x, int64_t M, int64_t K, const v
 int outrider_fill_ok(void) { return 0; }
 
 int outrider_fill_matmul(int kind, const float *x, int64_t M, int64_t K, const void *q, const void *d, const void *m,
-                         int64_t N, float *y, int threads) {
-    (void)kind; (void)x; (void)M; (void)K; (void)q; (void)d; (void)m; (void)N; (void)y; (void)threads;
+                         int64_t N, float *y, int threads, int parts) {
+    (void)kind; (void)x; (void)M; (void)K; (void)q; (void)d; (void)m; (void)N; (void)y; (void)threads; (void)parts;
     return -1;  /* built without the tile unit */
 }
 #endif
