@@ -17,6 +17,10 @@ from . import cpu_linear, quant_linear
 from .config import ModelConfig
 from .layers import apply_rotary, attention, embedding, fold_mask, linear, rms_norm, rotary_tables, swiglu_mlp
 
+# A native prefill's attention scores (rows x heads x cache rows, float32) past which the prefill
+# keeps the torch layers (the native layer holds them all at once: 64 MB).
+NATIVE_FILL_SCORES = 1 << 24
+
 
 @dataclass
 class LayerWeights:
@@ -85,8 +89,9 @@ class Decoder:
         if 0 in batch.hidden_layers:
             hidden[0] = x
         layers = self.layers[: num_layers or len(self.layers)]
-        if self._native is not None and not batch.fills_only:  # a few rows: each layer in one native call
-            x = self._native.run(self, batch, cache, x, cos, sin, len(layers), hidden)
+        fill = self._native_fill(batch) if self._native is not None and batch.fills_only else None
+        if self._native is not None and (not batch.fills_only or fill is not None):  # one native call a span
+            x = self._native.run(self, batch, cache, x, cos, sin, len(layers), hidden, fill or 0)
         else:
             x = self._torch_layers(layers, batch, cache, x, cos, sin, hidden)
         if batch.logits_flat is not None:  # real rows only: padding gets no lm_head
@@ -137,6 +142,21 @@ class Decoder:
                 if index + 1 in batch.hidden_layers:
                     hidden[index + 1] = x
         return x
+
+    def _native_fill(self, batch: ForwardBatch) -> int | None:
+        """How a prefill (a forward that only fills the cache) runs natively: None, the torch layers
+        (no AMX tile unit here: their float GEMM beats the row kernel at many rows; or attention
+        scores past NATIVE_FILL_SCORES floats); 0, the native layer with the row kernel (fewer than
+        TILE_ROWS rows); 3, its products on the tile unit (fill.c); 1, the same with x rounded to
+        bfloat16 (a drafter's prefill, or the lossy opt-in)."""
+        if not quant_linear.tile_prefill():
+            return None
+        rows = batch.tokens.numel()
+        if rows * self.config.num_heads * (batch.kv_len + 8) > NATIVE_FILL_SCORES:
+            return None
+        if rows < quant_linear.TILE_ROWS:
+            return 0
+        return 1 if self.drafter_prefill_bf16 or quant_linear.bf16_prefill() else 3
 
     def _choose_linear_paths(self) -> None:
         """Measure the CPU's fastest matrix-product path for this model's weight shapes, once per

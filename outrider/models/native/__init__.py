@@ -118,10 +118,10 @@ def _load() -> None:
     lib.outrider_dequantize_bf16.restype = ctypes.c_int
     f32 = ctypes.c_float
     lib.outrider_layer.argtypes = [i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, ptr, ptr, ptr,
-                                   ptr, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int]
+                                   ptr, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int, ctypes.c_int]
     lib.outrider_layer.restype = ctypes.c_int
     lib.outrider_layers.argtypes = [i64, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ptr, f32, ptr, ptr, i64,
-                                    i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int]
+                                    i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int, ctypes.c_int]
     lib.outrider_layers.restype = ctypes.c_int
     lib.outrider_fill_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int, ctypes.c_int]
     lib.outrider_fill_matmul.restype = ctypes.c_int

@@ -11,7 +11,9 @@
  * The matrix products are outrider_qmatmul (qmatmul.c); everything else is a fixed sequence of
  * float32 operations per row, so each row's result is the same whatever the other rows of the
  * batch (a k-token verify gives each row what a 1-token step gives) and whatever the thread
- * count. Rotary is torch's formula, x * cos + (-x2 or x1) * sin, operation for operation.
+ * count. A prefill (`fill` 3 or 1, decoder.py's _native_fill) multiplies on the AMX tiles instead
+ * (fill.c), and splits the per-row steps between the threads. A weight may be a stack of parts of
+ * different kinds (QWeight.parts), each multiplied on its own into its columns. Rotary is torch's formula, x * cos + (-x2 or x1) * sin, operation for operation.
  *
  * h_in: the qkv product's input [R, w[0].in] when the caller normed it itself (an EAGLE-3 head's
  * [norm(embedding) ; norm(hidden)]); NULL: rmsnorm(x) with in_norm, as a decoder layer.
@@ -25,15 +27,23 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 int outrider_qmatmul(int kind, const float *x, int64_t M, int64_t K, const void *q, const void *d,
                      const void *m, int64_t N, float *y, int threads);
+int outrider_fill_matmul(int kind, const float *x, int64_t M, int64_t K, const void *q, const void *d,
+                         const void *m, int64_t N, float *y, int threads, int parts);
 
-typedef struct {  /* one weight as the kernel reads it (native.NativeWeight) */
+#define ROWS_PARALLEL 32  /* rows from which the per-row steps are split between the threads */
+
+typedef struct QWeight {  /* one weight as the kernel reads it (native.NativeWeight) */
     int64_t kind, out, in;
     const void *q;
     const void *d, *m;  /* float32, or float16 where kind has HALF (qmatmul.c) */
+    int64_t nparts;     /* > 0: a stack of weights of different kinds (quant_load.RowStack, a GGUF's
+                         * Q and K in one kind, V in another), their outputs joined: `parts` */
+    const struct QWeight *parts;
 } QWeight;
 
 static void rmsnorm_row(const float *x, const float *w, float eps, int64_t E, float *out) {
@@ -164,7 +174,29 @@ static void rotate(float *x, const float *c, const float *s, int D) {  /* half-s
     memcpy(x, tmp, sizeof(float) * D);
 }
 
-static int matmul(const QWeight *w, const float *x, int64_t R, float *y, int threads) {
+/* fill: 0, the row kernel (bit-identical rows: decode and verify); 3 or 1, a prefill's products on
+ * the tile unit (fill.c, x in 3 bfloat16 parts: exact products; or 1: a drafter's lossy prefill),
+ * the row kernel for a weight fill.c does not take. */
+static int matmul(const QWeight *w, const float *x, int64_t R, float *y, int threads, int fill) {
+    if (w->nparts > 0) {  /* each part into a scratch [R, part's out], then into its columns of y [R, out] */
+        int64_t widest = 0, at = 0;
+        for (int64_t p = 0; p < w->nparts; p++) widest = w->parts[p].out > widest ? w->parts[p].out : widest;
+        float *part = malloc(sizeof(float) * R * widest);
+        if (!part) return -1;
+        for (int64_t p = 0; p < w->nparts; p++) {
+            const int64_t n = w->parts[p].out;
+            if (w->parts[p].nparts || matmul(&w->parts[p], x, R, part, threads, fill)) {
+                free(part);
+                return -1;
+            }
+            for (int64_t r = 0; r < R; r++) memcpy(y + r * w->out + at, part + r * n, sizeof(float) * n);
+            at += n;
+        }
+        free(part);
+        return at == w->out ? 0 : -1;
+    }
+    if (fill && outrider_fill_matmul((int)w->kind, x, R, w->in, w->q, w->d, w->m, w->out, y, threads, fill) == 0)
+        return 0;
     return outrider_qmatmul((int)w->kind, x, R, w->in, w->q, w->d, w->m, w->out, y, threads);
 }
 
@@ -173,13 +205,18 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
                    const float *qkv_bias, const float *q_norm, const float *k_norm, const float *cos,
                    const float *sin, float *k_cache, float *v_cache, int64_t slot_stride, int64_t row_stride,
                    const int64_t *slot, const int64_t *crow, const uint8_t *mask, int64_t L, float *work,
-                   int threads) {
+                   int threads, int fill) {
     if (R < 1 || D > 512 || D % 2 || H % G || H / G > 64 || threads < 1) return -1;
     const int64_t Q = (H + 2 * G) * D, g_stride = slot_stride / G;  /* a slot's kv heads, one after another */
     float *qkv = work, *att = qkv + R * Q, *h = att + R * H * D, *gu = h + R * E, *act = gu + R * 2 * I;
     float *scores = act + R * I;
-    if (!h_in) for (int64_t r = 0; r < R; r++) rmsnorm_row(x + r * E, in_norm, eps, E, h + r * E);
-    if (matmul(&w[0], h_in ? h_in : h, R, qkv, threads)) return -1;
+    /* The per-row steps below run on the threads where there are many rows (a prefill): each row's
+     * result is the same whichever thread computes it. */
+    const int many = R >= ROWS_PARALLEL;
+#pragma omp parallel for num_threads(threads) schedule(static) if (many && !h_in)
+    for (int64_t r = 0; r < (h_in ? 0 : R); r++) rmsnorm_row(x + r * E, in_norm, eps, E, h + r * E);
+    if (matmul(&w[0], h_in ? h_in : h, R, qkv, threads, fill)) return -1;
+#pragma omp parallel for num_threads(threads) schedule(static) if (many)
     for (int64_t r = 0; r < R; r++) {  /* bias, q/k norms, rotary; K/V into the cache */
         float *row = qkv + r * Q;
         if (qkv_bias) for (int64_t i = 0; i < Q; i++) row[i] = row[i] + qkv_bias[i];
@@ -264,10 +301,14 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
             }
         }
     }
-    if (matmul(&w[1], att, R, h, threads)) return -1;
-    for (int64_t i = 0; i < R * E; i++) x[i] = x[i] + h[i];
-    for (int64_t r = 0; r < R; r++) rmsnorm_row(x + r * E, post_norm, eps, E, h + r * E);
-    if (matmul(&w[2], h, R, gu, threads)) return -1;
+    if (matmul(&w[1], att, R, h, threads, fill)) return -1;
+#pragma omp parallel for num_threads(threads) schedule(static) if (many)
+    for (int64_t r = 0; r < R; r++) {
+        for (int64_t i = r * E; i < (r + 1) * E; i++) x[i] = x[i] + h[i];
+        rmsnorm_row(x + r * E, post_norm, eps, E, h + r * E);
+    }
+    if (matmul(&w[2], h, R, gu, threads, fill)) return -1;
+#pragma omp parallel for num_threads(threads) schedule(static) if (many)
     for (int64_t r = 0; r < R; r++) {  /* silu(gate) * up = gate / (1 + e^-gate) * up, 8 lanes at a time */
         const float *gate = gu + r * 2 * I, *up = gate + I;
         float *a = act + r * I;
@@ -280,7 +321,8 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
         }
         for (; i < I; i++) a[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
     }
-    if (matmul(&w[3], act, R, h, threads)) return -1;
+    if (matmul(&w[3], act, R, h, threads, fill)) return -1;
+#pragma omp parallel for num_threads(threads) schedule(static) if (many)
     for (int64_t i = 0; i < R * E; i++) x[i] = x[i] + h[i];
     return 0;
 }
@@ -298,12 +340,12 @@ int outrider_layers(int64_t first, int64_t last, const LayerSpec *spec, float *c
                     float *const *v_caches, int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_t I,
                     float *x, float eps, const float *cos, const float *sin, int64_t slot_stride,
                     int64_t row_stride, const int64_t *slot, const int64_t *crow, const uint8_t *mask, int64_t L,
-                    float *work, int threads) {
+                    float *work, int threads, int fill) {
     for (int64_t i = first; i < last; i++) {
         const LayerSpec *s = &spec[i];
         int status = outrider_layer(R, E, H, G, D, I, x, NULL, s->in_norm, s->post_norm, eps, s->w, s->qkv_bias,
                                     s->q_norm, s->k_norm, cos, sin, k_caches[i], v_caches[i], slot_stride,
-                                    row_stride, slot, crow, mask, L, work, threads);
+                                    row_stride, slot, crow, mask, L, work, threads, fill);
         if (status) return status;
     }
     return 0;

@@ -4,9 +4,11 @@
     x = layers.run(decoder, batch, cache, x, cos, sin, upto, hidden)   # x: [B, T, E] float32
 
 Used by models/decoder.py for the forwards that ask for logits (decode steps, verify rounds,
-draft steps) on a CPU: prefills keep the torch path (and its GEMM for many rows). The torch
-layer (decoder.py) is the reference: tests/test_native_layer.py compares the two, and checks
-that a row's result does not depend on the other rows of its batch.
+draft steps) on a CPU, and for prefills where the CPU has the AMX tile unit (`fill`: their
+products through fill.c from quant_linear.TILE_ROWS rows; elsewhere prefills keep the torch path
+and its float GEMM for many rows). The torch layer (decoder.py) is the reference:
+tests/test_native_layer.py compares the two, and checks that a row's result does not depend on
+the other rows of its batch.
 """
 
 from __future__ import annotations
@@ -21,8 +23,12 @@ from . import NativeWeight, library
 
 
 class QWeight(ctypes.Structure):
-    _fields_ = [("kind", ctypes.c_int64), ("out", ctypes.c_int64), ("in_", ctypes.c_int64),
-                ("q", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p)]
+    pass
+
+
+QWeight._fields_ = [("kind", ctypes.c_int64), ("out", ctypes.c_int64), ("in_", ctypes.c_int64),
+                    ("q", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
+                    ("nparts", ctypes.c_int64), ("parts", ctypes.POINTER(QWeight))]  # a stack's parts (layer.c)
 
 
 class LayerSpec(ctypes.Structure):  # layer.c: what differs between layers
@@ -32,7 +38,23 @@ class LayerSpec(ctypes.Structure):  # layer.c: what differs between layers
 
 def _qweight(w: NativeWeight) -> QWeight:
     return QWeight(w.code, w.shape[0], w.shape[1], w.q.data_ptr(), w.d.data_ptr(),
-                   w.m.data_ptr() if w.m is not None else None)
+                   w.m.data_ptr() if w.m is not None else None, 0, None)
+
+
+def _native_weight(m) -> QWeight | None:
+    """A native QuantLinear, or a RowStack (quant_load.py) of them, as layer.c reads it; None otherwise.
+    A stack's parts array rides on the QWeight (`_keep`) so it lives as long as it."""
+    if getattr(m, "kernel", None) == "native":
+        return _qweight(m.state["weight"])
+    parts = getattr(m, "parts", None)
+    if not parts or not all(getattr(p, "kernel", None) == "native" for p in parts):
+        return None
+    array = (QWeight * len(parts))(*[_qweight(p.state["weight"]) for p in parts])
+    first = parts[0].state["weight"]
+    stack = QWeight(-1, sum(p.state["weight"].shape[0] for p in parts), first.shape[1], None, None, None,
+                    len(parts), ctypes.cast(array, ctypes.POINTER(QWeight)))
+    stack._keep = array
+    return stack
 
 
 def enabled() -> bool:
@@ -51,10 +73,14 @@ class NativeLayers:
 
     @staticmethod
     def matrices(mats: list) -> "ctypes.Array | None":
-        """(QWeight * 4) for [qkv, o, gate_up, down], or None unless all four are native QuantLinears."""
-        if not all(getattr(m, "kernel", None) == "native" for m in mats):
+        """(QWeight * 4) for [qkv, o, gate_up, down], or None unless all four are native QuantLinears
+        (or stacks of them)."""
+        found = [_native_weight(m) for m in mats]
+        if any(w is None for w in found):
             return None
-        return (QWeight * 4)(*[_qweight(m.state["weight"]) for m in mats])
+        array = (QWeight * 4)(*found)  # copies the structs: the stacks' parts arrays ride along
+        array._keep = [w._keep for w in found if hasattr(w, "_keep")]
+        return array
 
     @classmethod
     def of(cls, decoder) -> "NativeLayers | None":
@@ -71,13 +97,15 @@ class NativeLayers:
         return cls(arrays, specs)
 
     def run(self, decoder, batch, cache, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, upto: int,
-            hidden: dict) -> torch.Tensor:
+            hidden: dict, fill: int = 0) -> torch.Tensor:
         """Layers 0..upto-1 over x [B, T, E] (a new tensor, updated in place); the K/V of the
         batch's rows go to `cache` as decoder.forward writes them; hidden[l] gets a copy of x
         after layer l for l in batch.hidden_layers. One native call for the layers between two
-        taps (`run_one` below is the call a layer)."""
+        taps (`run_one` below is the call a layer). fill: 0, the row kernel; 3 or 1, a prefill's
+        products on the tile unit (layer.c's matmul)."""
         c = decoder.config
-        call = LayerCall(batch, cache, x, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size)
+        call = LayerCall(batch, cache, x, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+                         fill=fill)
         k_caches = (ctypes.c_void_p * upto)(*[t.data_ptr() for t in cache.k[:upto]])
         v_caches = (ctypes.c_void_p * upto)(*[t.data_ptr() for t in cache.v[:upto]])
         start = 0
@@ -89,10 +117,11 @@ class NativeLayers:
         return call.x
 
     def run_one(self, decoder, batch, cache, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, upto: int,
-                hidden: dict) -> torch.Tensor:
+                hidden: dict, fill: int = 0) -> torch.Tensor:
         """`run`, one native call a layer (the reference for the span call; tests)."""
         c = decoder.config
-        call = LayerCall(batch, cache, x, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size)
+        call = LayerCall(batch, cache, x, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+                         fill=fill)
         for index in range(upto):
             w = decoder.layers[index]
             call.run(index, self.weights[index], w.input_norm, w.post_norm, c.rms_norm_eps, w.qkv_bias, w.q_norm,
@@ -107,8 +136,9 @@ class LayerCall:
     stream x [R, E] (a copy, updated in place), rotary tables, slots, cache rows, mask, workspace."""
 
     def __init__(self, batch, cache, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, H: int, G: int, D: int,
-                 I: int, h_in: torch.Tensor | None = None):
+                 I: int, h_in: torch.Tensor | None = None, fill: int = 0):
         B, T, E = x.shape
+        self.fill = fill
         R, L = B * T, batch.kv_len
         self.shape, self.cache, self.L = (R, E, H, G, D, I), cache, L
         self.x = x.clone(memory_format=torch.contiguous_format)  # the caller's x (hidden[0]) is kept
@@ -134,7 +164,7 @@ class LayerCall:
             R, E, H, G, D, I, self._x, self._h_in, _ptr(input_norm), post_norm.data_ptr(), eps,
             weights, _ptr(qkv_bias), _ptr(q_norm), _ptr(k_norm), *self._rope,
             k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(2), *self._rows,
-            self._mask, self.L, self._work, torch.get_num_threads())
+            self._mask, self.L, self._work, torch.get_num_threads(), self.fill)
         if status != 0:
             raise ValueError(f"the native layer refused layer {index} (R={R}, L={self.L})")
 
@@ -146,6 +176,7 @@ class LayerCall:
         k = self.cache.k[start]
         status = library().outrider_layers(
             start, stop, specs, k_caches, v_caches, R, E, H, G, D, I, self._x, eps, *self._rope,
-            k.stride(0), k.stride(2), *self._rows, self._mask, self.L, self._work, torch.get_num_threads())
+            k.stride(0), k.stride(2), *self._rows, self._mask, self.L, self._work, torch.get_num_threads(),
+            self.fill)
         if status != 0:
             raise ValueError(f"the native layer refused layers {start}..{stop - 1} (R={R}, L={self.L})")

@@ -1,0 +1,116 @@
+"""Prefills through the native layer (where the CPU has the AMX tile unit, their products on
+fill.c's tiles) against the torch layers, greedy speculation after a long prompt, and projections
+stacked from parts of different kinds (a GGUF's Q and K in one kind, V in another) in the native
+layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from outrider.generation import Request, generate_ids
+from outrider.models import native, quant_linear
+from outrider.models.batch import pack
+from outrider.models.loader import load_decoder
+from outrider.models.native.layer import NativeLayers
+from outrider.models.quant import quantize
+from outrider.models.quant_linear import QuantLinear
+from outrider.models.quant_load import RowStack
+from outrider.sampling import SamplingParams
+from outrider.spec.speculator import SpecOptions, Speculator
+from test_native_layer import make_family
+
+pytestmark = pytest.mark.skipif(not native.fill_available(), reason="no AMX tile unit here (or not granted)")
+
+PROMPT = [3, 9, 4, 11, 7, 8, 20, 5] * 5  # 40 tokens: past quant_linear.TILE_ROWS
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return make_family("qwen2", tmp_path_factory.mktemp("prefill") / "qwen2")
+
+
+def prefill(m, native_on: bool, tokens=PROMPT):
+    """The prompt's prefill (no logits), then one decode step; its logits and the cache."""
+    m.forward(pack([0], [0], [torch.tensor([5])], logits="none", scratch_row=0), m.new_cache(1, 4))  # choose paths
+    saved = m._native
+    m._native = saved if native_on else None
+    cache = m.new_cache(1, 64)
+    m.forward(pack([0], [0], [torch.tensor(tokens)], logits="none", scratch_row=cache.scratch_row), cache)
+    m._native = saved
+    step = m.forward(pack([0], [len(tokens)], [torch.tensor([12])], scratch_row=cache.scratch_row), cache)
+    return step.logits, cache
+
+
+def test_a_long_prefill_runs_natively_on_the_tiles(folder, monkeypatch):
+    m = load_decoder(folder, "cpu", "q4")
+    fills = []
+    run = NativeLayers.run
+    monkeypatch.setattr(NativeLayers, "run", lambda self, *a, **k: fills.append(a[-1]) or run(self, *a, **k))
+    fast, cache_fast = prefill(m, True)
+    assert fills[1] == 3  # the prompt: products on the tiles, exact products (fills[0]: choosing paths)
+    slow, cache_slow = prefill(m, False)
+    assert torch.allclose(fast, slow, rtol=1e-4, atol=1e-4), (fast - slow).abs().max()
+    for layer in range(len(m.layers)):
+        assert torch.allclose(cache_fast.k[layer], cache_slow.k[layer], rtol=1e-4, atol=1e-5)
+        assert torch.allclose(cache_fast.v[layer], cache_slow.v[layer], rtol=1e-4, atol=1e-5)
+
+
+def test_a_drafters_long_prefill_takes_the_one_part_form(folder, monkeypatch):
+    m = load_decoder(folder, "cpu", "q4")
+    m.drafter_prefill_bf16 = True
+    fills = []
+    run = NativeLayers.run
+    monkeypatch.setattr(NativeLayers, "run", lambda self, *a, **k: fills.append(a[-1]) or run(self, *a, **k))
+    prefill(m, True)
+    assert fills[1] == 1
+
+
+def test_short_or_huge_prefills(folder, monkeypatch):
+    """Fewer than TILE_ROWS rows: the native layer with the row kernel (0); attention scores past
+    NATIVE_FILL_SCORES floats, or no tile unit: the torch layers (None)."""
+    from outrider.models import decoder as decoder_module
+
+    m = load_decoder(folder, "cpu", "q4")
+    short = pack([0], [0], [torch.tensor(PROMPT[: quant_linear.TILE_ROWS - 1])], logits="none", scratch_row=0)
+    long = pack([0], [0], [torch.tensor(PROMPT)], logits="none", scratch_row=0)
+    assert m._native_fill(short) == 0 and m._native_fill(long) == 3
+    monkeypatch.setattr(decoder_module, "NATIVE_FILL_SCORES", 1000)
+    assert m._native_fill(long) is None
+    monkeypatch.setattr(decoder_module, "NATIVE_FILL_SCORES", 1 << 24)
+    monkeypatch.setattr(quant_linear, "_TILE_PREFILL", [False])
+    assert m._native_fill(long) is None
+
+
+def test_greedy_speculative_equals_autoregressive_after_a_long_prompt(folder):
+    m = load_decoder(folder, "cpu", "q4")
+    requests = [Request(PROMPT, 24, SamplingParams(0.0)), Request(PROMPT[::-1][:30], 24, SamplingParams(0.0))]
+    plain = [f.output_ids for f in generate_ids(m, requests, set())]
+    spec = Speculator.build(SpecOptions("ngram", "chain", "fixed:4"), m, folder)
+    fast = generate_ids(m, requests, set(), speculation=spec)
+    assert [f.output_ids for f in fast] == plain
+
+
+def test_stacked_projections_run_in_the_native_layer(folder):
+    """A qkv stacked from Q and K in Q4_1 and V in Q8_0 (quant_load.RowStack) runs natively,
+    each part through the kernel: the torch layer's logits up to float rounding, and each row's
+    result bit-identical whatever the other rows."""
+    m = load_decoder(folder, "cpu", "q4")
+    c = m.config
+    for w in m.layers:
+        full = native.dequantize_rows(w.qkv.state["weight"], 0, w.qkv.shape[0])  # [(H + 2G) D, E]
+        q_and_k = (c.num_heads + c.num_kv_heads) * c.head_dim
+        w.qkv = RowStack([QuantLinear(quantize(full[:q_and_k], "q4_1"), kernel="native"),
+                          QuantLinear(quantize(full[q_and_k:], "q8_0"), kernel="native")])
+    m._linear_paths_chosen = False
+    fast, _ = prefill(m, True, PROMPT[:10])
+    assert m._native is not None
+    slow, _ = prefill(m, False, PROMPT[:10])
+    assert torch.allclose(fast, slow, rtol=1e-4, atol=1e-4), (fast - slow).abs().max()
+    cache = m.new_cache(1, 64)
+    m.forward(pack([0], [0], [torch.tensor(PROMPT[:10])], logits="none", scratch_row=cache.scratch_row), cache)
+    together = m.forward(pack([0], [10], [torch.tensor([12, 13, 14])], scratch_row=cache.scratch_row), cache).logits
+    alone = [m.forward(pack([0], [10 + i], [torch.tensor([t])], scratch_row=cache.scratch_row), cache).logits
+             for i, t in enumerate([12, 13, 14])]
+    for i in range(3):
+        assert torch.equal(together[0, i], alone[i][0, 0])
