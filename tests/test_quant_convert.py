@@ -4,6 +4,8 @@ are valid blocks once the float16 scales are finite) and on the packaged Qwen GG
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -92,3 +94,24 @@ def test_packaged_qwen_tensors_equal_ggufs(name):
             blocks = gguf_blocks(tensor.data, tensor.type, tensor.name)
             assert np.array_equal(dequantize(blocks).numpy(), reference(tensor.data, tensor.type)), tensor.name
     assert seen
+
+
+@pytest.mark.skipif(not native.available(), reason=f"native kernel: {native.reason()}")
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_the_kernel_reads_k_quant_scales_factored_with_the_same_results(type_name):
+    """A K-quant's scales kept as the file has them (QuantBlocks.factored: a float16 super-block
+    scale times a small integer, multiplied in the kernel) give the values and, row for row, the
+    products bit for bit that the float32 scales give, in fewer bytes."""
+    blocks = gguf_blocks(random_raw(type_name, 48, 512, seed=3), type_name)
+    factored = native.NativeWeight.of(blocks)
+    wide = native.NativeWeight.of(replace(blocks, factored=None))
+    assert factored.code & native.FACTORED and not wide.code & native.FACTORED
+    nbytes = lambda w: sum(t.numel() * t.element_size() for t in w.tensors())  # noqa: E731
+    assert nbytes(factored) < 0.9 * nbytes(wide)
+    assert torch.equal(native.dequantize_rows(factored, 5, 40), dequantize(blocks)[5:40])
+    for rows in (1, 3, 8, 13):
+        x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+        assert torch.equal(native.qmatmul(x, factored), native.qmatmul(x, wide))
+    if native.fill_available():
+        x = torch.randn(40, 512, generator=torch.Generator().manual_seed(4))
+        assert torch.equal(native.fill_matmul(x, factored), native.fill_matmul(x, wide))

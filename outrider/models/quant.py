@@ -53,6 +53,11 @@ class QuantBlocks:
     d: torch.Tensor
     m: torch.Tensor | None = None
     dtype: torch.dtype = torch.float32
+    # A K-quant's scales as the file keeps them (quant_convert.py; native/kinds.h "FACTORED"): uint8
+    # [out, in / 256 * 20] (Q4_K: float16 d, dmin, 8 scale and 8 min codes a 256 values) or
+    # [out, in / 256 * 18] (Q6_K: float16 d, 16 int8 scale codes), from which d and m above are
+    # computed exactly; the native kernel reads these (fewer bytes a step) in their place.
+    factored: torch.Tensor | None = None
 
     def __post_init__(self):
         if self.kind not in GROUP:
@@ -91,7 +96,8 @@ class QuantBlocks:
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "QuantBlocks":
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return replace(self, q=move(self.q), d=move(self.d), m=move(self.m), dtype=dtype or self.dtype)
+        return replace(self, q=move(self.q), d=move(self.d), m=move(self.m), dtype=dtype or self.dtype,
+                       factored=move(self.factored))
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.q, self.d, self.m) if t is not None)
@@ -105,7 +111,9 @@ def cat_rows(parts: list[QuantBlocks]) -> QuantBlocks:
     wide = len({p.d.dtype for p in parts}) > 1  # float16 scales beside float32 ones (quant_convert.py)
     same = (lambda t: t.float()) if wide else (lambda t: t)  # noqa: E731
     m = torch.cat([same(p.m) for p in parts]) if parts[0].m is not None else None
-    return replace(parts[0], q=torch.cat([p.q for p in parts]), d=torch.cat([same(p.d) for p in parts]), m=m)
+    factored = torch.cat([p.factored for p in parts]) if all(p.factored is not None for p in parts) else None
+    return replace(parts[0], q=torch.cat([p.q for p in parts]), d=torch.cat([same(p.d) for p in parts]), m=m,
+                   factored=factored)
 
 
 def dequantize(blocks: QuantBlocks) -> torch.Tensor:

@@ -20,7 +20,9 @@ gives: bit for bit but for the sign of some zeros (0 times a negative code), whi
 apart. The codes and scales are unpacked from the bytes as ggml lays them out (no float values
 are made); tests/test_quant_convert.py checks every kind against `gguf.quants.dequantize` on
 random blocks and on the packaged Qwen files. Memory: Q4_K kept so takes 6 bits a value
-(4.5 in the file), Q6_K 10 (6.6), Q5_0 8.5 (5.5): a third to a fifth of float32.
+(4.5 in the file), Q6_K 10 (6.6), Q5_0 8.5 (5.5): a third to a fifth of float32. The native
+kernel reads a K-quant's scales factored as the file has them instead (QuantBlocks.factored,
+native/kinds.h): Q4_K 4.6 bits a value, Q6_K 8.6, the same values.
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ def _q4_k(b: torch.Tensor) -> QuantBlocks:
     qs = b[..., 16:144].view(rows, -1, 4, 1, 32)  # [rows, supers, chunk, 1, 32]
     codes = torch.cat((qs & 15, qs >> 4), dim=3)  # [rows, supers, chunk, 2, 32]: sub-blocks 2j, 2j + 1
     packed = _pack_nibbles(codes.reshape(rows, -1, 32))
-    return QuantBlocks("q4_1", packed, scale.contiguous(), (-low).contiguous())
+    factored = torch.cat((b[..., 0:4], sc.to(torch.uint8), mn.to(torch.uint8)), dim=-1)  # [rows, supers, 20]
+    return QuantBlocks("q4_1", packed, scale.contiguous(), (-low).contiguous(), factored=factored.view(rows, -1))
 
 
 def _q6_k(b: torch.Tensor) -> QuantBlocks:
@@ -103,7 +106,8 @@ def _q6_k(b: torch.Tensor) -> QuantBlocks:
     codes = codes.view(torch.int8).sub_(32).view(rows, -1)  # q - 32: -32..31 [rows, cols]
     sc = b[..., 192:208].contiguous().view(torch.int8).float()  # [rows, supers, 16]
     d = _half(b[..., 208:210]).unsqueeze(-1)
-    return QuantBlocks("q8_16", codes, (d * sc).view(rows, -1).contiguous())
+    factored = torch.cat((b[..., 208:210], b[..., 192:208]), dim=-1)  # [rows, supers, 18]: d, then the codes
+    return QuantBlocks("q8_16", codes, (d * sc).view(rows, -1).contiguous(), factored=factored.reshape(rows, -1))
 
 
 _UNPACK = {"Q5_0": _q5_0, "Q4_K": _q4_k, "Q6_K": _q6_k}

@@ -43,6 +43,7 @@ from ..quant import BLOCK, QuantBlocks
 
 SOURCE = Path(__file__).with_name("qmatmul.c")
 SOURCES = (SOURCE, Path(__file__).with_name("layer.c"), Path(__file__).with_name("fill.c"))  # one library
+HEADERS = (Path(__file__).with_name("kinds.h"),)  # included by the sources: part of the library's key
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
 KIND_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q8_16": 3}
 
@@ -68,7 +69,8 @@ def library_path(compiler: str) -> Path:
     from ..catalog import cache_dir
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([*(s.read_text() for s in SOURCES), " ".join(FLAGS), version, _cpu_flags()]).encode())
+    texts = [s.read_text() for s in (*SOURCES, *HEADERS)]
+    key = hashlib.sha256("\0".join([*texts, " ".join(FLAGS), version, _cpu_flags()]).encode())
     return cache_dir() / "kernels" / f"qmatmul-{key.hexdigest()[:16]}.so"
 
 
@@ -157,7 +159,8 @@ def supports(blocks: QuantBlocks) -> bool:
     return available() and blocks.device.type == "cpu" and blocks.kind in KIND_CODES
 
 
-HALF = 4  # added to a kind code: its scales and mins are float16 (qmatmul.c)
+HALF = 4  # added to a kind code: its scales and mins are float16 (kinds.h)
+FACTORED = 8  # added to q4_1 / q8_16: a K-quant's scales as the file keeps them (kinds.h)
 
 
 @dataclass(frozen=True)
@@ -171,11 +174,14 @@ class NativeWeight:
     kind: str
     shape: tuple[int, int]  # (out, in)
     q: torch.Tensor  # int8 [out, in] (q8_0, q8_16) or uint8 [out, in / 2] (q4_*)
-    d: torch.Tensor  # float16 or float32 [out, in / 32] ([out, in / 16] for q8_16, float32)
-    m: torch.Tensor | None  # as d [out, in / 32] (q4_1)
+    d: torch.Tensor  # float16 or float32 [out, in / 32] ([out, in / 16] for q8_16, float32), or FACTORED uint8 bytes
+    m: torch.Tensor | None  # as d [out, in / 32] (q4_1; FACTORED: d itself)
 
     @classmethod
     def of(cls, blocks: QuantBlocks) -> "NativeWeight":
+        if blocks.factored is not None and blocks.kind in ("q4_1", "q8_16"):  # kinds.h FACTORED: fewer bytes
+            f = blocks.factored.contiguous()
+            return cls(blocks.kind, blocks.shape, blocks.q.contiguous(), f, f if blocks.kind == "q4_1" else None)
         half = blocks.kind != "q8_16" and blocks.d.dtype == torch.float16 and (
             blocks.m is None or blocks.m.dtype == torch.float16)
         dtype = torch.float16 if half else torch.float32
@@ -184,11 +190,14 @@ class NativeWeight:
 
     @property
     def code(self) -> int:
-        """The kernel's kind code: KIND_CODES, plus HALF for float16 scales."""
-        return KIND_CODES[self.kind] + (HALF if self.d.dtype == torch.float16 else 0)
+        """The kernel's kind code: KIND_CODES, plus HALF for float16 scales or FACTORED for a
+        K-quant's factored ones (uint8 bytes)."""
+        extra = {torch.float16: HALF, torch.uint8: FACTORED}.get(self.d.dtype, 0)
+        return KIND_CODES[self.kind] + extra
 
     def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.q, self.d, self.m) if t is not None]
+        """The tensors it reads (a FACTORED q4_1's mins are its scales' bytes: counted once)."""
+        return [t for t in (self.q, self.d, self.m) if t is not None and (t is not self.m or t is not self.d)]
 
 
 def qmatmul(x: torch.Tensor, weight: "NativeWeight | QuantBlocks") -> torch.Tensor:

@@ -34,9 +34,8 @@ int outrider_fill_ok(void);
 #include <sys/syscall.h>
 #include <unistd.h>
 
-enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2, KIND_Q8_16 = 3 };  /* as qmatmul.c */
-#define HALF 4
-#define BASE(kind) ((kind) & 3)
+#include "kinds.h"
+
 #define KC 512          /* values of K a chunk: x's tiles of 16 rows for it (12 KB) stay in L1 */
 #define NC 8            /* weight pairs (of 16-row blocks) a thread takes at a time */
 #define MAX_ROWS 1024   /* rows a call takes (the caller splits larger prefills) */
@@ -112,10 +111,6 @@ static void split_row(const float *x, int64_t K, int qk, int parts, int have, ui
     }
 }
 
-static inline float scale_at(int kind, const void *p, int64_t i) {
-    return (kind & HALF) ? _cvtsh_ss(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-
 /* Byte j of 16 rows (16 bytes from rows[r] each): out[j % 4] lane j / 4 holds byte j of rows 0..15,
  * in row order. */
 static inline void transpose_bytes(const uint8_t *const rows[16], __m512i out[4]) {
@@ -164,6 +159,7 @@ static inline __m512i bf16_pairs(__m512i lo, __m512i hi) {
 static void decode_block16(int kind, int qk, const uint8_t *q, const void *d, const void *m, int64_t K, int64_t N,
                            int64_t n0, int64_t g0, int64_t g1, uint32_t *B, float *ds, float *ms) {
     const int64_t groups = K / qk, qstride = BASE(kind) == KIND_Q8_0 || BASE(kind) == KIND_Q8_16 ? qk : qk / 2;
+    const int64_t drow = scale_row_bytes(kind, K / 32), mrow = min_row_bytes(kind, K / 32);
     static const uint8_t zeros[32];
     const __m512i low = _mm512_set1_epi32(15), eight = _mm512_set1_epi32(BASE(kind) == KIND_Q4_0 ? 8 : 0);
     for (int64_t g = g0; g < g1; g++) {
@@ -174,8 +170,8 @@ static void decode_block16(int kind, int qk, const uint8_t *q, const void *d, co
             const int have = n < N;
             rows[r] = have ? q + (n * groups + g) * qstride : zeros;
             highs[r] = rows[r] + 16;  /* Q8_0: codes 16..31 */
-            ds[(g - g0) * 16 + r] = have ? scale_at(kind, d, n * groups + g) : 0.0f;
-            if (ms) ms[(g - g0) * 16 + r] = have ? scale_at(kind, m, n * groups + g) : 0.0f;
+            ds[(g - g0) * 16 + r] = have ? scale_at(kind, (const uint8_t *)d + n * drow, g) : 0.0f;
+            if (ms) ms[(g - g0) * 16 + r] = have ? min_at(kind, (const uint8_t *)m + n * mrow, g) : 0.0f;
         }
         __m512i t[4], h[4];
         transpose_bytes(rows, t);
@@ -258,8 +254,8 @@ static void tile_row(int qk, int parts, const uint16_t *xs, int64_t Mp, int64_t 
 int outrider_fill_matmul(int kind, const float *x, int64_t M, int64_t K, const void *q, const void *d, const void *m,
                          int64_t N, float *y, int threads, int parts) {
     if (parts != 1 && parts != 3) return -1;
-    if (!outrider_fill_ok() || kind < 0 || kind > KIND_Q4_1 + HALF || kind == KIND_Q8_16 + HALF) return -1;
-    if (K % 32 || N % 16 || M < 1 || M > MAX_ROWS || threads < 1 || (BASE(kind) == KIND_Q4_1 && !m)) return -1;
+    if (!outrider_fill_ok() || !kind_known(kind, m, K)) return -1;
+    if (N % 16 || M < 1 || M > MAX_ROWS || threads < 1) return -1;
     const int qk = BASE(kind) == KIND_Q8_16 ? 16 : 32, q41 = BASE(kind) == KIND_Q4_1;
     const int64_t Mp = (M + 15) / 16 * 16, pairs = (N + 31) / 32, chunk = KC / qk;
     /* blocks of at most NC pairs, at least one a thread */

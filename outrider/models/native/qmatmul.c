@@ -37,19 +37,10 @@
 #endif
 #include <immintrin.h>
 
+#include "kinds.h"
+
 #define QK 32             /* values per block */
 #define TILE_N 16         /* output columns a thread takes at a time */
-
-enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2, KIND_Q8_16 = 3 };
-#define HALF 4                      /* added to a kind: its scales (and mins) are float16, as GGUF keeps them */
-#define BASE(kind) ((kind) & 3)     /* the kind without HALF */
-#define SCALES(kind) (BASE(kind) == KIND_Q8_16 ? 2 : 1) /* scales a 32-value block has */
-
-/* Scale (or min) i of a weight's float32 or float16 array, as float32 (the widening is exact). */
-static inline __attribute__((always_inline)) float scale_at(int kind, const void *p, int64_t i) {
-    return (kind & HALF) ? _cvtsh_ss(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-
 
 /* Ask for the codes and scales PREFETCH_BYTES ahead of block b (past a row's end that is the
  * next row's, which this thread computes next): a row is only a few hundred bytes, too short for
@@ -71,26 +62,68 @@ static inline __attribute__((always_inline)) void prefetch_ahead(int kind, int64
 #define ROWS 8
 #define COLS 4  /* weight rows a register tile takes at most */
 
-/* Block i of a weight row: its codes at q, its scales and min at index i (SCALES(kind) i for the
- * scales) of d and m. */
-static inline __attribute__((always_inline)) void decode(int kind, const uint8_t *q, const void *d, const void *m,
-                                                         int64_t i, __m512 *w0, __m512 *w1) {
-    __m512 dd = _mm512_set1_ps(scale_at(kind, d, i * SCALES(kind)));
+/* A block's 32 values from its codes at q, its scale dd (dd1: the second 16 values' scale, q8_16)
+ * and min mm (q4_1), broadcast. */
+static inline __attribute__((always_inline)) void decode_with(int kind, const uint8_t *q, __m512 dd, __m512 dd1,
+                                                              __m512 mm, __m512 *w0, __m512 *w1) {
     if (BASE(kind) == KIND_Q8_0 || BASE(kind) == KIND_Q8_16) {
         __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
         __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))));
         *w0 = _mm512_mul_ps(dd, a);
-        *w1 = _mm512_mul_ps(BASE(kind) == KIND_Q8_16 ? _mm512_set1_ps(scale_at(kind, d, 2 * i + 1)) : dd, b);
+        *w1 = _mm512_mul_ps(BASE(kind) == KIND_Q8_16 ? dd1 : dd, b);
         return;
     }
     /* the block's 16 possible values, each computed as the reference computes it, then looked up
      * by code (vpermps reads the low 4 bits of each index: no mask needed for the low nibbles) */
     const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __m512 table = BASE(kind) == KIND_Q4_0 ? _mm512_mul_ps(dd, _mm512_sub_ps(codes, _mm512_set1_ps(8.0f)))
-                                           : _mm512_add_ps(_mm512_mul_ps(dd, codes), _mm512_set1_ps(scale_at(kind, m, i)));
+                                           : _mm512_add_ps(_mm512_mul_ps(dd, codes), mm);
     __m512i all = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q)); /* bytes 0..15 */
     *w0 = _mm512_permutexvar_ps(all, table);                        /* values 0..15 */
     *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(all, 4), table);  /* values 16..31 */
+}
+
+/* Block i of a weight row: its codes at q, its scales and min at index i (SCALES(kind) i for the
+ * scales) of d and m. */
+static inline __attribute__((always_inline)) void decode(int kind, const uint8_t *q, const void *d, const void *m,
+                                                         int64_t i, __m512 *w0, __m512 *w1) {
+    const __m512 dd = _mm512_set1_ps(scale_at(kind, d, i * SCALES(kind)));
+    const __m512 dd1 = BASE(kind) == KIND_Q8_16 ? _mm512_set1_ps(scale_at(kind, d, 2 * i + 1)) : dd;
+    const __m512 mm = BASE(kind) == KIND_Q4_1 ? _mm512_set1_ps(min_at(kind, m, i)) : _mm512_setzero_ps();
+    decode_with(kind, q, dd, dd1, mm, w0, w1);
+}
+
+/* Float16 scales (and mins) of blocks b..b+15 of a row (fewer at its end), widened at once: at one
+ * or two rows of x a block's own widening would cost about as much as its multiply-adds. */
+static inline __attribute__((always_inline)) __m512 widen16(const void *p, int64_t b, int64_t blocks) {
+    const int64_t n = blocks - b < 16 ? blocks - b : 16;
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16)((1u << n) - 1), (const uint16_t *)p + b));
+}
+
+/* FACTORED (kinds.h) scales of a row from block b (a multiple of WINDOW(kind)) on, computed at once
+ * with the kernel's own operations (D * code, -(Dmin * code): the same values scale_at gives):
+ * q4_1, blocks b..b+15 (two super-blocks; one at the row's end) into dv, their mins into mv;
+ * q8_16, the 16 groups of blocks b..b+7 (one super-block) into dv. */
+#define WINDOW(kind) (((kind) & FACTORED) && BASE(kind) == KIND_Q8_16 ? 8 : 16)
+static inline __attribute__((always_inline)) void widen_factored(int kind, const uint8_t *row, int64_t b,
+                                                                 int64_t blocks, __m512 *dv, __m512 *mv) {
+    const uint8_t *s = row + b / 8 * SUPER_BYTES(kind);
+    if (BASE(kind) == KIND_Q8_16) {
+        const __m512 codes = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(s + 2))));
+        *dv = _mm512_mul_ps(_mm512_set1_ps(half_at(s)), codes);
+        return;
+    }
+    const int two = b + 8 < blocks;
+    uint64_t sc0, mn0, sc1 = 0, mn1 = 0;
+    memcpy(&sc0, s + 4, 8);
+    memcpy(&mn0, s + 12, 8);
+    if (two) memcpy(&sc1, s + 24, 8), memcpy(&mn1, s + 32, 8);
+    const __m512 d = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(half_at(s)), _mm512_set1_ps(two ? half_at(s + 20) : 0.0f));
+    const __m512 dm = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(half_at(s + 2)),
+                                           _mm512_set1_ps(two ? half_at(s + 22) : 0.0f));
+    *dv = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set_epi64x((long long)sc1, (long long)sc0))));
+    const __m512 low = _mm512_mul_ps(dm, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set_epi64x((long long)mn1, (long long)mn0))));
+    *mv = _mm512_xor_ps(low, _mm512_set1_ps(-0.0f));  /* -(Dmin * code), as min_at */
 }
 
 /* y[r * ystride + c] = x[r] . W[c] for r < rows, c < cols (constants after inlining): a register
@@ -103,18 +136,46 @@ static inline __attribute__((always_inline)) void dot_tile(int kind, int rows, i
                                                            const uint8_t *q, int64_t qrow, int64_t qstride,
                                                            const void *d, int64_t drow, const void *m,
                                                            int64_t mrow, float *y, int64_t ystride) {
-    const int64_t sbytes = (kind & HALF) ? 2 : 4;
     __m512 acc[ROWS][COLS];
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) acc[r][c] = _mm512_setzero_ps();
     const int64_t blocks = K / QK;
+    /* float16 or factored scales: a window of blocks' widened at once (the same values; at one or
+     * two rows of x a block's own widening would cost about as much as its multiply-adds) */
+    const int wide = (kind & (HALF | FACTORED)) != 0;
+    /* the window's scales and mins, stored: a block's are broadcast from memory (a load, where
+     * picking them out of a register would take the shuffle port the decoding needs) */
+    float dw[COLS][16] __attribute__((aligned(64))), mw[COLS][16] __attribute__((aligned(64)));
     for (int64_t b = 0; b < blocks; b++) {
         __m512 w0[COLS], w1[COLS];
+        if (wide && (b & (WINDOW(kind) - 1)) == 0)
+            for (int c = 0; c < cols; c++) {
+                __m512 dv, mv = _mm512_setzero_ps();
+                if (kind & FACTORED) {
+                    widen_factored(kind, (const uint8_t *)d + c * drow, b, blocks, &dv, &mv);
+                } else {
+                    dv = widen16((const uint8_t *)d + c * drow, b, blocks);
+                    if (BASE(kind) == KIND_Q4_1) mv = widen16((const uint8_t *)m + c * mrow, b, blocks);
+                }
+                _mm512_store_ps(dw[c], dv);
+                _mm512_store_ps(mw[c], mv);
+            }
         for (int c = 0; c < cols; c++) {  /* weight row c: codes, scales, mins */
-            const uint8_t *qc = q + c * qrow, *dc = (const uint8_t *)d + c * drow * sbytes;
-            const uint8_t *mc = m ? (const uint8_t *)m + c * mrow * sbytes : 0;
-            prefetch_ahead(kind, b, qc + b * qstride, dc + b * SCALES(kind) * sbytes, mc ? mc + b * sbytes : 0);
-            decode(kind, qc + b * qstride, dc, mc, b, &w0[c], &w1[c]);
+            const uint8_t *qc = q + c * qrow, *dc = (const uint8_t *)d + c * drow;
+            const uint8_t *mc = m ? (const uint8_t *)m + c * mrow : 0;
+            prefetch_ahead(kind, b, qc + b * qstride, dc + scale_offset(kind, b), mc ? mc + min_offset(kind, b) : 0);
+            if (wide && BASE(kind) == KIND_Q8_16) {  /* FACTORED q8_16: the block's two groups */
+                const int j = (int)(b & 7) * 2;
+                decode_with(kind, qc + b * qstride, _mm512_set1_ps(dw[c][j]), _mm512_set1_ps(dw[c][j + 1]),
+                            _mm512_setzero_ps(), &w0[c], &w1[c]);
+            } else if (wide) {
+                const __m512 dd = _mm512_set1_ps(dw[c][b & 15]);
+                decode_with(kind, qc + b * qstride, dd, dd,
+                            BASE(kind) == KIND_Q4_1 ? _mm512_set1_ps(mw[c][b & 15]) : _mm512_setzero_ps(),
+                            &w0[c], &w1[c]);
+            } else {
+                decode(kind, qc + b * qstride, dc, mc, b, &w0[c], &w1[c]);
+            }
         }
         const float *xb = x + b * QK;
         for (int r = 0; r < rows; r++) {
@@ -154,7 +215,7 @@ static inline __attribute__((always_inline)) void decode(int kind, const uint8_t
         _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)),   /* values 16..23 */
         _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)),   /* values 24..31 */
     };
-    __m256 mm = _mm256_set1_ps(BASE(kind) == KIND_Q4_1 ? scale_at(kind, m, block) : 0.0f), eight = _mm256_set1_ps(8.0f);
+    __m256 mm = _mm256_set1_ps(BASE(kind) == KIND_Q4_1 ? min_at(kind, m, block) : 0.0f), eight = _mm256_set1_ps(8.0f);
     for (int i = 0; i < 4; i++)
         w[i] = BASE(kind) == KIND_Q4_0 ? _mm256_mul_ps(dd, _mm256_sub_ps(v[i], eight))
                                        : _mm256_add_ps(_mm256_mul_ps(dd, v[i]), mm);
@@ -171,15 +232,14 @@ static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, c
                                                            const uint8_t *q, int64_t qstride,
                                                            const void *d, const void *m,
                                                            float *y, int64_t ystride) {
-    const int64_t sbytes = (kind & HALF) ? 2 : 4;
     __m256 acc[ROWS][4];
     for (int r = 0; r < rows; r++)
         for (int i = 0; i < 4; i++) acc[r][i] = _mm256_setzero_ps();
     const int64_t blocks = K / QK;
     for (int64_t b = 0; b < blocks; b++) {
         __m256 w[4];
-        prefetch_ahead(kind, b, q + b * qstride, (const uint8_t *)d + b * SCALES(kind) * sbytes,
-                       m ? (const uint8_t *)m + b * sbytes : 0);
+        prefetch_ahead(kind, b, q + b * qstride, (const uint8_t *)d + scale_offset(kind, b),
+                       m ? (const uint8_t *)m + min_offset(kind, b) : 0);
         decode(kind, q + b * qstride, d, m, b, w);
         const float *xb = x + b * QK;
         for (int r = 0; r < rows; r++)
@@ -213,13 +273,13 @@ static inline __attribute__((always_inline)) void decode_row(int kind, int64_t K
 #define DEQUANTIZE(NAME, KIND)                                                                      \
     static void NAME(int64_t K, const uint8_t *q, const void *d, const void *m, int64_t n0,         \
                      int64_t n1, float *out, int threads) {                                         \
-        const int64_t blocks = K / QK, sbytes = (KIND & HALF) ? 2 : 4;                              \
+        const int64_t blocks = K / QK;                                                              \
         const int64_t qstride = BASE(KIND) == KIND_Q8_0 || BASE(KIND) == KIND_Q8_16 ? QK : QK / 2; \
         _Pragma("omp parallel for schedule(static) num_threads(threads)")                          \
         for (int64_t n = n0; n < n1; n++)                                                           \
             decode_row(KIND, K, q + n * blocks * qstride, qstride,                                  \
-                       (const uint8_t *)d + n * blocks * SCALES(KIND) * sbytes,                     \
-                       BASE(KIND) == KIND_Q4_1 ? (const uint8_t *)m + n * blocks * sbytes : 0,      \
+                       (const uint8_t *)d + n * scale_row_bytes(KIND, blocks),                      \
+                       BASE(KIND) == KIND_Q4_1 ? (const uint8_t *)m + n * min_row_bytes(KIND, blocks) : 0, \
                        out + (n - n0) * K);                                                         \
     }
 
@@ -237,13 +297,13 @@ static inline __attribute__((always_inline)) __m256i bf16_of(__m512 v) {
 #define DEQUANTIZE_BF16(NAME, KIND)                                                                 \
     static void NAME(int64_t K, const uint8_t *q, const void *d, const void *m, int64_t n0,         \
                      int64_t n1, uint16_t *out, int threads) {                                      \
-        const int64_t blocks = K / QK, sbytes = (KIND & HALF) ? 2 : 4;                              \
+        const int64_t blocks = K / QK;                                                              \
         const int64_t qstride = BASE(KIND) == KIND_Q8_0 || BASE(KIND) == KIND_Q8_16 ? QK : QK / 2; \
         _Pragma("omp parallel for schedule(static) num_threads(threads)")                          \
         for (int64_t n = n0; n < n1; n++) {                                                         \
             const uint8_t *qn = q + n * blocks * qstride;                                           \
-            const uint8_t *dn = (const uint8_t *)d + n * blocks * SCALES(KIND) * sbytes;            \
-            const uint8_t *mn = BASE(KIND) == KIND_Q4_1 ? (const uint8_t *)m + n * blocks * sbytes : 0; \
+            const uint8_t *dn = (const uint8_t *)d + n * scale_row_bytes(KIND, blocks);             \
+            const uint8_t *mn = BASE(KIND) == KIND_Q4_1 ? (const uint8_t *)m + n * min_row_bytes(KIND, blocks) : 0; \
             uint16_t *o = out + (n - n0) * K;                                                       \
             for (int64_t b = 0; b < blocks; b++) {                                                  \
                 __m512 w0, w1;                                                                      \
@@ -295,9 +355,9 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
 #define MATMUL(NAME, KIND)                                                                          \
     static void NAME(const float *x, int64_t M, int64_t K, const uint8_t *q, const void *d,         \
                      const void *m, int64_t N, float *y, int threads) {                             \
-        const int64_t blocks = K / QK, sbytes = (KIND & HALF) ? 2 : 4;                              \
+        const int64_t blocks = K / QK;                                                              \
         const int64_t qstride = BASE(KIND) == KIND_Q8_0 || BASE(KIND) == KIND_Q8_16 ? QK : QK / 2; /* code bytes a block */ \
-        const int64_t dstride = blocks * SCALES(KIND); /* scales a weight row */                    \
+        const int64_t drow = scale_row_bytes(KIND, blocks), mrow = min_row_bytes(KIND, blocks); /* a weight row's */ \
         const int64_t tiles = (N + TILE_N - 1) / TILE_N;                                            \
         _Pragma("omp parallel for schedule(static) num_threads(threads)")                          \
         for (int64_t t = 0; t < tiles; t++) {                                                       \
@@ -309,8 +369,8 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
                 for (int64_t n = t * TILE_N; n < n1;) {                                             \
                     const int c = n + cols <= n1 ? cols : 1;                                        \
                     dot_group(KIND, rows, c, x + r * K, K, q + n * blocks * qstride, blocks * qstride, qstride, \
-                              (const uint8_t *)d + n * dstride * sbytes, dstride,                   \
-                              BASE(KIND) == KIND_Q4_1 ? (const uint8_t *)m + n * blocks * sbytes : 0, blocks, \
+                              (const uint8_t *)d + n * drow, drow,                                  \
+                              BASE(KIND) == KIND_Q4_1 ? (const uint8_t *)m + n * mrow : 0, mrow,    \
                               y + r * N + n, N);                                                    \
                     n += c;                                                                         \
                 }                                                                                   \
@@ -318,9 +378,11 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
         }                                                                                           \
     }
 
-/* Every kind the entry points take: the four, and those with float16 scales (q8_16's are float32). */
+/* Every kind the entry points take (kinds.h): the four, those with float16 scales, and the
+ * K-quants' factored ones. */
 #define KINDS(X) X(q8_0, KIND_Q8_0) X(q4_0, KIND_Q4_0) X(q4_1, KIND_Q4_1) X(q8_16, KIND_Q8_16) \
-                 X(q8_0h, (KIND_Q8_0 + HALF)) X(q4_0h, (KIND_Q4_0 + HALF)) X(q4_1h, (KIND_Q4_1 + HALF))
+                 X(q8_0h, (KIND_Q8_0 + HALF)) X(q4_0h, (KIND_Q4_0 + HALF)) X(q4_1h, (KIND_Q4_1 + HALF)) \
+                 X(q4_1f, (KIND_Q4_1 + FACTORED)) X(q8_16f, (KIND_Q8_16 + FACTORED))
 #define DEFINE(NAME, KIND) MATMUL(matmul_##NAME, KIND) DEQUANTIZE(dequantize_##NAME, KIND) DEFINE_BF16(NAME, KIND)
 #if defined(__AVX512F__)
 #define DEFINE_BF16(NAME, KIND) DEQUANTIZE_BF16(dequantize_bf16_##NAME, KIND)
@@ -330,13 +392,13 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
 KINDS(DEFINE)
 
 static int known(int kind, const void *m, int64_t K) {  /* 0: arguments the kernel takes */
-    int ok = kind >= 0 && kind <= KIND_Q4_1 + HALF && kind != KIND_Q8_16 + HALF && K % QK == 0;
-    return ok && (BASE(kind) != KIND_Q4_1 || m) ? 0 : -1;
+    return kind_known(kind, m, K) ? 0 : -1;
 }
 
 /* The entry point (ctypes). kind: 0 q8_0, 1 q4_0, 2 q4_1, 3 q8_16, plus HALF (4) for float16
- * scales and mins (not q8_16); K a multiple of 32; m only for q4_1. x, y contiguous float32
- * [M, K] and [M, N]; d (and m) float32 or float16 [N, K / 32] ([N, K / 16] for q8_16); `threads`:
+ * scales and mins (not q8_16) or FACTORED (8, q4_1 and q8_16: kinds.h); K a multiple of 32 (256
+ * FACTORED); m only for q4_1 (FACTORED: d again). x, y contiguous float32 [M, K] and [M, N]; d (and
+ * m) float32 or float16 [N, K / 32] ([N, K / 16] for q8_16), or FACTORED's bytes; `threads`:
  * the OpenMP team (torch's count: a thread other than the one that set it would otherwise get
  * OpenMP's default, every core). Returns 0, or -1 for arguments it cannot take. */
 int outrider_qmatmul(int kind, const float *x, int64_t M, int64_t K, const void *q, const void *d,
