@@ -43,7 +43,7 @@ from ..quant import BLOCK, QuantBlocks
 
 SOURCE = Path(__file__).with_name("qmatmul.c")
 SOURCES = (SOURCE, Path(__file__).with_name("layer.c"), Path(__file__).with_name("fill.c"))  # one library
-HEADERS = (Path(__file__).with_name("kinds.h"),)  # included by the sources: part of the library's key
+HEADERS = (Path(__file__).with_name("kinds.h"), Path(__file__).with_name("decode.h"))  # in the library's key
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
 KIND_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q8_16": 3}
 
