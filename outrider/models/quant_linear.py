@@ -183,11 +183,12 @@ def _matmul_int4pair(x: torch.Tensor, state: dict) -> torch.Tensor:
 # a drafter's numerics change only what it proposes, never what is committed.
 # Where the CPU has the AMX tile unit, a filling forward of TILE_ROWS rows or more takes fill.c
 # instead of the float GEMM: exact products (a block's integer codes and x split into three
-# bfloat16 parts whose sum is x exactly) and float32 sums, 1.8-2.5x the GEMM at 256 rows and
+# bfloat16 parts whose sum is x exactly) and float32 sums, 2.1-2.8x the GEMM at 256 rows (q8_16 1.6x) and
 # closer to the float64 reference than it (README "Quantized weights"); float32 like the GEMM,
 # so not lossy in the bfloat16 prefill's sense. Where the bfloat16 prefill is asked for (a drafter's,
 # or the lossy opt-in) fill.c rounds x to one bfloat16 part instead (the codes stay exact: half the
-# bfloat16 GEMM's error, 1.25x its speed at 256 rows). OUTRIDER_TILE_PREFILL=0 keeps the GEMMs.
+# bfloat16 GEMM's error, 1.2-1.6x its speed on q4_1 and q8_0 at 256 rows; scripts/bench_fill.py).
+# OUTRIDER_TILE_PREFILL=0 keeps the GEMMs.
 _FILLING = contextvars.ContextVar("outrider_filling", default=False)
 TILE_ROWS = 24  # rows from which fill.c beats the kernel (measured: 1.0x at 16 rows, 1.1-1.4x at 24, 2.4x at 96)
 BULK_ROWS = 96  # rows from which a filling forward takes the GEMM (native is faster below ~64)

@@ -12,15 +12,18 @@
  * Each y[r, n] depends on x[r] and W[n] only (not on M, on the other rows, or on the threads).
  *
  * Why fast. A tile product (16 rows x 32 values x 16 columns) is one instruction; three of them
- * (the parts) per block still do ~5x the multiply-adds a cycle of two AVX-512 FMA ports.
- * Measured: README "Quantized weights".
+ * (the parts) per block still do ~5x the multiply-adds a cycle of two AVX-512 FMA ports. What binds
+ * it here is the vector unit's share: scaling each group's 16 x 16 sums and building the weight
+ * tiles. Measured: README "Quantized weights".
  *
- * Layout of one call: x's parts xs[3][Mp][K] bfloat16 (rows padded to 32 with zeros); threads take
- * pairs of 16-row weight blocks; K is walked in chunks of KC so the parts of a chunk stay in L2
- * while a thread's weight pairs pass; per chunk a weight pair is decoded once into tiles in the
- * unit's pair-interleaved layout (B[k / 2][n] = (w[n][k], w[n][k + 1])), then every pair of 16-row
- * blocks of x is multiplied: 4 accumulator tiles (2 x-blocks x 2 weight blocks), 12 tile products
- * a block, the tiles stored and scaled into float32 sums in memory.
+ * Layout of one call: x's parts in tiles (split_row: each 16 rows x one group contiguous, rows
+ * padded to 16 with zeros); threads take blocks of up to NC pairs of 16-row weight blocks (the same
+ * pairs every chunk); K is walked in chunks of KC values: per chunk a block's weight pairs are
+ * decoded once into tiles of the unit's pair-interleaved layout (16 x 16 byte transposes), then for
+ * each 16 rows of x (their part tiles for the chunk stay in L1 while the pairs pass) and each
+ * weight block: per group the three part products into one accumulator tile (tiles 0 and 1 taken
+ * in turn, so one group's sums are stored and scaled while the unit computes the next), scaled by
+ * the group's scales into 16 float32 row sums held in registers, added into y at the chunk's end.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,7 +39,7 @@ int outrider_fill_ok(void);
 
 #include "kinds.h"
 
-#define KC 512          /* values of K a chunk: x's tiles of 16 rows for it (12 KB) stay in L1 */
+#define KC 256          /* values of K a chunk: x's three part tiles of 16 rows for it (24 KB) stay in L1 */
 #define NC 8            /* weight pairs (of 16-row blocks) a thread takes at a time */
 #define MAX_ROWS 1024   /* rows a call takes (the caller splits larger prefills) */
 
@@ -194,61 +197,55 @@ static void decode_block16(int kind, int qk, const uint8_t *q, const void *d, co
     }
 }
 
-/* Scale one group's stored sums c[2][16][16] into acc[2][16][16]: acc[r][n] += d[n] * c[r][n]
- * (+ m[n] * s[r], Q4_1). */
-static inline void scale_into(const float *c, float *acc, const float *ds0, const float *ds1, const float *ms0,
-                              const float *ms1, const float *s, int64_t sstride) {
-    for (int t = 0; t < 2; t++) {
-        const __m512 dv = _mm512_loadu_ps(t ? ds1 : ds0);
-        const float *msv = t ? ms1 : ms0;
-        float *a = acc + t * 256;
-        for (int r = 0; r < 16; r++) {
-            __m512 v = _mm512_fmadd_ps(dv, _mm512_load_ps(c + t * 256 + r * 16), _mm512_load_ps(a + r * 16));
-            if (msv) v = _mm512_fmadd_ps(_mm512_loadu_ps(msv), _mm512_set1_ps(s[r * sstride]), v);
-            _mm512_store_ps(a + r * 16, v);
-        }
+/* One group: x's 16-row block (parts tiles, `part` elements apart) against one weight block into
+ * tile C, stored to c[256]. */
+#define GROUP1(C, xt, bt, c)                                                   \
+    do {                                                                       \
+        _tile_zero(C);                                                         \
+        _tile_loadd(6, bt, 64);                                                \
+        for (int p = 0; p < parts; p++) {                                      \
+            _tile_loadd(4, (xt) + p * part, qk * 2);                           \
+            _tile_dpbf16ps(C, 4, 6);                                           \
+        }                                                                      \
+        _tile_stored(C, c, 64);                                                \
+    } while (0)
+
+/* acc[r] += d * c[r] (+ m * s[r], Q4_1): one group's stored sums [16][16] scaled into the
+ * accumulators, which stay in registers. */
+static inline __attribute__((always_inline)) void scale_rows(const float *c, __m512 acc[16], const float *ds,
+                                                             const float *ms, const float *s, int64_t sstride) {
+    const __m512 dv = _mm512_loadu_ps(ds);
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) {
+        acc[r] = _mm512_fmadd_ps(dv, _mm512_load_ps(c + r * 16), acc[r]);
+        if (ms) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(ms), _mm512_set1_ps(s[r * sstride]), acc[r]);
     }
 }
 
-/* One group: x's 16-row block (three part tiles, xstride elements apart) against two weight
- * blocks into tiles C0, C1, stored to c[2][256]. */
-#define GROUP(C0, C1, xt, b0, b1, c)                                           \
-    do {                                                                       \
-        _tile_zero(C0);                                                        \
-        _tile_zero(C1);                                                        \
-        _tile_loadd(6, b0, 64);                                                \
-        _tile_loadd(7, b1, 64);                                                \
-        for (int p = 0; p < parts; p++) {                                      \
-            _tile_loadd(4, (xt) + p * part, qk * 2);                           \
-            _tile_dpbf16ps(C0, 4, 6);                                          \
-            _tile_dpbf16ps(C1, 4, 7);                                          \
-        }                                                                      \
-        _tile_stored(C0, c, 64);                                               \
-        _tile_stored(C1, (c) + 256, 64);                                       \
-    } while (0)
-
-/* Sums for x rows m0..m0+15 against weight rows n0..n0+31 over groups g0..g1, into acc [2 weight
- * blocks][16][16] (zeroed here). Groups alternate between tiles 0-1 and 2-3 so the scaling of one
- * group's stored sums runs while the tile unit computes the next. */
-static void tile_row(int qk, int parts, const uint16_t *xs, int64_t Mp, int64_t K, const float *s, int64_t m0, int64_t g0,
-                     int64_t g1, const uint32_t *B0, const uint32_t *B1, const float *ds0, const float *ds1,
-                     const float *ms0, const float *ms1, float *acc) {
-    float c[2][512] __attribute__((aligned(64)));
+/* Sums for x rows m0..m0+15 against weight rows n0..n0+15 over groups g0..g1, into out [16][16].
+ * Groups alternate between tiles 0 and 1 so the scaling of one group's stored sums runs while the
+ * tile unit computes the next; the 16 row sums stay in registers. */
+static void tile_row(int qk, int parts, const uint16_t *xs, int64_t Mp, int64_t K, const float *s, int64_t m0,
+                     int64_t g0, int64_t g1, const uint32_t *B, const float *ds, const float *ms, float *out) {
+    float c[2][256] __attribute__((aligned(64)));
     const int64_t part = Mp * K, tile = 16 * qk, btile = 8 * qk, sstride = K / 32;
     const uint16_t *x0 = xs + m0 * K;  /* part 0's tiles of these rows */
     const float *srow = s ? s + m0 * sstride : 0;
-    memset(acc, 0, 2 * 256 * sizeof(float));
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t g = g0; g < g1; g++) {
         const int64_t i = g - g0;
-        if (i & 1) GROUP(2, 3, x0 + g * tile, B0 + i * btile, B1 + i * btile, c[1]);
-        else GROUP(0, 1, x0 + g * tile, B0 + i * btile, B1 + i * btile, c[0]);
+        if (i & 1) GROUP1(1, x0 + g * tile, B + i * btile, c[1]);
+        else GROUP1(0, x0 + g * tile, B + i * btile, c[0]);
         if (i > 0)  /* the group before: its sums were stored while these were computed */
-            scale_into(c[(i - 1) & 1], acc, ds0 + (i - 1) * 16, ds1 + (i - 1) * 16, ms0 ? ms0 + (i - 1) * 16 : 0,
-                       ms1 ? ms1 + (i - 1) * 16 : 0, srow ? srow + g - 1 : 0, sstride);
+            scale_rows(c[(i - 1) & 1], acc, ds + (i - 1) * 16, ms ? ms + (i - 1) * 16 : 0, srow ? srow + g - 1 : 0,
+                       sstride);
     }
     const int64_t i = g1 - 1 - g0;
-    scale_into(c[i & 1], acc, ds0 + i * 16, ds1 + i * 16, ms0 ? ms0 + i * 16 : 0, ms1 ? ms1 + i * 16 : 0,
-               srow ? srow + g1 - 1 : 0, sstride);
+    scale_rows(c[i & 1], acc, ds + i * 16, ms ? ms + i * 16 : 0, srow ? srow + g1 - 1 : 0, sstride);
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) _mm512_store_ps(out + r * 16, acc[r]);
 }
 
 int outrider_fill_matmul(int kind, const float *x, int64_t M, int64_t K, const void *q, const void *d, const void *m,
@@ -296,8 +293,9 @@ int outrider_fill_matmul(int kind, const float *x, int64_t M, int64_t K, const v
                     for (int64_t pr = p0; pr < p1; pr++) {
                         const uint32_t *b = B + (pr - p0) * 2 * nb * 8 * qk;
                         const float *ps = sc + (pr - p0) * 4 * nb * 16;
-                        tile_row(qk, parts, xs, Mp, K, s, m0, g0, g1, b, b + nb * 8 * qk, ps, ps + nb * 16,
-                                 q41 ? ps + 2 * nb * 16 : 0, q41 ? ps + 3 * nb * 16 : 0, acc);
+                        for (int t = 0; t < 2; t++)  /* the pair's two weight blocks */
+                            tile_row(qk, parts, xs, Mp, K, s, m0, g0, g1, b + t * nb * 8 * qk, ps + t * nb * 16,
+                                     q41 ? ps + (2 + t) * nb * 16 : 0, acc + t * 256);
                         for (int t = 0; t < 2; t++) {
                             const int64_t n = pr * 32 + t * 16;
                             if (n >= N) continue;
