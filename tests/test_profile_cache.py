@@ -7,6 +7,7 @@ a regular file: mkdir and open below it fail with ENOTDIR, the OSError a read-on
 from __future__ import annotations
 
 import pytest
+import torch
 
 from outrider.cli import main
 from outrider.control import profile
@@ -43,3 +44,23 @@ def test_cost_controller_with_an_unwritable_cache_generates(tiny_folders, blocke
     err = capsys.readouterr().err
     assert code == 0, err
     assert "Traceback" not in err and [line for line in err.splitlines() if line.startswith("warning:")]
+
+
+def test_a_rebuilt_kernel_or_the_torch_layer_measures_the_profile_again(monkeypatch, tiny_folders):
+    """The profile's key names the native kernel as built (its file name hashes the sources, flags,
+    compiler and CPU) and whether the native layer runs: verify costs measured with other kernels
+    (or another layer) are not reused."""
+    from pathlib import Path
+
+    from outrider.control import profile as profile_module
+    from outrider.models import native
+    from outrider.models.loader import load_decoder
+
+    target = load_decoder(tiny_folders["llama"], "cpu", torch.float32)
+    key = profile_module.profile_key(tiny_folders["llama"], target)
+    monkeypatch.setenv("OUTRIDER_NATIVE_LAYER", "0")
+    assert profile_module.profile_key(tiny_folders["llama"], target) != key
+    monkeypatch.delenv("OUTRIDER_NATIVE_LAYER")
+    if native.library() is not None:
+        monkeypatch.setitem(native._state, "path", Path("qmatmul-0000000000000000.so"))
+        assert profile_module.profile_key(tiny_folders["llama"], target) != key

@@ -83,13 +83,24 @@ def _sync(target: Decoder) -> None:
         torch.cuda.synchronize(target.device)
 
 
+def _native_identity() -> str:
+    from ..models import native
+    from ..models.native.layer import enabled
+
+    lib = native.library()
+    return f"{native._state['path'].name if lib is not None else 'none'},layer={int(enabled())}"
+
+
 def profile_key(model_path: Path, target: Decoder) -> str:
     parts = [str(Path(model_path).resolve()), str(target.quantization or target.dtype), str(target.device),
              str(torch.get_num_threads()),
              platform.processor() or platform.machine(), torch.__version__,
              # the CPU product path: per-machine choice since cpu_linear.py (older profiles timed W @ x.T)
              "linear:" + (os.environ.get("OUTRIDER_LINEAR") or "auto"),
-             f"warm-up:{WARM_UP}"]  # profiles measured after a single warm-up forward are measured again
+             f"warm-up:{WARM_UP}",  # profiles measured after a single warm-up forward are measured again
+             # the native kernel as built (its file name hashes the C sources, flags, compiler and
+             # CPU) and whether the native layer runs: a kernel change re-measures the profile
+             "native:" + _native_identity()]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
