@@ -61,8 +61,8 @@ def test_a_new_sequence_starts_from_what_earlier_ones_saw():
     first draft; a sequence started after others that accepted 90% drafts from its first round
     (the pooled prior), and one started after rejections does not."""
     ctl = CostController(VerifyCostProfile((1, 8), (1.0, 1.3)), max_depth=6)
-    for _ in range(30):  # a moving average: settle it at half a target step
-        ctl.observe_draft_time(0.5)
+    for i in range(30):  # half a target step a depth, nothing fixed
+        ctl.observe_draft_time(0.5 * (1 + i % 4), 1 + i % 4)
     ctl.start(0)
     assert ctl.budget(0).depth == 0  # nothing seen yet: the prior alone does not pay
     for i in range(40):
@@ -71,8 +71,8 @@ def test_a_new_sequence_starts_from_what_earlier_ones_saw():
     ctl.start(1)
     assert ctl.budget(1).depth >= 3
     bad = CostController(VerifyCostProfile((1, 8), (1.0, 1.3)), max_depth=6)
-    for _ in range(30):
-        bad.observe_draft_time(0.5)
+    for i in range(30):
+        bad.observe_draft_time(0.5 * (1 + i % 4), 1 + i % 4)
     bad.start(0)
     for _ in range(40):
         bad.observe(0, *chain_round(5, 0))
@@ -120,3 +120,23 @@ def test_finished_sequences_are_forgotten():
             ctl.observe(s, *chain_round(2, 1))
             ctl.finish(s)
         assert not ctl._seqs
+
+
+def test_a_proposals_fixed_cost_is_not_charged_to_every_depth():
+    """A draft model's proposal pays a forward over the tokens accepted since its last one whatever
+    its depth, then a step a depth. Fitted apart, the fixed part does not make deeper drafts look
+    dearer: beside a drafter that is always right the controller drafts deeper than when the same
+    seconds are charged per depth (the speculator's old report: seconds / depth)."""
+    profile = VerifyCostProfile((1, 2, 4, 8, 16), (1.0, 1.08, 1.25, 1.7, 3.0))
+    fitted, per_depth = CostController(profile, max_depth=10), CostController(profile, max_depth=10)
+    for i in range(40):  # fixed 0.3, 0.2 a depth (of a target step)
+        d = 2 + i % 5
+        fitted.observe_draft_time(0.3 + 0.2 * d, d)
+    assert abs(fitted.draft_fixed_s - 0.3) < 1e-6 and abs(fitted.draft_step_s - 0.2) < 1e-6
+    per_depth.draft_step_s = (0.3 + 0.2 * 2) / 2  # what seconds / depth said at depth 2
+    accept = [0.95] * 10
+    assert fitted.best_depth(accept) > per_depth.best_depth(accept)
+    same = CostController(profile, max_depth=10)
+    for _ in range(10):  # one depth only: split as if the fixed part were one step
+        same.observe_draft_time(0.9, 2)
+    assert abs(same.draft_step_s - 0.3) < 1e-6 and abs(same.draft_fixed_s - 0.3) < 1e-6

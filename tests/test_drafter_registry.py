@@ -269,8 +269,8 @@ def test_controllers_observe_the_draft_time(vocab8):
     folder, target = vocab8
     cost = CostController(VerifyCostProfile((1, 4, 16), (1.0, 1.1, 2.0)), max_depth=4)
     for controller in (FixedController(2), AdaptiveController(max_depth=4), cost):
-        controller.observe_draft_time(0.0)
+        controller.observe_draft_time(0.0, 1)
     spec = Speculator(SpecOptions("early-exit:1"), ModelDrafter(target, parse_shape("chain"), num_layers=1),
                       cost, parse_shape("chain"))
     outputs(target, spec, GREEDY, n=8)
-    assert cost.draft_step_s > 0
+    assert cost.draft_step_s + cost.draft_fixed_s > 0

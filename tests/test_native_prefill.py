@@ -67,17 +67,17 @@ def test_a_drafters_long_prefill_takes_the_one_part_form(folder, monkeypatch):
 
 
 def test_short_or_huge_prefills(folder, monkeypatch):
-    """Fewer than TILE_ROWS rows: the native layer with the row kernel (0); attention scores past
-    NATIVE_FILL_SCORES floats, or no tile unit: the torch layers (None)."""
+    """Fewer than TILE_ROWS rows: the native layer with the row kernel (0); a workspace past
+    NATIVE_FILL_FLOATS, or no tile unit: the torch layers (None)."""
     from outrider.models import decoder as decoder_module
 
     m = load_decoder(folder, "cpu", "q4")
     short = pack([0], [0], [torch.tensor(PROMPT[: quant_linear.TILE_ROWS - 1])], logits="none", scratch_row=0)
     long = pack([0], [0], [torch.tensor(PROMPT)], logits="none", scratch_row=0)
     assert m._native_fill(short) == 0 and m._native_fill(long) == 3
-    monkeypatch.setattr(decoder_module, "NATIVE_FILL_SCORES", 1000)
+    monkeypatch.setattr(decoder_module, "NATIVE_FILL_FLOATS", 1000)
     assert m._native_fill(long) is None
-    monkeypatch.setattr(decoder_module, "NATIVE_FILL_SCORES", 1 << 24)
+    monkeypatch.setattr(decoder_module, "NATIVE_FILL_FLOATS", 1 << 26)
     monkeypatch.setattr(quant_linear, "_TILE_PREFILL", [False])
     assert m._native_fill(long) is None
 

@@ -35,8 +35,8 @@ class Controller(Protocol):
 
     def observe(self, seq_id: int, tree: DraftTree, result: VerifyResult) -> None: ...
 
-    def observe_draft_time(self, seconds_per_depth: float) -> None:
-        """A proposal took this long per depth drafted (measured by the speculator)."""
+    def observe_draft_time(self, seconds: float, depth: int) -> None:
+        """A proposal `depth` deep took `seconds` (one sequence's share; measured by the speculator)."""
 
     def budgets(self, seq_ids: list[int], batch_size: int, nodes_for: Callable[[int], int]) -> list[Budget]:
         """Budgets for the drafting sequences of one round whose verify forward carries
@@ -82,7 +82,7 @@ class FixedController(_PerSequence):
     def observe(self, seq_id: int, tree: DraftTree, result: VerifyResult) -> None:
         pass
 
-    def observe_draft_time(self, seconds_per_depth: float) -> None:
+    def observe_draft_time(self, seconds: float, depth: int) -> None:
         pass  # the depth is fixed
 
 
@@ -126,7 +126,7 @@ class AdaptiveController(_PerSequence):
         elif state.rate < self.lower_below:
             state.depth = max(1, state.depth - 1)
 
-    def observe_draft_time(self, seconds_per_depth: float) -> None:
+    def observe_draft_time(self, seconds: float, depth: int) -> None:
         pass  # acceptance alone moves the depth
 
 
@@ -144,8 +144,10 @@ class CostController:
 
     expected(d) = 1 + sum_{i<=d} prod_{j<=i} a_j   (a_j: acceptance at depth j given depth j-1
     was accepted; a decayed count per depth, its prior what earlier sequences of this controller
-    saw at that depth, or 0.5 before any). round_time(d) = verify_cost(d + 1) +
-    d * draft_step. The depth grows while the marginal tokens per marginal second beat the
+    saw at that depth, or 0.5 before any). round_time(d) = verify_cost(d + 1) + draft_fixed +
+    d * draft_step (d >= 1; draft_fixed: what a proposal costs whatever its depth, such as a draft
+    model's forward over the tokens accepted since its last one, fitted apart from the per-depth
+    step so that it does not make every depth look dearer). The depth grows while the marginal tokens per marginal second beat the
     current tokens per second (LibraSpec's marginal rule); the drafter may stop earlier on its own
     confidence through `Budget.min_confidence`.
 
@@ -165,7 +167,9 @@ class CostController:
         self.profile = profile
         self.max_depth = max_depth
         self.decay, self.prior, self.margin = decay, prior, margin
-        self.draft_step_s = 0.0  # drafting time per depth: a moving average of observe_draft_time
+        self.draft_step_s = 0.0  # drafting time per depth, and a proposal's fixed part: observe_draft_time
+        self.draft_fixed_s = 0.0
+        self._fit = [0.0] * 5  # decayed sums of 1, depth, seconds, depth^2, depth * seconds
         self.scale = 1.0  # measured batch verify time / the table's
         self._batch_source = batch_profile
         self._batch_table = None if callable(batch_profile) else batch_profile
@@ -202,7 +206,7 @@ class CostController:
 
     def best_depth(self, accept: list[float]) -> int:
         def cost(d: int) -> float:
-            return self.profile.cost(d + 1) + d * self.draft_step_s
+            return self.profile.cost(d + 1) + (self.draft_fixed_s + d * self.draft_step_s if d else 0.0)
 
         depth, survive, expected = 0, 1.0, 1.0
         for d in range(1, self.max_depth + 1):
@@ -242,8 +246,22 @@ class CostController:
                 if d < result.num_accepted:
                     counts.accepted[d] += 1.0
 
-    def observe_draft_time(self, seconds_per_depth: float) -> None:
-        self.draft_step_s = 0.8 * self.draft_step_s + 0.2 * seconds_per_depth
+    def observe_draft_time(self, seconds: float, depth: int) -> None:
+        """Fit seconds = fixed + depth * step over the recent proposals (least squares, decayed);
+        while the depths have not varied, split as if the fixed part were one step."""
+        if depth < 1:
+            return
+        fit = self._fit
+        for i, value in enumerate((1.0, depth, seconds, depth * depth, depth * seconds)):
+            fit[i] = 0.8 * fit[i] + value
+        n, sd, st, sdd, sdt = fit
+        mean_d, mean_t = sd / n, st / n
+        spread = sdd / n - mean_d * mean_d
+        if spread > 0.05:
+            self.draft_step_s = max(0.0, (sdt / n - mean_d * mean_t) / spread)
+            self.draft_fixed_s = max(0.0, mean_t - self.draft_step_s * mean_d)
+        else:
+            self.draft_step_s = self.draft_fixed_s = mean_t / (mean_d + 1.0)
 
     # -- a batch of sequences -----------------------------------------------------------------
     def prepare(self, max_batch: int) -> None:
@@ -270,7 +288,8 @@ class CostController:
         n = len(seq_ids)
 
         def round_time(d: int) -> float:
-            return self.scale * self.batch_cost(batch_size, 1 + nodes_for(d)) + d * n * self.draft_step_s
+            drafting = n * (self.draft_fixed_s + d * self.draft_step_s) if d else 0.0
+            return self.scale * self.batch_cost(batch_size, 1 + nodes_for(d)) + drafting
 
         survive = [1.0] * n
         tokens = float(batch_size)  # every sequence commits one token without drafts

@@ -17,9 +17,10 @@ from . import cpu_linear, quant_linear
 from .config import ModelConfig
 from .layers import apply_rotary, attention, embedding, fold_mask, linear, rms_norm, rotary_tables, swiglu_mlp
 
-# A native prefill's attention scores (rows x heads x cache rows, float32) past which the prefill
-# keeps the torch layers (the native layer holds them all at once: 64 MB).
-NATIVE_FILL_SCORES = 1 << 24
+# The native layer's workspace for a prefill (every row's qkv, attention output, MLP activations
+# and attention scores at once, float32; native/layer.py LayerCall) past which the prefill keeps
+# the torch layers: 256 MB (the Qwen 1.5B's prompts up to ~1,400 tokens, SmolLM2's ~2,500).
+NATIVE_FILL_FLOATS = 1 << 26
 
 
 @dataclass
@@ -145,14 +146,16 @@ class Decoder:
 
     def _native_fill(self, batch: ForwardBatch) -> int | None:
         """How a prefill (a forward that only fills the cache) runs natively: None, the torch layers
-        (no AMX tile unit here: their float GEMM beats the row kernel at many rows; or attention
-        scores past NATIVE_FILL_SCORES floats); 0, the native layer with the row kernel (fewer than
+        (no AMX tile unit here: their float GEMM beats the row kernel at many rows; or a workspace
+        past NATIVE_FILL_FLOATS); 0, the native layer with the row kernel (fewer than
         TILE_ROWS rows); 3, its products on the tile unit (fill.c); 1, the same with x rounded to
         bfloat16 (a drafter's prefill, or the lossy opt-in)."""
         if not quant_linear.tile_prefill():
             return None
-        rows = batch.tokens.numel()
-        if rows * self.config.num_heads * (batch.kv_len + 8) > NATIVE_FILL_SCORES:
+        c, rows = self.config, batch.tokens.numel()
+        per_row = ((c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim + c.hidden_size
+                   + 3 * c.intermediate_size + c.num_heads * (batch.kv_len + 8))  # LayerCall.work's floats a row
+        if rows * per_row > NATIVE_FILL_FLOATS:
             return None
         if rows < quant_linear.TILE_ROWS:
             return 0

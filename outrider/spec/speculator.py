@@ -199,10 +199,10 @@ class Speculator:
             start = time.perf_counter()
             drafted = propose_batch(self.drafter, [seqs[i].seq_id for i, _ in todo],
                                     [seqs[i].tokens for i, _ in todo], [b for _, b in todo])
-            # one sequence's share of a draft depth (the controller weighs it against one
-            # sequence's verify cost)
+            # one sequence's share of the proposal (the controller weighs it against one
+            # sequence's verify cost), and its depth
             depth = max(b.depth for _, b in todo)
-            self.controller.observe_draft_time((time.perf_counter() - start) / depth / len(todo))
+            self.controller.observe_draft_time((time.perf_counter() - start) / len(todo), depth)
             for (i, _), tree in zip(todo, drafted):
                 trees[i] = tree
         for seq, tree in zip(seqs, trees):

@@ -197,7 +197,7 @@ class NativeWeight:
 
     def tensors(self) -> list[torch.Tensor]:
         """The tensors it reads (a FACTORED q4_1's mins are its scales' bytes: counted once)."""
-        return [t for t in (self.q, self.d, self.m) if t is not None and (t is not self.m or t is not self.d)]
+        return [self.q, self.d] + ([self.m] if self.m is not None and self.m is not self.d else [])
 
 
 def qmatmul(x: torch.Tensor, weight: "NativeWeight | QuantBlocks") -> torch.Tensor:
