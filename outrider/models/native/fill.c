@@ -34,6 +34,7 @@ int outrider_fill_ok(void);
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512BW__) && \
     defined(__AVX512VBMI__)
 #include <immintrin.h>
+#include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -258,11 +259,17 @@ int outrider_fill_matmul(int kind, const float *x, int64_t M, int64_t K, const v
     /* blocks of at most NC pairs, at least one a thread */
     const int64_t per = (pairs + threads - 1) / threads < NC ? (pairs + threads - 1) / threads : NC;
     const int64_t nblocks = (pairs + per - 1) / per;
+    /* each thread's scratch, allocated here (a failure returns -1 before any work): weight tiles
+     * B, their scales sc, the sums of a weight pair acc */
+    const size_t b_bytes = (size_t)NC * 2 * chunk * 8 * qk * sizeof(uint32_t), sc_bytes = NC * 4 * chunk * 16 * sizeof(float);
+    const size_t per_thread = b_bytes + sc_bytes + 2 * 256 * sizeof(float);  /* all multiples of 64 */
     uint16_t *xs = aligned_alloc(64, (size_t)(parts * Mp * K * 2));
     float *s = q41 ? malloc((size_t)(Mp * (K / 32)) * sizeof(float)) : 0;
-    if (!xs || (q41 && !s)) {
+    uint8_t *scratch = aligned_alloc(64, per_thread * (size_t)threads);
+    if (!xs || (q41 && !s) || !scratch) {
         free(xs);
         free(s);
+        free(scratch);
         return -1;
     }
 #pragma omp parallel num_threads(threads)
@@ -274,9 +281,9 @@ int outrider_fill_matmul(int kind, const float *x, int64_t M, int64_t K, const v
             uint16_t *const dst[3] = {xs + at, xs + Mp * K + at, xs + 2 * Mp * K + at};
             split_row(x + r * K, K, qk, parts, r < M, dst, s ? s + r * (K / 32) : 0);
         }
-        uint32_t *B = aligned_alloc(64, NC * 2 * chunk * 8 * qk * sizeof(uint32_t));
-        float *sc = malloc(NC * 4 * chunk * 16 * sizeof(float));
-        float *acc = aligned_alloc(64, 2 * 256 * sizeof(float));
+        uint8_t *mine = scratch + per_thread * (size_t)omp_get_thread_num();
+        uint32_t *B = (uint32_t *)mine;
+        float *sc = (float *)(mine + b_bytes), *acc = (float *)(mine + b_bytes + sc_bytes);
 #pragma omp for schedule(static)
         for (int64_t blk = 0; blk < nblocks; blk++) {
             const int64_t p0 = blk * per, p1 = p0 + per < pairs ? p0 + per : pairs;
@@ -308,13 +315,11 @@ int outrider_fill_matmul(int kind, const float *x, int64_t M, int64_t K, const v
                     }
             }
         }
-        free(B);
-        free(sc);
-        free(acc);
         _tile_release();
     }
     free(xs);
     free(s);
+    free(scratch);
     return 0;
 }
 

@@ -13,7 +13,8 @@
  * batch (a k-token verify gives each row what a 1-token step gives) and whatever the thread
  * count. A prefill (`fill` 3 or 1, decoder.py's _native_fill) multiplies on the AMX tiles instead
  * (fill.c), and splits the per-row steps between the threads. A weight may be a stack of parts of
- * different kinds (QWeight.parts), each multiplied on its own into its columns. Rotary is torch's formula, x * cos + (-x2 or x1) * sin, operation for operation.
+ * different kinds (QWeight.parts), each multiplied on its own into its columns. Rotary is torch's
+ * formula, x * cos + (-x2 or x1) * sin, operation for operation.
  *
  * h_in: the qkv product's input [R, w[0].in] when the caller normed it itself (an EAGLE-3 head's
  * [norm(embedding) ; norm(hidden)]); NULL: rmsnorm(x) with in_norm, as a decoder layer.
