@@ -62,11 +62,15 @@ SEED = 7000  # request i has seed SEED + i (the model drafter draws from its own
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """Target and an independent one-layer draft model, both Llama with the 8-token vocabulary."""
+    """Target and an independent one-layer draft model, both Llama with the 8-token vocabulary,
+    and the draft model again with a reduced head (tokens 0, 2, 3, 5, 6: it never proposes 1, 4
+    or 7, which the target does produce)."""
     root = tmp_path_factory.mktemp("vocab8")
     target = load_decoder(make_tiny("llama", root / "target", vocab=VOCAB, seed=0), "cpu")
-    draft = load_decoder(make_tiny("llama", root / "draft", vocab=VOCAB, seed=3, layers=1), "cpu")
-    return target, draft
+    folder = make_tiny("llama", root / "draft", vocab=VOCAB, seed=3, layers=1)
+    draft = load_decoder(folder, "cpu")
+    reduced = load_decoder(folder, "cpu", head_ids=torch.tensor([0, 2, 3, 5, 6]))
+    return target, draft, reduced
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -164,26 +168,29 @@ def run_many(target, spec: Speculator, params: SamplingParams, runs: int) -> tup
 
 
 # -- the cases ----------------------------------------------------------------------------------
-# name: (make the speculator from (target, draft), sampling, the verifier it must get, runs)
+# name: (make the speculator from (target, draft, reduced draft), sampling, the verifier it must get, runs)
 CASES = {
     "early_exit_chain": (
-        lambda t, d: speculator(ModelDrafter(t, parse_shape("chain"), num_layers=1, name="early-exit:1"), "chain", 2),
+        lambda t, d, r: speculator(ModelDrafter(t, parse_shape("chain"), num_layers=1, name="early-exit:1"), "chain", 2),
         SamplingParams(temperature=0.8, top_k=6), "rejection_chain", 600),
     "ngram_chain": (
-        lambda t, d: speculator(NgramDrafter(), "chain", 3),
+        lambda t, d, r: speculator(NgramDrafter(), "chain", 3),
         SamplingParams(temperature=0.8), "chain_walk", 1000),
     "static_tree": (
-        lambda t, d: speculator(ModelDrafter(t, parse_shape("static:2,2"), num_layers=1, name="early-exit:1"),
+        lambda t, d, r: speculator(ModelDrafter(t, parse_shape("static:2,2"), num_layers=1, name="early-exit:1"),
                                 "static:2,2", 2),
         SamplingParams(temperature=1.0, top_p=0.9), "tree_walk", 400),
     "draft_model_chain": (
-        lambda t, d: speculator(ModelDrafter(d, parse_shape("chain"), name="draft-model:tiny"), "chain", 2),
+        lambda t, d, r: speculator(ModelDrafter(d, parse_shape("chain"), name="draft-model:tiny"), "chain", 2),
         SamplingParams(temperature=0.8, top_k=5, top_p=0.95), "rejection_chain", 500),
+    "draft_model_reduced_vocab": (
+        lambda t, d, r: speculator(ModelDrafter(r, parse_shape("chain"), name="draft-model:tiny,vocab=5"), "chain", 2),
+        SamplingParams(temperature=0.8, top_k=6), "rejection_chain", 500),
     "eagle3_chain": (
-        lambda t, d: eagle3_speculator(t, "chain", 2),
+        lambda t, d, r: eagle3_speculator(t, "chain", 2),
         SamplingParams(temperature=0.9, top_k=6), "rejection_chain", 500),
     "eagle3_dynamic_tree": (
-        lambda t, d: eagle3_speculator(t, "dynamic:2,4", 2),
+        lambda t, d, r: eagle3_speculator(t, "dynamic:2,4", 2),
         SamplingParams(temperature=1.0, top_p=0.95), "tree_walk", 400),
 }
 
@@ -251,7 +258,7 @@ def test_same_seed_same_tokens(models, case):
 
 
 def test_sampling_differs_from_greedy(models):
-    target, _ = models
+    target = models[0]
     make, params, _, _ = CASES["early_exit_chain"]
     greedy = outputs(target, make(*models), SamplingParams(), [None], n=12)[0]
     assert outputs(target, None, SamplingParams(), [None], n=12)[0] == greedy  # speculation keeps greedy

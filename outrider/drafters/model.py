@@ -77,6 +77,11 @@ class ModelDrafter:
         self.num_layers = num_layers
         self.name = name
         self.target_vocab = target_vocab or decoder.config.vocab_size
+        # a reduced head (Decoder.head_ids): logits column i is token ids[i]; it proposes no other
+        ids = decoder.head_ids
+        if ids is not None and int(ids.max()) >= self.target_vocab:
+            raise ValueError(f"{name}: its draft vocabulary holds ids past the target's {self.target_vocab} tokens")
+        self.ids = None if ids is None else ids.cpu()
         self.batched = batched
         if share_target_cache:
             self.capabilities = replace(type(self).capabilities, reads_target_cache=True)
@@ -221,12 +226,24 @@ class ModelDrafter:
         return self._dynamic(st, root, q_root, depth, min(budget.nodes, self.shape.max_nodes))
 
     def _q(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-        """The drafter's distribution over the target's vocabulary: [..., target_vocab]."""
+        """The drafter's distribution over the target's vocabulary: [..., target_vocab] (zero
+        outside a reduced head's tokens)."""
         probs = warp_probs(logits, params)
+        if self.ids is not None:
+            full = probs.new_zeros(*probs.shape[:-1], self.target_vocab)
+            return full.index_copy_(-1, self.ids.to(probs.device), probs)
         extra = self.target_vocab - probs.shape[-1]
         if extra > 0:
             probs = torch.nn.functional.pad(probs, (0, extra))
         return probs[..., : self.target_vocab]
+
+    def _columns(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits of tokens the target has: [..., columns] (all of a reduced head's)."""
+        return logits if self.ids is not None else logits[..., : self.target_vocab]
+
+    def _tokens(self, columns: torch.Tensor) -> list:
+        """Column indices of `_columns` -> token ids (nested lists as `tolist` gives)."""
+        return (columns if self.ids is None else self.ids[columns.cpu()]).tolist()
 
     def _chain(self, st: _State, root: int, q_root: torch.Tensor, k: int) -> Grower:
         sampling = not st.params.greedy
@@ -235,7 +252,7 @@ class ModelDrafter:
         rng = st.rng.at(st.base + 1)  # offset d - 1: the token at depth d (position base + d)
         for d in range(1, k + 1):
             q = self._q(logits, st.params)
-            token = rng.categorical(q, offset=d - 1) if sampling else int(logits[: self.target_vocab].argmax())
+            token = rng.categorical(q, offset=d - 1) if sampling else self._tokens(self._columns(logits).argmax())
             drafts.append(token)
             qs.append(q)
             if d < k:
@@ -252,7 +269,7 @@ class ModelDrafter:
         frontier, frontier_logits = [0], q_root.unsqueeze(0)  # [f, vocab]
         for d in range(depth):
             width = self.shape.branching[d]
-            top = frontier_logits[:, : self.target_vocab].topk(width, dim=-1).indices.tolist()
+            top = self._tokens(self._columns(frontier_logits).topk(width, dim=-1).indices)
             new = []
             for node, children in zip(frontier, top):
                 for token in children:
@@ -278,11 +295,11 @@ class ModelDrafter:
         tokens, parents = [root], [-1]
         frontier, frontier_logits = [0], q_root.unsqueeze(0)
         for d in range(depth):
-            logp = torch.log_softmax(frontier_logits[:, : self.target_vocab].float(), dim=-1)
+            logp = torch.log_softmax(self._columns(frontier_logits).float(), dim=-1)
             top = logp.topk(k, dim=-1)
             scored = []
             for row, cid in enumerate(frontier):
-                for lp, token in zip(top.values[row].tolist(), top.indices[row].tolist()):
+                for lp, token in zip(top.values[row].tolist(), self._tokens(top.indices[row])):
                     cand.append((token, cid, cand[cid][2] + lp))
                     scored.append(len(cand) - 1)
             best = heapq.nlargest(k, scored, key=lambda c: cand[c][2])

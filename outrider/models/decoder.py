@@ -51,6 +51,9 @@ class Decoder:
         self.norm = norm  # [E]
         self.lm_head = lm_head  # [vocab, E]; the same tensor as embed when tied (a QuantLinear when quantized)
         self.quantization = quantization  # None, or "q8_0" / "q4": what load_decoder was asked for
+        # long [n] sorted token ids when the head keeps only their rows (a drafter's reduced
+        # vocabulary; logits column i is token head_ids[i]); None: every token, in id order
+        self.head_ids: torch.Tensor | None = None
         self._native = None  # native/layer.py NativeLayers, chosen at the first forward
         # a draft model's: its prompt may be multiplied in bfloat16 (quant_linear.filling; its
         # numerics change only what it proposes, never what is committed)

@@ -137,10 +137,12 @@ def auto_dtype(folder: str | Path, device: torch.device | str | None = None) -> 
 
 
 def load_decoder(folder: str | Path, device: torch.device | str | None = None,
-                 dtype: torch.dtype | str | None = None) -> Decoder:
+                 dtype: torch.dtype | str | None = None, head_ids: torch.Tensor | None = None) -> Decoder:
     """dtype: a float dtype, or "q8_0" / "q4" / "gguf" (and the -bf16-lossy forms) for weights kept
     quantized (see quant_load.py); None: the device's float default (callers wanting the model's
-    own quantization pass `auto_dtype(folder, device)`)."""
+    own quantization pass `auto_dtype(folder, device)`). head_ids: long [n], sorted token ids:
+    the output head keeps only their rows (a drafter's reduced vocabulary: logits column i is
+    token head_ids[i]; `Decoder.head_ids`)."""
     folder = Path(folder)
     config = ModelConfig.load(folder)
     device = resolve_device(device)
@@ -174,8 +176,17 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
             gate_up=proj(mlp + "gate_proj.weight", mlp + "up_proj.weight"),
             down=proj(mlp + "down_proj.weight"),
         ))
-    if weights.has("lm_head.weight") and not config.tie_word_embeddings:
-        lm_head = proj("lm_head.weight")
+    head = "lm_head.weight" if weights.has("lm_head.weight") and not config.tie_word_embeddings else None
+    if head_ids is not None:
+        if head_ids.numel() == 0 or int(head_ids.min()) < 0 or int(head_ids.max()) >= config.vocab_size:
+            raise ModelError(f"{folder}: head_ids must be token ids in 0..{config.vocab_size - 1}")
+        name = head or "model.embed_tokens.weight"
+        lm_head = (weights.projection([name], dtype, device, rows=head_ids) if quantized
+                   else weights.get(name, dtype, device).index_select(0, head_ids.to(device)))
+    elif head:
+        lm_head = proj(head)
     else:
         lm_head = embed if not quantized else proj("model.embed_tokens.weight")  # tied: the same blocks
-    return Decoder(config, embed, layers, get("model.norm.weight"), lm_head, quantization=quantized)
+    decoder = Decoder(config, embed, layers, get("model.norm.weight"), lm_head, quantization=quantized)
+    decoder.head_ids = head_ids
+    return decoder

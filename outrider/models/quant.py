@@ -87,7 +87,8 @@ class QuantBlocks:
     def rows(self, index: torch.Tensor | slice) -> "QuantBlocks":
         """The blocks of the rows `index` (a slice, or a long tensor of row ids)."""
         m = self.m[index] if self.m is not None else None
-        return replace(self, q=self.q[index], d=self.d[index], m=m)
+        factored = self.factored[index] if self.factored is not None else None
+        return replace(self, q=self.q[index], d=self.d[index], m=m, factored=factored)
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """ids: [...] long -> [..., in] in `dtype`: an embedding lookup that reads only those rows."""

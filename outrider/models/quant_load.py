@@ -139,10 +139,14 @@ class QuantTensors:
             return self.gguf.floats(name).to(device=device, dtype=dtype)
         return self.floats.get(name, dtype, device)
 
-    def projection(self, names: list[str], dtype: torch.dtype, device: torch.device):
+    def projection(self, names: list[str], dtype: torch.dtype, device: torch.device,
+                   rows: torch.Tensor | None = None):
         """The weights `names` stacked along `out` as one QuantLinear (a float tensor when they
-        cannot be quantized, a RowStack when their kinds differ)."""
+        cannot be quantized, a RowStack when their kinds differ); `rows`: only those rows of a
+        single weight (a drafter's reduced output head)."""
         parts = [self._weight(n) for n in names]
+        if rows is not None:
+            parts = [p.rows(rows) if isinstance(p, QuantBlocks) else p.index_select(0, rows) for p in parts]
         if all(isinstance(p, QuantBlocks) for p in parts) and len({p.kind for p in parts}) == 1:
             return self._linear(cat_rows(parts), dtype, device)
         if all(isinstance(p, torch.Tensor) for p in parts):
