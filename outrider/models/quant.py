@@ -105,7 +105,10 @@ class QuantBlocks:
 
 
 def cat_rows(parts: list[QuantBlocks]) -> QuantBlocks:
-    """Stack weights of one kind along `out` (fusing Q/K/V or gate/up projections)."""
+    """Stack weights of one kind along `out` (fusing Q/K/V or gate/up projections); one weight
+    comes back as it is (a tied head shares the embedding's blocks, not a copy)."""
+    if len(parts) == 1:
+        return parts[0]
     kinds = {p.kind for p in parts}
     if len(kinds) != 1:
         raise ValueError(f"cannot stack blocks of different kinds {sorted(kinds)}")
