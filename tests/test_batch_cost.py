@@ -87,8 +87,8 @@ def test_measured_verify_time_scales_the_table():
     for _ in range(40):
         ctl.observe_verify_time(16, 2, 3 * XEON.cost(16, 2))
     assert ctl.scale == pytest.approx(3.0, rel=0.01)
-    ctl.observe_verify_time(1, 2, 100.0)  # one sequence: the single-sequence rule, not scaled
-    assert ctl.scale == pytest.approx(3.0, rel=0.01)
+    ctl.observe_verify_time(1, 2, 100.0)  # one sequence: the single-sequence profile's scale, not the table's
+    assert ctl.scale == pytest.approx(3.0, rel=0.01) and ctl.scale_one > 1.0
 
 
 def test_one_sequence_keeps_the_single_sequence_rule():

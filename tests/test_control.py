@@ -140,3 +140,20 @@ def test_a_proposals_fixed_cost_is_not_charged_to_every_depth():
     for _ in range(10):  # one depth only: split as if the fixed part were one step
         same.observe_draft_time(0.9, 2)
     assert abs(same.draft_step_s - 0.3) < 1e-6 and abs(same.draft_fixed_s - 0.3) < 1e-6
+
+
+def test_one_sequence_verify_costs_follow_the_measured_times():
+    """The draft times are measured live; when verify forwards take twice what the profile says
+    (a busier machine than when it was measured), the same draft seconds are cheaper beside them
+    and the controller drafts deeper than on the profile's word."""
+    profile = VerifyCostProfile((1, 2, 4, 8, 16), (1.0, 1.08, 1.25, 1.7, 3.0))
+    measured, unmeasured = CostController(profile, max_depth=10), CostController(profile, max_depth=10)
+    for ctl in (measured, unmeasured):
+        for i in range(40):
+            ctl.observe_draft_time(0.6 + 0.5 * (2 + i % 3), 2 + i % 3)  # a costly drafter
+    for _ in range(40):
+        measured.observe_verify_time(1, 4, 2 * profile.cost(4))
+    assert measured.scale_one == pytest.approx(2.0, rel=0.01) and unmeasured.scale_one == 1.0
+    accept = [0.9] * 10
+    assert measured.best_depth(accept) > unmeasured.best_depth(accept)
+    assert measured.scale == 1.0  # the batch table's scale is its own

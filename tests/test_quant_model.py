@@ -122,6 +122,18 @@ def test_projection_with_ragged_input_stays_float(tiny_folders):
     assert isinstance(model.layers[0].gate_up, QuantLinear)
 
 
+def test_tied_head_shares_the_embedding_blocks(tiny_folders):
+    """A tied head multiplies with the embedding table's own codes (no second copy in memory)."""
+    from outrider.models import native
+
+    if not native.available():
+        pytest.skip(native.reason())
+    for dtype in ("q4", "q8_0"):
+        model = load_decoder(tiny_folders["llama-tied"], "cpu", dtype)
+        assert model.lm_head.kernel == "native"
+        assert model.lm_head.state["weight"].q.data_ptr() == model.embed.q.data_ptr()
+
+
 # -- greedy speculative == greedy autoregressive, on the quantized model ---------------------------
 
 def prompts():

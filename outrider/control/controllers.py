@@ -144,10 +144,11 @@ class CostController:
 
     expected(d) = 1 + sum_{i<=d} prod_{j<=i} a_j   (a_j: acceptance at depth j given depth j-1
     was accepted; a decayed count per depth, its prior what earlier sequences of this controller
-    saw at that depth, or 0.5 before any). round_time(d) = verify_cost(d + 1) + draft_fixed +
+    saw at that depth, or 0.5 before any). round_time(d) = s * verify_cost(d + 1) + draft_fixed +
     d * draft_step (d >= 1; draft_fixed: what a proposal costs whatever its depth, such as a draft
     model's forward over the tokens accepted since its last one, fitted apart from the per-depth
-    step so that it does not make every depth look dearer). The depth grows while the marginal tokens per marginal second beat the
+    step so that it does not make every depth look dearer; s: measured verify time over the
+    profile's, a moving average, since the draft times are measured live). The depth grows while the marginal tokens per marginal second beat the
     current tokens per second (LibraSpec's marginal rule); the drafter may stop earlier on its own
     confidence through `Budget.min_confidence`.
 
@@ -171,6 +172,10 @@ class CostController:
         self.draft_fixed_s = 0.0
         self._fit = [0.0] * 5  # decayed sums of 1, depth, seconds, depth^2, depth * seconds
         self.scale = 1.0  # measured batch verify time / the table's
+        # measured one-sequence verify time / the profile's: the draft times are measured live, so
+        # the verify costs they are weighed against must be too (a profile measured on a quieter
+        # machine made every draft look dearer, and the depths shallower)
+        self.scale_one = 1.0
         self._batch_source = batch_profile
         self._batch_table = None if callable(batch_profile) else batch_profile
         self._seqs: dict[int, _PerPosition] = {}
@@ -206,7 +211,8 @@ class CostController:
 
     def best_depth(self, accept: list[float]) -> int:
         def cost(d: int) -> float:
-            return self.profile.cost(d + 1) + (self.draft_fixed_s + d * self.draft_step_s if d else 0.0)
+            verify = self.scale_one * self.profile.cost(d + 1)
+            return verify + (self.draft_fixed_s + d * self.draft_step_s if d else 0.0)
 
         depth, survive, expected = 0, 1.0, 1.0
         for d in range(1, self.max_depth + 1):
@@ -312,7 +318,13 @@ class CostController:
         return [Budget(depth=depth, nodes=nodes_for(depth) if depth else 0, min_confidence=confidence)] * n
 
     def observe_verify_time(self, batch_size: int, width: int, seconds: float) -> None:
-        if batch_size <= 1 or seconds <= 0:
+        """A round's verify took `seconds`: the scale of the batch table (batch_size > 1) or of
+        the one-sequence profile follows it (moving averages, each ratio clamped to 0.2-5)."""
+        if seconds <= 0:
+            return
+        if batch_size <= 1:
+            ratio = seconds / max(self.profile.cost(width), 1e-9)
+            self.scale_one = 0.8 * self.scale_one + 0.2 * min(5.0, max(0.2, ratio))
             return
         ratio = seconds / max(self.batch_cost(batch_size, width), 1e-9)
         self.scale = 0.8 * self.scale + 0.2 * min(5.0, max(0.2, ratio))

@@ -189,8 +189,4 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
         lm_head = embed if not quantized else proj("model.embed_tokens.weight")  # tied: the same blocks
     decoder = Decoder(config, embed, layers, get("model.norm.weight"), lm_head, quantization=quantized)
     decoder.head_ids = head_ids
-    if quantized and device.type == "cpu":
-        from .native import pages
-
-        pages.place(decoder)  # the native kernel's weights in 2 MB pages where Linux gives them
     return decoder
