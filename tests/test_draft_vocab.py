@@ -4,7 +4,7 @@ them, and the output stays the target's (greedy here; sampled in test_spec_sampl
 
 import pytest
 import torch
-from test_spec_greedy_equal import SHAPES, run, speculator
+from test_spec_greedy_equal import SHAPES, plain, run, speculator, target  # noqa: F401 (fixtures)
 
 from outrider.drafters.draft_model import DraftModel, draft_vocab_ids, parse_argument
 from outrider.drafters.model import ModelDrafter
@@ -15,16 +15,6 @@ from outrider.sampling import SamplingParams
 from outrider.spec.shapes import parse_shape
 
 KEPT = torch.tensor([0, 2, 5, 6, 7] + list(range(10, 60, 3)) + [95])  # sorted, not a prefix
-
-
-@pytest.fixture(scope="module")
-def target(tiny_folders):
-    return load_decoder(tiny_folders["llama"], "cpu")
-
-
-@pytest.fixture(scope="module")
-def plain(target):
-    return run(target)
 
 
 def test_parse_vocab_option():
