@@ -148,9 +148,10 @@ class CostController:
     d * draft_step (d >= 1; draft_fixed: what a proposal costs whatever its depth, such as a draft
     model's forward over the tokens accepted since its last one, fitted apart from the per-depth
     step so that it does not make every depth look dearer; s: measured verify time over the
-    profile's, a moving average, since the draft times are measured live). The depth grows while the marginal tokens per marginal second beat the
-    current tokens per second (LibraSpec's marginal rule); the drafter may stop earlier on its own
-    confidence through `Budget.min_confidence`.
+    profile's, a moving average, since the draft times are measured live). The depth grows while
+    the marginal tokens per marginal second beat the current tokens per second (LibraSpec's
+    marginal rule); the drafter may stop earlier on its own confidence through
+    `Budget.min_confidence`.
 
     A round of B > 1 sequences is one forward padded to its widest tree (models/batch.py), so the
     batch takes one depth d, the one that maximises
