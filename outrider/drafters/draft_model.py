@@ -116,5 +116,5 @@ def tokenizer_mismatch(target_path: Path, draft_path: Path) -> str | None:
     return None
 
 
-register(DrafterEntry("draft-model", "draft-model:NAME", ModelDrafter.capabilities, build=build,
+register(DrafterEntry("draft-model", "draft-model:NAME[@DTYPE][,vocab=N]", ModelDrafter.capabilities, build=build,
                       parse_argument=parse_argument, models_needed=models_needed, check_fits=check_fits))
