@@ -134,6 +134,16 @@ def test_tied_head_shares_the_embedding_blocks(tiny_folders):
         assert model.lm_head.state["weight"].q.data_ptr() == model.embed.q.data_ptr()
 
 
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads Linux's /proc/self/maps")
+def test_a_quantized_load_leaves_no_file_mapped(tiny_folders):
+    """The weights were read and quantized: the model keeps no view into the memory-mapped file
+    (a kept norm vector would keep every page of it mapped and resident)."""
+    folder = tiny_folders["llama"]
+    model = load_decoder(folder, "cpu", "q4")
+    mapped = [line for line in Path("/proc/self/maps").read_text().splitlines() if str(folder) in line]
+    assert model.layers and not mapped
+
+
 # -- greedy speculative == greedy autoregressive, on the quantized model ---------------------------
 
 def prompts():

@@ -6,6 +6,8 @@ projections are fused at load time so a layer does two matmuls fewer per token.
 
 from __future__ import annotations
 
+import gc
+
 import re
 from pathlib import Path
 
@@ -189,4 +191,7 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
         lm_head = embed if not quantized else proj("model.embed_tokens.weight")  # tied: the same blocks
     decoder = Decoder(config, embed, layers, get("model.norm.weight"), lm_head, quantization=quantized)
     decoder.head_ids = head_ids
+    if quantized:
+        del weights, get, proj
+        gc.collect()  # the GGUF reader's objects hold its memory map in cycles: unmap it now, not at some later collection
     return decoder

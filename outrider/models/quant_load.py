@@ -137,7 +137,9 @@ class QuantTensors:
             return table.to(device=device, dtype=dtype)
         if self.gguf:
             return self.gguf.floats(name).to(device=device, dtype=dtype)
-        return self.floats.get(name, dtype, device)
+        # a copy: a view would keep the whole memory-mapped safetensors file (every weight read
+        # for quantizing) mapped and resident for the model's life, for a few norm vectors
+        return self.floats.get(name, dtype, device).clone()
 
     def projection(self, names: list[str], dtype: torch.dtype, device: torch.device,
                    rows: torch.Tensor | None = None):
