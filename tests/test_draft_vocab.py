@@ -35,9 +35,10 @@ def test_draft_vocab_ids_keep_the_added_tokens(tiny_folders, tmp_path):
 
 
 @pytest.mark.parametrize("dtype", [None, "q8_0"])
-def test_reduced_head_gives_the_full_heads_columns(tiny_folders, dtype):
-    full = load_decoder(tiny_folders["llama-draft"], "cpu", dtype)
-    reduced = load_decoder(tiny_folders["llama-draft"], "cpu", dtype, head_ids=KEPT)
+@pytest.mark.parametrize("folder", ["llama-draft", "llama-tied"])
+def test_reduced_head_gives_the_full_heads_columns(tiny_folders, dtype, folder):
+    full = load_decoder(tiny_folders[folder], "cpu", dtype)
+    reduced = load_decoder(tiny_folders[folder], "cpu", dtype, head_ids=KEPT)
     assert reduced.head_ids is KEPT and full.head_ids is None
     logits = []
     for model in (full, reduced):

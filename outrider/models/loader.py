@@ -7,7 +7,6 @@ projections are fused at load time so a layer does two matmuls fewer per token.
 from __future__ import annotations
 
 import gc
-
 import re
 from pathlib import Path
 
@@ -182,9 +181,11 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
     if head_ids is not None:
         if head_ids.numel() == 0 or int(head_ids.min()) < 0 or int(head_ids.max()) >= config.vocab_size:
             raise ModelError(f"{folder}: head_ids must be token ids in 0..{config.vocab_size - 1}")
-        name = head or "model.embed_tokens.weight"
-        lm_head = (weights.projection([name], dtype, device, rows=head_ids) if quantized
-                   else weights.get(name, dtype, device).index_select(0, head_ids.to(device)))
+        if quantized:
+            lm_head = weights.projection([head or "model.embed_tokens.weight"], dtype, device, rows=head_ids)
+        else:  # tied: the rows of the table already loaded
+            full = weights.get(head, dtype, device) if head else embed
+            lm_head = full.index_select(0, head_ids.to(device))
     elif head:
         lm_head = proj(head)
     else:
