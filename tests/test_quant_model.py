@@ -325,7 +325,7 @@ def test_llm_takes_quantized_dtypes(tiny_folders):
     llm = LLM(str(tiny_folders["llama"]), dtype="q8_0", drafter="suffix")
     assert isinstance(llm.target.layers[0].qkv, QuantLinear)
     assert isinstance(llm.generate("w5 w6 w7", max_new_tokens=8).text, str)
-    with pytest.raises(ConfigError, match="q8_0, q4, q4_0, gguf, q8_0-bf16-lossy or q4-bf16-lossy"):
+    with pytest.raises(ConfigError, match="q8_0, q4, q4_0, gguf, q8_0-i8, q4-i8, q4_0-i8, gguf-i8, q8_0-bf16-lossy, q4-bf16-lossy"):
         LLM(str(tiny_folders["llama"]), dtype="q3")
 
 

@@ -151,16 +151,18 @@ class Decoder:
         """How a prefill (a forward that only fills the cache) runs natively: None, the torch layers
         (no AMX tile unit here: their float GEMM beats the row kernel at many rows; or a workspace
         past NATIVE_FILL_FLOATS); 0, the native layer with the row kernel (fewer than
-        TILE_ROWS rows); 3, its products on the tile unit (fill.c); 1, the same with x rounded to
+        TILE_ROWS rows, or int8-activation weights, whose row kernel is the fast one at any
+        count); 3, its products on the tile unit (fill.c); 1, the same with x rounded to
         bfloat16 (a drafter's prefill, or the lossy opt-in)."""
-        if not quant_linear.tile_prefill():
+        lanes = self._native.lanes
+        if not lanes and not quant_linear.tile_prefill():
             return None
         c, rows = self.config, batch.tokens.numel()
         per_row = ((c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim + c.hidden_size
                    + 3 * c.intermediate_size + c.num_heads * (batch.kv_len + 8))  # LayerCall.work's floats a row
         if rows * per_row > NATIVE_FILL_FLOATS:
             return None
-        if rows < quant_linear.TILE_ROWS:
+        if lanes or rows < quant_linear.TILE_ROWS:
             return 0
         return 1 if self.drafter_prefill_bf16 or quant_linear.bf16_prefill() else 3
 

@@ -16,6 +16,7 @@ from safetensors import SafetensorError, safe_open
 from ..errors import ConfigError, ModelError
 from .config import ModelConfig
 from .decoder import Decoder, LayerWeights
+from .quant_load import QUANT_DTYPES
 
 
 DEVICES = "cpu, cuda, cuda:N or mps"  # the forms `resolve_device` accepts
@@ -108,7 +109,7 @@ class _Tensors:
 
 DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
                "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-               "q8_0": "q8_0", "q4": "q4", "q4_0": "q4_0", "gguf": "gguf", "q8_0-bf16-lossy": "q8_0-bf16-lossy", "q4-bf16-lossy": "q4-bf16-lossy"}
+               **{name: name for name in QUANT_DTYPES}}
 
 
 def parse_dtype(name: str | None) -> torch.dtype | str | None:
@@ -117,8 +118,7 @@ def parse_dtype(name: str | None) -> torch.dtype | str | None:
     if name is None:
         return None
     if name not in DTYPE_NAMES:
-        raise ConfigError(f"unknown dtype '{name}': use float32, bfloat16, float16, q8_0, q4, q4_0, gguf, "
-                          "q8_0-bf16-lossy or q4-bf16-lossy")
+        raise ConfigError(f"unknown dtype '{name}': use float32, bfloat16, float16, {', '.join(QUANT_DTYPES)}")
     return DTYPE_NAMES[name]
 
 

@@ -74,10 +74,14 @@ def _int4pack_ok(blocks: QuantBlocks) -> bool:
             and blocks.kind in ("q8_0", "q4_0", "q4_1"))
 
 
-def choose_kernel(blocks: QuantBlocks, fast: bool = False, dtype: torch.dtype = torch.float32) -> str:
+def choose_kernel(blocks: QuantBlocks, fast: bool = False, dtype: torch.dtype = torch.float32,
+                  i8: bool = False) -> str:
     """The kernel a weight gets on its device: "native" where it builds, else "blockwise" (both
     float32, exact values), or with `fast` torch's int4 kernel in bfloat16 where it is vectorized
-    (see the module docstring)."""
+    (see the module docstring); with `i8`, "i8" (int8 activations: the caller checks
+    native.lanes_available())."""
+    if i8:
+        return "i8"
     if fast and _int4pack_ok(blocks):
         return "int4pair" if blocks.kind == "q8_0" else "int4pack"
     return "native" if dtype == torch.float32 and native.supports(blocks) else "blockwise"
@@ -99,10 +103,10 @@ class QuantLinear:
         self.kernel = kernel or "blockwise"
         if self.kernel not in _PREPARE:
             raise ValueError(f"kernel must be one of {', '.join(_PREPARE)}, got {self.kernel!r}")
-        if self.kernel == "native" and not native.supports(blocks):
-            raise ValueError(f"kernel native does not take a {self.kind} weight on {self.device}: "
+        if self.kernel in ("native", "i8") and not native.supports(blocks):
+            raise ValueError(f"kernel {self.kernel} does not take a {self.kind} weight on {self.device}: "
                              f"{native.reason() or 'not a CPU tensor'}; use blockwise")
-        if self.kernel not in ("blockwise", "native") and self.kernel != choose_kernel(blocks, fast=True):
+        if self.kernel not in ("blockwise", "native", "i8") and self.kernel != choose_kernel(blocks, fast=True):
             raise ValueError(f"kernel {self.kernel} does not take a {self.kind} weight {self.shape} on "
                              f"{self.device}: use {choose_kernel(blocks, fast=True)}")
         self.state = _PREPARE[self.kernel](blocks, dtype)
@@ -117,7 +121,7 @@ class QuantLinear:
 
     def nbytes(self) -> int:
         """Bytes of the weight as this kernel keeps it (what a forward reads)."""
-        if self.kernel == "native":
+        if self.kernel in ("native", "i8"):
             tensors = self.state["weight"].tensors()
         else:
             tensors = [t for t in self.state.values() if isinstance(t, torch.Tensor)]
@@ -266,6 +270,20 @@ def _matmul_native(x: torch.Tensor, state: dict) -> torch.Tensor:
     return out
 
 
+# -- i8: int8 activations (native/lanes.c; quant_i8.py is its reference) ---------------------------
+
+def _prepare_i8(blocks: QuantBlocks, dtype: torch.dtype) -> dict:
+    if dtype != torch.float32:
+        raise ValueError(f"kernel i8 takes float32 activations, not {dtype}")
+    return {"weight": native.NativeWeight.packed(blocks)}
+
+
+def _matmul_i8(x: torch.Tensor, state: dict) -> torch.Tensor:
+    """Any number of rows through the one kernel (no GEMM path for a prefill: at many rows the
+    integer products outrun the float GEMM, and a prompt's rows get the numerics of decode rows)."""
+    return native.qmatmul(x, state["weight"])
+
+
 # -- blockwise: any kind, any device ---------------------------------------------------------------
 
 def _prepare_blockwise(blocks: QuantBlocks, dtype: torch.dtype) -> dict:
@@ -303,6 +321,6 @@ def _matmul_blockwise(x: torch.Tensor, state: dict) -> torch.Tensor:
 
 
 _PREPARE = {"native": _prepare_native, "int4pack": _prepare_int4pack, "int4pair": _prepare_int4pair,
-            "blockwise": _prepare_blockwise}
+            "blockwise": _prepare_blockwise, "i8": _prepare_i8}
 _MATMUL = {"native": _matmul_native, "int4pack": _matmul_int4pack, "int4pair": _matmul_int4pair,
-           "blockwise": _matmul_blockwise}
+           "blockwise": _matmul_blockwise, "i8": _matmul_i8}

@@ -21,6 +21,12 @@ safetensors, quantized at load. `load_decoder(folder, dtype="q4" | "q8_0")` read
     --dtype q4-bf16-lossy, q8_0-bf16-lossy: the same weights through torch's int4 kernel with bfloat16
                    activations: much faster here, but not yet lossless against autoregressive
                    decoding (quant_linear.py says why); q4 and q8_0 compute in float32 and are.
+    --dtype q4-i8, q8_0-i8, q4_0-i8, gguf-i8: the same weights as without "-i8", multiplied as
+                   llama.cpp multiplies them: each 32 activations rounded to 8-bit codes and a
+                   scale, integer dot products (native/lanes.c, AVX-512 VNNI; quant_i8.py). A
+                   model of its own (its output differs from q4's as llama.cpp's does), exact
+                   under speculation like every dtype here: a k-token verify gives each row what
+                   a 1-token step gives, bit for bit, and costs about what one step costs.
 
 What stays float: RMSNorm weights, projection biases (Qwen2), rotary tables, the K/V cache and
 activations (the compute dtype: float32 on the CPU), and any projection whose input size is not
@@ -46,7 +52,8 @@ from .quant import BLOCK, SUPPORTED_GGUF, QuantBlocks, cat_rows, check_gguf_kind
 from .quant_convert import gguf_blocks
 from .quant_linear import QuantLinear, choose_kernel
 
-QUANT_DTYPES = ("q8_0", "q4", "q4_0", "gguf", "q8_0-bf16-lossy", "q4-bf16-lossy")  # --dtype names for quantized weights
+QUANT_DTYPES = ("q8_0", "q4", "q4_0", "gguf", "q8_0-i8", "q4-i8", "q4_0-i8", "gguf-i8", "q8_0-bf16-lossy",
+                "q4-bf16-lossy")  # --dtype names for quantized weights
 _FAMILY = {"q8_0": "Q8", "q4": "Q4"}  # a GGUF is used natively when its projections are of this family
 _AT_LOAD = {"q8_0": ("q8_0", "q8_0"), "q4": ("q4_1", "q8_0"), "q4_0": ("q4_0", "q4_0")}  # (projections, head and embedding)
 _FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -112,8 +119,16 @@ class QuantTensors:
     def __init__(self, folder: Path, dtype_name: str, floats):
         if dtype_name not in QUANT_DTYPES:
             raise ValueError(f"dtype_name must be one of {', '.join(QUANT_DTYPES)}, got {dtype_name!r}")
-        self.name, _, compute = dtype_name.partition("-")  # "q4", "bf16-lossy"
+        self.name, _, compute = dtype_name.partition("-")  # "q4", "bf16-lossy" / "i8"
         self.fast = compute == "bf16-lossy"  # torch's int4 kernel in bfloat16: not lossless, named so
+        self.i8 = compute == "i8"  # int8 activations (native/lanes.c)
+        if self.i8:
+            from . import native
+
+            if not native.lanes_available():
+                why = native.reason() or "this CPU has no AVX-512 VNNI"
+                raise ModelError(f"--dtype {dtype_name} needs Outrider's int8-activation kernel, which does not run "
+                                 f"here ({why}); use --dtype {self.name}")
         self.floats = floats  # loader._Tensors over the folder's safetensors
         self.gguf = _NativeGGUF.open_if_native(folder / GGUF_NAME, self.name)
         if self.name == "gguf" and self.gguf is None:
@@ -158,7 +173,9 @@ class QuantTensors:
 
     def _linear(self, blocks: QuantBlocks, dtype: torch.dtype, device: torch.device) -> QuantLinear:
         blocks = blocks.to(device)
-        return QuantLinear(blocks, dtype, choose_kernel(blocks, self.fast, dtype))
+        if self.i8 and device.type != "cpu":
+            raise ModelError(f"the -i8 dtypes run on the CPU only (lanes.c), not on {device}; drop the -i8")
+        return QuantLinear(blocks, dtype, choose_kernel(blocks, self.fast, dtype, i8=self.i8))
 
     def _weight(self, name: str) -> QuantBlocks | torch.Tensor:
         """One 2-D weight as blocks (or float when it stays float); tables are kept for reuse

@@ -42,7 +42,7 @@ import torch
 from ..quant import BLOCK, QuantBlocks
 
 SOURCE = Path(__file__).with_name("qmatmul.c")
-SOURCES = (SOURCE, Path(__file__).with_name("layer.c"), Path(__file__).with_name("fill.c"))  # one library
+SOURCES = (SOURCE, *(Path(__file__).with_name(f) for f in ("layer.c", "fill.c", "lanes.c")))  # one library
 HEADERS = (Path(__file__).with_name("kinds.h"), Path(__file__).with_name("decode.h"))  # in the library's key
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
 KIND_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q8_16": 3}
@@ -128,6 +128,11 @@ def _load() -> None:
     lib.outrider_fill_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int, ctypes.c_int]
     lib.outrider_fill_matmul.restype = ctypes.c_int
     lib.outrider_fill_ok.restype = ctypes.c_int
+    lib.outrider_lanes_ok.restype = ctypes.c_int
+    lib.outrider_lanes_row_bytes.argtypes = [ctypes.c_int, i64]
+    lib.outrider_lanes_row_bytes.restype = i64
+    lib.outrider_lanes_pack.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, i64, i64, ptr, ctypes.c_int]
+    lib.outrider_lanes_pack.restype = ctypes.c_int
     _state["lib"] = lib
     _state["path"] = path
 
@@ -161,6 +166,13 @@ def supports(blocks: QuantBlocks) -> bool:
 
 HALF = 4  # added to a kind code: its scales and mins are float16 (kinds.h)
 FACTORED = 8  # added to q4_1 / q8_16: a K-quant's scales as the file keeps them (kinds.h)
+LANES = 16  # added to a kind code: the weight packed for int8 activations (lanes.c)
+
+
+def lanes_available() -> bool:
+    """Whether lanes.c's int8-activation kernel is built here (AVX-512 with VNNI): the `-i8` dtypes."""
+    lib = library()
+    return lib is not None and bool(lib.outrider_lanes_ok())
 
 
 @dataclass(frozen=True)
@@ -173,9 +185,12 @@ class NativeWeight:
 
     kind: str
     shape: tuple[int, int]  # (out, in)
-    q: torch.Tensor  # int8 [out, in] (q8_0, q8_16) or uint8 [out, in / 2] (q4_*)
+    q: torch.Tensor  # int8 [out, in] (q8_0, q8_16) or uint8 [out, in / 2] (q4_*); lanes: uint8 [out, row bytes]
     d: torch.Tensor  # float16 or float32 [out, in / 32] ([out, in / 16] for q8_16, float32), or FACTORED uint8 bytes
     m: torch.Tensor | None  # as d [out, in / 32] (q4_1; FACTORED: d itself)
+    # lanes.c's layout (codes and scales of 16 blocks a record, in q; d keeps only the scales'
+    # dtype, no values): multiplied with x rounded to 8-bit blocks, the `-i8` dtypes' numerics
+    lanes: bool = False
 
     @classmethod
     def of(cls, blocks: QuantBlocks) -> "NativeWeight":
@@ -188,15 +203,34 @@ class NativeWeight:
         m = blocks.m.to(dtype).contiguous() if blocks.m is not None else None
         return cls(blocks.kind, blocks.shape, blocks.q.contiguous(), blocks.d.to(dtype).contiguous(), m)
 
+    @classmethod
+    def packed(cls, blocks: QuantBlocks) -> "NativeWeight":
+        """The blocks in lanes.c's layout (the same codes and scales, regrouped: as many bytes),
+        for the int8-activation kernel; needs `lanes_available()`."""
+        if not lanes_available():
+            raise RuntimeError("the int8-activation kernel needs AVX-512 with VNNI, which this CPU or build lacks")
+        w = cls.of(blocks)
+        out_features, in_features = w.shape
+        lib = _state["lib"]
+        row = lib.outrider_lanes_row_bytes(w.code, in_features)
+        q = torch.empty(out_features, max(row, 0), dtype=torch.uint8)
+        m = w.m.data_ptr() if w.m is not None else None
+        if row < 0 or lib.outrider_lanes_pack(w.code, in_features, w.q.data_ptr(), w.d.data_ptr(), m, 0,
+                                              out_features, q.data_ptr(), torch.get_num_threads()) != 0:
+            raise ValueError(f"the int8-activation kernel does not take a {w.kind} weight {w.shape}")
+        return cls(w.kind, w.shape, q, torch.empty(0, dtype=w.d.dtype), None, lanes=True)
+
     @property
     def code(self) -> int:
         """The kernel's kind code: KIND_CODES, plus HALF for float16 scales or FACTORED for a
-        K-quant's factored ones (uint8 bytes)."""
+        K-quant's factored ones (uint8 bytes), plus LANES for lanes.c's layout."""
         extra = {torch.float16: HALF, torch.uint8: FACTORED}.get(self.d.dtype, 0)
-        return KIND_CODES[self.kind] + extra
+        return KIND_CODES[self.kind] + extra + (LANES if self.lanes else 0)
 
     def tensors(self) -> list[torch.Tensor]:
         """The tensors it reads (a FACTORED q4_1's mins are its scales' bytes: counted once)."""
+        if self.lanes:
+            return [self.q]
         return [self.q, self.d] + ([self.m] if self.m is not None and self.m is not self.d else [])
 
 

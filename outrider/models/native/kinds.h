@@ -19,6 +19,7 @@
 enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2, KIND_Q8_16 = 3 };
 #define HALF 4                      /* float16 scales and mins (Q8_0, Q4_0, Q4_1 as GGUF keeps them) */
 #define FACTORED 8                  /* a K-quant's factored scales (q4_1, q8_16) */
+#define LANES 16                    /* the weight packed for int8 activations (lanes.c), its kind + 16 */
 #define BASE(kind) ((kind) & 3)     /* the codes' form */
 #define SCALES(kind) (BASE(kind) == KIND_Q8_16 ? 2 : 1) /* scales a 32-value block has */
 #define SUPER_BYTES(kind) (BASE(kind) == KIND_Q4_1 ? 20 : 18)  /* FACTORED: a super-block's scale bytes */

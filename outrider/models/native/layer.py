@@ -36,6 +36,9 @@ class LayerSpec(ctypes.Structure):  # layer.c: what differs between layers
                 ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("w", ctypes.c_void_p)]
 
 
+NATIVE_KERNELS = ("native", "i8")  # quant_linear kernels whose weights outrider_qmatmul takes
+
+
 def _qweight(w: NativeWeight) -> QWeight:
     return QWeight(w.code, w.shape[0], w.shape[1], w.q.data_ptr(), w.d.data_ptr(),
                    w.m.data_ptr() if w.m is not None else None, 0, None)
@@ -44,10 +47,10 @@ def _qweight(w: NativeWeight) -> QWeight:
 def _native_weight(m) -> QWeight | None:
     """A native QuantLinear, or a RowStack (quant_load.py) of them, as layer.c reads it; None otherwise.
     A stack's parts array rides on the QWeight (`_keep`) so it lives as long as it."""
-    if getattr(m, "kernel", None) == "native":
+    if getattr(m, "kernel", None) in NATIVE_KERNELS:
         return _qweight(m.state["weight"])
     parts = getattr(m, "parts", None)
-    if not parts or not all(getattr(p, "kernel", None) == "native" for p in parts):
+    if not parts or not all(getattr(p, "kernel", None) in NATIVE_KERNELS for p in parts):
         return None
     array = (QWeight * len(parts))(*[_qweight(p.state["weight"]) for p in parts])
     first = parts[0].state["weight"]
@@ -70,6 +73,9 @@ def _ptr(t: torch.Tensor | None):
 class NativeLayers:
     weights: list  # per layer: (QWeight * 4) array (qkv, o, gate_up, down); their tensors stay alive in the decoder
     specs: ctypes.Array  # (LayerSpec * layers): each layer's weights and norms, for outrider_layers
+    # every matrix in lanes.c's int8-activation layout: the row kernel is then the fast path at
+    # any number of rows, a prefill's too (decoder._native_fill)
+    lanes: bool = False
 
     @staticmethod
     def matrices(mats: list) -> "ctypes.Array | None":
@@ -94,7 +100,9 @@ class NativeLayers:
         specs = (LayerSpec * len(arrays))(*[
             LayerSpec(_ptr(w.input_norm), _ptr(w.post_norm), _ptr(w.qkv_bias), _ptr(w.q_norm), _ptr(w.k_norm),
                       ctypes.addressof(a)) for w, a in zip(decoder.layers, arrays)])
-        return cls(arrays, specs)
+        kernels = [getattr(p, "kernel", None) for w in decoder.layers for m in (w.qkv, w.o, w.gate_up, w.down)
+                   for p in getattr(m, "parts", [m])]
+        return cls(arrays, specs, lanes=all(k == "i8" for k in kernels))
 
     def run(self, decoder, batch, cache, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, upto: int,
             hidden: dict, fill: int = 0) -> torch.Tensor:

@@ -292,13 +292,18 @@ static int known(int kind, const void *m, int64_t K) {  /* 0: arguments the kern
 }
 
 /* The entry point (ctypes). kind: 0 q8_0, 1 q4_0, 2 q4_1, 3 q8_16, plus HALF (4) for float16
- * scales and mins (not q8_16) or FACTORED (8, q4_1 and q8_16: kinds.h); K a multiple of 32 (256
+ * scales and mins (not q8_16) or FACTORED (8, q4_1 and q8_16: kinds.h); plus LANES (16): q is a
+ * weight packed by lanes.c, multiplied with int8 activations there (d and m unused); K a multiple of 32 (256
  * FACTORED); m only for q4_1 (FACTORED: d again). x, y contiguous float32 [M, K] and [M, N]; d (and
  * m) float32 or float16 [N, K / 32] ([N, K / 16] for q8_16), or FACTORED's bytes; `threads`:
  * the OpenMP team (torch's count: a thread other than the one that set it would otherwise get
  * OpenMP's default, every core). Returns 0, or -1 for arguments it cannot take. */
+int outrider_lanes_matmul(int kind, const float *x, int64_t M, int64_t K, const void *w, int64_t N, float *y,
+                          int threads);
+
 int outrider_qmatmul(int kind, const float *x, int64_t M, int64_t K, const void *q, const void *d,
                      const void *m, int64_t N, float *y, int threads) {
+    if (kind >= 0 && (kind & LANES)) return outrider_lanes_matmul(kind, x, M, K, q, N, y, threads);  /* lanes.c */
     if (known(kind, m, K) || M < 0 || N < 0 || threads < 1) return -1;
 #define CALL(NAME, KIND) case KIND: matmul_##NAME(x, M, K, q, d, m, N, y, threads); return 0;
     switch (kind) { KINDS(CALL) default: return -1; }  /* one specialized loop per kind */
