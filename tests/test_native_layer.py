@@ -120,6 +120,38 @@ def test_a_rows_result_does_not_depend_on_the_others(model):
         assert torch.equal(together[0][0][0, i], alone[i][0][0, 0])
 
 
+@pytest.mark.parametrize("dtype", ["q4", pytest.param("q4-i8", marks=pytest.mark.skipif(
+    not native.lanes_available(), reason="int8-activation kernel: no AVX-512 VNNI here"))])
+def test_a_tree_node_gets_what_its_path_decoded_a_token_a_step_gets(model, dtype):
+    """A tree verified in one forward gives each node, bit for bit, the logits its root-to-node
+    path gets decoded one token a step: its ancestors' keys sit at cache rows with gaps between
+    them, and attention must sum over them as over consecutive rows. (With int8 activations a
+    last-bit difference upstream can move a code, and the logits by far more.)"""
+    _, folder = model
+    m = load_decoder(folder, "cpu", dtype)
+    prompt, toks = [3, 9, 4, 11, 7, 8, 20], [12, 40, 41, 42, 43, 44, 45]
+    parents = [-1, 0, 0, 1, 2, 3, 1]
+
+    def prefilled():
+        cache = m.new_cache(1, 32)
+        m.forward(pack([0], [0], [torch.tensor(prompt)], logits="none", scratch_row=cache.scratch_row), cache)
+        return cache
+
+    cache = prefilled()
+    tree = m.forward(pack([0], [len(prompt)], [torch.tensor(toks)], [torch.tensor(parents)],
+                          scratch_row=cache.scratch_row), cache).logits[0]
+    for node in range(len(toks)):
+        path, j = [], node
+        while j >= 0:
+            path.insert(0, j)
+            j = parents[j]
+        cache = prefilled()
+        for depth, k in enumerate(path):
+            step = m.forward(pack([0], [len(prompt) + depth], [torch.tensor([toks[k]])],
+                                  scratch_row=cache.scratch_row), cache).logits[0, -1]
+        assert torch.equal(step, tree[node]), (node, path)
+
+
 def test_greedy_speculative_equals_autoregressive(model):
     m, folder = model
     requests = [Request([3, 9, 4, 3, 9, 4, 3, 9], 24, SamplingParams(0.0)), Request([7, 8, 7, 8, 7], 24, SamplingParams(0.0))]

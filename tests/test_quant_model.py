@@ -12,6 +12,7 @@ import torch
 
 from outrider.errors import ConfigError, ModelError
 from outrider.generation import Request, generate_ids
+from outrider.models import native
 from outrider.models.batch import pack
 from outrider.models.loader import load_decoder
 from outrider.models.quant import QuantBlocks, dequantize, quantize
@@ -165,7 +166,11 @@ def speculator(drafter, shape="chain", depth=4):
                       parse_shape(shape))
 
 
-@pytest.fixture(scope="module", params=["q4", "q8_0"])
+NO_LANES = pytest.mark.skipif(not native.lanes_available(), reason="int8-activation kernel: no AVX-512 VNNI here")
+
+
+@pytest.fixture(scope="module", params=["q4", "q8_0", pytest.param("q4-i8", marks=NO_LANES),
+                                        pytest.param("q8_0-i8", marks=NO_LANES)])
 def quantized(request, folder):
     model = load_decoder(folder, "cpu", request.param)
     return model, run(model)

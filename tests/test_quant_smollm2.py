@@ -21,6 +21,17 @@ def q4(smollm2_path):
     return load_decoder(smollm2_path, "cpu", "q4")
 
 
+@pytest.fixture(scope="module")
+def q4_i8(smollm2_path):
+    """The same blocks with int8 activations (lanes.c), where the kernel runs."""
+    from outrider.models import native
+    from outrider.models.loader import load_decoder
+
+    if not native.lanes_available():
+        pytest.skip("int8-activation kernel: no AVX-512 VNNI here")
+    return load_decoder(smollm2_path, "cpu", "q4-i8")
+
+
 def test_requantized_floats_are_the_gguf_blocks(smollm2_path):
     """Q4_1 / Q8_0 blocks dequantized to float32 and quantized again with ggml's rounding are
     the same blocks (each block's codes reach 0 and 15, or +-127, so min and scale come back)."""
@@ -58,20 +69,27 @@ def test_gguf_blocks_compute_the_float_model(q4, smollm2_decoder, smollm2_tokeni
     torch.testing.assert_close(logits(q4), ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "suffix", "early-exit"])
-def test_speculative_greedy_equals_autoregressive(q4, smollm2_tokenizer, drafter):
-    from outrider.control.controllers import FixedController
-    from outrider.drafters.model import ModelDrafter
-    from outrider.drafters.ngram import NgramDrafter
-    from outrider.drafters.suffix import SuffixDrafter
+DRAFTERS = {  # every kind of drafter: lookups, self-speculation, a learned head, a draft model, the hybrid
+    "ngram": ("ngram", "chain"), "suffix": ("suffix", "chain"), "early-exit": ("early-exit:8", "static:2,1,1"),
+    "eagle3": ("eagle3:smollm2-135m-instruct", "dynamic:3,6"),
+    "draft-model": ("draft-model:smollm2-135m-instruct@q4_0", "chain"),
+    "hybrid": ("hybrid:2,eagle3:smollm2-135m-instruct", "chain"),
+}
+
+
+@pytest.mark.parametrize("dtype", ["q4", "q4-i8"])
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
+def test_speculative_greedy_equals_autoregressive(request, smollm2_path, smollm2_tokenizer, drafter, dtype):
+    """On the quantized model (float32 or int8 activations) every drafter's greedy output is the
+    model's own greedy output, token for token."""
     from outrider.generation import Request, generate_ids
-    from outrider.spec.shapes import parse_shape
     from outrider.spec.speculator import SpecOptions, Speculator
 
-    shape = parse_shape("chain")
-    made = {"ngram": NgramDrafter, "suffix": SuffixDrafter,
-            "early-exit": lambda: ModelDrafter(q4, shape, num_layers=8, name="early-exit:8")}[drafter]()
-    spec = Speculator(SpecOptions(made.name, "chain", "fixed:4"), made, FixedController(4), shape)
+    target = request.getfixturevalue("q4" if dtype == "q4" else "q4_i8")
+    name, tree = DRAFTERS[drafter]
+    spec = Speculator.build(SpecOptions(name, tree, "fixed:4"), target, smollm2_path)
     requests = lambda: [Request(smollm2_tokenizer(p)["input_ids"], 10) for p in PROMPTS]  # noqa: E731
-    plain = [f.output_ids for f in generate_ids(q4, requests(), set())]
-    assert [f.output_ids for f in generate_ids(q4, requests(), set(), speculation=spec)] == plain
+    plain = [f.output_ids for f in generate_ids(target, requests(), set())]
+    outs = generate_ids(target, requests(), set(), speculation=spec)
+    assert [f.output_ids for f in outs] == plain
+    assert sum(f.stats.committed for f in outs) > sum(f.stats.rounds for f in outs)  # drafts were accepted

@@ -34,9 +34,9 @@
  * then second halves'); FACTORED: the group's nb / 8 super-blocks' bytes.
  *   The tail (a row's last nb < 16 blocks, e.g. 2 of SmolLM2's 18 a row: as a group it would
  * cost as much as a whole one) is dense instead: its codes in the GGUF's own order, 4 bytes a
- * lane, so a vector holds 4 Q4 blocks (or 2 Q8 ones), each lane's scale looked up by its block
- * (vpermps) and x's tail laid out lane by lane to match, with each lane's own scale and sum.
- * Each lane is still one block's part, so the sum over lanes is the same sum of block terms.
+ * lane, so a vector holds 4 Q4 blocks (or 2 Q8 ones), and x's tail is laid out lane by lane to
+ * match. A block's lanes are summed (integers) before its scale applies, and its term goes into
+ * the accumulator lane of its first code lane: each block still adds one term, as in a group.
  *
  * Why it is cheaper than qmatmul.c at several rows: a group (512 values) costs a row 8 VNNI
  * instructions and four float operations, where float32 needs 32 multiply-adds; the codes'
@@ -179,15 +179,13 @@ static void quantize_row(int kind, const float *x, int64_t K, uint8_t *rec) {
             const int8_t *c0 = (const int8_t *)&b0, *c1 = (const int8_t *)&b1;
             for (int j = 0; j < (q8(kind) ? 8 : 4); j++) {
                 const int64_t e = (q8(kind) ? 8 : 4) * i + j, v = e / 16, lane = e % 16;
-                int32_t sum = 0;
+                /* each lane: its scale group's sum of codes (q8_16: the block's half; else the block) */
+                const int32_t sum = BASE(kind) == KIND_Q8_16 ? (j < 4 ? s0 : s1) : s0 + s1;
                 if (q8(kind)) {  /* values 4j..4j+3, in order */
-                    const int8_t *c = j < 4 ? c0 + 4 * j : c1 + 4 * (j - 4);
-                    memcpy(t + v * 64 + 4 * lane, c, 4);
-                    for (int k = 0; k < 4; k++) sum += c[k];
+                    memcpy(t + v * 64 + 4 * lane, j < 4 ? c0 + 4 * j : c1 + 4 * (j - 4), 4);
                 } else {  /* low nibbles' partners 4j..4j+3, high nibbles' 16+4j..16+4j+3 */
                     memcpy(t + v * 64 + 4 * lane, c0 + 4 * j, 4);
                     memcpy(t + (tv + v) * 64 + 4 * lane, c1 + 4 * j, 4);
-                    for (int k = 0; k < 4; k++) sum += c0[4 * j + k] + c1[4 * j + k];
                 }
                 uint8_t *lanes = t + (q8(kind) ? tv : 2 * tv) * 64 + v * 64 + 4 * lane;  /* d, then sum, then d * sum */
                 memcpy(lanes, &d, 4);
@@ -333,13 +331,19 @@ static inline __attribute__((always_inline)) void dot_rows(int kind, int R, cons
                 const uint8_t *xg = xt + r * xrow;
                 __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512(xg + v * 64));
                 if (!q8(kind)) s = _mm512_dpbusd_epi32(s, hi, _mm512_load_si512(xg + (tv + v) * 64));
+                /* each scale group's lanes summed (integers: exact), so that it adds one term as a
+                 * group's block does: its first lane's, the others masked off */
+                s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, (_MM_PERM_ENUM)0xB1));  /* lanes 2i, 2i+1 */
+                s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, (_MM_PERM_ENUM)0x4E));  /* 4i .. 4i+3 */
+                if (BASE(kind) == KIND_Q8_0) s = _mm512_add_epi32(s, _mm512_shuffle_i32x4(s, s, 0xB1));  /* 8i .. 8i+7 */
+                const __mmask16 first = BASE(kind) == KIND_Q8_0 ? 0x0101 : 0x1111;
                 const __m512 dx = _mm512_load_ps(xg + lanes_at + v * 64);
                 const __m512i sum = _mm512_load_si512(xg + lanes_at + (tv + v) * 64);
                 if (q8(kind)) s = _mm512_sub_epi32(s, _mm512_slli_epi32(sum, 7));
                 if (BASE(kind) == KIND_Q4_0) s = _mm512_sub_epi32(s, _mm512_slli_epi32(sum, 3));
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dl, dx), acc[r]);
+                acc[r] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dl, dx), acc[r], first);
                 if (BASE(kind) == KIND_Q4_1)
-                    acc[r] = _mm512_fmadd_ps(ml, _mm512_load_ps(xg + lanes_at + (2 * tv + v) * 64), acc[r]);
+                    acc[r] = _mm512_mask3_fmadd_ps(ml, _mm512_load_ps(xg + lanes_at + (2 * tv + v) * 64), acc[r], first);
             }
         }
     }

@@ -263,8 +263,11 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
             }
         }
         /* e^(s - top) in 8 lanes over j = 0..last rounded up to 8 (unseen and past-the-end scores
-         * are -inf, their weights exactly 0, so a row's lane sums are the same whatever L), then
-         * the lanes by a fixed tree. */
+         * are -inf, their weights exactly 0), then their sum: the seen keys' weights in lane
+         * (rank among the seen keys) % 8, then the lanes by a fixed tree. By rank, not by cache
+         * row, so that a tree node, whose ancestors sit at rows with gaps between them, sums its
+         * weights in the order the same path decoded one token a step sums them (its keys at
+         * consecutive rows): the same bits, not only the same sum within rounding. */
         const int64_t span = (last + 8) / 8 * 8;
         for (int64_t a = 0; a < per; a++) {
             float *sa = s + a * Lp;
@@ -275,7 +278,17 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
                 __m256 e = _mm256_blendv_ps(exp8(_mm256_sub_ps(v, _mm256_set1_ps(top[a]))), zero,
                                             _mm256_cmp_ps(v, none, _CMP_EQ_OQ));
                 _mm256_storeu_ps(sa + j, e);
-                sum = _mm256_add_ps(sum, e);
+                if (!seen) sum = _mm256_add_ps(sum, e);  /* no gaps: rank = row */
+            }
+            if (seen) {
+                float lanes[8] = {0};
+                int64_t rank = 0;
+                for (int64_t j = 0; j <= last; j++)
+                    if (seen[j]) {
+                        const int l = (int)(rank++ % 8);
+                        lanes[l] = lanes[l] + sa[j];
+                    }
+                sum = _mm256_loadu_ps(lanes);
             }
             __m128 four = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
             __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));

@@ -1,0 +1,171 @@
+"""Int8 activations (the `-i8` dtypes): native/lanes.c against its torch reference (quant_i8.py),
+rows bit-identical whatever the batch and the threads, the rounding of x as documented, and the
+refusal where the kernel cannot run. Greedy speculative == autoregressive on `q4-i8` / `q8_0-i8`
+models: test_quant_model.py's `quantized` fixture and test_quant_smollm2.py run it.
+
+Tolerance against `reference_linear_i8` (the exact integer block sums, their scales applied in
+float64): `rounding_bound`, (groups + 8) float32 roundings of the sum of |terms| (quant_i8.py
+derives it). A wrong code, scale or lane is off by a whole term, far more (the controls check).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from outrider.errors import ModelError
+from outrider.models import native
+from outrider.models.quant import BLOCK, dequantize, quantize
+from outrider.models.quant_convert import gguf_blocks
+from outrider.models.quant_i8 import quantize_activations, reference_linear_i8, rounding_bound
+from test_quant import random_blocks
+from test_quant_convert import random_raw
+
+needs_lanes = pytest.mark.skipif(not native.lanes_available(),
+                                 reason=f"int8-activation kernel: {native.reason() or 'no AVX-512 VNNI'}")
+
+
+def widened(blocks):
+    return replace(blocks, d=blocks.d.float(), m=None if blocks.m is None else blocks.m.float())
+
+
+def all_kinds(cols: int, seed: int = 0) -> dict:
+    """Blocks of every form lanes.c takes, `cols` values a row (a multiple of 256 for K-quants)."""
+    cases = {}
+    for kind in ("q8_0", "q4_0", "q4_1"):
+        blocks = random_blocks(kind, 21, cols, seed=seed)
+        cases[kind] = blocks
+        cases[kind + " float32 scales"] = widened(blocks)
+    if cols % 256 == 0:
+        for type_name in ("Q4_K", "Q6_K"):  # factored scales (kinds.h), and the same widened
+            blocks = gguf_blocks(random_raw(type_name, 21, cols, seed=seed), type_name)
+            cases[type_name] = blocks
+            cases[type_name + " float32 scales"] = replace(blocks, factored=None)
+    cases["Q5_0"] = gguf_blocks(random_raw("Q5_0", 21, cols, seed=seed), "Q5_0")
+    return cases
+
+
+def test_activations_round_as_documented():
+    """quant_i8's docstring example: the largest magnitude maps to 127, the rest to nearest."""
+    x = torch.zeros(2, 32)
+    x[0, :3] = torch.tensor([0.5, -1.27, 0.02])
+    codes, scales = quantize_activations(x)
+    assert codes[0, :4].tolist() == [50, -127, 2, 0] and scales[0, 0].item() == pytest.approx(0.01)
+    assert codes[1].abs().sum() == 0 and scales[1, 0] == 0  # an all-zero block: scale 0, codes 0
+    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(0))
+    codes, scales = quantize_activations(x)
+    back = codes.float().view(5, 3, 32) * scales.unsqueeze(-1)
+    assert codes.abs().max() == 127
+    assert ((back.view(5, 96) - x).abs() <= scales.repeat_interleave(32, 1) / 2 * (1 + 1e-6)).all()
+
+
+@needs_lanes
+@pytest.mark.parametrize("cols", [32, 96, 448, 512, 576, 800, 768, 1280])  # tails of 1, 3, 14, 0, 2, 9, 8, 8 blocks
+def test_kernel_equals_the_reference(cols):
+    """Every kind and scale form, whole groups of 16 blocks and every shape of tail, 1 to 13 rows."""
+    x = torch.randn(13, cols, generator=torch.Generator().manual_seed(cols))
+    for name, blocks in all_kinds(cols, seed=cols).items():
+        weight = native.NativeWeight.packed(blocks)
+        assert weight.q.numel() == weight_bytes(blocks), name  # as many bytes as the blocks: no padding
+        for rows in (1, 2, 5, 13):
+            got = native.qmatmul(x[:rows], weight).double()
+            ref = reference_linear_i8(x[:rows], blocks)
+            assert ((got - ref).abs() <= rounding_bound(x[:rows], blocks)).all(), (name, rows)
+
+
+def weight_bytes(blocks) -> int:
+    out, cols = blocks.shape
+    w = native.NativeWeight.of(blocks)
+    return sum(t.numel() * t.element_size() for t in w.tensors())
+
+
+@needs_lanes
+def test_a_wrong_term_is_caught():
+    """Negative controls: one weight code changed, or x's rounding a code off, exceed the bound."""
+    blocks = random_blocks("q4_1", 8, 576, seed=1)
+    x = torch.randn(3, 576, generator=torch.Generator().manual_seed(2))
+    got = native.qmatmul(x, native.NativeWeight.packed(blocks)).double()
+    q = blocks.q.clone()
+    q[4, 40] ^= 0x11  # two codes of block 2 of row 4
+    assert ((got - reference_linear_i8(x, replace(blocks, q=q))).abs() > rounding_bound(x, blocks)).any()
+    codes, scales = quantize_activations(x)
+    nudged = x.clone()
+    nudged[1, 100] += scales[1, 100 // 32] * 1.5  # one activation a code and a half further
+    assert ((got - reference_linear_i8(nudged, blocks)).abs() > rounding_bound(x, blocks)).any()
+
+
+@needs_lanes
+@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_1", "q4_1 float32 scales", "Q4_K", "Q6_K", "Q5_0"])
+def test_rows_are_bit_identical_whatever_the_batch_and_threads(name):
+    """A row's result is the same bits alone, among up to 19 rows (tiles of 8 rows share a weight
+    row's unpacked codes), at any offset, with 1 or 2 threads: what makes a k-token verify equal
+    k one-token steps."""
+    blocks = all_kinds(768, seed=4)[name]
+    weight = native.NativeWeight.packed(blocks)
+    x = torch.randn(19, 768, generator=torch.Generator().manual_seed(5))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        full = native.qmatmul(x, weight)
+        torch.set_num_threads(2)
+        assert torch.equal(native.qmatmul(x, weight), full)
+        for start, rows in [(0, 1), (7, 1), (18, 1), (0, 2), (3, 5), (0, 8), (1, 9), (2, 16)]:
+            assert torch.equal(native.qmatmul(x[start:start + rows], weight), full[start:start + rows])
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_lanes
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_factored_scales_give_the_same_bits(type_name):
+    """A K-quant's scales kept factored in the lanes records (fewer bytes) multiply to the same
+    values as widened ones: the same products, bit for bit."""
+    blocks = gguf_blocks(random_raw(type_name, 24, 1280, seed=6), type_name)
+    factored, wide = native.NativeWeight.packed(blocks), native.NativeWeight.packed(replace(blocks, factored=None))
+    assert factored.q.numel() < wide.q.numel()
+    for rows in (1, 3, 8, 11):
+        x = torch.randn(rows, 1280, generator=torch.Generator().manual_seed(rows))
+        assert torch.equal(native.qmatmul(x, factored), native.qmatmul(x, wide))
+
+
+@needs_lanes
+def test_close_to_the_float_product_within_the_rounding_of_x():
+    """Against x . W with x unrounded: off by at most what rounding x to its codes moves, half a
+    code a value, sum over values of |w| * d_x / 2 (plus float32's share)."""
+    w = torch.randn(300, 576, generator=torch.Generator().manual_seed(7)) * 0.05
+    x = torch.randn(4, 576, generator=torch.Generator().manual_seed(8))
+    for kind in ("q8_0", "q4_0", "q4_1"):
+        blocks = quantize(w, kind)
+        weights = dequantize(blocks).double()  # [out, in]
+        got = native.qmatmul(x, native.NativeWeight.packed(blocks)).double()
+        _, scales = quantize_activations(x)
+        half_code = (scales.double() / 2).repeat_interleave(BLOCK, 1)  # [M, in]
+        bound = half_code @ weights.abs().T * (1 + 1e-6) + rounding_bound(x, blocks)
+        err = (got - x.double() @ weights.T).abs()
+        assert (err <= bound).all(), kind
+        assert err.max() > 1e-4 * got.abs().max(), kind  # and it is not the float product: x was rounded
+
+
+@needs_lanes
+def test_the_quantized_linear_and_the_native_layer_take_it(tmp_path):
+    """`--dtype q4-i8`: every projection and the head run the i8 kernel, in the blocks' own bytes,
+    and the layers as one native call (prefills too: the row kernel is the fast one at any count)."""
+    from outrider.models.loader import load_decoder
+    from outrider.models.native.layer import NativeLayers
+    from test_quant_model import make_quantizable
+
+    model = load_decoder(make_quantizable(tmp_path / "model"), "cpu", "q4-i8")
+    assert all(getattr(layer, p).kernel == "i8" for layer in model.layers for p in ("qkv", "o", "gate_up", "down"))
+    assert model.lm_head.kernel == "i8" and model.lm_head.nbytes() == 96 * 2 * 34  # Q8_0: 34 bytes a block
+    layers = NativeLayers.of(model)
+    assert layers is not None and layers.lanes
+
+
+def test_refused_in_one_line_where_the_kernel_does_not_run(tiny_folders, monkeypatch):
+    from outrider.models.loader import load_decoder
+
+    monkeypatch.setattr(native, "lanes_available", lambda: False)
+    with pytest.raises(ModelError, match="--dtype q4-i8 needs Outrider's int8-activation kernel.*use --dtype q4"):
+        load_decoder(tiny_folders["llama"], "cpu", "q4-i8")
