@@ -80,8 +80,13 @@ def build(arg: DraftModel, shape, target, target_path: Path) -> ModelDrafter:
     from ..models.loader import auto_dtype, load_decoder, parse_dtype
 
     path = resolve_model(arg.name)
-    # no @DTYPE: the drafter's own GGUF quantization where our kernel runs it, else the target's float dtype
-    dtype = parse_dtype(arg.dtype) if arg.dtype else auto_dtype(path, target.device) or target.dtype
+    # no @DTYPE: the drafter's own GGUF quantization where our kernel runs it (with int8
+    # activations beside a target that has them: its numerics change only its proposals), else
+    # the target's float dtype
+    own = auto_dtype(path, target.device)
+    if own and (target.quantization or "").endswith("-i8"):
+        own += "-i8"
+    dtype = parse_dtype(arg.dtype) if arg.dtype else own or target.dtype
     vocab = min(target.config.vocab_size, ModelConfig.load(path).vocab_size)
     ids = draft_vocab_ids(path, arg.vocab, vocab) if arg.vocab and arg.vocab < vocab else None
     draft = load_decoder(path, target.device, dtype, head_ids=ids)

@@ -320,7 +320,8 @@ def library():
 def describe() -> str:
     """One line: the kernel's state here (`outrider models list` prints it on stderr)."""
     if available():
-        return f"native kernel {_state['path'].name} ({rows_per_block()} rows a block)"
+        i8 = "int8 activations (the -i8 dtypes)" if lanes_available() else "no int8 activations (no AVX-512 VNNI)"
+        return f"native kernel {_state['path'].name} ({rows_per_block()} rows a block; {i8})"
     return f"native kernel unavailable: {reason()}"
 
 
