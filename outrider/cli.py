@@ -80,7 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="every method side by side on real workloads, with a report")
     bench.add_argument("--preset", default=None,
                        help="quick (default, ~3 min on 2 cores), full, eagle3 (the shipped EAGLE-3 head "
-                            "against ngram and suffix) or llamacpp (against llama.cpp; the peers extra)")
+                            "against ngram and suffix), llamacpp (against llama.cpp; the peers extra), "
+                            "qwen-pair (the Qwen2.5-Coder 1.5B / 0.5B draft-model pair) or qwen-pair-i8 (the "
+                            "same with int8 activations)")
     bench.add_argument("--methods", default=None, help="a methods TOML file (see outrider/bench/presets/)")
     bench.add_argument("--model", action="append", default=None, help="target model(s), overriding the file")
     bench.add_argument("--workload", action="append", default=None,

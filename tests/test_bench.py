@@ -22,7 +22,7 @@ def write(tmp_path, text: str) -> Path:
 
 
 def test_presets_parse():
-    for name in ("quick", "full", "eagle3", "llamacpp", "qwen-pair"):
+    for name in ("quick", "full", "eagle3", "llamacpp", "qwen-pair", "qwen-pair-i8"):
         config = load_config(preset_path(name))
         assert config.methods and config.models and config.workloads
     with pytest.raises(ConfigError, match="unknown preset 'fast'"):

@@ -353,11 +353,18 @@ static inline __attribute__((always_inline)) void dot_rows(int kind, int R, cons
 /* Threads split the weight rows in tiles of TILE_N; each weight row of a tile passes over up to
  * RMAX rows of x at a time (its codes unpacked once for them; the tile's rows stay in L1/L2). */
 #define ROWS_CASE(KIND, R) case R: dot_rows(KIND, R, xr, xrow, wn, B, yr, N); break;
+/* One parallel region a call: the threads round x's rows (a share each), wait for one another,
+ * then split the weight rows. */
 #define MATMUL(NAME, KIND)                                                                          \
-    static void NAME(const uint8_t *xq, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int threads) { \
+    static void NAME(const float *x, uint8_t *xq, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, \
+                     int threads) {                                                                 \
         const int64_t B = K / QK, xrow = x_row_bytes(KIND, K);                                      \
         const int64_t wrow = outrider_lanes_row_bytes(KIND, K), tiles = (N + TILE_N - 1) / TILE_N;  \
-        _Pragma("omp parallel for schedule(static) num_threads(threads)")                          \
+        _Pragma("omp parallel num_threads(threads)")                                               \
+        {                                                                                           \
+        _Pragma("omp for schedule(static)")                                                        \
+        for (int64_t r = 0; r < M; r++) quantize_row(KIND, x + r * K, K, xq + r * xrow);            \
+        _Pragma("omp for schedule(static)")                                                        \
         for (int64_t t = 0; t < tiles; t++) {                                                       \
             const int64_t n1 = (t + 1) * TILE_N < N ? (t + 1) * TILE_N : N;                         \
             for (int64_t r = 0; r < M; r += RMAX) {                                                 \
@@ -372,6 +379,7 @@ static inline __attribute__((always_inline)) void dot_rows(int kind, int R, cons
                     }                                                                               \
                 }                                                                                   \
             }                                                                                       \
+        }                                                                                           \
         }                                                                                           \
     }
 
@@ -393,9 +401,7 @@ int outrider_lanes_matmul(int kind, const float *x, int64_t M, int64_t K, const 
     const int64_t xrow = x_row_bytes(kind, K);
     uint8_t *xq = aligned_alloc(64, (size_t)(M * xrow));
     if (!xq) return -1;
-#pragma omp parallel for schedule(static) num_threads(threads) if (M >= 32)
-    for (int64_t r = 0; r < M; r++) quantize_row(kind, x + r * K, K, xq + r * xrow);
-#define CALL(NAME, KIND) case KIND: lanes_##NAME(xq, M, K, (const uint8_t *)w, N, y, threads); break;
+#define CALL(NAME, KIND) case KIND: lanes_##NAME(x, xq, M, K, (const uint8_t *)w, N, y, threads); break;
     switch (kind) { LANE_KINDS(CALL) default: free(xq); return -1; }
 #undef CALL
     free(xq);
