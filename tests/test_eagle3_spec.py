@@ -14,6 +14,7 @@ from enumerate_law import one_thread
 from outrider.control.controllers import FixedController
 from outrider.drafters.capabilities import Capabilities, Drafts
 from outrider.generation import Request, generate_ids
+from outrider.models import native
 from outrider.models.batch import pack
 from outrider.models.loader import load_decoder
 from outrider.sampling import SamplingParams
@@ -133,7 +134,8 @@ def test_the_drafter_gets_the_targets_hidden_states(setup, engine):
         assert torch.allclose(got, want, atol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0", pytest.param("q4_0-i8", marks=pytest.mark.skipif(
+    not native.lanes_available(), reason="int8-activation kernel: no AVX-512 VNNI here"))])
 @pytest.mark.parametrize("tree", ["chain", "dynamic:3,8"])
 def test_a_quantized_head_drafts_and_changes_no_output(setup, kind, tree):
     """`eagle3:PATH@q8_0`: the head's matrices kept as blocks (drafting reads fewer bytes); its
@@ -161,9 +163,11 @@ def test_head_dtype_default_and_bad_names(setup):
     quantized = SimpleNamespace(quantization="q4", device=torch.device("cpu"))
     assert head_dtype(None, target) is None  # a float target: the head drafts in its dtype
     assert head_dtype(None, quantized) == ("q4_0" if native.available() else None)
+    i8 = SimpleNamespace(quantization="q4-i8", device=torch.device("cpu"))
+    assert head_dtype(None, i8) == ("q4_0-i8" if native.available() else None)  # as the target multiplies
     assert head_dtype("float", quantized) is None and head_dtype("q4_0", target) == "q4_0"
     assert parse_argument(f"{head}@q8_0") == f"{head}@q8_0"
-    with pytest.raises(ConfigError, match="must be one of q8_0, q4_0, q4_1, float"):
+    with pytest.raises(ConfigError, match="must be one of q8_0, q4_0, q4_1, q8_0-i8, q4_0-i8, q4_1-i8, float"):
         parse_argument(f"{head}@int3")
     import shutil
 

@@ -309,7 +309,7 @@ def head_dtype(asked: str | None, target) -> str | None:
     if asked is not None:
         return None if asked == "float" else asked
     if target.quantization is not None and target.device.type == "cpu" and native.available():
-        return "q4_0"
+        return "q4_0-i8" if target.quantization.endswith("-i8") else "q4_0"  # as the target multiplies
     return None
 
 

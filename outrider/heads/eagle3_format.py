@@ -151,7 +151,8 @@ def misfit(config: Eagle3Config, target_config, has_embed: bool = False, has_lm_
     return None
 
 
-HEAD_QUANTS = ("q8_0", "q4_0", "q4_1")  # kinds a head's matrices may be kept in for drafting
+# kinds a head's matrices may be kept in for drafting; "-i8": multiplied with int8 activations (native/lanes.c)
+HEAD_QUANTS = ("q8_0", "q4_0", "q4_1", "q8_0-i8", "q4_0-i8", "q4_1-i8")
 
 
 def load_eagle3(folder: str | Path, target, quantize: str | None = None) -> Eagle3Head:
@@ -208,19 +209,23 @@ def load_eagle3(folder: str | Path, target, quantize: str | None = None) -> Eagl
 
 def _quantize_matrices(w: Eagle3Weights, kind: str, own_lm_head: bool, dtype: torch.dtype) -> None:
     """Replace the head's float matrices by QuantLinear weights of `kind` (see load_eagle3)."""
-    from ..models import quant_linear
+    from ..models import native, quant_linear
     from ..models.quant import quantize
 
     if kind not in HEAD_QUANTS:
         raise ConfigError(f"an EAGLE-3 head can draft in {', '.join(HEAD_QUANTS)} or its own float dtype, not {kind!r}")
     if dtype != torch.float32:
         raise ConfigError(f"a head kept in {kind} drafts in float32; this target computes in {dtype}")
+    base, _, compute = kind.partition("-")
+    if compute and not native.lanes_available():
+        raise ConfigError(f"an EAGLE-3 head in {kind} needs the int8-activation kernel (AVX-512 VNNI), which does "
+                          f"not run here; use @{base}")
     names = ["fc", "qkv", "o", "gate_up", "down"] + (["lm_head"] if own_lm_head else [])
     for name in names:
         if getattr(w, name).shape[1] % 32:
             continue  # rows that are not whole blocks stay float
-        blocks = quantize(getattr(w, name), kind)
-        setattr(w, name, quant_linear.QuantLinear(blocks, dtype, quant_linear.choose_kernel(blocks)))
+        blocks = quantize(getattr(w, name), base)
+        setattr(w, name, quant_linear.QuantLinear(blocks, dtype, quant_linear.choose_kernel(blocks, i8=bool(compute))))
 
 
 def expected_shapes(c: Eagle3Config, prefix: str = "midlayer.") -> tuple[dict, dict]:
