@@ -22,6 +22,7 @@ from outrider.models.quant_convert import gguf_blocks
 from outrider.models.quant_i8 import quantize_activations, reference_linear_i8, rounding_bound
 from test_quant import random_blocks
 from test_quant_convert import random_raw
+from test_quant_native import assert_rows_bit_identical
 
 needs_lanes = pytest.mark.skipif(not native.lanes_available(),
                                  reason=f"int8-activation kernel: {native.reason() or 'no AVX-512 VNNI'}")
@@ -105,16 +106,7 @@ def test_rows_are_bit_identical_whatever_the_batch_and_threads(name):
     blocks = all_kinds(768, seed=4)[name]
     weight = native.NativeWeight.packed(blocks)
     x = torch.randn(19, 768, generator=torch.Generator().manual_seed(5))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        full = native.qmatmul(x, weight)
-        torch.set_num_threads(2)
-        assert torch.equal(native.qmatmul(x, weight), full)
-        for start, rows in [(0, 1), (7, 1), (18, 1), (0, 2), (3, 5), (0, 8), (1, 9), (2, 16)]:
-            assert torch.equal(native.qmatmul(x[start:start + rows], weight), full[start:start + rows])
-    finally:
-        torch.set_num_threads(threads)
+    assert_rows_bit_identical(weight, x, [(0, 1), (7, 1), (18, 1), (0, 2), (3, 5), (0, 8), (1, 9), (2, 16)])
 
 
 @needs_lanes

@@ -35,13 +35,19 @@ def test_rows_are_bit_identical_whatever_the_batch_and_threads(kind):
     weight = native.NativeWeight.of(widened(blocks) if "float32" in kind else blocks)
     assert weight.d.dtype == (torch.float32 if "float32" in kind else torch.float16)
     x = torch.randn(17, 96, generator=torch.Generator().manual_seed(1))
+    assert_rows_bit_identical(weight, x, [(0, 1), (5, 1), (16, 1), (0, 2), (3, 5), (0, 8), (1, 9), (0, 16)])
+
+
+def assert_rows_bit_identical(weight, x, subsets):
+    """native.qmatmul's rows of x (all, with 1 and with 2 threads; then each (start, rows) subset
+    alone) are the same bits."""
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         full = native.qmatmul(x, weight)
         torch.set_num_threads(2)
         assert torch.equal(native.qmatmul(x, weight), full)
-        for start, rows in [(0, 1), (5, 1), (16, 1), (0, 2), (3, 5), (0, 8), (1, 9), (0, 16)]:
+        for start, rows in subsets:
             assert torch.equal(native.qmatmul(x[start:start + rows], weight), full[start:start + rows])
     finally:
         torch.set_num_threads(threads)

@@ -42,8 +42,8 @@ import torch
 from ..quant import BLOCK, QuantBlocks
 
 SOURCE = Path(__file__).with_name("qmatmul.c")
-SOURCES = (SOURCE, *(Path(__file__).with_name(f) for f in ("layer.c", "fill.c", "lanes.c")))  # one library
-HEADERS = (Path(__file__).with_name("kinds.h"), Path(__file__).with_name("decode.h"))  # in the library's key
+SOURCES = (SOURCE, *(Path(__file__).with_name(f) for f in ("layer.c", "fill.c", "lanes.c", "lanes_pack.c")))  # one library
+HEADERS = tuple(Path(__file__).with_name(h) for h in ("kinds.h", "decode.h", "lanes.h"))  # in the library's key
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
 KIND_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q8_16": 3}
 

@@ -21,10 +21,10 @@
  * step gives, bit for bit, so greedy speculative output equals greedy autoregressive output here
  * by construction, as with qmatmul.c's float32 kernel.
  *
- * Layout (outrider_lanes_pack, once at load). A weight row is cut into groups of 16 blocks; a
- * group is one record: its codes in "units" of 4 bytes a lane, lane l = block l, then its scales.
- * Q4 kinds: 4 units, unit p holding bytes 4p..4p+3 of each block (a Q4 byte j holds value j and,
- * high nibble, value j + 16, so unit p gives values 4p..4p+3 in its low nibbles and
+ * Layout (lanes_pack.c, once at load; lanes.h its sizes). A weight row is cut into groups of 16
+ * blocks; a group is one record: its codes in "units" of 4 bytes a lane, lane l = block l, then
+ * its scales. Q4 kinds: 4 units, unit p holding bytes 4p..4p+3 of each block (a Q4 byte j holds
+ * value j and, high nibble, value j + 16, so unit p gives values 4p..4p+3 in its low nibbles and
  * 16+4p..16+4p+3 in its high ones). Q8 kinds: 8 units, unit 2p values 4p..4p+3, unit 2p+1 values
  * 16+4p..16+4p+3. Each unit is one 64-byte vector, and a row has exactly the bytes of its GGUF
  * blocks (no padding). x is laid out to match (unit 2p: values 4p..4p+3 of each block, 2p+1:
@@ -47,16 +47,13 @@
 #include <string.h>
 
 int outrider_lanes_ok(void);
-int64_t outrider_lanes_row_bytes(int kind, int64_t K);
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 
-#include "kinds.h"
+#include "lanes.h"
 #include "decode.h"
 
-#define QK 32
-#define GROUP 16          /* blocks a group (one lane each) */
 #define XREC 768          /* bytes of one row's group of x: 8 units of 64, d[16], sum[16], first-half sum[16], d * sum[16] */
 /* a tail of nb blocks: vectors of codes (Q4: lanes of 4 bytes, 4 blocks a vector; Q8: 2 blocks) */
 #define TAIL_VECTORS(kind, nb) (q8(kind) ? ((nb) + 1) / 2 : ((nb) + 3) / 4)
@@ -67,92 +64,12 @@ int64_t outrider_lanes_row_bytes(int kind, int64_t K);
 #define CHAINS 4          /* partial integer sums a row keeps when it is alone in its tile */
 #define TILE_N 16         /* weight rows a thread takes at a time */
 
-static inline int q8(int kind) { return BASE(kind) == KIND_Q8_0 || BASE(kind) == KIND_Q8_16; }
-
-/* Bytes of codes and of scales of a group of nb blocks. */
-static inline int64_t code_bytes(int kind, int64_t nb) { return (q8(kind) ? 32 : 16) * nb; }
-static inline int64_t scale_bytes(int kind, int64_t nb) {
-    if (kind & FACTORED) return nb / 8 * SUPER_BYTES(kind);
-    const int64_t per = (kind & HALF) ? 2 : 4, n = BASE(kind) == KIND_Q8_16 ? 2 * nb : nb;
-    return n * per * (BASE(kind) == KIND_Q4_1 ? 2 : 1);
-}
-static inline int64_t group_bytes(int kind, int64_t nb) { return code_bytes(kind, nb) + scale_bytes(kind, nb); }
-
-static int base_known(int kind, int64_t K) {  /* a kind this layout takes (without LANES) */
-    const int base = BASE(kind), extra = kind & ~3;
-    const int ok = (extra == 0) || (extra == HALF && base != KIND_Q8_16) ||
-                   (extra == FACTORED && (base == KIND_Q4_1 || base == KIND_Q8_16));
-    return ok && kind >= 0 && K > 0 && K % ((kind & FACTORED) ? 256 : QK) == 0;
-}
-
 int outrider_lanes_ok(void) { return 1; }
 
 /* Bytes of a row of x's records for a weight of `kind` (the tail's layout follows the codes'). */
 static int64_t x_row_bytes(int kind, int64_t K) {
     const int64_t B = K / QK, tail = B % GROUP;
     return B / GROUP * XREC + (tail ? XTAIL(kind, tail) : 0);
-}
-
-int64_t outrider_lanes_row_bytes(int kind, int64_t K) {
-    if (!base_known(kind & ~LANES, K)) return -1;
-    kind &= ~LANES;
-    const int64_t B = K / QK, full = B / GROUP, tail = B % GROUP;
-    return full * group_bytes(kind, GROUP) + (tail ? group_bytes(kind, tail) : 0);
-}
-
-/* ---- packing (once a weight, at load) ---------------------------------------------------------- */
-
-/* One weight row from the blocks qmatmul.c reads (q, d, m of that row) into `out`. */
-static void pack_row(int kind, int64_t K, const uint8_t *q, const uint8_t *d, const uint8_t *m, uint8_t *out) {
-    const int64_t B = K / QK, qstride = q8(kind) ? QK : QK / 2;
-    const int64_t per = (kind & HALF) ? 2 : 4;
-    for (int64_t g0 = 0; g0 < B; g0 += GROUP) {
-        const int64_t nb = B - g0 < GROUP ? B - g0 : GROUP;
-        const int units = q8(kind) ? 8 : 4;
-        if (nb < GROUP) {  /* the tail: codes in the blocks' own order */
-            for (int64_t l = 0; l < nb; l++) memcpy(out + l * qstride, q + (g0 + l) * qstride, qstride);
-            if (q8(kind))
-                for (int64_t i = 0; i < nb * qstride; i++) out[i] ^= 0x80;
-        }
-        for (int u = 0; u < units && nb == GROUP; u++) {
-            /* the source bytes of unit u: Q4 dword u; Q8 dword u / 2 (+ 4 for the odd units) */
-            const int dword = q8(kind) ? (u / 2) + (u & 1) * 4 : u;
-            for (int64_t l = 0; l < nb; l++) {
-                uint8_t *o = out + u * 4 * nb + 4 * l;
-                memcpy(o, q + (g0 + l) * qstride + 4 * dword, 4);
-                if (q8(kind))
-                    for (int i = 0; i < 4; i++) o[i] ^= 0x80;  /* c + 128 */
-            }
-        }
-        uint8_t *s = out + code_bytes(kind, nb);
-        if (kind & FACTORED) {
-            memcpy(s, d + g0 / 8 * SUPER_BYTES(kind), scale_bytes(kind, nb));
-        } else if (BASE(kind) == KIND_Q8_16) {  /* float32 [2 nb]: first halves, then second halves */
-            for (int64_t l = 0; l < nb; l++) {
-                memcpy(s + 4 * l, d + 4 * (2 * (g0 + l)), 4);
-                memcpy(s + 4 * (nb + l), d + 4 * (2 * (g0 + l) + 1), 4);
-            }
-        } else {
-            memcpy(s, d + g0 * per, nb * per);
-            if (BASE(kind) == KIND_Q4_1) memcpy(s + nb * per, m + g0 * per, nb * per);
-        }
-        out += group_bytes(kind, nb);
-    }
-}
-
-/* Weight rows n0..n1 (the blocks of qmatmul.c: q, d, m as outrider_qmatmul takes them) into
- * out [n1 - n0, outrider_lanes_row_bytes(kind, K)]. 0, or -1 for arguments it cannot take. */
-int outrider_lanes_pack(int kind, int64_t K, const void *q, const void *d, const void *m, int64_t n0, int64_t n1,
-                        void *out, int threads) {
-    if (!base_known(kind, K) || (BASE(kind) == KIND_Q4_1 && !m) || n0 < 0 || n1 < n0 || threads < 1) return -1;
-    const int64_t B = K / QK, qrow = B * (q8(kind) ? QK : QK / 2);
-    const int64_t drow = scale_row_bytes(kind, B), mrow = min_row_bytes(kind, B);
-    const int64_t orow = outrider_lanes_row_bytes(kind, K);
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = n0; n < n1; n++)
-        pack_row(kind, K, (const uint8_t *)q + n * qrow, (const uint8_t *)d + n * drow,
-                 m ? (const uint8_t *)m + n * mrow : 0, (uint8_t *)out + (n - n0) * orow);
-    return 0;
 }
 
 /* ---- activations --------------------------------------------------------------------------------- */
@@ -410,12 +327,6 @@ int outrider_lanes_matmul(int kind, const float *x, int64_t M, int64_t K, const 
 
 #else  /* no AVX-512 VNNI in this build: the -i8 dtypes are refused (native.lanes_available) */
 int outrider_lanes_ok(void) { return 0; }
-int64_t outrider_lanes_row_bytes(int kind, int64_t K) { (void)kind; (void)K; return -1; }
-int outrider_lanes_pack(int kind, int64_t K, const void *q, const void *d, const void *m, int64_t n0, int64_t n1,
-                        void *out, int threads) {
-    (void)kind; (void)K; (void)q; (void)d; (void)m; (void)n0; (void)n1; (void)out; (void)threads;
-    return -1;
-}
 int outrider_lanes_matmul(int kind, const float *x, int64_t M, int64_t K, const void *w, int64_t N, float *y,
                           int threads) {
     (void)kind; (void)x; (void)M; (void)K; (void)w; (void)N; (void)y; (void)threads;
