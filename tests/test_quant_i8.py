@@ -164,16 +164,16 @@ def test_refused_in_one_line_where_the_kernel_does_not_run(tiny_folders, monkeyp
 
 
 @needs_lanes
-def test_a_draft_model_beside_an_i8_target_computes_as_it_does(tmp_path):
-    """No @DTYPE: the draft model's own quantization, with int8 activations beside an -i8 target
-    (its numerics change only its proposals); an @DTYPE still decides."""
+def test_a_draft_model_multiplies_with_int8_activations_by_default(tmp_path):
+    """No @DTYPE: the draft model's own quantization, with int8 activations (its numerics change
+    only its proposals), beside any target; an @DTYPE still decides."""
     from outrider.drafters.draft_model import DraftModel, build
     from outrider.models.loader import load_decoder
     from outrider.spec.shapes import parse_shape
     from test_quant_model import gguf_folder
 
     folder = gguf_folder(tmp_path / "gguf")
-    for target_dtype, asked, got in [("q4-i8", None, "q4-i8"), ("q4", None, "q4"), ("q4-i8", "q4_0", "q4_0")]:
+    for target_dtype, asked, got in [("q4-i8", None, "q4-i8"), ("q4", None, "q4-i8"), ("q4-i8", "q4_0", "q4_0")]:
         target = load_decoder(folder, "cpu", target_dtype)
         drafter = build(DraftModel(str(folder), asked), parse_shape("chain"), target, folder)
         assert drafter.decoder.quantization == got, (target_dtype, asked)
