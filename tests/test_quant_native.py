@@ -127,6 +127,7 @@ def test_a_filling_forward_may_take_the_gemm_and_keeps_the_values(bf16, monkeypa
 
     monkeypatch.setattr(quant_linear, "_BF16_PREFILL", [bf16])
     monkeypatch.setattr(quant_linear, "_TILE_PREFILL", [False])  # the GEMM path (fill.c: test_native_fill.py)
+    monkeypatch.setattr(quant_linear, "_GEMM_PREFILL", [True])  # as on an Intel CPU
     rows = quant_linear.BULK_ROWS_BF16 if bf16 else quant_linear.BULK_ROWS
     blocks = quantize(torch.randn(200, 576, generator=torch.Generator().manual_seed(4)) * 0.05, "q4_1")
     weight = QuantLinear(blocks, kernel="native")
@@ -145,6 +146,30 @@ def test_a_filling_forward_may_take_the_gemm_and_keeps_the_values(bf16, monkeypa
     assert torch.equal(small, native.qmatmul(x[:rows - 1], blocks))  # fewer rows: still the kernel
     assert torch.equal(weight.linear(x), native.qmatmul(x, blocks))  # not filling: the kernel
     assert not torch.equal(bulk, native.qmatmul(x, blocks))  # the GEMM really ran (another order)
+
+
+@needs_native
+def test_the_float_gemm_takes_a_prefill_only_on_intel_cpus(monkeypatch):
+    """Off Intel CPUs (where MKL measured slower than the row kernel at a prefill's rows) a
+    filling forward keeps the row kernel, bit for bit; OUTRIDER_PREFILL_GEMM decides when set."""
+    from outrider.models import quant_linear
+
+    for vendor, env, want in [("GenuineIntel", None, True), ("AuthenticAMD", None, False),
+                              ("AuthenticAMD", "1", True), ("GenuineIntel", "0", False)]:
+        monkeypatch.setattr(quant_linear, "_GEMM_PREFILL", [None])
+        monkeypatch.setattr(native, "cpu_vendor", lambda: vendor)
+        if env is None:
+            monkeypatch.delenv("OUTRIDER_PREFILL_GEMM", raising=False)
+        else:
+            monkeypatch.setenv("OUTRIDER_PREFILL_GEMM", env)
+        assert quant_linear.gemm_prefill() is want, (vendor, env)
+    monkeypatch.setattr(quant_linear, "_GEMM_PREFILL", [False])
+    monkeypatch.setattr(quant_linear, "_TILE_PREFILL", [False])
+    monkeypatch.setattr(quant_linear, "_BF16_PREFILL", [False])
+    blocks = quantize(torch.randn(64, 576, generator=torch.Generator().manual_seed(4)) * 0.05, "q4_1")
+    x = torch.randn(quant_linear.BULK_ROWS, 576, generator=torch.Generator().manual_seed(5))
+    with quant_linear.filling():
+        assert torch.equal(QuantLinear(blocks, kernel="native").linear(x), native.qmatmul(x, blocks))
 
 
 @needs_native

@@ -60,6 +60,17 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor_id ("GenuineIntel", "AuthenticAMD", ...; "" where /proc/cpuinfo has none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
