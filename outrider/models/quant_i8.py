@@ -69,6 +69,7 @@ def reference_linear_i8(x: torch.Tensor, blocks: QuantBlocks) -> torch.Tensor:
 def rounding_bound(x: torch.Tensor, blocks: QuantBlocks) -> torch.Tensor:
     """float64 [M, out]: how far lanes.c's float32 result may be from reference_linear_i8: each
     of a scale group's two or three float32 operations, the adds into its lane and the 16-lane
-    reduction round once each (at most `groups + 8` roundings of 2**-24 on the sum of |terms|)."""
+    reduction round once each: at most `groups + 8` roundings, each of 2**-24 of the sum of
+    |terms| at most, allowed twice that (2**-23) for the second-order terms."""
     terms = block_terms(x, blocks)
     return (terms.shape[-1] + 8) * 2.0 ** -23 * terms.abs().sum(-1)
