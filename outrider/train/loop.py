@@ -188,7 +188,10 @@ class _Dist:
         return tensor
 
     def close(self):
+        """All ranks meet before the group goes: a rank that tore its group down while another
+        was still using the store it hosts aborted that one at exit (seen once under load)."""
         if self.world > 1 and self.dist.is_initialized():
+            self.dist.barrier()
             self.dist.destroy_process_group()
 
 
