@@ -1,6 +1,7 @@
 /* y[M, N] = x[M, K] . W[N, K]^T with x rounded to 8-bit blocks and integer dot products
  * (AVX-512 VNNI): the numerics of the `-i8` dtypes (quant_load.py), llama.cpp's way of running a
- * GGUF's blocks, on a layout of our own ("lanes") that makes 1 to 16 rows cost about the same.
+ * GGUF's blocks, on a layout of our own ("lanes") with a quarter of the float32 kernel's
+ * instructions a row, so that more rows share one pass over the weights before compute binds.
  *
  * Activations. Each 32-value block of a row of x is rounded as llama.cpp rounds it for its Q8
  * dot products: d = max|x| / 127, xq = round(x / d) (x * (1 / d), to nearest, ties to even), so
@@ -61,7 +62,6 @@ int outrider_lanes_ok(void);
  * then each lane's d, sum of its values' codes, and d * sum (a vector each) */
 #define XTAIL(kind, nb) (TAIL_VECTORS(kind, nb) * 64 * (q8(kind) ? 4 : 5))
 #define RMAX 8            /* rows of x a tile takes */
-#define CHAINS 4          /* partial integer sums a row keeps when it is alone in its tile */
 #define TILE_N 16         /* weight rows a thread takes at a time */
 
 int outrider_lanes_ok(void) { return 1; }
@@ -181,29 +181,24 @@ static inline __attribute__((always_inline)) void dot_rows(int kind, int R, cons
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const int64_t full = B / GROUP, nb = B % GROUP, bytes = group_bytes(kind, GROUP);
-    /* with one or two rows, independent partial integer sums a row (added at the end: integers,
-     * so exactly the same sum), so that a row does not wait on vpdpbusd's latency 8 times a group */
-    const int chains = R == 1 ? CHAINS : R == 2 ? 2 : 1;
     for (int64_t gi = 0; gi < full; gi++) {
         for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)w + PREFETCH_BYTES + o, _MM_HINT_T2);
         /* integer sums a lane: sa all 32 values (q8_16: the first 16), sb the second 16 */
-        __m512i sa[RMAX][CHAINS], sb[RMAX][CHAINS];
-        for (int r = 0; r < R; r++)
-            for (int k = 0; k < chains; k++) sa[r][k] = sb[r][k] = _mm512_setzero_si512();
+        __m512i sa[RMAX], sb[RMAX];
+        for (int r = 0; r < R; r++) sa[r] = sb[r] = _mm512_setzero_si512();
         for (int u = 0; u < (q8(kind) ? 8 : 4); u++) {
             const __m512i v = _mm512_loadu_si512(w + u * 64);  /* Q8: unit u; Q4: units 2u, 2u+1 in its nibbles */
             const __m512i lo = q8(kind) ? v : _mm512_and_si512(v, low4);
             const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-            const int k = (q8(kind) ? u >> 1 : u) % chains;
             for (int r = 0; r < R; r++) {
                 const uint8_t *xg = xq + r * xrow + gi * XREC;
                 if (q8(kind)) {
                     const __m512i xv = _mm512_load_si512(xg + u * 64);
-                    if (BASE(kind) == KIND_Q8_16 && (u & 1)) sb[r][k] = _mm512_dpbusd_epi32(sb[r][k], lo, xv);
-                    else sa[r][k] = _mm512_dpbusd_epi32(sa[r][k], lo, xv);
+                    if (BASE(kind) == KIND_Q8_16 && (u & 1)) sb[r] = _mm512_dpbusd_epi32(sb[r], lo, xv);
+                    else sa[r] = _mm512_dpbusd_epi32(sa[r], lo, xv);
                 } else {
-                    sa[r][k] = _mm512_dpbusd_epi32(sa[r][k], lo, _mm512_load_si512(xg + 2 * u * 64));
-                    sa[r][k] = _mm512_dpbusd_epi32(sa[r][k], hi, _mm512_load_si512(xg + (2 * u + 1) * 64));
+                    sa[r] = _mm512_dpbusd_epi32(sa[r], lo, _mm512_load_si512(xg + 2 * u * 64));
+                    sa[r] = _mm512_dpbusd_epi32(sa[r], hi, _mm512_load_si512(xg + (2 * u + 1) * 64));
                 }
             }
         }
@@ -213,8 +208,7 @@ static inline __attribute__((always_inline)) void dot_rows(int kind, int R, cons
             const uint8_t *xg = xq + r * xrow + gi * XREC;
             const __m512 dx = _mm512_load_ps(xg + 512);
             const __m512i sum = _mm512_load_si512(xg + 576);
-            __m512i a = sa[r][0], b = sb[r][0];
-            for (int k = 1; k < chains; k++) a = _mm512_add_epi32(a, sa[r][k]), b = _mm512_add_epi32(b, sb[r][k]);
+            __m512i a = sa[r], b = sb[r];
             if (BASE(kind) == KIND_Q8_16) {
                 const __m512i first = _mm512_load_si512(xg + 640), rest = _mm512_sub_epi32(sum, first);
                 a = _mm512_sub_epi32(a, _mm512_slli_epi32(first, 7));
