@@ -11,7 +11,10 @@ Every variant (dtype x linear path) runs each k in turn within one repetition, s
 elsewhere hits them alike; the load average is printed before and after. The per-op table
 (torch.profiler, the first variant with --linear auto, else the first) gives the time inside our layer functions (linear, attention,
 rotary, norms; "rest" is everything else: K/V writes, residual adds, the MLP's gate, masks) and the
-top aten ops by self time. Then our greedy autoregressive tok/s against transformers' greedy
+top aten ops by self time. For a model whose products all run in the native kernel, the products'
+compute floor: their multiply-adds at the kernel's own rate with the weights in cache (each weight
+shape timed on a slice of ~256 KB), over cost(1): where it passes 1, compute and not memory traffic
+bounds cost(k)/cost(1) on this machine. Then our greedy autoregressive tok/s against transformers' greedy
 generate on one prompt, same new tokens, alternated (EOS ignored on both sides).
 """
 
@@ -73,6 +76,63 @@ def measure_costs(variants: dict, context: int, repeats: int) -> dict:
                     if rep:
                         times[name][k].append(time.perf_counter() - start)
     return times
+
+
+def native_matrices(model) -> list:
+    """The model's NativeWeights (every layer's products and the head), or [] when any product
+    does not run in the native kernel (a float model)."""
+    from outrider.models.native.layer import NATIVE_KERNELS
+
+    mats = [m for w in model.layers for m in (w.qkv, w.o, w.gate_up, w.down)] + [model.lm_head]
+    parts = [p for m in mats for p in getattr(m, "parts", [m])]
+    if not all(getattr(p, "kernel", None) in NATIVE_KERNELS for p in parts):
+        return []
+    return [p.state["weight"] for p in parts]
+
+
+def first_rows(w, n: int):
+    """The NativeWeight of w's first n output rows (the same bytes: views)."""
+    from outrider.models.native import NativeWeight
+
+    if w.lanes:  # whole records a row, the scales among them; d only says their dtype
+        return NativeWeight(w.kind, (n, w.shape[1]), w.q[:n], w.d, None, lanes=True)
+    d = w.d[:n]
+    m = d if w.m is w.d else (None if w.m is None else w.m[:n])  # FACTORED q4_1: its mins are in d
+    return NativeWeight(w.kind, (n, w.shape[1]), w.q[:n], d, m)
+
+
+def compute_floor(model, ks=KS, cache_bytes: int = 256 << 10, calls: int = 40) -> dict:
+    """k -> seconds the forward's matrix products take at k rows when the weights need not be
+    read from memory: each distinct (kind, in) shape's kernel timed on the first rows of one of its
+    weights (about `cache_bytes` of them, so they stay in L2), its multiply-adds a second applied
+    to every weight of that shape. A lower bound on a k-token forward beside the memory one (its
+    weights read once): where it exceeds cost(1), compute, not memory traffic, sets cost(k)."""
+    from outrider.models.native import qmatmul
+
+    weights = native_matrices(model)
+    if not weights:
+        return {}
+    shapes = {}
+    for w in weights:
+        shapes.setdefault((w.code, w.shape[1]), []).append(w)
+    floor = {k: 0.0 for k in ks}
+    for (_, K), group in shapes.items():
+        w = group[0]
+        row = sum(t[0].numel() * t.element_size() for t in w.tensors())  # bytes of one output row
+        n = min(w.shape[0], max(16, cache_bytes // max(row, 1) // 16 * 16))
+        part = first_rows(w, n)
+        macs = sum(g.shape[0] for g in group) * K
+        for k in ks:
+            x = torch.randn(k, K)
+            qmatmul(x, part)
+            times = []
+            for _ in range(calls):
+                start = time.perf_counter()
+                qmatmul(x, part)
+                times.append(time.perf_counter() - start)
+            rate = k * n * K / statistics.median(times)  # multiply-adds a second, in cache
+            floor[k] += k * macs / rate
+    return floor
 
 
 def per_op_profile(model, path: str, context: int, ks: list[int], top: int) -> dict:
@@ -178,6 +238,19 @@ def main() -> None:
                          "ratio": {k: t / med[1] for k, t in med.items()}}
         print(f"  {name:24s} cost(1) {1e3 * med[1]:7.1f}  " + "  ".join(f"k={k}: {med[k] / med[1]:.2f}" for k in KS),
               flush=True)
+    floors = {}
+    for name, (model, _) in variants.items():
+        floor = compute_floor(model) if model not in (m for m, _ in floors.values()) else None
+        if floor:
+            floors[name] = (model, floor)
+    if floors:
+        print("\nthe products' compute floor (their multiply-adds at the kernel's in-cache rate, weights"
+              " not read from memory) over cost(1): cost(k)/cost(1) cannot go below it where it passes 1")
+    for name, (_, floor) in floors.items():
+        one = statistics.median(times[name][1])
+        summary[name]["compute_floor_ms"] = {k: 1e3 * t for k, t in floor.items()}
+        print(f"  {name:24s} " + "  ".join(f"k={k}: {floor[k] / one:.2f}" for k in KS) +
+              f"   (products alone at k=1: {1e3 * floor[1]:.1f} ms in cache)", flush=True)
     chosen = {f"{o}x{i} {str(dtype).replace('torch.', '')}": paths
               for (o, i, dtype), paths in cpu_linear.choices().items()}
     print("\nCPU linear paths chosen (rows 1 | 2-4 | 5-16 | more):")

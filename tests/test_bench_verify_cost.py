@@ -1,0 +1,49 @@
+"""scripts/bench_verify_cost.py's compute floor: the slices it times are the weights' own rows,
+and the floor covers every product of the model (a float model has none it can time)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from outrider.models import native
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_verify_cost.py"
+needs_native = pytest.mark.skipif(not native.available(), reason="the native kernel is not built here")
+
+
+def script():
+    spec = importlib.util.spec_from_file_location("bench_verify_cost", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", ["q4", "q8_0"] + (["q4-i8"] if native.lanes_available() else []))
+def test_a_slice_multiplies_as_the_first_rows_of_its_weight(tmp_path, dtype):
+    from outrider.models.loader import load_decoder
+    from test_quant_model import make_quantizable
+
+    bench = script()
+    model = load_decoder(make_quantizable(tmp_path / "model"), "cpu", dtype)
+    weights = bench.native_matrices(model)
+    assert len(weights) >= 4 * len(model.layers) + 1  # every layer's products and the head
+    for w in {id(w): w for w in weights}.values():
+        x = torch.randn(3, w.shape[1])
+        n = max(1, w.shape[0] // 2)
+        assert torch.equal(native.qmatmul(x, bench.first_rows(w, n)), native.qmatmul(x, w)[:, :n])
+    floor = bench.compute_floor(model, ks=(1, 16), calls=3)  # tiny weights: timing noise, no order
+    assert set(floor) == {1, 16} and all(0 < t < 1 for t in floor.values())
+
+
+def test_a_float_model_has_no_floor(tmp_path):
+    from outrider.models.loader import load_decoder
+    from test_quant_model import make_quantizable
+
+    bench = script()
+    model = load_decoder(make_quantizable(tmp_path / "model"), "cpu", torch.float32)
+    assert bench.native_matrices(model) == [] and bench.compute_floor(model) == {}
