@@ -13,7 +13,7 @@ elsewhere hits them alike; the load average is printed before and after. The per
 rotary, norms; "rest" is everything else: K/V writes, residual adds, the MLP's gate, masks) and the
 top aten ops by self time. For a model whose products all run in the native kernel, the products'
 compute floor: their multiply-adds at the kernel's own rate with the weights in cache (each weight
-shape timed on a slice of ~256 KB), over cost(1): where it passes 1, compute and not memory traffic
+shape timed on a ~1 MB slice, its fastest call), over cost(1): where it passes 1, compute and not memory traffic
 bounds cost(k)/cost(1) on this machine. Then our greedy autoregressive tok/s against transformers' greedy
 generate on one prompt, same new tokens, alternated (EOS ignored on both sides).
 """
@@ -101,12 +101,13 @@ def first_rows(w, n: int):
     return NativeWeight(w.kind, (n, w.shape[1]), w.q[:n], d, m)
 
 
-def compute_floor(model, ks=KS, cache_bytes: int = 256 << 10, calls: int = 40) -> dict:
+def compute_floor(model, ks=KS, cache_bytes: int = 1 << 20, calls: int = 60) -> dict:
     """k -> seconds the forward's matrix products take at k rows when the weights need not be
-    read from memory: each distinct (kind, in) shape's kernel timed on the first rows of one of its
-    weights (about `cache_bytes` of them, so they stay in L2), its multiply-adds a second applied
-    to every weight of that shape. A lower bound on a k-token forward beside the memory one (its
-    weights read once): where it exceeds cost(1), compute, not memory traffic, sets cost(k)."""
+    read from memory: each distinct (kind, in) shape's kernel timed at k rows on the first rows
+    of one of its weights (about `cache_bytes` of them: the cores' L2), the fastest of `calls`
+    calls, its multiply-adds a second applied to every weight of that shape. A lower bound on a
+    k-token forward beside the memory one (its weights read once): where it exceeds cost(1),
+    compute, not memory traffic, sets cost(k)/cost(1)."""
     from outrider.models.native import qmatmul
 
     weights = native_matrices(model)
@@ -125,13 +126,12 @@ def compute_floor(model, ks=KS, cache_bytes: int = 256 << 10, calls: int = 40) -
         for k in ks:
             x = torch.randn(k, K)
             qmatmul(x, part)
-            times = []
+            fastest = float("inf")
             for _ in range(calls):
                 start = time.perf_counter()
                 qmatmul(x, part)
-                times.append(time.perf_counter() - start)
-            rate = k * n * K / statistics.median(times)  # multiply-adds a second, in cache
-            floor[k] += k * macs / rate
+                fastest = min(fastest, time.perf_counter() - start)
+            floor[k] += k * macs * fastest / (k * n * K)  # the slice's rate, for all of the shape's rows
     return floor
 
 
