@@ -135,6 +135,21 @@ def compute_floor(model, ks=KS, cache_bytes: int = 1 << 20, calls: int = 60) -> 
     return floor
 
 
+def int8_peak(threads: int, rounds: int = 20_000_000) -> float:
+    """The CPU's int8 multiply-adds a second on `threads` threads: independent vpdpbusd with
+    nothing loaded (lanes.c outrider_lanes_peak), the fastest of 3; 0.0 without AVX-512 VNNI."""
+    from outrider.models import native
+
+    if not native.lanes_available():
+        return 0.0
+    fastest = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        native.library().outrider_lanes_peak(rounds, threads)
+        fastest = min(fastest, time.perf_counter() - start)
+    return rounds * 24 * 64 * threads / fastest
+
+
 def per_op_profile(model, path: str, context: int, ks: list[int], top: int) -> dict:
     """torch.profiler over 5 forwards at each k: our layer functions (inclusive) and top aten ops."""
     import outrider.models.decoder as decoder
@@ -251,12 +266,25 @@ def main() -> None:
         summary[name]["compute_floor_ms"] = {k: 1e3 * t for k, t in floor.items()}
         print(f"  {name:24s} " + "  ".join(f"k={k}: {floor[k] / one:.2f}" for k in KS) +
               f"   (products alone at k=1: {1e3 * floor[1]:.1f} ms in cache)", flush=True)
+        macs = sum(w.shape[0] * w.shape[1] for w in native_matrices(model))
+        summary[name]["in_cache_gmacs"] = {k: k * macs / floor[k] / 1e9 for k in KS}
+    peak = int8_peak(args.threads) if any(w.lanes for m, _ in floors.values() for w in native_matrices(m)) else 0
+    if peak:
+        print(f"\nthe CPU's int8 peak ({args.threads} threads, vpdpbusd alone): {peak / 1e9:.0f} G multiply-adds/s;"
+              " the products in cache at k rows, G multiply-adds/s (share of that peak):")
+        for name, (model, floor) in floors.items():
+            if any(w.lanes for w in native_matrices(model)):
+                rates = summary[name]["in_cache_gmacs"]
+                print(f"  {name:24s} " + "  ".join(f"k={k}: {rates[k]:.0f} ({1e9 * rates[k] / peak:.0%})" for k in KS))
+        result_peak = peak
+    else:
+        result_peak = None
     chosen = {f"{o}x{i} {str(dtype).replace('torch.', '')}": paths
               for (o, i, dtype), paths in cpu_linear.choices().items()}
     print("\nCPU linear paths chosen (rows 1 | 2-4 | 5-16 | more):")
     for shape, paths in chosen.items():
         print(f"  {shape}: {' | '.join(paths)}")
-    result = {"costs": summary, "linear_paths": chosen, "load_before": load_before}
+    result = {"costs": summary, "linear_paths": chosen, "load_before": load_before, "int8_peak_macs": result_peak}
     if args.profile:
         first = next((name for name, (_, linear) in variants.items() if linear == "auto"), next(iter(variants)))
         ks = [int(k) for k in args.profile.split(",")]

@@ -47,3 +47,11 @@ def test_a_float_model_has_no_floor(tmp_path):
     bench = script()
     model = load_decoder(make_quantizable(tmp_path / "model"), "cpu", torch.float32)
     assert bench.native_matrices(model) == [] and bench.compute_floor(model) == {}
+
+
+@pytest.mark.skipif(not native.lanes_available(), reason="no AVX-512 VNNI here")
+def test_the_peak_loop_runs_every_multiply_add():
+    """Lane l of chain i starts at i and gains 4 * (1 * 2) a round: the sums say every vpdpbusd ran."""
+    rounds, threads = 1000, 2
+    assert native.library().outrider_lanes_peak(rounds, threads) == threads * 16 * (276 + 8 * 24 * rounds)
+    assert script().int8_peak(1, rounds=1000) > 0

@@ -140,6 +140,8 @@ def _load() -> None:
     lib.outrider_fill_matmul.restype = ctypes.c_int
     lib.outrider_fill_ok.restype = ctypes.c_int
     lib.outrider_lanes_ok.restype = ctypes.c_int
+    lib.outrider_lanes_peak.argtypes = [i64, ctypes.c_int]
+    lib.outrider_lanes_peak.restype = ctypes.c_int
     lib.outrider_lanes_row_bytes.argtypes = [ctypes.c_int, i64]
     lib.outrider_lanes_row_bytes.restype = i64
     lib.outrider_lanes_pack.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, i64, i64, ptr, ctypes.c_int]

@@ -66,6 +66,24 @@ int outrider_lanes_ok(void);
 
 int outrider_lanes_ok(void) { return 1; }
 
+/* The CPU's own bound on the products: `rounds` x 24 independent vpdpbusd (64 multiply-adds
+ * each) on each of `threads` threads, nothing loaded (scripts/bench_verify_cost.py times it and
+ * sets the kernel's in-cache rate beside it). Returns a value of the sums so that none is dropped. */
+int outrider_lanes_peak(int64_t rounds, int threads) {
+    int sink = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+        __m512i a[24], b = _mm512_set1_epi8(1), c = _mm512_set1_epi8(2);
+        for (int i = 0; i < 24; i++) a[i] = _mm512_set1_epi32(i);
+        for (int64_t r = 0; r < rounds; r++) {
+            for (int i = 0; i < 24; i++) a[i] = _mm512_dpbusd_epi32(a[i], b, c);
+            __asm__ volatile("" : "+v"(b));  /* keeps the loop from being folded */
+        }
+        for (int i = 0; i < 24; i++) sink += _mm512_reduce_add_epi32(a[i]);
+    }
+    return sink;
+}
+
 /* Bytes of a row of x's records for a weight of `kind` (the tail's layout follows the codes'). */
 static int64_t x_row_bytes(int kind, int64_t K) {
     const int64_t B = K / QK, tail = B % GROUP;
@@ -321,6 +339,10 @@ int outrider_lanes_matmul(int kind, const float *x, int64_t M, int64_t K, const 
 
 #else  /* no AVX-512 VNNI in this build: the -i8 dtypes are refused (native.lanes_available) */
 int outrider_lanes_ok(void) { return 0; }
+int outrider_lanes_peak(int64_t rounds, int threads) {
+    (void)rounds; (void)threads;
+    return 0;
+}
 int outrider_lanes_matmul(int kind, const float *x, int64_t M, int64_t K, const void *w, int64_t N, float *y,
                           int threads) {
     (void)kind; (void)x; (void)M; (void)K; (void)w; (void)N; (void)y; (void)threads;
