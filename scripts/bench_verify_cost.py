@@ -131,7 +131,7 @@ def compute_floor(model, ks=KS, cache_bytes: int = 1 << 20, calls: int = 60) -> 
                 start = time.perf_counter()
                 qmatmul(x, part)
                 fastest = min(fastest, time.perf_counter() - start)
-            floor[k] += k * macs * fastest / (k * n * K)  # the slice's rate, for all of the shape's rows
+            floor[k] += fastest * macs / (n * K)  # the slice's rate, for all of the shape's rows
     return floor
 
 
@@ -148,6 +148,39 @@ def int8_peak(threads: int, rounds: int = 20_000_000) -> float:
         native.library().outrider_lanes_peak(rounds, threads)
         fastest = min(fastest, time.perf_counter() - start)
     return rounds * 24 * 64 * threads / fastest
+
+
+def report_floors(variants: dict, times: dict, summary: dict, threads: int) -> float | None:
+    """Print each native variant's compute floor over its cost(1) and, for the int8 kernel, its
+    in-cache rate as a share of the CPU's peak (into `summary` too); the peak, or None."""
+    floors = {}
+    for name, (model, _) in variants.items():  # the linear paths do not change a native model's products
+        floor = compute_floor(model) if all(m is not model for m, _ in floors.values()) else {}
+        if floor:
+            floors[name] = (model, floor)
+    if not floors:
+        return None
+    print("\nthe products' compute floor (their multiply-adds at the kernel's in-cache rate, weights"
+          " not read from memory) over cost(1): cost(k)/cost(1) cannot go below it where it passes 1")
+    lanes = {}
+    for name, (model, floor) in floors.items():
+        one = statistics.median(times[name][1])
+        weights = native_matrices(model)
+        macs = sum(w.shape[0] * w.shape[1] for w in weights)
+        summary[name]["compute_floor_ms"] = {k: 1e3 * t for k, t in floor.items()}
+        summary[name]["in_cache_gmacs"] = {k: k * macs / floor[k] / 1e9 for k in KS}
+        if any(w.lanes for w in weights):
+            lanes[name] = summary[name]["in_cache_gmacs"]
+        print(f"  {name:24s} " + "  ".join(f"k={k}: {floor[k] / one:.2f}" for k in KS) +
+              f"   (products alone at k=1: {1e3 * floor[1]:.1f} ms in cache)", flush=True)
+    if not lanes:
+        return None
+    peak = int8_peak(threads)
+    print(f"\nthe CPU's int8 peak ({threads} threads, vpdpbusd alone): {peak / 1e9:.0f} G multiply-adds/s;"
+          " the products in cache at k rows, G multiply-adds/s (share of that peak):")
+    for name, rates in lanes.items():
+        print(f"  {name:24s} " + "  ".join(f"k={k}: {rates[k]:.0f} ({1e9 * rates[k] / peak:.0%})" for k in KS))
+    return peak
 
 
 def per_op_profile(model, path: str, context: int, ks: list[int], top: int) -> dict:
@@ -253,38 +286,13 @@ def main() -> None:
                          "ratio": {k: t / med[1] for k, t in med.items()}}
         print(f"  {name:24s} cost(1) {1e3 * med[1]:7.1f}  " + "  ".join(f"k={k}: {med[k] / med[1]:.2f}" for k in KS),
               flush=True)
-    floors = {}
-    for name, (model, _) in variants.items():
-        floor = compute_floor(model) if model not in (m for m, _ in floors.values()) else None
-        if floor:
-            floors[name] = (model, floor)
-    if floors:
-        print("\nthe products' compute floor (their multiply-adds at the kernel's in-cache rate, weights"
-              " not read from memory) over cost(1): cost(k)/cost(1) cannot go below it where it passes 1")
-    for name, (_, floor) in floors.items():
-        one = statistics.median(times[name][1])
-        summary[name]["compute_floor_ms"] = {k: 1e3 * t for k, t in floor.items()}
-        print(f"  {name:24s} " + "  ".join(f"k={k}: {floor[k] / one:.2f}" for k in KS) +
-              f"   (products alone at k=1: {1e3 * floor[1]:.1f} ms in cache)", flush=True)
-        macs = sum(w.shape[0] * w.shape[1] for w in native_matrices(model))
-        summary[name]["in_cache_gmacs"] = {k: k * macs / floor[k] / 1e9 for k in KS}
-    peak = int8_peak(args.threads) if any(w.lanes for m, _ in floors.values() for w in native_matrices(m)) else 0
-    if peak:
-        print(f"\nthe CPU's int8 peak ({args.threads} threads, vpdpbusd alone): {peak / 1e9:.0f} G multiply-adds/s;"
-              " the products in cache at k rows, G multiply-adds/s (share of that peak):")
-        for name, (model, floor) in floors.items():
-            if any(w.lanes for w in native_matrices(model)):
-                rates = summary[name]["in_cache_gmacs"]
-                print(f"  {name:24s} " + "  ".join(f"k={k}: {rates[k]:.0f} ({1e9 * rates[k] / peak:.0%})" for k in KS))
-        result_peak = peak
-    else:
-        result_peak = None
+    peak = report_floors(variants, times, summary, args.threads)
     chosen = {f"{o}x{i} {str(dtype).replace('torch.', '')}": paths
               for (o, i, dtype), paths in cpu_linear.choices().items()}
     print("\nCPU linear paths chosen (rows 1 | 2-4 | 5-16 | more):")
     for shape, paths in chosen.items():
         print(f"  {shape}: {' | '.join(paths)}")
-    result = {"costs": summary, "linear_paths": chosen, "load_before": load_before, "int8_peak_macs": result_peak}
+    result = {"costs": summary, "linear_paths": chosen, "load_before": load_before, "int8_peak_macs": peak}
     if args.profile:
         first = next((name for name, (_, linear) in variants.items() if linear == "auto"), next(iter(variants)))
         ks = [int(k) for k in args.profile.split(",")]
