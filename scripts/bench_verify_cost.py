@@ -269,12 +269,18 @@ def main() -> None:
     from outrider.models.loader import load_decoder
 
     path = resolve_model(args.model)
-    floats = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    from outrider.errors import OutriderError
+    from outrider.models.loader import parse_dtype
+
+    try:  # a wrong name: one line naming the choices, before any model loads
+        dtypes = {name: parse_dtype(name) for name in args.dtype.split(",")}
+    except OutriderError as err:
+        raise SystemExit(f"error: {err}")
     load_before = os.getloadavg()
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__} "
           f"({torch.backends.cpu.get_cpu_capability()}), {args.threads} threads, load average "
           f"{load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}", flush=True)
-    models = {name: load_decoder(path, "cpu", floats.get(name, name)) for name in args.dtype.split(",")}
+    models = {name: load_decoder(path, "cpu", dtype) for name, dtype in dtypes.items()}
     variants = {f"{name}/{linear}": (model, linear) for name, model in models.items()
                 for linear in args.linear.split(",")}
     times = measure_costs(variants, args.context, args.repeats)
