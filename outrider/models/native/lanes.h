@@ -12,6 +12,11 @@
 
 int64_t outrider_lanes_row_bytes(int kind, int64_t K);
 
+/* A row's last nb < 16 blocks (its tail): from SHORT_MIN blocks on a short group (a group's
+ * layout with nb lanes, its masked-off lanes absent from memory), below it dense (lanes.c). */
+#define SHORT_MIN 8
+static inline int short_group(int64_t nb) { return nb >= SHORT_MIN; }
+
 static inline int q8(int kind) { return BASE(kind) == KIND_Q8_0 || BASE(kind) == KIND_Q8_16; }
 
 /* Bytes of codes and of scales of a group of nb blocks. */

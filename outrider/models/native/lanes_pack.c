@@ -24,12 +24,13 @@ static void pack_row(int kind, int64_t K, const uint8_t *q, const uint8_t *d, co
     for (int64_t g0 = 0; g0 < B; g0 += GROUP) {
         const int64_t nb = B - g0 < GROUP ? B - g0 : GROUP;
         const int units = q8(kind) ? 8 : 4;
-        if (nb < GROUP) {  /* the tail: codes in the blocks' own order */
+        const int grouped = nb == GROUP || short_group(nb);
+        if (!grouped) {  /* a dense tail: codes in the blocks' own order */
             for (int64_t l = 0; l < nb; l++) memcpy(out + l * qstride, q + (g0 + l) * qstride, qstride);
             if (q8(kind))
                 for (int64_t i = 0; i < nb * qstride; i++) out[i] ^= 0x80;
         }
-        for (int u = 0; u < units && nb == GROUP; u++) {
+        for (int u = 0; u < units && grouped; u++) {
             /* the source bytes of unit u: Q4 dword u; Q8 dword u / 2 (+ 4 for the odd units) */
             const int dword = q8(kind) ? (u / 2) + (u & 1) * 4 : u;
             for (int64_t l = 0; l < nb; l++) {
