@@ -132,7 +132,13 @@ def _parser() -> argparse.ArgumentParser:
                       help="convert again even if the pulled files verify (the GGUF is fetched again "
                            "only if its sha256 is wrong)")
     pull.set_defaults(run=_models_pull)
-    path = msub.add_parser("path", help="print the folder of a pulled model")
+    imp = msub.add_parser("import", help="use a GGUF file of your own (llama, qwen2, qwen3) as a model, "
+                          "by name from then on (--model FILE.gguf imports it on first use too)")
+    imp.add_argument("file", help="the .gguf file (linked, not copied)")
+    imp.add_argument("--name", default=None, help="the model's name (default: the file's name without .gguf)")
+    imp.add_argument("--force", action="store_true", help="replace a model imported under this name")
+    imp.set_defaults(run=_models_import)
+    path = msub.add_parser("path", help="print the folder of a pulled or imported model")
     path.add_argument("name")
     path.set_defaults(run=_models_path)
 
@@ -247,6 +253,7 @@ def _serve(args) -> int:
 def _models_list(args) -> int:
     from .heads.catalog import drafters_for
     from .models.catalog import list_models
+    from .models.gguf_folder import list_imported
 
     from .models.loader import auto_dtype
 
@@ -261,6 +268,9 @@ def _models_list(args) -> int:
                          present.get(r["state"], f"damaged: run outrider models pull {r['name']}"), dtype(r),
                          " ".join(drafters_for(r["name"])) or "-")  # shipped heads (heads/catalog.py)
                         for r in rows]
+    for r in list_imported():  # GGUFs of one's own (`models import`)
+        table.append((r["name"], "-", f"{r['size'] / 1e6:.0f} MB", "-", "imported", dtype({**r, "state": "pulled"}),
+                      "-"))
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
@@ -274,6 +284,13 @@ def _models_pull(args) -> int:
     from .models.catalog import pull
 
     print(pull(args.name, log=lambda msg: print(msg, file=sys.stderr), force=args.force))
+    return 0
+
+
+def _models_import(args) -> int:
+    from .models.gguf_folder import import_gguf
+
+    print(import_gguf(args.file, args.name, args.force, log=lambda msg: print(msg, file=sys.stderr)))
     return 0
 
 

@@ -59,7 +59,7 @@ def test_damaged_file_says_so(tmp_path):
     with pytest.raises(ModelError, match="not a readable GGUF file"):
         GGUFIndex.open(path)
     path.write_bytes(b"not a gguf at all")
-    with pytest.raises(ModelError, match="re-pull"):
+    with pytest.raises(ModelError, match="re-pull it"):
         GGUFIndex.open(path)
 
 

@@ -30,6 +30,10 @@ class TransformersPeer:
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
+        for folder in (model_path, assistant_path if kind == "transformers-assisted" else None):
+            if folder is not None and not any(Path(folder).glob("*.safetensors")):
+                raise PeerUnavailable(f"{folder} keeps only a GGUF (an imported model): transformers needs float "
+                                      "weights (a packaged model's folder has them)")
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
         self.assistant = None
         if kind == "transformers-assisted":

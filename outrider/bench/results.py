@@ -117,6 +117,10 @@ def model_facts(name: str, path: Path) -> dict:
         facts = json.loads(marker.read_text())
         return {"path": str(path), "sha256": facts.get("sha256"), "sha256_of": "original GGUF",
                 "params": getattr(CATALOG.get(name), "params", None)}
+    imported = Path(path) / "imported.json"  # a GGUF of one's own (models/gguf_folder.py)
+    if imported.exists():
+        facts = json.loads(imported.read_text())
+        return {"path": str(path), "sha256": facts.get("sha256"), "sha256_of": "imported GGUF", "params": None}
     digest = hashlib.sha256()
     for f in sorted(Path(path).glob("*.safetensors")):
         with open(f, "rb") as handle:

@@ -168,11 +168,15 @@ def list_models() -> list[dict]:
     return rows
 
 
-def resolve_model(name_or_path: str | os.PathLike) -> Path:
-    """A catalog name -> its pulled folder; a folder path -> itself. Never pulls.
+def resolve_model(name_or_path: str | os.PathLike, log: Callable[[str], None] | None = None) -> Path:
+    """A catalog name -> its pulled folder; an imported GGUF's name -> its folder; a folder path ->
+    itself; a .gguf file -> its imported folder (imported first if need be, telling `log`, by
+    default stderr: gguf_folder.py). Never pulls.
 
     A pulled folder gets the quick check (files present with their recorded sizes), so a
     truncated or missing file is refused here with what to run, not deep in the loader."""
+    from .gguf_folder import import_gguf, imported_folder
+
     text = str(name_or_path)
     if text in CATALOG:
         found = check(text)
@@ -182,16 +186,21 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
             raise ModelError(f"model '{text}' in {model_path(text)} is damaged ({found.summary()}): "
                              f"run `outrider models pull {text}` to repair it")
         return model_path(text)
+    imported = imported_folder(text)
+    if imported is not None:
+        return imported
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelError(f"{path} has no config.json: give a Hugging Face style model folder "
                              f"or one of {', '.join(CATALOG)}")
         return path
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return import_gguf(path, log=log or (lambda line: print(line, file=sys.stderr)), by_path=True)
     if path.exists():
-        raise ModelError(f"{path} is a file: give a model folder (with config.json) or a catalog name")
+        raise ModelError(f"{path} is a file: give a GGUF (.gguf), a model folder (with config.json) or a catalog name")
     raise ModelError(f"unknown model '{text}': known models are {', '.join(CATALOG)} "
-                     "(or give a folder with config.json)")
+                     "(or give a GGUF file, a folder with config.json, or a name from `outrider models import`)")
 
 
 def pull(name: str, log: Callable[[str], None] = print, force: bool = False) -> Path:

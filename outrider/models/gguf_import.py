@@ -256,8 +256,10 @@ def write_tokenizer(gguf_path: Path, out_dir: Path, meta: dict) -> list[int]:
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, log: Callable[[str], None] = print,
-                 tokenizer: bool = True) -> dict:
-    """Write `out_dir`/{config.json, model.safetensors, tokenizer files, generation_config.json}.
+                 tokenizer: bool = True, weights: bool = True) -> dict:
+    """Write `out_dir`/{config.json, model.safetensors, tokenizer files, generation_config.json}
+    (`weights=False`: all but model.safetensors, for a folder that reads the GGUF itself:
+    gguf_folder.py).
 
     Returns the config dict written. `out_dir` is created if needed; existing files are replaced.
     """
@@ -273,10 +275,11 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, log: Callable[[str]
     config = hf_config(meta, shapes)
     out_dir.mkdir(parents=True, exist_ok=True)
     log(f"converting {gguf_path.name}: {config['model_type']}, {config['num_hidden_layers']} layers, "
-        f"{len(shapes)} tensors -> float32 safetensors")
-    permuted = ARCHITECTURES[meta["general.architecture"]][2]
-    rotary_heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
-    write_weights(reader, out_dir / "model.safetensors", rotary_heads if permuted else {}, log)
+        f"{len(shapes)} tensors" + (" -> float32 safetensors" if weights else " (its metadata; the weights stay in it)"))
+    if weights:
+        permuted = ARCHITECTURES[meta["general.architecture"]][2]
+        rotary_heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+        write_weights(reader, out_dir / "model.safetensors", rotary_heads if permuted else {}, log)
     if tokenizer:
         log("converting the tokenizer")
         eos = write_tokenizer(gguf_path, out_dir, meta)

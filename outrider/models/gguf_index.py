@@ -53,7 +53,7 @@ class GGUFIndex:
                 buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             return cls(path, *_parse(buf))
         except (OSError, ValueError, struct.error, KeyError, IndexError) as err:
-            raise ModelError(f"{path} is not a readable GGUF file ({err}); re-pull the model") from None
+            raise ModelError(f"{path} is not a readable GGUF file ({err}); download it again (a packaged model: re-pull it)") from None
 
 
 def _parse(buf) -> tuple[dict, dict[str, IndexedTensor]]:

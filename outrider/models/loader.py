@@ -1,6 +1,7 @@
-"""Load a Hugging Face style folder (config.json + *.safetensors) into a `Decoder`.
+"""Load a Hugging Face style folder (config.json + *.safetensors, or an imported GGUF's folder:
+config.json + original.gguf) into a `Decoder`.
 
-Only safetensors are read (never pickles) and no code from the folder runs. Q/K/V and gate/up
+Only safetensors and GGUF are read (never pickles) and no code from the folder runs. Q/K/V and gate/up
 projections are fused at load time so a layer does two matmuls fewer per token.
 """
 
@@ -16,6 +17,7 @@ from safetensors import SafetensorError, safe_open
 from ..errors import ConfigError, ModelError
 from .config import ModelConfig
 from .decoder import Decoder, LayerWeights
+from .marker import GGUF_NAME
 from .quant_load import QUANT_DTYPES
 
 
@@ -107,6 +109,16 @@ class _Tensors:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+def open_weights(folder: Path):
+    """A folder's float weights: its safetensors, or, where it keeps only a GGUF (an imported
+    one, gguf_folder.py), the GGUF's tensors dequantized at load (quant_load.GGUFFloats)."""
+    if not any(folder.glob("*.safetensors")) and (folder / GGUF_NAME).is_file():
+        from .quant_load import GGUFFloats
+
+        return GGUFFloats(folder / GGUF_NAME)
+    return _Tensors(folder)
+
+
 DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
                "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
                **{name: name for name in QUANT_DTYPES}}
@@ -149,7 +161,7 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
     device = resolve_device(device)
     quantized = dtype if isinstance(dtype, str) else None
     dtype = default_dtype(device) if quantized or dtype is None else dtype
-    weights = _Tensors(folder)
+    weights = open_weights(folder)
     if quantized:
         from .quant_load import QuantTensors
 
@@ -192,7 +204,7 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
         lm_head = embed if not quantized else proj("model.embed_tokens.weight")  # tied: the same blocks
     decoder = Decoder(config, embed, layers, get("model.norm.weight"), lm_head, quantization=quantized)
     decoder.head_ids = head_ids
-    if quantized:
+    if quantized or not isinstance(weights, _Tensors):
         del weights, get, proj
         gc.collect()  # the GGUF reader's objects hold its memory map in cycles: unmap it now, not at some later collection
     return decoder

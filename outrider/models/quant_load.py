@@ -268,3 +268,22 @@ class _NativeGGUF:
         raw = self._unpermute(name, np.asarray(tensor.data))  # uint8 [out, blocks * bytes]
         return gguf_blocks(raw, kind, tensor.name)
 
+
+
+class GGUFFloats:
+    """A GGUF's tensors as floats under Hugging Face names (llama Q/K rows put back in their
+    order), dequantized at load: the float weights of a folder that keeps only its GGUF
+    (gguf_folder.py), read as loader._Tensors reads safetensors."""
+
+    def __init__(self, path: Path):
+        self.gguf = _NativeGGUF(GGUFIndex.open(path))
+
+    def has(self, name: str) -> bool:
+        return self.gguf.has(name)
+
+    def get(self, name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return self.gguf.floats(name).to(device=device, dtype=dtype)
+
+    def projection(self, names: list[str], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        parts = [self.get(name, dtype, device) for name in names]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
