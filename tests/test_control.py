@@ -26,13 +26,17 @@ def test_profile_interpolates():
     assert noisy.seconds == (1.0, 1.3, 1.6, 1.6)
 
 
-def test_unexplored_depths_inherit_the_deepest_estimate():
+def test_unexplored_depths_take_the_rate_of_those_drafted():
     ctl = CostController(VerifyCostProfile((1, 8), (1.0, 1.2)), max_depth=6)
     ctl.start(0)
     for _ in range(20):
         ctl.observe(0, *chain_round(1, 1))  # only depth 1 drafted so far, always accepted
     accept = ctl.acceptance(0)
-    assert accept[0] > 0.9 and accept[1:] == [accept[0]] * 5
+    assert accept[0] > 0.9 and accept[1:] == [accept[1]] * 5 and accept[1] == pytest.approx(accept[0], abs=0.03)
+    fresh = CostController(VerifyCostProfile((1, 8), (1.0, 1.2)), max_depth=6)
+    fresh.start(0)
+    fresh.observe(0, *chain_round(2, 2))  # one round, all accepted: likely, not certain
+    assert all(0.6 < a < 0.95 for a in fresh.acceptance(0))
 
 
 def test_cost_controller_drafts_deeper_when_verify_is_flat():
@@ -120,6 +124,7 @@ def test_finished_sequences_are_forgotten():
             ctl.observe(s, *chain_round(2, 1))
             ctl.finish(s)
         assert not ctl._seqs
+        assert not getattr(ctl, "_explore", {})
 
 
 def test_a_proposals_fixed_cost_is_not_charged_to_every_depth():
@@ -157,3 +162,86 @@ def test_one_sequence_verify_costs_follow_the_measured_times():
     accept = [0.9] * 10
     assert measured.best_depth(accept) > unmeasured.best_depth(accept)
     assert measured.scale == 1.0  # the batch table's scale is its own
+
+
+QWEN_PAIR = VerifyCostProfile((1, 2, 4, 8, 16), (1.0, 1.07, 1.49, 2.37, 4.2))  # the 1.5B gguf-i8, measured
+
+
+def depths_chosen(ctl, rounds: int, right: bool = True) -> list[int]:
+    """Run `rounds` rounds of sequence 0 beside a drafter that is always right (or always wrong)."""
+    chosen = []
+    for _ in range(rounds):
+        d = ctl.budget(0).depth
+        chosen.append(d)
+        if d:
+            ctl.observe_draft_time(0.35 * d, d)
+            ctl.observe(0, *chain_round(d, d if right else 0))
+        else:
+            ctl.observe(0, DraftTree.root_only(0), VerifyResult([], [0]))
+    return chosen
+
+
+def test_a_depth_gone_stale_is_tried_again():
+    """Depth 2 rejected for a while, so the controller drafts 1 deep and sees depth 2 no more; then
+    the drafter is right at every depth: a try one deeper (every EXPLORE_EVERY rounds) and the
+    unseen depth's estimate drifting to the drafted ones' rate bring it back to drafting deep."""
+    from outrider.control import controllers
+
+    ctl = CostController(QWEN_PAIR, max_depth=8)
+    ctl.start(0)
+    for _ in range(3):
+        ctl.observe_draft_time(0.35 * 2, 2)
+    for _ in range(30):
+        ctl.observe(0, *chain_round(2, 1))  # depth 1 right, depth 2 wrong
+    assert ctl.budget(0).depth == 1
+    later = depths_chosen(ctl, 300)
+    assert max(later[: 2 * controllers.EXPLORE_EVERY]) >= 2 and min(later[-50:]) >= 6
+
+
+def test_a_draft_time_from_a_slow_spell_is_tried_again(monkeypatch):
+    """Proposals timed in a busy spell (5 target steps a depth) stop drafting; no proposal, no new
+    time, so without the tries (the negative control) it never drafts again once the machine is
+    quiet and the drafter cheap (0.35 a depth) and right; with them it does, and deep."""
+    from outrider.control import controllers
+
+    def after_a_slow_spell():
+        ctl = CostController(QWEN_PAIR, max_depth=8)
+        ctl.start(0)
+        for _ in range(4):
+            ctl.observe_draft_time(5.0, 1)
+        assert ctl.budget(0).depth == 0
+        return depths_chosen(ctl, 2000)
+
+    assert max(after_a_slow_spell()[-100:]) >= 4
+    monkeypatch.setattr(controllers._Exploration, "depth", lambda self, best, most: best)
+    assert max(after_a_slow_spell()) == 0
+
+
+def test_tries_grow_rare_where_drafting_never_pays(monkeypatch):
+    """Beside a drafter that is always wrong the tries one deeper back off (16, 32, ... 256 rounds
+    apart): over 2,000 rounds they add at most 8 drafting rounds to those the controller makes
+    without them (a depth's counts decay towards the prior, so it drafts now and then anyway)."""
+    from outrider.control import controllers
+
+    def drafting_rounds() -> int:
+        ctl = CostController(QWEN_PAIR, max_depth=8)
+        ctl.start(0)
+        for _ in range(3):
+            ctl.observe_draft_time(0.35, 1)
+        chosen = depths_chosen(ctl, 2000, right=False)
+        assert max(chosen) == 1 and chosen[-20:] == [0] * 20
+        return sum(1 for d in chosen if d)
+
+    tried = drafting_rounds()
+    monkeypatch.setattr(controllers._Exploration, "depth", lambda self, best, most: best)
+    assert drafting_rounds() <= tried <= drafting_rounds() + 8
+
+
+def test_a_slow_first_proposal_is_not_fitted():
+    """A drafter's first proposal pays its memory's first touches: fitted, one slow proposal (here
+    50 steps' worth) priced every later draft out, and no draft was made again to correct it."""
+    ctl = CostController(QWEN_PAIR, max_depth=8)
+    ctl.observe_draft_time(50.0, 2)
+    assert ctl.draft_step_s == 0.0 and ctl.draft_fixed_s == 0.0
+    ctl.observe_draft_time(0.7, 2)
+    assert ctl.draft_step_s == pytest.approx(0.7 / 3)
