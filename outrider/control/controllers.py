@@ -3,10 +3,11 @@
     fixed:N     always N deep
     adaptive    a moving average of the acceptance rate, with hysteresis: one deeper after
                 rounds that accept most drafts, one shallower after rounds that accept few
-    cost        the marginal criterion (after LibraSpec): draft one token more only while the
-                expected extra committed tokens pay for the extra verify (and draft) time, using
-                per-position acceptance estimates, the drafter's own confidence where it has one,
-                and the target's verify-cost profile measured on this machine. With several
+    cost        the depth of most expected committed tokens per second of round time (after
+                LibraSpec's marginal criterion), using per-position acceptance estimates, the
+                drafter's own confidence where it has one, live draft times, and the target's
+                verify-cost profile measured on this machine; now and then one deeper, so that
+                an estimate gone stale is seen again. With several
                 sequences in a round it prices the whole batch's verify forward (batch_cost.py)
                 and picks one depth for the round, backing off as the batch grows
 
