@@ -100,8 +100,7 @@ def import_gguf(gguf: str | os.PathLike, name: str | None = None, force: bool = 
     same unchanged file again returns the folder at once; another file under a name already
     imported is refused unless `force` (which replaces it). `by_path` (a model named by its
     file): where the default name is another file's, the name gets 8 hex digits of the path."""
-    from .catalog import CATALOG
-    from .gguf_import import convert_gguf
+    from .catalog import CATALOG, _pull_lock
     from .gguf_index import GGUFIndex
 
     gguf = Path(gguf).expanduser()
@@ -118,29 +117,47 @@ def import_gguf(gguf: str | os.PathLike, name: str | None = None, force: bool = 
         raise ModelError(f"'{name}' is a packaged model's name: import under another with --name")
     folder = imported_root() / name
     facts = _source_facts(gguf)
-    marker = folder / IMPORTED_NAME
-    if marker.is_file():
-        old = json.loads(marker.read_text())
-        if old.get("source") != facts["source"] and not force:
-            raise ModelError(f"a model '{name}' is already imported from {old.get('source')}: pass --name NAME to "
-                             f"import this one beside it, or --force to replace it")
-        unchanged = all(old.get(k) == facts[k] for k in ("source", "size", "mtime_ns"))
-        if unchanged and (folder / GGUF_NAME).is_file() and not force:
-            return folder  # else the same file, changed since: imported again
+    if (done := _already(folder, facts, force)) is not None:
+        return done
     GGUFIndex.open(gguf)  # a damaged or truncated file is refused here, in one line
-    partial = imported_root() / f".{name}.partial-{os.getpid()}"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _pull_lock(folder, log):  # imports of one name take turns (catalog.py's lock)
+        if (done := _already(folder, facts, force)) is not None:  # imported meanwhile
+            return done
+        _write(gguf, folder, facts, log)
+    return folder
+
+
+def _already(folder: Path, facts: dict, force: bool) -> Path | None:
+    """The folder when it already holds this unchanged file's import; None when it must be
+    (re)imported; ModelError when it holds another file's (unless `force`)."""
+    marker = folder / IMPORTED_NAME
+    if not marker.is_file():
+        return None
+    old = json.loads(marker.read_text())
+    if old.get("source") != facts["source"] and not force:
+        raise ModelError(f"a model '{folder.name}' is already imported from {old.get('source')}: pass --name NAME "
+                         f"to import this one beside it, or --force to replace it")
+    unchanged = all(old.get(k) == facts[k] for k in ("source", "size", "mtime_ns"))
+    return folder if unchanged and (folder / GGUF_NAME).is_file() and not force else None
+
+
+def _write(gguf: Path, folder: Path, facts: dict, log: Callable[[str], None]) -> None:
+    """The folder, made beside it under a temporary name and moved into place when complete."""
+    from .gguf_import import convert_gguf
+
+    partial = folder.parent / f".{folder.name}.partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     try:
         config = convert_gguf(gguf, partial, log=log, weights=False)
         how = _link(gguf, partial / GGUF_NAME)
         log(f"hashing {gguf.name} ({facts['size'] / 1e9:.2f} GB)")
-        facts.update(sha256=file_sha256(gguf), link=how, model_type=config["model_type"])
+        facts = {**facts, "sha256": file_sha256(gguf), "link": how, "model_type": config["model_type"]}
         (partial / IMPORTED_NAME).write_text(json.dumps(facts, indent=2) + "\n")
         if folder.exists():
             shutil.rmtree(folder)
         os.replace(partial, folder)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    log(f"imported {gguf} as '{name}' ({how}): {folder}")
-    return folder
+    log(f"imported {gguf} as '{folder.name}' ({how}): {folder}")
