@@ -12,6 +12,8 @@ import sys
 
 from .errors import OutriderError
 
+KV_HELP = ("the K/V cache's values: float32 or float16 (half the bytes attention reads at long contexts, "
+           "llama.cpp's default; a model of its own, exact under speculation; default: the compute dtype)")
 DTYPE_HELP = ("float32, bfloat16, float16; q8_0, q4 or gguf (weights kept quantized, float32 activations, "
               "exact); q4_0 (every weight, head included, re-quantized to Q4_0 at load: the smallest, "
               "e.g. for a drafter); q8_0-bf16-lossy or q4-bf16-lossy (torch's int4 kernel, not lossless). Default: on a CPU "
@@ -66,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
     gen.add_argument("--dtype", default=None,
                      help=DTYPE_HELP)
+    gen.add_argument("--kv-dtype", default=None, help=KV_HELP)
     gen.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1 (default: torch's)")
     gen.add_argument("--drafter", default=None,
                      help="ngram | suffix | draft-model:NAME | early-exit:K (default: none, autoregressive)")
@@ -118,6 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps")
     srv.add_argument("--dtype", default=None,
                      help=DTYPE_HELP)
+    srv.add_argument("--kv-dtype", default=None, help=KV_HELP)
     srv.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1")
     srv.set_defaults(run=_serve)
 
@@ -161,7 +165,8 @@ def _generate(args) -> int:
     for i, stop in enumerate(args.stop):
         check_text(stop, f"stop string {i}")
     llm = LLM(args.model, drafter=args.drafter, tree=args.tree, controller=args.controller,
-              device=args.device, dtype=args.dtype, threads=args.threads, max_tree_nodes=args.max_tree_nodes)
+              device=args.device, dtype=args.dtype, threads=args.threads, max_tree_nodes=args.max_tree_nodes,
+              kv_dtype=args.kv_dtype)
 
     def on_text(index: int, new_text: str) -> None:  # only stable text: it adds up to result.text
         sys.stdout.write(new_text)
@@ -246,7 +251,7 @@ def _serve(args) -> int:
     from .serve.server import ServeOptions, serve
 
     keys = ("model", "drafter", "tree", "controller", "max_tree_nodes", "host", "port", "api_key", "max_running",
-            "max_queue", "max_model_len", "max_kv_rows", "chunk_size", "device", "dtype", "threads")
+            "max_queue", "max_model_len", "max_kv_rows", "chunk_size", "device", "dtype", "threads", "kv_dtype")
     return serve(ServeOptions(**{k: getattr(args, k) for k in keys}).check())
 
 

@@ -17,7 +17,7 @@ import torch
 
 from .errors import ConfigError, ModelError
 from .generation import Finished, Request, generate_ids
-from .models.loader import auto_dtype, load_decoder, parse_dtype, resolve_device
+from .models.loader import auto_dtype, load_decoder, parse_dtype, parse_kv_dtype, resolve_device
 from .sampling import SamplingParams
 from .spec.speculator import MAX_TREE_NODES, SpecOptions, Speculator
 from .stats import summarize
@@ -40,14 +40,16 @@ class Completion:
 class LLM:
     def __init__(self, model: str | None = None, *, drafter: str | None = None, tree: str = "chain",
                  controller: str = "fixed:4", device: str | None = None, dtype: str | None = None,
-                 threads: int | None = None, max_tree_nodes: int = MAX_TREE_NODES):
+                 threads: int | None = None, max_tree_nodes: int = MAX_TREE_NODES, kv_dtype: str | None = None):
         """`drafter`: None (autoregressive), "ngram", "suffix", "draft-model:NAME" or
         "early-exit:K"; `tree`: chain, static:B1,B2,... or dynamic:K,N; `controller`:
-        fixed:N, adaptive[:MAX] or cost[:MAX]. Bad strings are refused before loading."""
+        fixed:N, adaptive[:MAX] or cost[:MAX]; `kv_dtype`: the K/V cache's values, "float32" or
+        "float16" (None: the compute dtype). Bad strings are refused before loading."""
         from .models.catalog import DEFAULT_MODEL, resolve_model
 
         options = SpecOptions(drafter, tree, controller, max_tree_nodes).check() if drafter else None
         torch_dtype = parse_dtype(dtype)
+        cache_dtype = parse_kv_dtype(kv_dtype)
         torch_device = resolve_device(device)  # an unknown or absent device is refused here, not mid-load
         if threads is not None:
             torch.set_num_threads(_check_threads(threads))
@@ -56,6 +58,7 @@ class LLM:
         if dtype is None:  # the model's own GGUF quantization where our kernel runs it (loader.auto_dtype)
             torch_dtype = auto_dtype(self.path, torch_device)
         self.target = load_decoder(self.path, torch_device, torch_dtype)
+        self.target.kv_dtype = cache_dtype
         self.tokenizer = _load_tokenizer(self.path)
         self.eos_ids = eos_ids_of(self.path, self.tokenizer)
         self.speculator = Speculator.build(options, self.target, self.path) if options else None

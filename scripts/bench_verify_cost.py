@@ -251,6 +251,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--dtype", default="float32", help="comma-separated: float32, q8_0, q4 (and the bf16 ones)")
     ap.add_argument("--linear", default="auto", help="CPU linear paths, comma-separated: auto, linear, mm_t, packed")
+    ap.add_argument("--kv-dtype", default="float32", help="the K/V cache's values, comma-separated: float32, float16")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=9)
@@ -270,17 +271,22 @@ def main() -> None:
 
     path = resolve_model(args.model)
     from outrider.errors import OutriderError
-    from outrider.models.loader import parse_dtype
+    from outrider.models.loader import parse_dtype, parse_kv_dtype
 
     try:  # a wrong name: one line naming the choices, before any model loads
         dtypes = {name: parse_dtype(name) for name in args.dtype.split(",")}
+        kv_dtypes = {name: parse_kv_dtype(name) for name in args.kv_dtype.split(",")}
     except OutriderError as err:
         raise SystemExit(f"error: {err}")
     load_before = os.getloadavg()
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__} "
           f"({torch.backends.cpu.get_cpu_capability()}), {args.threads} threads, load average "
           f"{load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}", flush=True)
-    models = {name: load_decoder(path, "cpu", dtype) for name, dtype in dtypes.items()}
+    models = {}
+    for name, dtype in dtypes.items():
+        for kv_name, kv in kv_dtypes.items():  # a model each: the cache's dtype is the model's kv_dtype
+            model = models[name if len(kv_dtypes) == 1 else f"{name} kv {kv_name}"] = load_decoder(path, "cpu", dtype)
+            model.kv_dtype = kv
     variants = {f"{name}/{linear}": (model, linear) for name, model in models.items()
                 for linear in args.linear.split(",")}
     times = measure_costs(variants, args.context, args.repeats)

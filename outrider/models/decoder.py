@@ -58,6 +58,9 @@ class Decoder:
         # a draft model's: its prompt may be multiplied in bfloat16 (quant_linear.filling; its
         # numerics change only what it proposes, never what is committed)
         self.drafter_prefill_bf16 = False
+        # the K/V cache's dtype: None, the compute dtype; torch.float16 halves the bytes attention
+        # reads (llama.cpp's default cache type; a model of its own, exact under speculation)
+        self.kv_dtype: torch.dtype | None = None
         c = config
         self.inv_freq = 1.0 / (
             c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=embed.device) / c.head_dim)
@@ -75,7 +78,7 @@ class Decoder:
     def new_cache(self, num_slots: int, max_len: int, num_layers: int | None = None) -> KVCache:
         c = self.config
         return KVCache(num_layers or c.num_layers, num_slots, max_len, c.num_kv_heads, c.head_dim,
-                       self.dtype, self.device)
+                       self.kv_dtype or self.dtype, self.device)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: KVCache, num_layers: int | None = None) -> ForwardOutput:
@@ -132,10 +135,12 @@ class Decoder:
                     k = apply_rotary(k, cos, sin).transpose(1, 2)  # [B, T, G, D]
                 k_cache, v_cache = cache.k[index], cache.v[index]
                 # Advanced indices split by a slice: the indexed view is [B, T, G, D].
-                k_cache[slots.unsqueeze(1), :, batch.rows] = k
-                v_cache[slots.unsqueeze(1), :, batch.rows] = v
+                k_cache[slots.unsqueeze(1), :, batch.rows] = k.to(k_cache.dtype)  # float16: rounded to nearest
+                v_cache[slots.unsqueeze(1), :, batch.rows] = v.to(v_cache.dtype)
                 keys = k_cache[first : first + span, :, : batch.kv_len]  # [S, G, L, D], a view
                 values = v_cache[first : first + span, :, : batch.kv_len]
+                if keys.dtype != q.dtype:  # a float16 cache (kv_dtype): its values, widened exactly
+                    keys, values = keys.to(q.dtype), values.to(q.dtype)
                 if place is None:
                     out = attention(q, keys, values, mask, folded)  # [B, H, T, D]
                 else:  # slots with holes or out of order: queries go to their span rows (batch.py)

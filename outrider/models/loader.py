@@ -134,6 +134,20 @@ def parse_dtype(name: str | None) -> torch.dtype | str | None:
     return DTYPE_NAMES[name]
 
 
+KV_DTYPES = {"float32": torch.float32, "float16": torch.float16}  # --kv-dtype names
+
+
+def parse_kv_dtype(name: str | None) -> torch.dtype | None:
+    """`--kv-dtype`: the K/V cache's values, float32 or float16 (half the bytes attention reads:
+    llama.cpp's default cache type; a model of its own, exact under speculation like every dtype
+    here); None: the compute dtype."""
+    if name is None:
+        return None
+    if name not in KV_DTYPES:
+        raise ConfigError(f"unknown --kv-dtype '{name}': use {' or '.join(KV_DTYPES)}")
+    return KV_DTYPES[name]
+
+
 def auto_dtype(folder: str | Path, device: torch.device | str | None = None) -> str | None:
     """The dtype a model runs in when none is asked for (`LLM`, the CLI, the bench): on a CPU where
     Outrider's quantized kernel builds (models/native), a GGUF-sourced model's own quantization

@@ -35,6 +35,7 @@ class ServeOptions:
     device: str | None = None
     dtype: str | None = None
     threads: int | None = None
+    kv_dtype: str | None = None
 
     def check(self) -> "ServeOptions":
         """Refuse bad values by their flag's name, before anything loads."""
@@ -46,6 +47,9 @@ class ServeOptions:
             raise ConfigError(f"--port must be in 0..65535, got {self.port}")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("--api-key is empty: give a key or leave the option out")
+        from ..models.loader import parse_kv_dtype
+
+        parse_kv_dtype(self.kv_dtype)
         return self
 
 
@@ -70,7 +74,7 @@ def build(options: ServeOptions, log=None):
 
     llm = LLM(options.model, drafter=options.drafter, tree=options.tree, controller=options.controller,
               device=options.device, dtype=options.dtype, threads=options.threads,
-              max_tree_nodes=options.max_tree_nodes)
+              max_tree_nodes=options.max_tree_nodes, kv_dtype=options.kv_dtype)
     engine = EngineLoop(llm.target, llm.eos_ids, llm.speculator, max_running=options.max_running,
                         max_len=options.max_model_len, max_kv_rows=options.max_kv_rows,
                         chunk_size=options.chunk_size)

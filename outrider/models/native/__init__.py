@@ -42,8 +42,9 @@ import torch
 from ..quant import BLOCK, QuantBlocks
 
 SOURCE = Path(__file__).with_name("qmatmul.c")
-SOURCES = (SOURCE, *(Path(__file__).with_name(f) for f in ("layer.c", "fill.c", "lanes.c", "lanes_pack.c")))  # one library
-HEADERS = tuple(Path(__file__).with_name(h) for h in ("kinds.h", "decode.h", "lanes.h"))  # in the library's key
+SOURCES = (SOURCE, *(Path(__file__).with_name(f) for f in ("layer.c", "attention.c", "fill.c", "lanes.c",
+                                                            "lanes_pack.c")))  # one library
+HEADERS = tuple(Path(__file__).with_name(h) for h in ("kinds.h", "decode.h", "lanes.h", "attention.h"))  # in its key
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
 KIND_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q8_16": 3}
 
@@ -131,10 +132,10 @@ def _load() -> None:
     lib.outrider_dequantize_bf16.restype = ctypes.c_int
     f32 = ctypes.c_float
     lib.outrider_layer.argtypes = [i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, ptr, ptr, ptr,
-                                   ptr, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int, ctypes.c_int]
+                                   ptr, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     lib.outrider_layer.restype = ctypes.c_int
     lib.outrider_layers.argtypes = [i64, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ptr, f32, ptr, ptr, i64,
-                                    i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int, ctypes.c_int]
+                                    i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     lib.outrider_layers.restype = ctypes.c_int
     lib.outrider_fill_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int, ctypes.c_int]
     lib.outrider_fill_matmul.restype = ctypes.c_int

@@ -19,8 +19,8 @@
  * h_in: the qkv product's input [R, w[0].in] when the caller normed it itself (an EAGLE-3 head's
  * [norm(embedding) ; norm(hidden)]); NULL: rmsnorm(x) with in_norm, as a decoder layer.
  * Shapes (floats, row-major): x [R, E]; cos, sin [R, D]; mask [R, L] bytes (NULL: row r sees the
- * cache rows 0..crow[r] of its slot); the cache [S, G, Lmax + 1, D] of one layer, addressed by
- * slot[r] and crow[r]; work >= R * (Q + H*D + E + 3*I) + R * H * (L + 8) floats, Q = (H + 2G) * D.
+ * cache rows 0..crow[r] of its slot); the cache [S, G, Lmax + 1, D] of one layer (float32, or
+ * float16 where kv_half: attention.c), addressed by slot[r] and crow[r]; work >= R * (Q + H*D + E + 3*I) + R * H * (L + 8) floats, Q = (H + 2G) * D.
  * Attention runs one task per (row, kv head), kv head major (one per (row, query head) when a lone
  * row has few kv heads), the threads splitting the tasks when there is work enough; which thread
  * runs a task changes nothing in its result.
@@ -30,6 +30,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "attention.h"
 
 int outrider_qmatmul(int kind, const float *x, int64_t M, int64_t K, const void *q, const void *d,
                      const void *m, int64_t N, float *y, int threads);
@@ -53,119 +55,6 @@ static void rmsnorm_row(const float *x, const float *w, float eps, int64_t E, fl
     float inv = 1.0f / sqrtf(sum / (float)E + eps);
     for (int64_t i = 0; i < E; i++) out[i] = w[i] * (x[i] * inv);
 }
-
-static inline __m256 exp8(__m256 x) {
-    /* e^x in 8 lanes (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n), a
-     * fixed sequence of operations per lane: about 1 ulp, and no call into libm. x is clamped to
-     * [-87.3, 88] (below: a denormal's neighbour instead of 0; above: 1.6e38 instead of inf). */
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.0f));
-    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
-/* The scores of query q against the 8 keys j0..j0+7 (a key past `last` reads key `last`: computed,
- * then ignored by the caller). Each score is one fixed sequence of operations whatever its lane:
- * multiply-adds over 8-value chunks of the head in order, the 8 lanes added as ((0+1)+(2+3)) +
- * ((4+5)+(6+7)) (the hadd tree below), then the values past the last whole chunk one by one. */
-static inline __m256 dot8(const float *q, const float *keys, int64_t row_stride, int64_t j0, int64_t last,
-                          int64_t D) {
-    const float *k[8];
-    __m256 acc[8];
-    for (int l = 0; l < 8; l++) {
-        k[l] = keys + (j0 + l <= last ? j0 + l : last) * row_stride;
-        acc[l] = _mm256_setzero_ps();
-    }
-    int64_t i = 0;
-    for (; i + 8 <= D; i += 8) {
-        __m256 qi = _mm256_loadu_ps(q + i);
-        for (int l = 0; l < 8; l++) acc[l] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k[l] + i), acc[l]);
-    }
-    __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
-    __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
-    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  /* keys 0-3 | 4-7, lanes 0-3 | 4-7 */
-    __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-    if (i == D) return sum;
-    float lanes[8];
-    _mm256_storeu_ps(lanes, sum);
-    for (int l = 0; l < 8; l++)
-        for (int64_t t = i; t < D; t++) lanes[l] = lanes[l] + q[t] * k[l][t];
-    return _mm256_loadu_ps(lanes);
-}
-
-/* out[0 .. 8 nv) = the sum over the seen keys j <= last, in order, of p[j] * value_j[0 .. 8 nv), each
- * element as o = fma(p, v, o), kept in registers across the keys. */
-static inline __attribute__((always_inline)) void weigh_values(int nv, const float *values, int64_t row_stride,
-                                                              const float *p, const uint8_t *seen, int64_t last,
-                                                              float *out) {
-    __m256 o[8];
-    for (int i = 0; i < nv; i++) o[i] = _mm256_setzero_ps();
-    for (int64_t j = 0; j <= last; j++) {
-        if (seen && !seen[j]) continue;
-        const float *v = values + j * row_stride;
-        __m256 pj = _mm256_set1_ps(p[j]);
-        for (int i = 0; i < nv; i++) o[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), o[i]);
-    }
-    for (int i = 0; i < nv; i++) _mm256_storeu_ps(out + 8 * i, o[i]);
-}
-
-#if defined(__AVX512F__)
-/* weigh_values for nh heads at once (AVX-512; nv vectors of 16 values a head, nh * nv <= 24):
- * each key's value row is loaded once for all nh heads instead of once a head. Head a's weights
- * are p[a * Lp + j], its output out[a * D ..]; each element's operations are weigh_values' own
- * (o = fma(p, v, o) over the seen keys in order), so the results are the same bits. */
-static inline __attribute__((always_inline)) void weigh_heads(int nh, int nv, const float *values, int64_t row_stride,
-                                                             const float *p, int64_t Lp, const uint8_t *seen,
-                                                             int64_t last, float *out, int64_t D) {
-    __m512 o[6][8];
-    for (int a = 0; a < nh; a++)
-        for (int i = 0; i < nv; i++) o[a][i] = _mm512_setzero_ps();
-    for (int64_t j = 0; j <= last; j++) {
-        if (seen && !seen[j]) continue;
-        const float *v = values + j * row_stride;
-        __m512 vj[8];
-        for (int i = 0; i < nv; i++) vj[i] = _mm512_loadu_ps(v + 16 * i);
-        for (int a = 0; a < nh; a++) {
-            __m512 pj = _mm512_set1_ps(p[a * Lp + j]);
-            for (int i = 0; i < nv; i++) o[a][i] = _mm512_fmadd_ps(pj, vj[i], o[a][i]);
-        }
-    }
-    for (int a = 0; a < nh; a++)
-        for (int i = 0; i < nv; i++) _mm512_storeu_ps(out + a * D + 16 * i, o[a][i]);
-}
-
-/* Heads a0.. of a task whose head dimension is 64 or 128, as many at a time as 24 registers hold:
- * returns the number of heads done (0 for other head sizes: the caller's per-head path). */
-static int weigh_heads_all(int64_t per, const float *values, int64_t row_stride, const float *p, int64_t Lp,
-                           const uint8_t *seen, int64_t last, float *out, int64_t D) {
-    if (D != 64 && D != 128) return 0;
-    const int nv = (int)(D / 16), most = 24 / nv;
-    int64_t a = 0;
-    for (; a < per; ) {
-        int nh = per - a < most ? (int)(per - a) : most;
-        const float *pa = p + a * Lp;
-        float *oa = out + a * D;
-#define HEADS(NH, NV) case NH * 16 + NV: weigh_heads(NH, NV, values, row_stride, pa, Lp, seen, last, oa, D); break;
-        switch (nh * 16 + nv) {
-            HEADS(6, 4) HEADS(5, 4) HEADS(4, 4) HEADS(3, 4) HEADS(2, 4) HEADS(1, 4)
-            HEADS(3, 8) HEADS(2, 8) HEADS(1, 8)
-            default: return (int)a;
-        }
-#undef HEADS
-        a += nh;
-    }
-    return (int)a;
-}
-#endif
 
 static void rotate(float *x, const float *c, const float *s, int D) {  /* half-split, as torch */
     int half = D / 2;
@@ -204,9 +93,9 @@ static int matmul(const QWeight *w, const float *x, int64_t R, float *y, int thr
 int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_t I, float *x,
                    const float *h_in, const float *in_norm, const float *post_norm, float eps, const QWeight *w,
                    const float *qkv_bias, const float *q_norm, const float *k_norm, const float *cos,
-                   const float *sin, float *k_cache, float *v_cache, int64_t slot_stride, int64_t row_stride,
+                   const float *sin, void *k_cache, void *v_cache, int64_t slot_stride, int64_t row_stride,
                    const int64_t *slot, const int64_t *crow, const uint8_t *mask, int64_t L, float *work,
-                   int threads, int fill) {
+                   int threads, int fill, int kv_half) {
     if (R < 1 || D > 512 || D % 2 || H % G || H / G > 64 || threads < 1) return -1;
     const int64_t Q = (H + 2 * G) * D, g_stride = slot_stride / G;  /* a slot's kv heads, one after another */
     float *qkv = work, *att = qkv + R * Q, *h = att + R * H * D, *gu = h + R * E, *act = gu + R * 2 * I;
@@ -229,92 +118,18 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
         }
         for (int64_t g = 0; g < G; g++) {
             int64_t at = slot[r] * slot_stride + g * g_stride + crow[r] * row_stride;
-            memcpy(k_cache + at, row + (H + g) * D, sizeof(float) * D);
-            memcpy(v_cache + at, row + (H + G + g) * D, sizeof(float) * D);
+            outrider_kv_store(k_cache, at, row + (H + g) * D, D, kv_half);
+            outrider_kv_store(v_cache, at, row + (H + G + g) * D, D, kv_half);
         }
     }
-    const float scale = 1.0f / sqrtf((float)D);
     const int64_t groups = H / G;
     /* One task per (row, kv head): each cached key and value row is read once for the `groups`
      * query heads that share it; with fewer such tasks than two per thread (one row, few kv heads),
      * one task per (row, query head), so that the threads share the work evenly. Each (row, head)
-     * gets its own fixed sequence of operations either way. */
-    const int64_t parts = R * G < 2 * threads ? groups : 1, per = groups / parts;  /* query heads a task takes */
-#pragma omp parallel for num_threads(threads) schedule(static) if (R * H * L >= 2048)
-    for (int64_t task = 0; task < R * G * parts; task++) {
-        /* kv head major: the threads' consecutive tasks share a head's keys and values (L2) */
-        int64_t g = task / (R * parts), r = task % (R * parts) / parts, first = g * groups + task % parts * per;
-        const float *keys = k_cache + slot[r] * slot_stride + g * g_stride;
-        const float *values = v_cache + slot[r] * slot_stride + g * g_stride;
-        const uint8_t *seen = mask ? mask + r * L : 0;
-        int64_t last = mask ? L - 1 : crow[r];
-        const int64_t Lp = (L + 8) / 8 * 8;  /* a head's scores, padded to whole lanes */
-        float *s = scores + task * per * Lp, top[64], total[64];  /* total: 1 / the sum of weights */
-        const float *q = qkv + r * Q + first * D;  /* the task's query heads, one after another */
-        for (int64_t a = 0; a < per; a++) top[a] = -INFINITY, total[a] = 0.0f;
-        for (int64_t j0 = 0; j0 <= last; j0 += 8) {  /* 8 keys at a time: each read once per query head */
-            for (int64_t a = 0; a < per; a++) {
-                float *sa = s + a * Lp + j0;
-                _mm256_storeu_ps(sa, _mm256_mul_ps(dot8(q + a * D, keys, row_stride, j0, last, D), _mm256_set1_ps(scale)));
-                for (int l = 0; l < 8; l++) {
-                    if (j0 + l > last || (seen && !seen[j0 + l])) sa[l] = -INFINITY;
-                    else if (sa[l] > top[a]) top[a] = sa[l];
-                }
-            }
-        }
-        /* e^(s - top) in 8 lanes over j = 0..last rounded up to 8 (unseen and past-the-end scores
-         * are -inf, their weights exactly 0), then their sum: the seen keys' weights in lane
-         * (rank among the seen keys) % 8, then the lanes by a fixed tree. By rank, not by cache
-         * row, so that a tree node, whose ancestors sit at rows with gaps between them, sums its
-         * weights in the order the same path decoded one token a step sums them (its keys at
-         * consecutive rows): the same bits, not only the same sum within rounding. */
-        const int64_t span = (last + 8) / 8 * 8;
-        for (int64_t a = 0; a < per; a++) {
-            float *sa = s + a * Lp;
-            for (int64_t j = last + 1; j < span; j++) sa[j] = -INFINITY;
-            __m256 sum = _mm256_setzero_ps(), zero = _mm256_setzero_ps(), none = _mm256_set1_ps(-INFINITY);
-            for (int64_t j = 0; j < span; j += 8) {
-                __m256 v = _mm256_loadu_ps(sa + j);
-                __m256 e = _mm256_blendv_ps(exp8(_mm256_sub_ps(v, _mm256_set1_ps(top[a]))), zero,
-                                            _mm256_cmp_ps(v, none, _CMP_EQ_OQ));
-                _mm256_storeu_ps(sa + j, e);
-                if (!seen) sum = _mm256_add_ps(sum, e);  /* no gaps: rank = row */
-            }
-            if (seen) {
-                float lanes[8] = {0};
-                int64_t rank = 0;
-                for (int64_t j = 0; j <= last; j++)
-                    if (seen[j]) {
-                        const int l = (int)(rank++ % 8);
-                        lanes[l] = lanes[l] + sa[j];
-                    }
-                sum = _mm256_loadu_ps(lanes);
-            }
-            __m128 four = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-            __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
-            total[a] = 1.0f / _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
-        }
-        float *out = att + r * H * D + first * D;
-        for (int64_t a = 0; a < per; a++)  /* weights p = e * (1 / sum) */
-            for (int64_t j = 0; j <= last; j++) s[a * Lp + j] = s[a * Lp + j] * total[a];
-        int64_t done = 0;  /* heads whose p-weighted values are summed */
-#if defined(__AVX512F__)
-        done = weigh_heads_all(per, values, row_stride, s, Lp, seen, last, out, D);
-#endif
-        for (int64_t a = done; a < per; a++) {  /* the p-weighted values, a head at a time */
-            float *p = s + a * Lp, *o = out + a * D;
-            int64_t c = 0;
-            for (; c + 64 <= D; c += 64) weigh_values(8, values + c, row_stride, p, seen, last, o + c);
-            if (c + 32 <= D) weigh_values(4, values + c, row_stride, p, seen, last, o + c), c += 32;
-            if (c + 16 <= D) weigh_values(2, values + c, row_stride, p, seen, last, o + c), c += 16;
-            if (c + 8 <= D) weigh_values(1, values + c, row_stride, p, seen, last, o + c), c += 8;
-            for (int64_t i = c; i < D; i++) o[i] = 0.0f;
-            for (int64_t j = 0; j <= last && c < D; j++) {
-                if (seen && !seen[j]) continue;
-                for (int64_t i = c; i < D; i++) o[i] = fmaf(p[j], values[j * row_stride + i], o[i]);
-            }
-        }
-    }
+     * gets its own fixed sequence of operations either way (attention.c). */
+    const Attention job = {R, H, G, D, L, R * G < 2 * threads ? groups : 1, qkv, k_cache, v_cache, slot_stride,
+                           row_stride, slot, crow, mask, 1.0f / sqrtf((float)D), scores, att, kv_half};
+    outrider_attend(&job, threads);
     if (matmul(&w[1], att, R, h, threads, fill)) return -1;
 #pragma omp parallel for num_threads(threads) schedule(static) if (many)
     for (int64_t r = 0; r < R; r++) {
@@ -350,16 +165,16 @@ typedef struct {  /* what differs between layers */
     const QWeight *w;  /* [4]: qkv, o, gate_up, down */
 } LayerSpec;
 
-int outrider_layers(int64_t first, int64_t last, const LayerSpec *spec, float *const *k_caches,
-                    float *const *v_caches, int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_t I,
+int outrider_layers(int64_t first, int64_t last, const LayerSpec *spec, void *const *k_caches,
+                    void *const *v_caches, int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_t I,
                     float *x, float eps, const float *cos, const float *sin, int64_t slot_stride,
                     int64_t row_stride, const int64_t *slot, const int64_t *crow, const uint8_t *mask, int64_t L,
-                    float *work, int threads, int fill) {
+                    float *work, int threads, int fill, int kv_half) {
     for (int64_t i = first; i < last; i++) {
         const LayerSpec *s = &spec[i];
         int status = outrider_layer(R, E, H, G, D, I, x, NULL, s->in_norm, s->post_norm, eps, s->w, s->qkv_bias,
                                     s->q_norm, s->k_norm, cos, sin, k_caches[i], v_caches[i], slot_stride,
-                                    row_stride, slot, crow, mask, L, work, threads, fill);
+                                    row_stride, slot, crow, mask, L, work, threads, fill, kv_half);
         if (status) return status;
     }
     return 0;

@@ -149,6 +149,9 @@ class LayerCall:
         self.fill = fill
         R, L = B * T, batch.kv_len
         self.shape, self.cache, self.L = (R, E, H, G, D, I), cache, L
+        if cache.k[0].dtype not in (torch.float32, torch.float16):
+            raise ValueError(f"the native layer reads a float32 or float16 K/V cache, not {cache.k[0].dtype}")
+        self.kv_half = int(cache.k[0].dtype == torch.float16)  # the cache's values: float32, or float16
         self.x = x.clone(memory_format=torch.contiguous_format)  # the caller's x (hidden[0]) is kept
         self.h_in = None if h_in is None else h_in.reshape(R, -1).contiguous()  # [R, w[0].in], normed by the caller
         self.cos = cos.reshape(R, D).contiguous()  # [R, D]
@@ -172,7 +175,7 @@ class LayerCall:
             R, E, H, G, D, I, self._x, self._h_in, _ptr(input_norm), post_norm.data_ptr(), eps,
             weights, _ptr(qkv_bias), _ptr(q_norm), _ptr(k_norm), *self._rope,
             k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(2), *self._rows,
-            self._mask, self.L, self._work, torch.get_num_threads(), self.fill)
+            self._mask, self.L, self._work, torch.get_num_threads(), self.fill, self.kv_half)
         if status != 0:
             raise ValueError(f"the native layer refused layer {index} (R={R}, L={self.L})")
 
@@ -185,6 +188,6 @@ class LayerCall:
         status = library().outrider_layers(
             start, stop, specs, k_caches, v_caches, R, E, H, G, D, I, self._x, eps, *self._rope,
             k.stride(0), k.stride(2), *self._rows, self._mask, self.L, self._work, torch.get_num_threads(),
-            self.fill)
+            self.fill, self.kv_half)
         if status != 0:
             raise ValueError(f"the native layer refused layers {start}..{stop - 1} (R={R}, L={self.L})")
