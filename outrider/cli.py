@@ -95,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, default=None)
     bench.add_argument("--dtype", default=None,
                        help="the targets' dtype (float32, q4, q8_0, ...); default: each model's own, as `models list` says")
+    bench.add_argument("--kv-dtype", default=None, help=KV_HELP)
     bench.add_argument("--out", default=None,
                        help="output folder, new or empty (default: bench-results/<time>); "
                             "finished prompts are saved there as they go")
@@ -223,6 +224,11 @@ def _bench(args) -> int:
 
         parse_dtype(args.dtype)
         overrides["dtype"] = args.dtype
+    if args.kv_dtype is not None:
+        from .models.loader import parse_kv_dtype
+
+        parse_kv_dtype(args.kv_dtype)
+        overrides["kv_dtype"] = args.kv_dtype
     config = dataclasses.replace(config, **overrides)
     out = Path(args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S"))
     check_out(out, args.resume)  # before anything is pulled or loaded

@@ -163,3 +163,25 @@ def test_audit_catches_a_method_that_perturbs_a_token(tiny_folders, monkeypatch)
     bad = {m["method"] for m in results["audit"]["mismatches"]}
     assert bad == {"ngram"}
     assert all(m["first_difference"] == 0 for m in results["audit"]["mismatches"])
+
+
+def test_a_float16_cache_runs_every_method_losslessly(tiny_folders, monkeypatch):
+    """kv_dtype = "float16" reaches the target (its caches are float16), is named in the run's
+    identity and facts, and every method still equals autoregressive decoding with it."""
+    from outrider.bench import run as bench_run
+    from outrider.models.decoder import Decoder
+
+    made = []
+    original = Decoder.new_cache
+    monkeypatch.setattr(Decoder, "new_cache", lambda self, *a, **k: made.append(original(self, *a, **k)) or made[-1])
+    import torch
+
+    raw = tiny_config(tiny_folders["llama"])
+    config = parse_config({**raw, "kv_dtype": "float16"}, "tiny.toml")
+    assert config.kv_dtype == "float16"
+    results = bench_run.run_bench(plan(config), threads=1, progress=False)
+    assert results["audit"]["ok"]
+    assert any(c.k[0].dtype == torch.float16 for c in made)
+    assert all(facts["kv_dtype"] == "float16" for facts in results["models"].values())
+    with pytest.raises(ConfigError, match="kv-dtype"):
+        parse_config({**raw, "kv_dtype": "int4"}, "tiny.toml")

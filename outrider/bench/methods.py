@@ -36,7 +36,7 @@ from ..spec.speculator import SpecOptions
 PEERS = ("transformers", "transformers-assisted", "transformers-prompt-lookup", "llama.cpp",
          "llama.cpp-prompt-lookup")
 METHOD_KEYS = {"name", "drafter", "tree", "controller", "peer", "assistant", "lookup", "models"}
-TOP_KEYS = {"models", "workloads", "prompts", "max_new_tokens", "threads", "dtype", "method"}
+TOP_KEYS = {"models", "workloads", "prompts", "max_new_tokens", "threads", "dtype", "kv_dtype", "method"}
 PRESETS = Path(__file__).parent / "presets"
 
 
@@ -76,6 +76,7 @@ class BenchConfig:
     threads: int | None = None
     dtype: str | None = None  # the targets' --dtype; None: each model's default (loader.auto_dtype)
     raw: dict = field(default_factory=dict)
+    kv_dtype: str | None = None  # the targets' --kv-dtype; None: the compute dtype
 
 
 def preset_path(name: str) -> Path:
@@ -127,7 +128,12 @@ def parse_config(raw: dict, source: str, lines: list[int] | None = None) -> Benc
         if not isinstance(dtype, str):
             raise ConfigError(f"{source}: dtype must be a string such as \"float32\" or \"q4\", got {dtype!r}")
         parse_dtype(dtype)  # an unknown name is refused here, before anything loads
-    return BenchConfig(source, tuple(models), tuple(workloads), tuple(methods), *numbers, dtype, raw)
+    kv_dtype = raw.get("kv_dtype")
+    if kv_dtype is not None:
+        from ..models.loader import parse_kv_dtype
+
+        parse_kv_dtype(str(kv_dtype))
+    return BenchConfig(source, tuple(models), tuple(workloads), tuple(methods), *numbers, dtype, raw, kv_dtype)
 
 
 def _method(table: dict, where: str, line: int) -> Method:

@@ -83,7 +83,9 @@ def _setup(results: dict) -> list[tuple]:
     if models:
         b += [("h", 3, "Models"),
               ("table", ["model", "params", "dtype", "sha256", "of", "path"],
-               [[name, _params(m.get("params")), _text(m.get("dtype")), _text(m.get("sha256")),
+               [[name, _params(m.get("params")),
+                 _text(m.get("dtype")) + (f", K/V {m['kv_dtype']}" if m.get("kv_dtype") not in (None, "float32") else ""),
+                 _text(m.get("sha256")),
                  _text(m.get("sha256_of")), _text(m.get("path"))] for name, m in models.items()])]
     loads = results.get("workloads") or []
     if loads:

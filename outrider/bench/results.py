@@ -37,6 +37,8 @@ def identity(p, model_facts: dict[str, dict], threads: int) -> dict:
         "targets": list(p.config.models),
         "model_sha256": {name: facts["sha256"] for name, facts in model_facts.items()},
         "model_dtype": {name: facts.get("dtype") for name, facts in model_facts.items()},
+        # a float16 cache is another model (named only then: runs saved before it resume as they did)
+        **({"kv_dtype": p.config.kv_dtype} if p.config.kv_dtype not in (None, "float32") else {}),
         "methods": [{k: v for k, v in dataclasses.asdict(m).items() if k != "line"} for m in p.config.methods],
         "workloads": [{"name": w.name, "source": w.source, "chat": w.chat,
                        "prompts": [[q.id, w.budget(q)] for q in w.prompts]} for w in p.workloads],

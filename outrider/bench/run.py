@@ -25,7 +25,7 @@ from ..engine import eos_ids_of
 from ..errors import ConfigError
 from ..models.catalog import CATALOG, is_present, pull, resolve_model
 from ..models.config import ModelConfig
-from ..models.loader import auto_dtype, load_decoder, parse_dtype
+from ..models.loader import auto_dtype, load_decoder, parse_dtype, parse_kv_dtype
 from ..spec.speculator import Speculator
 from .methods import BenchConfig
 from .peers import PeerUnavailable, make_peer
@@ -87,7 +87,8 @@ def run_bench(p: Plan, threads: int | None = None, log=print, progress: bool = T
     torch.set_num_threads(threads)
     if out is not None:
         check_out(out, resume)
-    facts = {name: model_facts(name, path) | {"dtype": target_dtype(p, path)} for name, path in p.model_paths.items()}
+    facts = {name: model_facts(name, path) | {"dtype": target_dtype(p, path), "kv_dtype": p.config.kv_dtype or "float32"}
+             for name, path in p.model_paths.items()}
     store = RunStore.open(out, identity(p, facts, threads), resume)
     prompts = sum(len(w.prompts) for w in p.workloads) * len(p.config.models)
     if store.prompts:
@@ -119,6 +120,7 @@ def _run_model(p: Plan, model: str, store: RunStore, threads: int, bar, log) -> 
         return
     path = p.model_paths[model]
     target = load_decoder(path, None, parse_dtype(target_dtype(p, path)))
+    target.kv_dtype = parse_kv_dtype(p.config.kv_dtype)
     tok = AutoTokenizer.from_pretrained(str(path))
     eos = eos_ids_of(path, tok)
     peers = _peers(p, model, store, threads, log)
