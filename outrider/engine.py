@@ -55,6 +55,8 @@ class LLM:
             torch.set_num_threads(_check_threads(threads))
         self.name = model or DEFAULT_MODEL
         self.path = resolve_model(self.name)
+        if self.name.lower().endswith(".gguf"):  # a GGUF file: named as it was imported (a server's model id)
+            self.name = self.path.name
         if dtype is None:  # the model's own GGUF quantization where our kernel runs it (loader.auto_dtype)
             torch_dtype = auto_dtype(self.path, torch_device)
         self.target = load_decoder(self.path, torch_device, torch_dtype)
