@@ -60,6 +60,8 @@ def test_speculative_greedy_equals_autoregressive(q4_kv16, smollm2_path, smollm2
     from outrider.spec.speculator import SpecOptions, Speculator
 
     spec = Speculator.build(SpecOptions(drafter, tree, "fixed:4"), q4_kv16, smollm2_path)
+    if drafter.startswith("draft-model"):  # the drafter's own cache follows the target's type
+        assert spec.drafter.decoder.kv_dtype == torch.float16
     requests = lambda: [Request(smollm2_tokenizer(p)["input_ids"], 16) for p in PROMPTS]  # noqa: E731
     plain = [f.output_ids for f in generate_ids(q4_kv16, requests(), set())]
     outs = generate_ids(q4_kv16, requests(), set(), speculation=spec)

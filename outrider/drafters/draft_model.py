@@ -93,6 +93,7 @@ def build(arg: DraftModel, shape, target, target_path: Path) -> ModelDrafter:
     ids = draft_vocab_ids(path, arg.vocab, vocab) if arg.vocab and arg.vocab < vocab else None
     draft = load_decoder(path, target.device, dtype, head_ids=ids)
     draft.drafter_prefill_bf16 = True  # the prompt in bfloat16 where the CPU has AMX: proposals only
+    draft.kv_dtype = target.kv_dtype  # the target's K/V cache type (--kv-dtype): proposals only, too
     return ModelDrafter(draft, shape, name=f"draft-model:{arg}", target_vocab=target.config.vocab_size)
 
 
