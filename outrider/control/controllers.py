@@ -220,7 +220,7 @@ class CostController:
         # sequence starts at 0.5, and beside a costly drafter (a draft model's step is ~half a
         # target step) 0.5 never pays for a first draft, so the controller never learned that
         # this pair agrees 90% of the time (measured: tau 1.28 against 5.19 at fixed:5).
-        self._pool = _PerPosition([0.0] * max_depth, [0.0] * max_depth)
+        self._pool_reached = self._pool_accepted = 0.0  # over all depths (acceptance shrinks towards their rate)
         self._explore: dict[int, _Exploration] = {}  # per sequence; -1: the batch rounds'
         self._timed = False  # whether a proposal's time was seen (the first is not fitted)
 
@@ -240,7 +240,7 @@ class CostController:
         accepted first round does not make every depth look certain (it did, per depth with a
         one-count prior: a first draft 12 deep, then, after one miss, drafting 1 deep for good)."""
         st = self._seqs.setdefault(seq_id, _PerPosition())
-        pool = _shrunk(sum(self._pool.accepted), sum(self._pool.reached), self.prior)
+        pool = _shrunk(self._pool_accepted, self._pool_reached, self.prior)
         overall = _shrunk(sum(st.accepted), sum(st.reached), pool)
         return [_shrunk(st.accepted[d] if d < len(st.accepted) else 0.0,
                         st.reached[d] if d < len(st.reached) else 0.0, overall) for d in range(self.max_depth)]
@@ -280,14 +280,14 @@ class CostController:
             lst.extend([0.0] * (self.max_depth - len(lst)))
             for i in range(len(lst)):
                 lst[i] *= self.decay
-        for i in range(self.max_depth):
-            self._pool.reached[i] *= _POOL_DECAY
-            self._pool.accepted[i] *= _POOL_DECAY
+        self._pool_reached *= _POOL_DECAY
+        self._pool_accepted *= _POOL_DECAY
         for d in range(min(reached, result.num_accepted + 1, self.max_depth)):
-            for counts in (st, self._pool):
-                counts.reached[d] += 1.0
-                if d < result.num_accepted:
-                    counts.accepted[d] += 1.0
+            st.reached[d] += 1.0
+            self._pool_reached += 1.0
+            if d < result.num_accepted:
+                st.accepted[d] += 1.0
+                self._pool_accepted += 1.0
 
     def observe_draft_time(self, seconds: float, depth: int) -> None:
         """Fit seconds = fixed + depth * step over the recent proposals (least squares, decayed);

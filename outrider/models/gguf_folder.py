@@ -29,6 +29,7 @@ from ..errors import ModelError
 from .marker import GGUF_NAME, file_sha256
 
 IMPORTED_NAME = "imported.json"
+NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")  # an imported model's name
 
 
 def imported_root() -> Path:
@@ -51,7 +52,7 @@ def _source_facts(gguf: Path) -> dict:
 def imported_folder(name: str) -> Path | None:
     """The folder of the model imported as `name`, or None when there is none; ModelError when
     its GGUF has gone or changed since (with the command that imports it again)."""
-    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
+    if not NAME.fullmatch(name):
         return None
     folder = imported_root() / name
     marker = folder / IMPORTED_NAME
@@ -111,7 +112,7 @@ def import_gguf(gguf: str | os.PathLike, name: str | None = None, force: bool = 
     name = name or default_name(gguf)
     if by_path and _source_of(imported_root() / name) not in (None, str(gguf.resolve())):
         name = f"{name}-{hashlib.sha256(str(gguf.resolve()).encode()).hexdigest()[:8]}"
-    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
+    if not NAME.fullmatch(name):
         raise ModelError(f"'{name}' is not a model name: use lowercase letters, digits, '.', '_' and '-'")
     if name in CATALOG:
         raise ModelError(f"'{name}' is a packaged model's name: import under another with --name")
