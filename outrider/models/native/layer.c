@@ -20,7 +20,8 @@
  * [norm(embedding) ; norm(hidden)]); NULL: rmsnorm(x) with in_norm, as a decoder layer.
  * Shapes (floats, row-major): x [R, E]; cos, sin [R, D]; mask [R, L] bytes (NULL: row r sees the
  * cache rows 0..crow[r] of its slot); the cache [S, G, Lmax + 1, D] of one layer (float32, or
- * float16 where kv_half: attention.c), addressed by slot[r] and crow[r]; work >= R * (Q + H*D + E + 3*I) + R * H * (L + 8) floats, Q = (H + 2G) * D.
+ * float16 where kv_half: attention.c), addressed by slot[r] and crow[r];
+ * work >= R * (Q + H*D + E + 3*I) + R * H * (L + 8) floats, Q = (H + 2G) * D.
  * Attention runs one task per (row, kv head), kv head major (one per (row, query head) when a lone
  * row has few kv heads), the threads splitting the tasks when there is work enough; which thread
  * runs a task changes nothing in its result.
