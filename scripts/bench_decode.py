@@ -87,9 +87,9 @@ def main() -> None:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from outrider.generation import Request, generate_ids
-    from outrider.models.catalog import resolve_model
-    from outrider.models.loader import load_decoder
+    from outrider.engine.generate import Request, generate_ids
+    from outrider.catalog.packages import resolve_model
+    from outrider.weights.loader import load_decoder
 
     path = resolve_model(args.model)
     tok = AutoTokenizer.from_pretrained(str(path))
@@ -104,7 +104,7 @@ def main() -> None:
     ref = None if args.no_transformers else AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     n = args.new_tokens
     prompts = [tok(p)["input_ids"] for p in PROMPTS]
-    from outrider.engine import eos_ids_of
+    from outrider.llm import eos_ids_of
 
     eos = eos_ids_of(path, tok)
 

@@ -1,4 +1,4 @@
-"""A prefill's projections: fill.c's tile kernel against the float GEMM it replaces (and, for a
+"""A prefill's projections: matmul_amx.c's tile kernel against the float GEMM it replaces (and, for a
 drafter's lossy prefill, its one-part form against oneDNN's bfloat16 GEMM), on the Qwen 1.5B's
 and SmolLM2's shapes.
 
@@ -23,8 +23,8 @@ SHAPES = [("q4_1", 1536, 17920), ("q4_1", 8960, 1536), ("q8_16", 8960, 1536), ("
 
 
 def weight(kind: str, cols: int, rows: int):
-    from outrider.models import native
-    from outrider.models.quant import QuantBlocks, quantize
+    from outrider.kernels import native
+    from outrider.kernels.blocks import QuantBlocks, quantize
 
     g = torch.Generator().manual_seed(rows + cols)
     if kind == "q8_16":  # as quant_convert keeps a Q6_K: codes -32..31, a scale per 16 values
@@ -42,10 +42,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from outrider.models import native, quant_linear
+    from outrider.kernels import native, quant_linear
 
-    if not native.fill_available():
-        raise SystemExit("fill.c's tile kernel does not run here (no AMX, or the native kernel is not built)")
+    if not native.amx_available():
+        raise SystemExit("matmul_amx.c's tile kernel does not run here (no AMX, or the native kernel is not built)")
     quant_linear._BF16_PREFILL[0] = False
     for kind, cols, rows in SHAPES:
         w = weight(kind, cols, rows)
@@ -53,12 +53,12 @@ def main() -> None:
         state = {"weight": w}
 
         def gemm(bf16: bool = False):
-            quant_linear._TILE_PREFILL[0] = False  # the path fill.c replaced
+            quant_linear._TILE_PREFILL[0] = False  # the path matmul_amx.c replaced
             with quant_linear.filling(True, bf16=bf16):
                 return quant_linear._matmul_native(x, state)
 
-        runs = {"float GEMM": gemm, "tiles": lambda: native.fill_matmul(x, w),
-                "oneDNN bf16 (lossy)": lambda: gemm(True), "tiles, 1 part (lossy)": lambda: native.fill_matmul(x, w, True)}
+        runs = {"float GEMM": gemm, "tiles": lambda: native.amx_matmul(x, w),
+                "oneDNN bf16 (lossy)": lambda: gemm(True), "tiles, 1 part (lossy)": lambda: native.amx_matmul(x, w, True)}
         best = {name: float("inf") for name in runs}
         for _ in range(args.rounds):
             for name, run in runs.items():

@@ -25,8 +25,8 @@ SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576)]  # (out, in): q/o,
 
 def candidates(weight: torch.Tensor) -> dict:
     from outrider.models.layers import linear
-    from outrider.models.quant import quantize
-    from outrider.models.quant_linear import QuantLinear, choose_kernel
+    from outrider.kernels.blocks import quantize
+    from outrider.kernels.quant_linear import QuantLinear, choose_kernel
 
     found = {"float32": lambda x: linear(x, weight)}
     for kind in ("q8_0", "q4_1"):

@@ -13,7 +13,7 @@ neighbour phases swap order every repeat, and the table shows medians.
     .venv/bin/python scripts/bench_shared_cpu.py --alone-only ...    # quiet speed only
 
 A configuration is NAME:KEY=VALUE,KEY=VALUE. `threads=N` passes LLM(threads=N), a fixed count;
-without it outrider chooses (outrider/threads.py: one thread per core other processes leave
+without it outrider chooses (outrider/engine/threads.py: one thread per core other processes leave
 free). Upper-case keys are environment variables of the subprocess; OMP_WAIT_POLICY,
 GOMP_SPINCOUNT, KMP_BLOCKTIME and OMP_NUM_THREADS are removed from it unless the configuration
 sets them, so the shell's settings do not leak in.
@@ -44,7 +44,7 @@ THREAD_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "OMP_N
 DEFAULT_CONFIGS = [
     "t2-fixed:threads=2",  # what outrider did before it chose: 2 threads, libgomp's spinning waits
     "t1-fixed:threads=1",
-    "outrider:",  # the default now: one thread per free core (outrider/threads.py)
+    "outrider:",  # the default now: one thread per free core (outrider/engine/threads.py)
     "t2-passive:threads=2,OMP_WAIT_POLICY=PASSIVE",
     "t2-active:threads=2,OMP_WAIT_POLICY=ACTIVE",
     "t2-spin30k:threads=2,GOMP_SPINCOUNT=30000",

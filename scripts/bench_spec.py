@@ -48,9 +48,9 @@ def main() -> None:
 
     from outrider.bench.datasets import humaneval
     from outrider.bench.runner import aggregate, first_difference, run_ours, run_transformers
-    from outrider.models.catalog import resolve_model
-    from outrider.models.loader import load_decoder
-    from outrider.spec.speculator import SpecOptions, Speculator
+    from outrider.catalog.packages import resolve_model
+    from outrider.weights.loader import load_decoder
+    from outrider.engine.speculator import SpecOptions, Speculator
 
     pair = PAIRS[args.pair]
     path = resolve_model(pair["target"])

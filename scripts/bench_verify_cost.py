@@ -38,7 +38,7 @@ PROMPT = "def quicksort(arr):\n    \"\"\"Sort a list of numbers with quicksort.\
 @contextlib.contextmanager
 def linear_path(path: str):
     """Force one CPU linear path (cpu_linear.py) for the block; "auto" = the measured choice."""
-    from outrider.models.cpu_linear import ENV
+    from outrider.kernels.cpu_linear import ENV
 
     old = os.environ.get(ENV)
     os.environ[ENV] = path
@@ -81,7 +81,7 @@ def measure_costs(variants: dict, context: int, repeats: int) -> dict:
 def native_matrices(model) -> list:
     """The model's NativeWeights (every layer's products and the head), or [] when any product
     does not run in the native kernel (a float model)."""
-    from outrider.models.native.layer import NATIVE_KERNELS
+    from outrider.kernels.decoder_layer import NATIVE_KERNELS
 
     mats = [m for w in model.layers for m in (w.qkv, w.o, w.gate_up, w.down)] + [model.lm_head]
     parts = [p for m in mats for p in getattr(m, "parts", [m])]
@@ -92,7 +92,7 @@ def native_matrices(model) -> list:
 
 def first_rows(w, n: int):
     """The NativeWeight of w's first n output rows (the same bytes: views)."""
-    from outrider.models.native import NativeWeight
+    from outrider.kernels.native import NativeWeight
 
     if w.lanes:  # whole records a row, the scales among them; d only says their dtype
         return NativeWeight(w.kind, (n, w.shape[1]), w.q[:n], w.d, None, lanes=True)
@@ -108,7 +108,7 @@ def compute_floor(model, ks=KS, cache_bytes: int = 1 << 20, calls: int = 60) -> 
     calls, its multiply-adds a second applied to every weight of that shape. A lower bound on a
     k-token forward beside the memory one (its weights read once): where it exceeds cost(1),
     compute, not memory traffic, sets cost(k)/cost(1)."""
-    from outrider.models.native import qmatmul
+    from outrider.kernels.native import qmatmul
 
     weights = native_matrices(model)
     if not weights:
@@ -137,15 +137,15 @@ def compute_floor(model, ks=KS, cache_bytes: int = 1 << 20, calls: int = 60) -> 
 
 def int8_peak(threads: int, rounds: int = 20_000_000) -> float:
     """The CPU's int8 multiply-adds a second on `threads` threads: independent vpdpbusd with
-    nothing loaded (lanes.c outrider_lanes_peak), the fastest of 3; 0.0 without AVX-512 VNNI."""
-    from outrider.models import native
+    nothing loaded (qmatmul_i8.c outrider_i8_peak), the fastest of 3; 0.0 without AVX-512 VNNI."""
+    from outrider.kernels import native
 
-    if not native.lanes_available():
+    if not native.i8_available():
         return 0.0
     fastest = float("inf")
     for _ in range(3):
         start = time.perf_counter()
-        native.library().outrider_lanes_peak(rounds, threads)
+        native.library().outrider_i8_peak(rounds, threads)
         fastest = min(fastest, time.perf_counter() - start)
     return rounds * 24 * 64 * threads / fastest
 
@@ -225,7 +225,7 @@ def ar_vs_transformers(variants: dict, path, tok, new_tokens: int, rounds: int) 
     """tok/s of our greedy AR (each variant) and of transformers' greedy generate, alternated."""
     from transformers import AutoModelForCausalLM
 
-    from outrider.generation import Request, generate_ids
+    from outrider.engine.generate import Request, generate_ids
 
     ref = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     ids = tok(PROMPT)["input_ids"]
@@ -265,13 +265,13 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from outrider.models import cpu_linear
-    from outrider.models.catalog import resolve_model
-    from outrider.models.loader import load_decoder
+    from outrider.kernels import cpu_linear
+    from outrider.catalog.packages import resolve_model
+    from outrider.weights.loader import load_decoder
 
     path = resolve_model(args.model)
     from outrider.errors import OutriderError
-    from outrider.models.loader import parse_dtype, parse_kv_dtype
+    from outrider.weights.loader import parse_dtype, parse_kv_dtype
 
     try:  # a wrong name: one line naming the choices, before any model loads
         dtypes = {name: parse_dtype(name) for name in args.dtype.split(",")}

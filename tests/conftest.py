@@ -39,7 +39,7 @@ def tiny_folders(tmp_path_factory) -> dict[str, Path]:
 def smollm2_path() -> Path:
     """The folder of the pulled default model; fails, saying what to do, when it is not pulled."""
     from outrider.errors import ModelError
-    from outrider.models.catalog import DEFAULT_MODEL, resolve_model
+    from outrider.catalog.packages import DEFAULT_MODEL, resolve_model
 
     try:
         return resolve_model(DEFAULT_MODEL)
@@ -57,7 +57,7 @@ def smollm2_tokenizer(smollm2_path):
 @pytest.fixture(scope="session")
 def smollm2_decoder(smollm2_path):
     """Our runtime's SmolLM2 (float32, CPU). Stateless between calls: every run brings its cache."""
-    from outrider.models.loader import load_decoder
+    from outrider.weights.loader import load_decoder
 
     return load_decoder(smollm2_path, "cpu", torch.float32)
 

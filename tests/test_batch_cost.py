@@ -10,10 +10,10 @@ from outrider.control import batch_cost
 from outrider.control.batch_cost import BatchCostProfile, batch_grid, load_or_measure_batch
 from outrider.control.controllers import CostController, FixedController
 from outrider.control.profile import VerifyCostProfile
-from outrider.engine import LLM
-from outrider.generation import Request, generate_ids
-from outrider.models.loader import load_decoder
-from outrider.serve.engine_loop import EngineLoop
+from outrider.llm import LLM
+from outrider.engine.generate import Request, generate_ids
+from outrider.weights.loader import load_decoder
+from outrider.engine.loop import EngineLoop
 from outrider.spec.types import DraftTree, VerifyResult
 
 # Shaped like the Xeon's SmolLM2 table (batch_cost.py): wide rounds are cheap for one sequence,

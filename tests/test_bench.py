@@ -141,7 +141,7 @@ def test_whole_run_on_a_tiny_model_writes_results_and_report(tiny_folders, tmp_p
 
 
 def test_audit_catches_a_method_that_perturbs_a_token(tiny_folders, monkeypatch):
-    from outrider.spec import speculator
+    from outrider.engine import speculator
     from outrider.spec.types import VerifyResult
 
     real = speculator.Speculator.verifier_for

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from outrider.models import native
+from outrider.kernels import native
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_verify_cost.py"
 needs_native = pytest.mark.skipif(not native.available(), reason="the native kernel is not built here")
@@ -23,9 +23,9 @@ def script():
 
 
 @needs_native
-@pytest.mark.parametrize("dtype", ["q4", "q8_0"] + (["q4-i8"] if native.lanes_available() else []))
+@pytest.mark.parametrize("dtype", ["q4", "q8_0"] + (["q4-i8"] if native.i8_available() else []))
 def test_a_slice_multiplies_as_the_first_rows_of_its_weight(tmp_path, dtype):
-    from outrider.models.loader import load_decoder
+    from outrider.weights.loader import load_decoder
     from test_quant_model import make_quantizable
 
     bench = script()
@@ -41,7 +41,7 @@ def test_a_slice_multiplies_as_the_first_rows_of_its_weight(tmp_path, dtype):
 
 
 def test_a_float_model_has_no_floor(tmp_path):
-    from outrider.models.loader import load_decoder
+    from outrider.weights.loader import load_decoder
     from test_quant_model import make_quantizable
 
     bench = script()
@@ -49,9 +49,9 @@ def test_a_float_model_has_no_floor(tmp_path):
     assert bench.native_matrices(model) == [] and bench.compute_floor(model) == {}
 
 
-@pytest.mark.skipif(not native.lanes_available(), reason="no AVX-512 VNNI here")
+@pytest.mark.skipif(not native.i8_available(), reason="no AVX-512 VNNI here")
 def test_the_peak_loop_runs_every_multiply_add():
     """Lane l of chain i starts at i and gains 4 * (1 * 2) a round: the sums say every vpdpbusd ran."""
     rounds, threads = 1000, 2
-    assert native.library().outrider_lanes_peak(rounds, threads) == threads * 16 * (276 + 8 * 24 * rounds)
+    assert native.library().outrider_i8_peak(rounds, threads) == threads * 16 * (276 + 8 * 24 * rounds)
     assert script().int8_peak(1, rounds=1000) > 0

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from outrider.errors import ModelError
-from outrider.models import catalog
-from outrider.models.catalog import CatalogEntry
+from outrider.catalog import packages as catalog
+from outrider.catalog.packages import CatalogEntry
 from test_gguf_import import write_tiny_gguf
 
 UNREACHABLE_INDEX = "http://127.0.0.1:9/simple"  # the discard port: refused at once

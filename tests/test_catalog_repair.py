@@ -21,7 +21,7 @@ import pytest
 
 from outrider.cli import main
 from outrider.errors import ModelError
-from outrider.models import catalog
+from outrider.catalog import packages as catalog
 from test_catalog import cache, fake_entry  # noqa: F401  (fixtures)
 
 

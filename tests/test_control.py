@@ -8,7 +8,7 @@ from outrider.control.controllers import (AdaptiveController, CostController, Fi
                                           parse_controller)
 from outrider.control.profile import VerifyCostProfile, load_or_measure, measure
 from outrider.errors import ConfigError
-from outrider.models.loader import load_decoder
+from outrider.weights.loader import load_decoder
 from outrider.spec.types import DraftTree, VerifyResult
 
 

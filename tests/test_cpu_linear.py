@@ -8,7 +8,7 @@ a wrong chunk is off by the size of the output itself).
 import pytest
 import torch
 
-from outrider.models import cpu_linear
+from outrider.kernels import cpu_linear
 from outrider.models.layers import linear
 
 

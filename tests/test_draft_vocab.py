@@ -10,7 +10,7 @@ from outrider.drafters.draft_model import DraftModel, draft_vocab_ids, parse_arg
 from outrider.drafters.model import ModelDrafter
 from outrider.errors import ConfigError, ModelError
 from outrider.models.batch import pack
-from outrider.models.loader import load_decoder
+from outrider.weights.loader import load_decoder
 from outrider.sampling import SamplingParams
 from outrider.spec.shapes import parse_shape
 

@@ -23,13 +23,13 @@ from tiny import make_tiny
 from outrider.control.controllers import FixedController
 from outrider.drafters.eagle3 import Eagle3Drafter
 from outrider.drafters.model import ModelDrafter
-from outrider.generation import Request, generate_ids
+from outrider.engine.generate import Request, generate_ids
 from outrider.heads.eagle3_format import load_eagle3
-from outrider.models.loader import load_decoder
+from outrider.weights.loader import load_decoder
 from outrider.sampling import SamplingParams
-from outrider.serve.engine_loop import EngineLoop
+from outrider.engine.loop import EngineLoop
 from outrider.spec.shapes import parse_shape
-from outrider.spec.speculator import SpecOptions, Speculator
+from outrider.engine.speculator import SpecOptions, Speculator
 
 PROMPTS = [[5], [3, 4, 5, 3, 4, 5, 3], [6, 7, 3, 6, 7, 3, 6, 1, 2, 3, 4, 5], [2, 7], [4, 4, 4, 1, 6]]
 NEW = [9, 17, 5, 12, 7]  # each finishes at its own round

@@ -15,11 +15,11 @@ from tiny import add_tokenizer, make_tiny
 
 from outrider.drafters.hybrid import HybridDrafter
 from outrider.errors import ConfigError
-from outrider.generation import Request, generate_ids
-from outrider.models.loader import load_decoder
+from outrider.engine.generate import Request, generate_ids
+from outrider.weights.loader import load_decoder
 from outrider.sampling import SamplingParams
-from outrider.serve.engine_loop import EngineLoop
-from outrider.spec.speculator import SpecOptions, Speculator
+from outrider.engine.loop import EngineLoop
+from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.spec.verifiers import VERIFIERS
 
 # repeats (the suffix trees' part) and a prompt that does not repeat (the other drafter's)

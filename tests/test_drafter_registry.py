@@ -22,11 +22,11 @@ from outrider.drafters.capabilities import Capabilities, Drafts
 from outrider.drafters.model import ModelDrafter
 from outrider.drafters.registry import DrafterEntry, register, unregister
 from outrider.errors import ConfigError
-from outrider.generation import Request, generate_ids
+from outrider.engine.generate import Request, generate_ids
 from outrider.models.config import ModelConfig
-from outrider.models.loader import load_decoder
+from outrider.weights.loader import load_decoder
 from outrider.sampling import SamplingParams
-from outrider.spec.speculator import SpecOptions, Speculator
+from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.spec.shapes import parse_shape
 from outrider.spec.types import DraftTree
 from outrider.spec.verifiers import VERIFIERS
@@ -249,8 +249,8 @@ def test_models_and_fit_come_from_the_entry(tiny_folders):
 
 def test_a_draft_model_in_its_own_dtype_changes_no_output(tiny_folders):
     """The drafter's precision changes its proposals, never what the target commits."""
-    from outrider.engine import LLM
-    from outrider.generation import Request, generate_ids
+    from outrider.llm import LLM
+    from outrider.engine.generate import Request, generate_ids
 
     target = str(tiny_folders["llama"])
     requests = [Request([5, 6, 7, 5, 6, 7, 5], 12), Request([9, 3, 9, 3], 12)]

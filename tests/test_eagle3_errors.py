@@ -10,8 +10,8 @@ from eagle3_tiny import write_eagle3
 from tiny import make_tiny
 
 from outrider.errors import OutriderError
-from outrider.models.loader import load_decoder
-from outrider.spec.speculator import SpecOptions, Speculator
+from outrider.weights.loader import load_decoder
+from outrider.engine.speculator import SpecOptions, Speculator
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ from outrider.heads.eagle3_export import export_eagle3, from_head
 from outrider.heads.eagle3_format import load_eagle3, read_config, read_tensors
 from outrider.heads.eagle3_golden import GOLDEN, GoldenSettings, compare
 from outrider.heads.eagle3_speculators import schema_problems
-from outrider.models.loader import load_decoder
-from outrider.spec.speculator import SpecOptions, Speculator
+from outrider.weights.loader import load_decoder
+from outrider.engine.speculator import SpecOptions, Speculator
 
 FAST = GoldenSettings(depth=3, max_new_tokens=12)
 

@@ -13,7 +13,7 @@ from tiny import make_tiny
 from outrider.heads.eagle3_format import load_eagle3
 from outrider.heads.eagle3_reference import reference_rows
 from outrider.models.batch import pack
-from outrider.models.loader import load_decoder
+from outrider.weights.loader import load_decoder
 
 
 @pytest.fixture(scope="module")

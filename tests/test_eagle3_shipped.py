@@ -10,13 +10,13 @@ import torch
 
 from outrider.cli import main
 from outrider.drafters.eagle3 import Eagle3Drafter
-from outrider.generation import Request, generate_ids
+from outrider.engine.generate import Request, generate_ids
 from outrider.heads.catalog import resolve_head
 from outrider.heads.eagle3_format import load_eagle3
 from outrider.sampling import SamplingParams
 from outrider.spec.shapes import parse_shape
 from outrider.control.controllers import FixedController
-from outrider.spec.speculator import SpecOptions, Speculator
+from outrider.engine.speculator import SpecOptions, Speculator
 
 pytestmark = pytest.mark.model
 

@@ -13,14 +13,14 @@ from enumerate_law import one_thread
 
 from outrider.control.controllers import FixedController
 from outrider.drafters.capabilities import Capabilities, Drafts
-from outrider.generation import Request, generate_ids
-from outrider.models import native
+from outrider.engine.generate import Request, generate_ids
+from outrider.kernels import native
 from outrider.models.batch import pack
-from outrider.models.loader import load_decoder
+from outrider.weights.loader import load_decoder
 from outrider.sampling import SamplingParams
-from outrider.serve.engine_loop import EngineLoop
+from outrider.engine.loop import EngineLoop
 from outrider.spec.shapes import parse_shape
-from outrider.spec.speculator import SpecOptions, Speculator
+from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.spec.types import DraftTree
 from outrider.spec.verifiers import VERIFIERS
 
@@ -135,12 +135,12 @@ def test_the_drafter_gets_the_targets_hidden_states(setup, engine):
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0", pytest.param("q4_0-i8", marks=pytest.mark.skipif(
-    not native.lanes_available(), reason="int8-activation kernel: no AVX-512 VNNI here"))])
+    not native.i8_available(), reason="int8-activation kernel: no AVX-512 VNNI here"))])
 @pytest.mark.parametrize("tree", ["chain", "dynamic:3,8"])
 def test_a_quantized_head_drafts_and_changes_no_output(setup, kind, tree):
     """`eagle3:PATH@q8_0`: the head's matrices kept as blocks (drafting reads fewer bytes); its
     proposals may differ from the float head's, what is committed may not."""
-    from outrider.models.quant_linear import QuantLinear
+    from outrider.kernels.quant_linear import QuantLinear
 
     folder, target, head = setup
     spec = Speculator.build(SpecOptions(f"eagle3:{head}@{kind}", tree, "fixed:3"), target, folder)
@@ -157,7 +157,7 @@ def test_head_dtype_default_and_bad_names(setup):
 
     from outrider.drafters.eagle3 import head_dtype, parse_argument
     from outrider.errors import ConfigError
-    from outrider.models import native
+    from outrider.kernels import native
 
     folder, target, head = setup
     quantized = SimpleNamespace(quantization="q4", device=torch.device("cpu"))
@@ -176,9 +176,9 @@ def test_head_dtype_default_and_bad_names(setup):
 
 
 def test_a_quantized_head_runs_the_native_layer_like_the_torch_one(setup):
-    """`@q8_0` on a CPU: the head's layer is one native call (models/native/layer.py, with the
+    """`@q8_0` on a CPU: the head's layer is one native call (kernels/decoder_layer.py, with the
     caller's [norm(embedding) ; norm(hidden)] as its input); the same logits as its torch layer."""
-    from outrider.models import native
+    from outrider.kernels import native
 
     if not native.available():
         pytest.skip(native.reason())

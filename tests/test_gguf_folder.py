@@ -1,4 +1,4 @@
-"""A GGUF of one's own as a model (models/gguf_folder.py): `outrider models import FILE.gguf`, or
+"""A GGUF of one's own as a model (catalog/imported.py): `outrider models import FILE.gguf`, or
 `--model FILE.gguf`, with no float32 copy written, the same model as a pulled folder of that GGUF."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import torch
 import test_gguf_import as writer
 from outrider.cli import main
 from outrider.errors import ModelError
-from outrider.models.catalog import resolve_model
-from outrider.models.gguf_folder import IMPORTED_NAME, default_name, import_gguf, imported_folder, list_imported
-from outrider.models.gguf_import import convert_gguf
-from outrider.models.loader import load_decoder
+from outrider.catalog.packages import resolve_model
+from outrider.catalog.imported import IMPORTED_NAME, default_name, import_gguf, imported_folder, list_imported
+from outrider.weights.gguf_convert import convert_gguf
+from outrider.weights.loader import load_decoder
 
 TOKENS = [5, 17, 3, 88, 41, 41, 9, 200]
 

@@ -127,7 +127,7 @@ import json  # noqa: E402
 import torch  # noqa: E402
 
 from outrider.errors import ModelError  # noqa: E402
-from outrider.models.gguf_import import (  # noqa: E402
+from outrider.weights.gguf_convert import (  # noqa: E402
     convert_gguf,
     end_of_generation_ids,
     hf_config,
@@ -269,7 +269,7 @@ def test_smollm2_conversion_matches_transformers_gguf(smollm2_path, smollm2_toke
     transformers' GGUF loader is the slow part (about 14 s of CPU for this 98 MB file: it reads
     the GGUF twice, config then tensors, and dequantizes in numpy); the folder's model and the
     tokenizer are the session's (conftest.py)."""
-    from outrider.models import catalog
+    from outrider.catalog import packages as catalog
 
     chat = [{"role": "user", "content": "What is the capital of France?"}]
     ids = smollm2_tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt",

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from outrider.errors import ModelError
-from outrider.models.gguf_index import GGUFIndex
-from outrider.models.quant_load import own_quantization
+from outrider.weights.gguf_index import GGUFIndex
+from outrider.weights.quant_load import own_quantization
 
 
 def same_as_reader(path) -> None:
@@ -47,7 +47,7 @@ def test_own_quantization_names_the_gguf_family(tmp_path):
     assert own_quantization(gguf_folder(tmp_path / "b", "Q8_0")) == "q8_0"
     assert own_quantization(gguf_folder(tmp_path / "c", "F32")) is None
     mixed = gguf_folder(tmp_path / "d", "Q4_1", odd_tensor=("model.layers.0.mlp.down_proj.weight", "Q5_0"))
-    assert own_quantization(mixed) == "gguf"  # kinds kept exactly (quant_convert.py), mixed
+    assert own_quantization(mixed) == "gguf"  # kinds kept exactly (weights/quant_convert.py), mixed
     odd = gguf_folder(tmp_path / "e", "Q4_1", odd_tensor=("model.layers.0.mlp.down_proj.weight", "Q5_1"))
     assert own_quantization(odd) is None  # a kind we cannot keep: the float model by default
     assert own_quantization(tmp_path) is None  # no GGUF

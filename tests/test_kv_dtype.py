@@ -12,7 +12,7 @@ PROMPTS = ["Monday, Tuesday, Wednesday,", "def fibonacci(n):\n    "]
 
 @pytest.fixture(scope="module")
 def q4_kv16(smollm2_path):
-    from outrider.models.loader import load_decoder
+    from outrider.weights.loader import load_decoder
 
     model = load_decoder(smollm2_path, "cpu", "q4")
     model.kv_dtype = torch.float16
@@ -28,7 +28,7 @@ def logits(model, tokens: list[int]) -> torch.Tensor:
 
 
 def test_the_cache_is_float16_and_half_the_bytes(q4_kv16, smollm2_path):
-    from outrider.models.loader import load_decoder
+    from outrider.weights.loader import load_decoder
 
     half, full = q4_kv16.new_cache(2, 100), load_decoder(smollm2_path, "cpu", "q4").new_cache(2, 100)
     assert half.k[0].dtype == torch.float16 and full.k[0].dtype == torch.float32
@@ -39,7 +39,7 @@ def test_native_and_torch_layers_agree(q4_kv16, monkeypatch, smollm2_path, smoll
     """Both round K/V to nearest even; they differ as their float32 arithmetic differs (a K value
     one float16 step apart where float32 rounding moves it across a boundary: measured 0.015 of
     logits up to ~30, against 8e-5 with a float32 cache), so: close, and the same argmax."""
-    from outrider.models.loader import load_decoder
+    from outrider.weights.loader import load_decoder
 
     tokens = smollm2_tokenizer("The quick brown fox jumps over the lazy dog. The quick")["input_ids"]
     native = logits(q4_kv16, tokens)
@@ -56,8 +56,8 @@ def test_native_and_torch_layers_agree(q4_kv16, monkeypatch, smollm2_path, smoll
                                           ("eagle3:smollm2-135m-instruct", "dynamic:3,6"),
                                           ("draft-model:smollm2-135m-instruct@q4_0", "chain")])
 def test_speculative_greedy_equals_autoregressive(q4_kv16, smollm2_path, smollm2_tokenizer, drafter, tree):
-    from outrider.generation import Request, generate_ids
-    from outrider.spec.speculator import SpecOptions, Speculator
+    from outrider.engine.generate import Request, generate_ids
+    from outrider.engine.speculator import SpecOptions, Speculator
 
     spec = Speculator.build(SpecOptions(drafter, tree, "fixed:4"), q4_kv16, smollm2_path)
     if drafter.startswith("draft-model"):  # the drafter's own cache follows the target's type

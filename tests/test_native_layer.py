@@ -1,4 +1,4 @@
-"""The native decoder layer (models/native/layer.py + layer.c) against the torch layer it
+"""The native decoder layer (kernels/decoder_layer.py + decoder_layer.c) against the torch layer it
 replaces for forwards that ask for logits: the same logits, hidden states and K/V up to float
 rounding for each family (Llama, Qwen2 with q/k/v biases, Qwen3 with q/k norms), ragged batches,
 slots out of order and tree masks; each row's result bit-identical whatever the other rows; and
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from outrider.generation import Request, generate_ids
-from outrider.models import native
+from outrider.engine.generate import Request, generate_ids
+from outrider.kernels import native
 from outrider.models.batch import pack
-from outrider.models.loader import load_decoder
+from outrider.weights.loader import load_decoder
 from outrider.sampling import SamplingParams
-from outrider.spec.speculator import SpecOptions, Speculator
+from outrider.engine.speculator import SpecOptions, Speculator
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=f"native kernel: {native.reason()}")
 
@@ -96,7 +96,7 @@ def test_native_layer_matches_the_torch_layer(model):
 def test_one_call_for_the_layers_between_taps_equals_a_call_a_layer(model, monkeypatch):
     """NativeLayers.run (one native call for the layers between two hidden-state taps) gives the
     logits, taps and cache that run_one (a call a layer) gives, bit for bit."""
-    from outrider.models.native.layer import NativeLayers
+    from outrider.kernels.decoder_layer import NativeLayers
 
     m, _ = model
     spans, cache_spans = run(m, True, STEPS)
@@ -121,7 +121,7 @@ def test_a_rows_result_does_not_depend_on_the_others(model):
 
 
 @pytest.mark.parametrize("dtype", ["q4", pytest.param("q4-i8", marks=pytest.mark.skipif(
-    not native.lanes_available(), reason="int8-activation kernel: no AVX-512 VNNI here"))])
+    not native.i8_available(), reason="int8-activation kernel: no AVX-512 VNNI here"))])
 def test_a_tree_node_gets_what_its_path_decoded_a_token_a_step_gets(model, dtype):
     """A tree verified in one forward gives each node, bit for bit, the logits its root-to-node
     path gets decoded one token a step: its ancestors' keys sit at cache rows with gaps between

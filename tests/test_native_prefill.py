@@ -1,5 +1,5 @@
 """Prefills through the native layer (where the CPU has the AMX tile unit, their products on
-fill.c's tiles) against the torch layers, greedy speculation after a long prompt, and projections
+matmul_amx.c's tiles) against the torch layers, greedy speculation after a long prompt, and projections
 stacked from parts of different kinds (a GGUF's Q and K in one kind, V in another) in the native
 layer."""
 
@@ -8,19 +8,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from outrider.generation import Request, generate_ids
-from outrider.models import native, quant_linear
+from outrider.engine.generate import Request, generate_ids
+from outrider.kernels import native, quant_linear
 from outrider.models.batch import pack
-from outrider.models.loader import load_decoder
-from outrider.models.native.layer import NativeLayers
-from outrider.models.quant import quantize
-from outrider.models.quant_linear import QuantLinear
-from outrider.models.quant_load import RowStack
+from outrider.weights.loader import load_decoder
+from outrider.kernels.decoder_layer import NativeLayers
+from outrider.kernels.blocks import quantize
+from outrider.kernels.quant_linear import QuantLinear
+from outrider.weights.quant_load import RowStack
 from outrider.sampling import SamplingParams
-from outrider.spec.speculator import SpecOptions, Speculator
+from outrider.engine.speculator import SpecOptions, Speculator
 from test_native_layer import make_family
 
-pytestmark = pytest.mark.skipif(not native.fill_available(), reason="no AMX tile unit here (or not granted)")
+pytestmark = pytest.mark.skipif(not native.amx_available(), reason="no AMX tile unit here (or not granted)")
 
 PROMPT = [3, 9, 4, 11, 7, 8, 20, 5] * 5  # 40 tokens: past quant_linear.TILE_ROWS
 

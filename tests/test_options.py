@@ -14,7 +14,7 @@ import torch
 import outrider
 from outrider import LLM, ConfigError, SamplingParams
 from outrider.cli import main
-from outrider.models.loader import resolve_device
+from outrider.weights.loader import resolve_device
 from outrider.sampling import MIN_TEMPERATURE, warp_probs
 
 NO_MODEL = ("--model", "no-such-model")

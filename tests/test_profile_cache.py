@@ -11,7 +11,7 @@ import torch
 
 from outrider.cli import main
 from outrider.control import profile
-from outrider.models.loader import load_decoder
+from outrider.weights.loader import load_decoder
 
 
 @pytest.fixture
@@ -53,8 +53,8 @@ def test_a_rebuilt_kernel_or_the_torch_layer_measures_the_profile_again(monkeypa
     from pathlib import Path
 
     from outrider.control import profile as profile_module
-    from outrider.models import native
-    from outrider.models.loader import load_decoder
+    from outrider.kernels import native
+    from outrider.weights.loader import load_decoder
 
     target = load_decoder(tiny_folders["llama"], "cpu", torch.float32)
     key = profile_module.profile_key(tiny_folders["llama"], target)

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 import torch
 
-from outrider.models import native
-from outrider.models.quant import BLOCK, KINDS, QuantBlocks, blocks_from_gguf, dequantize, quantize
-from outrider.models.quant_linear import QuantLinear, choose_kernel, reference_linear
+from outrider.kernels import native
+from outrider.kernels.blocks import BLOCK, KINDS, QuantBlocks, blocks_from_gguf, dequantize, quantize
+from outrider.kernels.quant_linear import QuantLinear, choose_kernel, reference_linear
 
 EXACT = "native" if native.available() else "blockwise"  # the float32 kernel this machine uses by default
 needs_native = pytest.mark.skipif(not native.available(), reason=f"native kernel: {native.reason()}")

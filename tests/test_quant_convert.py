@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from outrider.models import native
-from outrider.models.quant import dequantize
-from outrider.models.quant_convert import CONVERTED, gguf_blocks
-from outrider.models.quant_linear import QuantLinear, reference_linear
+from outrider.kernels import native
+from outrider.kernels.blocks import dequantize
+from outrider.weights.quant_convert import CONVERTED, gguf_blocks
+from outrider.kernels.quant_linear import QuantLinear, reference_linear
 
 SIZES = {"Q5_0": (32, 22, [0]), "Q4_K": (256, 144, [0, 2]), "Q6_K": (256, 210, [208])}  # values, bytes, half offsets
 
@@ -81,8 +81,8 @@ def test_ragged_row_is_refused():
 @pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"])
 def test_packaged_qwen_tensors_equal_ggufs(name):
     """One tensor of every kind in the packaged files (skipped where the model is not pulled)."""
-    from outrider.models.catalog import is_present, model_path
-    from outrider.models.gguf_index import GGUFIndex
+    from outrider.catalog.packages import is_present, model_path
+    from outrider.weights.gguf_index import GGUFIndex
 
     if not is_present(name):
         pytest.skip(f"{name} is not pulled")
@@ -108,12 +108,12 @@ def test_the_kernel_reads_k_quant_scales_factored_with_the_same_results(type_nam
     assert factored.code & native.FACTORED and not wide.code & native.FACTORED
     nbytes = lambda w: sum(t.numel() * t.element_size() for t in w.tensors())  # noqa: E731
     codes = blocks.q.numel()  # bytes of codes: the same in both
-    per_256 = {"Q4_K": 20, "Q6_K": 18}[type_name]  # kinds.h: a super-block's scale bytes
+    per_256 = {"Q4_K": 20, "Q6_K": 18}[type_name]  # block_kinds.h: a super-block's scale bytes
     assert nbytes(factored) == codes + blocks.shape[0] * blocks.shape[1] // 256 * per_256 < nbytes(wide)
     assert torch.equal(native.dequantize_rows(factored, 5, 40), dequantize(blocks)[5:40])
     for rows in (1, 3, 8, 13):
         x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
         assert torch.equal(native.qmatmul(x, factored), native.qmatmul(x, wide))
-    if native.fill_available():
+    if native.amx_available():
         x = torch.randn(40, 512, generator=torch.Generator().manual_seed(4))
-        assert torch.equal(native.fill_matmul(x, factored), native.fill_matmul(x, wide))
+        assert torch.equal(native.amx_matmul(x, factored), native.amx_matmul(x, wide))

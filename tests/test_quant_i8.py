@@ -1,10 +1,10 @@
-"""Int8 activations (the `-i8` dtypes): native/lanes.c against its torch reference (quant_i8.py),
+"""Int8 activations (the `-i8` dtypes): native/qmatmul_i8.c against its torch reference (kernels/qmatmul_i8_reference.py),
 rows bit-identical whatever the batch and the threads, the rounding of x as documented, and the
 refusal where the kernel cannot run. Greedy speculative == autoregressive on `q4-i8` / `q8_0-i8`
 models: test_quant_model.py's `quantized` fixture and test_quant_smollm2.py run it.
 
 Tolerance against `reference_linear_i8` (the exact integer block sums, their scales applied in
-float64): `rounding_bound`, (groups + 8) float32 roundings of the sum of |terms| (quant_i8.py
+float64): `rounding_bound`, (groups + 8) float32 roundings of the sum of |terms| (kernels/qmatmul_i8_reference.py
 derives it). A wrong code, scale or lane is off by a whole term, far more (the controls check).
 """
 
@@ -16,15 +16,15 @@ import pytest
 import torch
 
 from outrider.errors import ModelError
-from outrider.models import native
-from outrider.models.quant import BLOCK, dequantize, quantize
-from outrider.models.quant_convert import gguf_blocks
-from outrider.models.quant_i8 import quantize_activations, reference_linear_i8, rounding_bound
+from outrider.kernels import native
+from outrider.kernels.blocks import BLOCK, dequantize, quantize
+from outrider.weights.quant_convert import gguf_blocks
+from outrider.kernels.qmatmul_i8_reference import quantize_activations, reference_linear_i8, rounding_bound
 from test_quant import random_blocks
 from test_quant_convert import random_raw
 from test_quant_native import assert_rows_bit_identical
 
-needs_lanes = pytest.mark.skipif(not native.lanes_available(),
+needs_lanes = pytest.mark.skipif(not native.i8_available(),
                                  reason=f"int8-activation kernel: {native.reason() or 'no AVX-512 VNNI'}")
 
 
@@ -33,14 +33,14 @@ def widened(blocks):
 
 
 def all_kinds(cols: int, seed: int = 0) -> dict:
-    """Blocks of every form lanes.c takes, `cols` values a row (a multiple of 256 for K-quants)."""
+    """Blocks of every form qmatmul_i8.c takes, `cols` values a row (a multiple of 256 for K-quants)."""
     cases = {}
     for kind in ("q8_0", "q4_0", "q4_1"):
         blocks = random_blocks(kind, 21, cols, seed=seed)
         cases[kind] = blocks
         cases[kind + " float32 scales"] = widened(blocks)
     if cols % 256 == 0:
-        for type_name in ("Q4_K", "Q6_K"):  # factored scales (kinds.h), and the same widened
+        for type_name in ("Q4_K", "Q6_K"):  # factored scales (block_kinds.h), and the same widened
             blocks = gguf_blocks(random_raw(type_name, 21, cols, seed=seed), type_name)
             cases[type_name] = blocks
             cases[type_name + " float32 scales"] = replace(blocks, factored=None)
@@ -146,8 +146,8 @@ def test_close_to_the_float_product_within_the_rounding_of_x():
 def test_the_quantized_linear_and_the_native_layer_take_it(tmp_path):
     """`--dtype q4-i8`: every projection and the head run the i8 kernel, in the blocks' own bytes,
     and the layers as one native call (prefills too: the row kernel is the fast one at any count)."""
-    from outrider.models.loader import load_decoder
-    from outrider.models.native.layer import NativeLayers
+    from outrider.weights.loader import load_decoder
+    from outrider.kernels.decoder_layer import NativeLayers
     from test_quant_model import make_quantizable
 
     model = load_decoder(make_quantizable(tmp_path / "model"), "cpu", "q4-i8")
@@ -158,9 +158,9 @@ def test_the_quantized_linear_and_the_native_layer_take_it(tmp_path):
 
 
 def test_refused_in_one_line_where_the_kernel_does_not_run(tiny_folders, monkeypatch):
-    from outrider.models.loader import load_decoder
+    from outrider.weights.loader import load_decoder
 
-    monkeypatch.setattr(native, "lanes_available", lambda: False)
+    monkeypatch.setattr(native, "i8_available", lambda: False)
     with pytest.raises(ModelError, match="--dtype q4-i8 needs Outrider's int8-activation kernel.*use --dtype q4"):
         load_decoder(tiny_folders["llama"], "cpu", "q4-i8")
 
@@ -170,7 +170,7 @@ def test_a_draft_model_multiplies_with_int8_activations_by_default(tmp_path):
     """No @DTYPE: the draft model's own quantization, with int8 activations (its numerics change
     only its proposals), beside any target; an @DTYPE still decides."""
     from outrider.drafters.draft_model import DraftModel, build
-    from outrider.models.loader import load_decoder
+    from outrider.weights.loader import load_decoder
     from outrider.spec.shapes import parse_shape
     from test_quant_model import gguf_folder
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from outrider.errors import ConfigError, ModelError
-from outrider.generation import Request, generate_ids
-from outrider.models import native
+from outrider.engine.generate import Request, generate_ids
+from outrider.kernels import native
 from outrider.models.batch import pack
-from outrider.models.loader import load_decoder
-from outrider.models.quant import QuantBlocks, dequantize, quantize
-from outrider.models.quant_linear import QuantLinear
-from outrider.models.quant_load import RowStack
+from outrider.weights.loader import load_decoder
+from outrider.kernels.blocks import QuantBlocks, dequantize, quantize
+from outrider.kernels.quant_linear import QuantLinear
+from outrider.weights.quant_load import RowStack
 from test_quant import EXACT
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
@@ -125,7 +125,7 @@ def test_projection_with_ragged_input_stays_float(tiny_folders):
 
 def test_tied_head_shares_the_embedding_blocks(tiny_folders):
     """A tied head multiplies with the embedding table's own codes (no second copy in memory)."""
-    from outrider.models import native
+    from outrider.kernels import native
 
     if not native.available():
         pytest.skip(native.reason())
@@ -159,14 +159,14 @@ def run(target, spec=None, n=16):
 
 def speculator(drafter, shape="chain", depth=4):
     from outrider.control.controllers import FixedController
-    from outrider.spec.speculator import SpecOptions, Speculator
+    from outrider.engine.speculator import SpecOptions, Speculator
     from outrider.spec.shapes import parse_shape
 
     return Speculator(SpecOptions(drafter.name, shape, f"fixed:{depth}"), drafter, FixedController(depth),
                       parse_shape(shape))
 
 
-NO_LANES = pytest.mark.skipif(not native.lanes_available(), reason="int8-activation kernel: no AVX-512 VNNI here")
+NO_LANES = pytest.mark.skipif(not native.i8_available(), reason="int8-activation kernel: no AVX-512 VNNI here")
 
 
 @pytest.fixture(scope="module", params=["q4", "q8_0", pytest.param("q4-i8", marks=NO_LANES),
@@ -217,7 +217,7 @@ def gguf_folder(root: Path, qtype: str = "Q4_1", odd_tensor: tuple[str, str] | N
     converted to a float folder that keeps the GGUF as original.gguf, as a pull does.
     `odd_tensor` = (Hugging Face name, GGUF type) writes that one tensor in another type."""
     import test_gguf_import as writer
-    from outrider.models.gguf_import import convert_gguf
+    from outrider.weights.gguf_convert import convert_gguf
 
     root.mkdir(parents=True)
     path = root / "model.gguf"
@@ -242,8 +242,8 @@ def gguf_folder(root: Path, qtype: str = "Q4_1", odd_tensor: tuple[str, str] | N
 def test_gguf_blocks_load_natively(tmp_path):
     """--dtype q4 on a Q4_1 GGUF keeps its blocks (llama Q/K rows put back in Hugging Face order):
     the same logits as the float folder converted from the same GGUF, up to float rounding."""
-    from outrider.models.quant_load import QuantTensors
-    from outrider.models.loader import _Tensors
+    from outrider.weights.quant_load import QuantTensors
+    from outrider.weights.loader import _Tensors
 
     folder = gguf_folder(tmp_path / "q4_1")
     assert QuantTensors(folder, "q4", _Tensors(folder)).source == "GGUF blocks (original.gguf)"
@@ -265,8 +265,8 @@ def test_q4_0_requantizes_a_gguf_folder_from_its_floats(tmp_path):
 
 
 def test_gguf_of_another_family_is_quantized_from_floats(tmp_path):
-    from outrider.models.quant_load import QuantTensors
-    from outrider.models.loader import _Tensors
+    from outrider.weights.quant_load import QuantTensors
+    from outrider.weights.loader import _Tensors
 
     folder = gguf_folder(tmp_path / "q4_1")
     assert QuantTensors(folder, "q8_0", _Tensors(folder)).source == "float weights quantized at load"
@@ -302,10 +302,10 @@ def test_unsupported_gguf_type_falls_back_to_quantizing_the_floats(tmp_path, cap
 
 
 def test_q5_0_is_kept_exactly(tmp_path):
-    """A Q5_0 tensor (quant_convert.py) is kept as Q8_0 codes with the same scales: the model is
+    """A Q5_0 tensor (weights/quant_convert.py) is kept as Q8_0 codes with the same scales: the model is
     the GGUF's own, so its logits are the float folder's up to float32 rounding; "gguf" names it."""
-    from outrider.models.quant_load import QuantTensors, own_quantization
-    from outrider.models.loader import _Tensors
+    from outrider.weights.quant_load import QuantTensors, own_quantization
+    from outrider.weights.loader import _Tensors
 
     folder = gguf_folder(tmp_path / "q5", odd_tensor=("model.layers.0.mlp.down_proj.weight", "Q5_0"))
     assert QuantTensors(folder, "gguf", _Tensors(folder)).source == "GGUF blocks (original.gguf)"

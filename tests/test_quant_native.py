@@ -1,4 +1,4 @@
-"""Outrider's own quantized kernel (models/native): bit-identical rows whatever the batch, the
+"""Outrider's own quantized kernel (kernels/native.py): bit-identical rows whatever the batch, the
 reference's values (test_quant.py bounds it against the reference with the other kernels), and a
 clear fallback where it cannot be built."""
 
@@ -12,9 +12,9 @@ import sys
 import pytest
 import torch
 
-from outrider.models import native
-from outrider.models.quant import quantize
-from outrider.models.quant_linear import QuantLinear, choose_kernel, reference_linear
+from outrider.kernels import native
+from outrider.kernels.blocks import quantize
+from outrider.kernels.quant_linear import QuantLinear, choose_kernel, reference_linear
 from test_quant import random_blocks
 
 needs_native = pytest.mark.skipif(not native.available(), reason=f"native kernel: {native.reason()}")
@@ -95,7 +95,7 @@ def test_library_is_kept_in_the_cache_by_source_and_machine():
 
 
 def _probe(env: dict) -> list[str]:
-    code = ("from outrider.models import native; from outrider.models.quant_linear import choose_kernel; "
+    code = ("from outrider.kernels import native; from outrider.kernels.quant_linear import choose_kernel; "
             "from test_quant import random_blocks; "
             "print(native.available()); print(native.reason()); print(choose_kernel(random_blocks('q4_1', 32, 64)))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -123,10 +123,10 @@ def test_a_filling_forward_may_take_the_gemm_and_keeps_the_values(bf16, monkeypa
     GEMM runs in bfloat16, as on CPUs with AMX) multiplies dequantized rows with the GEMM: the same
     products up to summation order (float32) or bfloat16 rounding of x and the weight; outside, or
     below the threshold, the kernel (bit-identical rows) as before."""
-    from outrider.models import quant_linear
+    from outrider.kernels import quant_linear
 
     monkeypatch.setattr(quant_linear, "_BF16_PREFILL", [bf16])
-    monkeypatch.setattr(quant_linear, "_TILE_PREFILL", [False])  # the GEMM path (fill.c: test_native_fill.py)
+    monkeypatch.setattr(quant_linear, "_TILE_PREFILL", [False])  # the GEMM path (matmul_amx.c: test_native_fill.py)
     monkeypatch.setattr(quant_linear, "_GEMM_PREFILL", [True])  # as on an Intel CPU
     rows = quant_linear.BULK_ROWS_BF16 if bf16 else quant_linear.BULK_ROWS
     blocks = quantize(torch.randn(200, 576, generator=torch.Generator().manual_seed(4)) * 0.05, "q4_1")
@@ -152,7 +152,7 @@ def test_a_filling_forward_may_take_the_gemm_and_keeps_the_values(bf16, monkeypa
 def test_the_float_gemm_takes_a_prefill_only_on_intel_cpus(monkeypatch):
     """Off Intel CPUs (where MKL measured slower than the row kernel at a prefill's rows) a
     filling forward keeps the row kernel, bit for bit; OUTRIDER_PREFILL_GEMM decides when set."""
-    from outrider.models import quant_linear
+    from outrider.kernels import quant_linear
 
     for vendor, env, want in [("GenuineIntel", None, True), ("AuthenticAMD", None, False),
                               ("AuthenticAMD", "1", True), ("GenuineIntel", "0", False)]:
@@ -177,10 +177,10 @@ def test_a_drafters_prefill_rounds_to_bf16_where_the_cpu_has_amx(monkeypatch):
     """filling(bf16=True), a draft model's prefill: the bfloat16 GEMM from BULK_ROWS_BF16 rows
     without OUTRIDER_LOSSY_BF16_PREFILL (a drafter's numerics change only its proposals) where the
     CPU has AMX; elsewhere, and for a target's prefill, the kernel at that many rows."""
-    from outrider.models import quant_linear
+    from outrider.kernels import quant_linear
 
     monkeypatch.setattr(quant_linear, "_BF16_PREFILL", [False])
-    monkeypatch.setattr(quant_linear, "_TILE_PREFILL", [False])  # a target's prefill without fill.c
+    monkeypatch.setattr(quant_linear, "_TILE_PREFILL", [False])  # a target's prefill without matmul_amx.c
     blocks = quantize(torch.randn(64, 576, generator=torch.Generator().manual_seed(7)) * 0.05, "q4_1")
     weight = QuantLinear(blocks, kernel="native")
     x = torch.randn(quant_linear.BULK_ROWS_BF16, 576, generator=torch.Generator().manual_seed(8))
@@ -200,7 +200,7 @@ def test_a_drafters_prefill_rounds_to_bf16_where_the_cpu_has_amx(monkeypatch):
 def test_only_a_draft_models_prefill_may_round(tiny_folders):
     from outrider.drafters.draft_model import DraftModel, build
     from outrider.spec.shapes import parse_shape
-    from outrider.models.loader import load_decoder
+    from outrider.weights.loader import load_decoder
 
     target = load_decoder(tiny_folders["llama"], "cpu", torch.float32)
     drafter = build(DraftModel(str(tiny_folders["llama-draft"])), parse_shape("chain"), target, tiny_folders["llama"])
@@ -210,7 +210,7 @@ def test_only_a_draft_models_prefill_may_round(tiny_folders):
 def test_bf16_prefill_is_off_unless_asked(monkeypatch):
     """The bfloat16 prefill changes the target's output (lossy): only OUTRIDER_LOSSY_BF16_PREFILL=1
     turns it on, and only where the CPU has AMX."""
-    from outrider.models import quant_linear
+    from outrider.kernels import quant_linear
 
     monkeypatch.delenv("OUTRIDER_LOSSY_BF16_PREFILL", raising=False)
     monkeypatch.setattr(quant_linear, "_BF16_PREFILL", [None])

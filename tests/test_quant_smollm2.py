@@ -16,18 +16,18 @@ PROMPTS = ["Monday, Tuesday, Wednesday,", "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"]
 
 @pytest.fixture(scope="module")
 def q4(smollm2_path):
-    from outrider.models.loader import load_decoder
+    from outrider.weights.loader import load_decoder
 
     return load_decoder(smollm2_path, "cpu", "q4")
 
 
 @pytest.fixture(scope="module")
 def q4_i8(smollm2_path):
-    """The same blocks with int8 activations (lanes.c), where the kernel runs."""
-    from outrider.models import native
-    from outrider.models.loader import load_decoder
+    """The same blocks with int8 activations (qmatmul_i8.c), where the kernel runs."""
+    from outrider.kernels import native
+    from outrider.weights.loader import load_decoder
 
-    if not native.lanes_available():
+    if not native.i8_available():
         pytest.skip("int8-activation kernel: no AVX-512 VNNI here")
     return load_decoder(smollm2_path, "cpu", "q4-i8")
 
@@ -35,9 +35,9 @@ def q4_i8(smollm2_path):
 def test_requantized_floats_are_the_gguf_blocks(smollm2_path):
     """Q4_1 / Q8_0 blocks dequantized to float32 and quantized again with ggml's rounding are
     the same blocks (each block's codes reach 0 and 15, or +-127, so min and scale come back)."""
-    from outrider.models.loader import _Tensors
-    from outrider.models.quant import quantize
-    from outrider.models.quant_load import QuantTensors
+    from outrider.weights.loader import _Tensors
+    from outrider.kernels.blocks import quantize
+    from outrider.weights.quant_load import QuantTensors
 
     floats = _Tensors(smollm2_path)
     native = QuantTensors(smollm2_path, "q4", floats)
@@ -82,8 +82,8 @@ DRAFTERS = {  # every kind of drafter: lookups, self-speculation, a learned head
 def test_speculative_greedy_equals_autoregressive(request, smollm2_path, smollm2_tokenizer, drafter, dtype):
     """On the quantized model (float32 or int8 activations) every drafter's greedy output is the
     model's own greedy output, token for token."""
-    from outrider.generation import Request, generate_ids
-    from outrider.spec.speculator import SpecOptions, Speculator
+    from outrider.engine.generate import Request, generate_ids
+    from outrider.engine.speculator import SpecOptions, Speculator
 
     target = request.getfixturevalue("q4" if dtype == "q4" else "q4_i8")
     name, tree = DRAFTERS[drafter]

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from outrider.generation import Request, generate_ids
+from outrider.engine.generate import Request, generate_ids
 from outrider.models.batch import pack
-from outrider.models.loader import load_decoder
+from outrider.weights.loader import load_decoder
 from tiny import reference
 
 KINDS = ["llama", "qwen2", "qwen3", "llama-tied"]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from outrider.models.batch import pack
-from outrider.models.loader import load_decoder
+from outrider.weights.loader import load_decoder
 from outrider.spec.tree import leaf_paths
 
 

@@ -19,10 +19,10 @@ from outrider.control.controllers import FixedController
 from outrider.drafters.model import ModelDrafter
 from outrider.drafters.ngram import NgramDrafter
 from outrider.drafters.suffix import SuffixDrafter
-from outrider.generation import Request, generate_ids
-from outrider.models.loader import load_decoder
+from outrider.engine.generate import Request, generate_ids
+from outrider.weights.loader import load_decoder
 from outrider.sampling import SamplingParams
-from outrider.spec.speculator import SpecOptions, Speculator
+from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.spec.shapes import parse_shape
 
 PROMPTS = [[3, 4, 5, 3, 4, 5, 3], [6, 7, 3, 6, 7, 3, 6], [5, 5, 4, 5, 5, 4, 5]]

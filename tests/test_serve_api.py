@@ -15,7 +15,7 @@ import pytest
 import torch
 import uvicorn
 
-from outrider.engine import LLM
+from outrider.llm import LLM
 from outrider.serve.server import ServeOptions, build
 
 KEY = "sk-test"

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from outrider.engine import LLM
+from outrider.llm import LLM
 from outrider.errors import ConfigError
-from outrider.generation import Request, generate_ids
+from outrider.engine.generate import Request, generate_ids
 from outrider.sampling import SamplingParams
-from outrider.serve.engine_loop import EngineLoop
+from outrider.engine.loop import EngineLoop
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -4,7 +4,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from outrider.models.batch import pack
-from outrider.models.loader import load_decoder
+from outrider.weights.loader import load_decoder
 
 GATHERS = {"aten.index.Tensor", "aten.index_select.default", "aten.gather.default"}
 

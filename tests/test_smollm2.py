@@ -33,8 +33,8 @@ def test_logits_match_transformers(smollm2_decoder, smollm2_tokenizer, smollm2_t
 def test_greedy_matches_transformers(smollm2_path, smollm2_decoder, smollm2_tokenizer, smollm2_transformers):
     """Our runtime decodes the prompts as one ragged batch; transformers' generate takes each alone.
     Both stop at the model's end-of-generation tokens: the chat turn ends early on <|im_end|>."""
-    from outrider.engine import eos_ids_of
-    from outrider.generation import Request, generate_ids
+    from outrider.llm import eos_ids_of
+    from outrider.engine.generate import Request, generate_ids
 
     tok, max_new = smollm2_tokenizer, 16
     eos = eos_ids_of(smollm2_path, tok)
@@ -57,7 +57,7 @@ def spec_prompts(smollm2_tokenizer) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def plain(smollm2_decoder, spec_prompts) -> list[list[int]]:
     """Greedy autoregressive outputs of SPEC_PROMPTS, computed once for every drafter and tree."""
-    from outrider.generation import Request, generate_ids
+    from outrider.engine.generate import Request, generate_ids
 
     return [f.output_ids for f in generate_ids(smollm2_decoder, [Request(p, SPEC_TOKENS) for p in spec_prompts], set())]
 
@@ -65,8 +65,8 @@ def plain(smollm2_decoder, spec_prompts) -> list[list[int]]:
 @pytest.mark.parametrize("drafter,tree", [("ngram", "chain"), ("suffix", "chain"), ("early-exit:8", "chain"),
                                           ("early-exit:8", "static:2,2,1"), ("early-exit:8", "dynamic:3,8")])
 def test_speculative_greedy_equals_autoregressive(smollm2_path, smollm2_decoder, spec_prompts, plain, drafter, tree):
-    from outrider.generation import Request, generate_ids
-    from outrider.spec.speculator import SpecOptions, Speculator
+    from outrider.engine.generate import Request, generate_ids
+    from outrider.engine.speculator import SpecOptions, Speculator
 
     spec = Speculator.build(SpecOptions(drafter, tree, "fixed:4"), smollm2_decoder, smollm2_path)
     fast = generate_ids(smollm2_decoder, [Request(p, SPEC_TOKENS) for p in spec_prompts], set(), speculation=spec)

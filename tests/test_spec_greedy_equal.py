@@ -7,9 +7,9 @@ import torch
 from outrider.control.controllers import AdaptiveController, CostController, FixedController
 from outrider.control.profile import VerifyCostProfile
 from outrider.drafters.model import ModelDrafter
-from outrider.generation import Request, generate_ids
-from outrider.models.loader import load_decoder
-from outrider.spec.speculator import SpecOptions, Speculator
+from outrider.engine.generate import Request, generate_ids
+from outrider.weights.loader import load_decoder
+from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.spec.shapes import parse_shape
 
 SHAPES = ["chain", "static:2,2,1", "static:3,1,1,1", "dynamic:3,8"]

@@ -9,10 +9,10 @@ from tiny import make_tiny
 from outrider.control.controllers import FixedController
 from outrider.drafters.model import ModelDrafter
 from outrider.errors import ConfigError
-from outrider.generation import Request, generate_ids
-from outrider.models.loader import load_decoder
-from outrider.spec.round import DraftError
-from outrider.spec.speculator import SpecOptions, Speculator
+from outrider.engine.generate import Request, generate_ids
+from outrider.weights.loader import load_decoder
+from outrider.engine.round import DraftError
+from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.spec.shapes import parse_shape
 from outrider.spec.tree import tree_problem
 from outrider.spec.types import DraftTree

@@ -42,11 +42,11 @@ from outrider.drafters.eagle3 import Eagle3Drafter
 from outrider.drafters.model import ModelDrafter
 from outrider.heads.eagle3_format import load_eagle3
 from outrider.drafters.ngram import NgramDrafter
-from outrider.generation import Request, generate_ids
+from outrider.engine.generate import Request, generate_ids
 from outrider.models.batch import pack
-from outrider.models.loader import load_decoder
+from outrider.weights.loader import load_decoder
 from outrider.sampling import SamplingParams, warp_probs
-from outrider.spec.speculator import SpecOptions, Speculator
+from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.spec.shapes import parse_shape
 from outrider.spec.types import VerifyResult
 from outrider.spec.verifiers import VERIFIERS

@@ -1,4 +1,4 @@
-"""TextStream (outrider/text.py), the incremental detokenizer, against reference_text, the slow
+"""TextStream (outrider/engine/text_stream.py), the incremental detokenizer, against reference_text, the slow
 definition: on hand-made byte-level vocabularies, on word-level and Metaspace tokenizers with
 special tokens, and on random token sequences of the real SmolLM2 tokenizer."""
 
@@ -7,7 +7,7 @@ import random
 import pytest
 
 from outrider.errors import ConfigError
-from outrider.text import REPLACEMENT, TextStream, check_text, reference_text
+from outrider.engine.text_stream import REPLACEMENT, TextStream, check_text, reference_text
 
 # A byte-level vocabulary: characters split across tokens, a lone invalid byte, an empty token
 # (as a skipped special token decodes).
@@ -188,7 +188,7 @@ TEXTS = [
 def test_smollm2_random_token_sequences_match_the_reference():
     from transformers import AutoTokenizer
 
-    from outrider.models.catalog import resolve_model
+    from outrider.catalog.packages import resolve_model
 
     tok = AutoTokenizer.from_pretrained(str(resolve_model("smollm2-135m-instruct")))
 

@@ -1,4 +1,4 @@
-"""Torch's thread count follows the cores other processes leave free (outrider/threads.py):
+"""Torch's thread count follows the cores other processes leave free (outrider/engine/threads.py):
 the rule, CpuShare on a simulated machine, /proc/stat, when it stays off, and the hook in
 `LLM.generate`. No timing here: the speed it buys is measured by scripts/bench_shared_cpu.py."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from outrider import LLM
-from outrider.threads import CpuShare, FixedThreads, cpu_share_for, cpu_ticks
+from outrider.engine.threads import CpuShare, FixedThreads, cpu_share_for, cpu_ticks
 
 HZ = 100  # clock ticks per second in the simulated /proc/stat
 

@@ -62,7 +62,7 @@ def test_length_groups_batch_similar_lengths_and_resume_anywhere(target, tmp_pat
     rng = random.Random(1)
     rows = [{"text": words(rng, rng.randrange(2, SEQ + 1))} for _ in range(40)]
     c = data.load_corpus(f"jsonl:{write_jsonl(tmp_path / 'v.jsonl', rows)}", regenerate=False)
-    from outrider.engine import _load_tokenizer
+    from outrider.llm import _load_tokenizer
 
     enc = data.Encoder(_load_tokenizer(target), SEQ)
 

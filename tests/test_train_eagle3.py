@@ -22,7 +22,7 @@ from train_common import SEQ, corpus, log_of, options, target, words, write_json
 from outrider.cli import main
 from outrider.errors import ConfigError
 from outrider.heads.eagle3_format import load_eagle3
-from outrider.models.loader import load_decoder
+from outrider.weights.loader import load_decoder
 from outrider.train.loop import train
 
 def test_loss_falls_on_a_fixed_batch(target, tmp_path):
@@ -68,7 +68,7 @@ def test_same_seed_reproduces_other_seed_differs(target, corpus, tmp_path):
 
 
 def test_export_loads_and_drafts_losslessly(target, corpus, tmp_path):
-    from outrider.engine import LLM
+    from outrider.llm import LLM
 
     out = tmp_path / "head"
     train(options(target, corpus, out, steps=2), log=lambda m: None)
@@ -82,7 +82,7 @@ def test_export_loads_and_drafts_losslessly(target, corpus, tmp_path):
 
 
 def test_greedy_batch_commits_what_generate_ids_commits(target):
-    from outrider.generation import Request, generate_ids
+    from outrider.engine.generate import Request, generate_ids
     from outrider.sampling import SamplingParams
     from outrider.train.regenerate import greedy_batch
 

@@ -12,7 +12,7 @@ from tiny import make_tiny
 
 from outrider.heads.eagle3_format import load_eagle3
 from outrider.heads.eagle3_reference import reference_rows
-from outrider.models.loader import load_decoder
+from outrider.weights.loader import load_decoder
 from outrider.train.eagle3_model import Eagle3Trainable
 
 

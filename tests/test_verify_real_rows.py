@@ -5,7 +5,7 @@ order, and padding gets none."""
 import torch
 
 from outrider.models.batch import pack
-from outrider.models.loader import load_decoder
+from outrider.weights.loader import load_decoder
 
 
 def test_real_rows_are_the_padded_forwards_real_rows(tiny_folders):

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import OutriderError
-from ..models.catalog import _find_wheel, _pip_download, cache_dir
+from ..catalog.packages import _find_wheel, _pip_download, cache_dir
 
 
 @dataclass(frozen=True)

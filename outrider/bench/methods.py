@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..spec.speculator import SpecOptions
+from ..engine.speculator import SpecOptions
 
 PEERS = ("transformers", "transformers-assisted", "transformers-prompt-lookup", "llama.cpp",
          "llama.cpp-prompt-lookup")
@@ -123,14 +123,14 @@ def parse_config(raw: dict, source: str, lines: list[int] | None = None) -> Benc
                           f"see outrider/bench/presets/quick.toml)")
     dtype = raw.get("dtype")
     if dtype is not None:
-        from ..models.loader import parse_dtype
+        from ..weights.loader import parse_dtype
 
         if not isinstance(dtype, str):
             raise ConfigError(f"{source}: dtype must be a string such as \"float32\" or \"q4\", got {dtype!r}")
         parse_dtype(dtype)  # an unknown name is refused here, before anything loads
     kv_dtype = raw.get("kv_dtype")
     if kv_dtype is not None:
-        from ..models.loader import parse_kv_dtype
+        from ..weights.loader import parse_kv_dtype
 
         parse_kv_dtype(str(kv_dtype))
     return BenchConfig(source, tuple(models), tuple(workloads), tuple(methods), *numbers, dtype, raw, kv_dtype)

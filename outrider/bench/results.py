@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from ..models.catalog import CATALOG
+from ..catalog.packages import CATALOG
 from .runner import PromptRun
 from .store import RunStore
 from .summary import summarize_run
@@ -119,7 +119,7 @@ def model_facts(name: str, path: Path) -> dict:
         facts = json.loads(marker.read_text())
         return {"path": str(path), "sha256": facts.get("sha256"), "sha256_of": "original GGUF",
                 "params": getattr(CATALOG.get(name), "params", None)}
-    imported = Path(path) / "imported.json"  # a GGUF of one's own (models/gguf_folder.py)
+    imported = Path(path) / "imported.json"  # a GGUF of one's own (catalog/imported.py)
     if imported.exists():
         facts = json.loads(imported.read_text())
         return {"path": str(path), "sha256": facts.get("sha256"), "sha256_of": "imported GGUF", "params": None}

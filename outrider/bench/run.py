@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
-from ..engine import eos_ids_of
+from ..llm import eos_ids_of
 from ..errors import ConfigError
-from ..models.catalog import CATALOG, is_present, pull, resolve_model
+from ..catalog.packages import CATALOG, is_present, pull, resolve_model
 from ..models.config import ModelConfig
-from ..models.loader import auto_dtype, load_decoder, parse_dtype, parse_kv_dtype
-from ..spec.speculator import Speculator
+from ..weights.loader import auto_dtype, load_decoder, parse_dtype, parse_kv_dtype
+from ..engine.speculator import Speculator
 from .methods import BenchConfig
 from .peers import PeerUnavailable, make_peer
 from .results import BASELINE, assemble, identity, method_names, model_facts

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..generation import Request, generate_ids
+from ..engine.generate import Request, generate_ids
 from ..models.decoder import Decoder
-from ..stats import summarize
+from ..engine.stats import summarize
 
 
 @dataclass

@@ -84,8 +84,8 @@ def _sync(target: Decoder) -> None:
 
 
 def _native_identity() -> str:
-    from ..models import native
-    from ..models.native.layer import enabled
+    from ..kernels import native
+    from ..kernels.decoder_layer import enabled
 
     lib = native.library()
     return f"{native._state['path'].name if lib is not None else 'none'},layer={int(enabled())}"

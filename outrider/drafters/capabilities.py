@@ -76,7 +76,7 @@ class Capabilities:
 
     def drafts(self, shape_kind: str) -> Drafts:
         """The drafts for `--tree` of this kind; ValueError when the drafter does not build it
-        (options refuse that earlier, with a ConfigError: spec/speculator.py)."""
+        (options refuse that earlier, with a ConfigError: engine/speculator.py)."""
         if shape_kind not in self.trees:
             raise ValueError(f"this drafter builds only --tree {' or '.join(self.trees)}, not {shape_kind}")
         return self.trees[shape_kind]

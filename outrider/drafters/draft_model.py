@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
-from ..models.loader import DTYPE_NAMES
+from ..weights.loader import DTYPE_NAMES
 from .model import ModelDrafter
 from .registry import DrafterEntry, register
 
@@ -69,24 +69,24 @@ def models_needed(arg: DraftModel) -> tuple[str, ...]:
 
 
 def check_fits(arg: DraftModel, target_config, target_path: Path) -> str | None:
-    from ..models.catalog import resolve_model
+    from ..catalog.packages import resolve_model
 
     return tokenizer_mismatch(target_path, resolve_model(arg.name))
 
 
 def build(arg: DraftModel, shape, target, target_path: Path) -> ModelDrafter:
-    from ..models.catalog import resolve_model
+    from ..catalog.packages import resolve_model
     from ..models.config import ModelConfig
-    from ..models.loader import auto_dtype, load_decoder, parse_dtype
+    from ..weights.loader import auto_dtype, load_decoder, parse_dtype
 
     path = resolve_model(arg.name)
     # no @DTYPE: the drafter's own GGUF quantization where our kernel runs it, with int8
     # activations where they run (its numerics change only its proposals; measured on the Qwen
     # pair without AMX: its prompt's prefill 2.8 -> 0.6 s, README), else the target's float dtype
-    from ..models import native
+    from ..kernels import native
 
     own = auto_dtype(path, target.device)
-    if own and native.lanes_available():
+    if own and native.i8_available():
         own += "-i8"
     dtype = parse_dtype(arg.dtype) if arg.dtype else own or target.dtype
     vocab = min(target.config.vocab_size, ModelConfig.load(path).vocab_size)

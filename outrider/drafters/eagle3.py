@@ -304,7 +304,7 @@ def head_dtype(asked: str | None, target) -> str | None:
     head then reads an eighth of the float32 bytes per drafting step and drafts as well (in one
     bench run q4_0, q4_1 and q8_0 heads gave the same tau, q4_0 the fastest rounds: README);
     otherwise float, as the target computes."""
-    from ..models import native
+    from ..kernels import native
 
     if asked is not None:
         return None if asked == "float" else asked

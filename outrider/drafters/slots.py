@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 from typing import Callable
 
-from ..kv import KVCache
+from ..models.kv_cache import KVCache
 
 MakeCache = Callable[[int, int], KVCache]  # (num_slots, max_len) -> an empty cache
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kv import KVCache
+from ..models.kv_cache import KVCache
 from ..models.batch import ForwardBatch
 from ..models.layers import apply_rotary, attention, embedding, linear, rms_norm, rotary_tables, swiglu_mlp
 
@@ -122,8 +122,8 @@ class Eagle3Head:
         cos, sin = rotary_tables(batch.positions, self.inv_freq, self.dtype)
         if self._native is None:
             self._native = self._native_matrices()
-        if self._native is not False:  # the layer in one native call (models/native/layer.py)
-            from ..models.native.layer import LayerCall
+        if self._native is not False:  # the layer in one native call (kernels/decoder_layer.py)
+            from ..kernels.decoder_layer import LayerCall
 
             call = LayerCall(batch, cache, residual, cos, sin, nh, G, D, c.intermediate_size, h_in=x)
             call.run(0, self._native, None, w.post_norm, eps)
@@ -153,7 +153,7 @@ class Eagle3Head:
     def _native_matrices(self):
         """(QWeight * 4) when the head's matrices are native QuantLinears on a float32 CPU head
         (`eagle3:PATH@q4_0`, the default beside a quantized target), else False: the torch layer."""
-        from ..models.native.layer import NativeLayers, enabled
+        from ..kernels.decoder_layer import NativeLayers, enabled
 
         if self.device.type != "cpu" or self.dtype != torch.float32 or not enabled():
             return False

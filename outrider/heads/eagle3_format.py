@@ -151,7 +151,7 @@ def misfit(config: Eagle3Config, target_config, has_embed: bool = False, has_lm_
     return None
 
 
-# kinds a head's matrices may be kept in for drafting; "-i8": multiplied with int8 activations (native/lanes.c)
+# kinds a head's matrices may be kept in for drafting; "-i8": multiplied with int8 activations (native/qmatmul_i8.c)
 HEAD_QUANTS = ("q8_0", "q4_0", "q4_1", "q8_0-i8", "q4_0-i8", "q4_1-i8")
 
 
@@ -209,15 +209,15 @@ def load_eagle3(folder: str | Path, target, quantize: str | None = None) -> Eagl
 
 def _quantize_matrices(w: Eagle3Weights, kind: str, own_lm_head: bool, dtype: torch.dtype) -> None:
     """Replace the head's float matrices by QuantLinear weights of `kind` (see load_eagle3)."""
-    from ..models import native, quant_linear
-    from ..models.quant import quantize
+    from ..kernels import native, quant_linear
+    from ..kernels.blocks import quantize
 
     if kind not in HEAD_QUANTS:
         raise ConfigError(f"an EAGLE-3 head can draft in {', '.join(HEAD_QUANTS)} or its own float dtype, not {kind!r}")
     if dtype != torch.float32:
         raise ConfigError(f"a head kept in {kind} drafts in float32; this target computes in {dtype}")
     base, _, compute = kind.partition("-")
-    if compute and not native.lanes_available():
+    if compute and not native.i8_available():
         raise ConfigError(f"an EAGLE-3 head in {kind} needs the int8-activation kernel (AVX-512 VNNI), which does "
                           f"not run here; use @{base}")
     names = ["fc", "qkv", "o", "gate_up", "down"] + (["lm_head"] if own_lm_head else [])

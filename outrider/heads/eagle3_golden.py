@@ -14,7 +14,7 @@ thread so the float arithmetic does not depend on how many cores were free) and 
      "measured_on": {"machine": "x86_64", "cpu": "...", "torch": "2.13.0", "device": "cpu"},
      "tolerance": {...}}
 
-tau is committed tokens per round over all prompts, bonus included (stats.py). Comparison: on
+tau is committed tokens per round over all prompts, bonus included (engine/stats.py). Comparison: on
 the same machine (same `measured_on`) with the same settings the rounds and committed tokens
 of every prompt must be equal; elsewhere the arithmetic may round differently and flip a near
 tie, so tau may move: it must stay within 5% (float32) or 10% (bf16, fp16) of the golden.
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from ..models import cpu_linear
+from ..kernels import cpu_linear
 
 GOLDEN = "outrider_golden.json"
 PROMPTS = (
@@ -79,10 +79,10 @@ def measure(head_dir: str | Path, target: str | Path, settings: GoldenSettings =
             prompts=PROMPTS) -> dict:
     """Greedy speculative generation of each prompt (one at a time) with the head in `head_dir`
     drafting for `target`; the record's measured part (see the module docstring)."""
-    from ..engine import LLM
+    from ..llm import LLM
 
     threads = torch.get_num_threads()
-    # The CPU's matrix-product path is otherwise chosen by timing (models/cpu_linear.py), which a
+    # The CPU's matrix-product path is otherwise chosen by timing (kernels/cpu_linear.py), which a
     # busy machine can tip between near-equal paths: pin plain F.linear so the golden's arithmetic
     # (and the exact same-machine comparison) never depends on load.
     linear_before = os.environ.get(cpu_linear.ENV)

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kv import KVCache
+from .kv_cache import KVCache
 from .batch import ForwardBatch
-from . import cpu_linear, quant_linear
+from ..kernels import cpu_linear, quant_linear
 from .config import ModelConfig
 from .layers import apply_rotary, attention, embedding, fold_mask, linear, rms_norm, rotary_tables, swiglu_mlp
 
 # The native layer's workspace for a prefill (every row's qkv, attention output, MLP activations
-# and attention scores at once, float32; native/layer.py LayerCall) past which the prefill keeps
+# and attention scores at once, float32; kernels/decoder_layer.py LayerCall) past which the prefill keeps
 # the torch layers: 256 MB (the Qwen 1.5B's prompts up to ~1,400 tokens, SmolLM2's ~2,500).
 NATIVE_FILL_FLOATS = 1 << 26
 
@@ -54,7 +54,7 @@ class Decoder:
         # long [n] sorted token ids when the head keeps only their rows (a drafter's reduced
         # vocabulary; logits column i is token head_ids[i]); None: every token, in id order
         self.head_ids: torch.Tensor | None = None
-        self._native = None  # native/layer.py NativeLayers, chosen at the first forward
+        self._native = None  # kernels/decoder_layer.py NativeLayers, chosen at the first forward
         # a draft model's: its prompt may be multiplied in bfloat16 (quant_linear.filling; its
         # numerics change only what it proposes, never what is committed)
         self.drafter_prefill_bf16 = False
@@ -110,7 +110,7 @@ class Decoder:
 
     def _torch_layers(self, layers, batch: ForwardBatch, cache: KVCache, x: torch.Tensor, cos, sin,
                       hidden: dict) -> torch.Tensor:
-        """`layers` over x [B, T, E] in torch ops (the reference for native/layer.py, and every
+        """`layers` over x [B, T, E] in torch ops (the reference for kernels/decoder_layer.py, and every
         prefill); hidden[l] gets x after layer l for l in batch.hidden_layers."""
         c = self.config
         B, T = batch.tokens.shape
@@ -157,7 +157,7 @@ class Decoder:
         (no AMX tile unit here: their float GEMM beats the row kernel at many rows; or a workspace
         past NATIVE_FILL_FLOATS); 0, the native layer with the row kernel (fewer than
         TILE_ROWS rows, or int8-activation weights, whose row kernel is the fast one at any
-        count); 3, its products on the tile unit (fill.c); 1, the same with x rounded to
+        count); 3, its products on the tile unit (matmul_amx.c); 1, the same with x rounded to
         bfloat16 (a drafter's prefill, or the lossy opt-in)."""
         lanes = self._native.lanes
         if not lanes and not quant_linear.tile_prefill():
@@ -174,13 +174,13 @@ class Decoder:
     def _choose_linear_paths(self) -> None:
         """Measure the CPU's fastest matrix-product path for this model's weight shapes, once per
         process and shape (cpu_linear.py), before the first product uses one; and take the native
-        layer (native/layer.py) when every layer's matrices run in the native kernel (set
+        layer (kernels/decoder_layer.py) when every layer's matrices run in the native kernel (set
         OUTRIDER_NATIVE_LAYER=0 for the torch layer: the reference, and a measurement baseline)."""
-        from .native.layer import NativeLayers
+        from ..kernels.decoder_layer import NativeLayers
 
         self._native = NativeLayers.of(self)
         if self.device.type == "cpu":
-            from .catalog import cache_dir
+            from ..catalog.packages import cache_dir
 
             weights = [t for w in self.layers for t in (w.qkv, w.o, w.gate_up, w.down)] + [self.lm_head]
             cpu_linear.prepare(weights, cache_dir() / "profiles")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..generation import Request
+from ..engine.generate import Request
 from .metrics import Metrics
 from .protocol import ApiError, Parsed, chunk, extension, new_id, parse_chat, parse_completion, response, usage
 from .worker import EngineWorker, Job

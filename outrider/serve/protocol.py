@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from ..sampling import SamplingParams
-from ..stats import summarize
+from ..engine.stats import summarize
 
 
 class ApiError(Exception):

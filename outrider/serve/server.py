@@ -47,7 +47,7 @@ class ServeOptions:
             raise ConfigError(f"--port must be in 0..65535, got {self.port}")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("--api-key is empty: give a key or leave the option out")
-        from ..models.loader import parse_kv_dtype
+        from ..weights.loader import parse_kv_dtype
 
         parse_kv_dtype(self.kv_dtype)
         return self
@@ -66,9 +66,9 @@ def build(options: ServeOptions, log=None):
     """Load the model and return (app, state); the engine thread is not started yet."""
     require_extra()
     options.check()
-    from ..engine import LLM
+    from ..llm import LLM
     from .api import ServerState, create_app
-    from .engine_loop import EngineLoop
+    from ..engine.loop import EngineLoop
     from .metrics import Metrics
     from .worker import EngineWorker
 

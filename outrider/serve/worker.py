@@ -2,7 +2,7 @@
 
 The HTTP layer (asyncio) hands a `Job` to `EngineWorker.submit` and awaits the job's queue; the
 engine thread adds waiting jobs between steps, runs `EngineLoop.step()`, and pushes each job's
-newly stable text (serve/../text.py TextStream, which also applies the stop strings) and finally
+newly stable text (engine/text_stream.py TextStream, which also applies the stop strings) and finally
 its result onto that queue with `loop.call_soon_threadsafe`. Nothing on the HTTP side ever waits
 for a step, and the engine never waits for a client: a client that goes away is cancelled and
 its slot is freed at the next step.
@@ -17,9 +17,9 @@ import traceback
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from ..generation import Finished, Request
-from ..text import TextStream
-from .engine_loop import EngineLoop
+from ..engine.generate import Finished, Request
+from ..engine.text_stream import TextStream
+from ..engine.loop import EngineLoop
 from .metrics import Metrics
 from .protocol import ApiError
 
@@ -49,7 +49,7 @@ class Job:
 
     # engine thread ---------------------------------------------------------------------------
     def on_commit(self, output: list[int]) -> int | None:
-        """The caller's stop rule for generation.py: show stable text, stop at a stop string."""
+        """The caller's stop rule for engine/generate.py: show stable text, stop at a stop string."""
         text = self.stream.add(output[self.stream.fed:])
         if text:
             self.push("text", text)

@@ -201,10 +201,10 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
     log(message): progress lines (default: stderr, rank 0 only). on_step(record): called after
     each step (and its checkpoint) with the log record; an exception it raises stops the run there,
     as an interruption would."""
-    from ..engine import _load_tokenizer, eos_ids_of
-    from ..models.catalog import resolve_model
+    from ..llm import _load_tokenizer, eos_ids_of
+    from ..catalog.packages import resolve_model
     from ..models.config import ModelConfig
-    from ..models.loader import load_decoder, resolve_device
+    from ..weights.loader import load_decoder, resolve_device
     from .eagle3_model import Eagle3Trainable
     from .regenerate import Regenerator
 

@@ -1,0 +1,1 @@
+"""The model catalog: registry-packaged models and imported GGUFs; pull, verify, repair, locks."""

@@ -1,0 +1,234 @@
+"""A speculation configuration: drafter + tree shape + controller + verifier, checked up front.
+
+`SpecOptions` parses the user's strings (`--drafter`, `--tree`, `--controller`) without loading
+anything, so a bad string or an unsupported combination is refused at once with its reason.
+`Speculator.build` then asks the drafter's registry entry (drafters/registry.py) whether it fits
+the target (tokenizer, layer count), builds it, and chooses the verifier from the capabilities
+the drafter declares (drafters/capabilities.py); nothing here knows a drafter by its name.
+
+    drafters    the registered ones: ngram | suffix | draft-model:NAME | early-exit:K | ...
+    trees       chain | static:B1,B2,... | dynamic:K,N     (the shape of a model drafter's tree)
+    controllers fixed:N | adaptive[:MAX] | cost[:MAX]
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..control.controllers import Controller, parse_controller
+from ..drafters.base import Budget, Drafter, propose_batch, update_batch
+from ..drafters.capabilities import Drafts
+from ..drafters.registry import DrafterEntry, builders_of, declared, parse_drafter
+from ..errors import ConfigError
+from ..models.decoder import Decoder
+from ..sampling import SamplingParams
+from ..spec.shapes import TreeShape, parse_shape
+from ..spec.types import DraftTree, VerifyResult
+from ..spec.verifiers import choose_verifier
+
+MAX_TREE_NODES = 256  # draft nodes per sequence per round, unless the user raises it
+
+
+@dataclass(frozen=True)
+class SpecOptions:
+    drafter: str  # e.g. "ngram", "draft-model:qwen2.5-coder-0.5b-instruct", "early-exit:8"
+    tree: str = "chain"
+    controller: str = "fixed:4"
+    max_tree_nodes: int = MAX_TREE_NODES  # refuse shapes whose rounds could draft or feed more
+
+    @property
+    def kind(self) -> str:
+        """The drafter's registered name (before the colon)."""
+        return self.drafter.partition(":")[0]
+
+    @property
+    def argument(self) -> str:
+        """The drafter's argument as written (after the colon)."""
+        return self.drafter.partition(":")[2]
+
+    @property
+    def shape(self) -> TreeShape:
+        return parse_shape(self.tree)
+
+    def entry(self) -> tuple[DrafterEntry, object]:
+        """The drafter's registry entry and its parsed argument; ConfigError when unknown or bad."""
+        return parse_drafter(self.drafter)
+
+    def check(self) -> "SpecOptions":
+        """Refuse a bad string or combination before anything is loaded."""
+        entry, _ = self.entry()
+        shape = self.shape
+        if not entry.capabilities.builds(shape.kind):
+            builds = " or ".join(entry.capabilities.trees)
+            others = ", ".join(builders_of(shape.kind))
+            raise ConfigError(f"--tree {self.tree} applies to model drafters ({others}); the {entry.name} "
+                              f"drafter takes only --tree {builds}")
+        if not (isinstance(self.max_tree_nodes, int) and self.max_tree_nodes >= 1):
+            raise ConfigError(f"max_tree_nodes must be a positive integer, got {self.max_tree_nodes!r}")
+        depth = parse_controller(self.controller, profile_factory=lambda: None).max_depth
+        self.check_nodes(max(shape.max_drafts(depth), shape.fed_nodes(depth)), depth)
+        return self
+
+    def models_needed(self) -> tuple[str, ...]:
+        """Models (catalog names or folders) the drafter loads, to pull before checking fits."""
+        entry, argument = self.entry()
+        return tuple(entry.models_needed(argument))
+
+    def misfit(self, target_config, target_path: Path) -> str | None:
+        """Why the drafter cannot serve this target (layers, tokenizer), or None."""
+        entry, argument = self.entry()
+        return entry.check_fits(argument, target_config, Path(target_path))
+
+    def check_nodes(self, nodes: int, depth: int) -> None:
+        """Refuse a configuration whose rounds may hold more than `max_tree_nodes` draft nodes."""
+        if nodes > self.max_tree_nodes:
+            raise ConfigError(
+                f"--tree {self.tree} with --controller {self.controller} (depth up to {depth}) makes up to "
+                f"{nodes} draft nodes per round, over the limit of {self.max_tree_nodes}; use a smaller "
+                f"tree or a lower depth, or raise the limit with --max-tree-nodes")
+
+    def label(self) -> str:
+        return f"{self.drafter} {self.tree} {self.controller}"
+
+
+class Speculator:
+    """Drives one drafter and one controller for the generation loop (see engine/generate.py).
+
+    What the drafts are (chain or tree, drawn from q or not, siblings with or without
+    replacement) and which hidden states the drafter reads come from the capabilities declared
+    for `options.kind` (drafters/registry.py `declared`), for the tree kind of `shape`."""
+
+    def __init__(self, options: SpecOptions, drafter: Drafter, controller: Controller, shape: TreeShape):
+        self.options = options
+        self.drafter = drafter
+        self.controller = controller
+        self.shape = shape
+        capabilities = declared(options.kind, drafter)
+        self.drafts: Drafts = capabilities.drafts(shape.kind)
+        self.tree_kind = self.drafts.tree_kind
+        self.hidden_layers: tuple[int, ...] = capabilities.needs_hidden  # tapped in prefill and verify
+        self.reads_target_cache = capabilities.reads_target_cache  # early exit: drafts over the target's K/V
+        self._trees: dict[int, DraftTree] = {}
+        options.check_nodes(self.max_tree_size - 1, controller.max_depth)
+
+    # -- construction -------------------------------------------------------------------------
+    @staticmethod
+    def build(options: SpecOptions, target: Decoder, target_path: Path, log=None) -> "Speculator":
+        options.check()
+        entry, argument = options.entry()
+        shape = options.shape
+        reason = entry.check_fits(argument, target.config, Path(target_path))
+        if reason:
+            raise ConfigError(f"--drafter {options.drafter} does not fit this target: {reason}")
+        drafter = entry.build(argument, shape, target, Path(target_path))
+
+        def profile():
+            from ..control.profile import load_or_measure
+            from ..catalog.packages import cache_dir
+
+            return load_or_measure(target_path, target, cache_dir() / "profiles", log)
+
+        def batch_profile(max_batch: int):
+            from ..control.batch_cost import load_or_measure_batch
+            from ..catalog.packages import cache_dir
+
+            return load_or_measure_batch(target_path, target, cache_dir() / "profiles", max_batch, log)
+
+        controller = parse_controller(options.controller, profile_factory=profile,
+                                      batch_profile_factory=batch_profile)
+        return Speculator(options, drafter, controller, shape)
+
+    def verifier_for(self, params: SamplingParams):
+        choice = choose_verifier(self.tree_kind, self.drafts.gives_probs, params,
+                                 without_replacement=self.drafts.without_replacement)
+        if not choice.ok:
+            raise ConfigError(f"{self.options.label()}: {choice.reason}")
+        return choice.verifier
+
+    @property
+    def max_tree_size(self) -> int:
+        return 1 + self.nodes_for(self.controller.max_depth)
+
+    def nodes_for(self, depth: int) -> int:
+        return self.drafter.max_nodes(depth)
+
+    # -- the loop's hooks ---------------------------------------------------------------------
+    def start(self, seq, prompt_hidden: list[dict[int, torch.Tensor]] | None = None) -> None:
+        """A sequence whose prompt is in the cache. prompt_hidden: the prefill forward's taps,
+        chunk by chunk (layer -> [n, E]), covering every prompt token but the last; a drafter
+        that declares needs_hidden gets them as `hidden` [len(prompt) - 1, layers, E] (None for
+        a one-token prompt)."""
+        self.controller.start(seq.seq_id)
+        extra = {}  # what the drafter declared it reads
+        if self.reads_target_cache:
+            extra["target_slot"] = seq.slot
+        if self.hidden_layers:
+            chunks = [self._stack(h) for h in prompt_hidden or ()]
+            extra["hidden"] = torch.cat(chunks) if chunks else None  # None: a one-token prompt
+        self.drafter.start(seq.seq_id, list(seq.tokens), seq.params, **extra)
+
+    def prepare(self, cache, max_batch: int) -> None:
+        """An engine with the target's K/V `cache` and up to `max_batch` sequences a round is
+        about to run: a drafter that reads the target's cache gets it, and the controller
+        measures what it needs for such batches now rather than in the middle of serving."""
+        if self.reads_target_cache:
+            self.drafter.attach_target_cache(cache)
+        if max_batch > 1:
+            self.controller.prepare(max_batch)
+
+    def propose_batch(self, seqs, free_rows: list[int], batch_size: int | None = None) -> list[DraftTree]:
+        """A tree per sequence, the drafter called once for all that draft this round (a model
+        drafter: one forward per draft depth for the batch). free_rows[b]: K/V rows sequence b
+        may still write (the root's included); batch_size: sequences in this round's verify
+        forward, drafting or not (default len(seqs)); a sequence whose budget is 0 gets the root
+        alone."""
+        trees: list[DraftTree | None] = [None] * len(seqs)
+        todo: list[tuple[int, Budget]] = []
+        budgets = self.controller.budgets([seq.seq_id for seq in seqs], batch_size or len(seqs), self.nodes_for)
+        for i, (seq, free, budget) in enumerate(zip(seqs, free_rows, budgets)):
+            nodes = min(self.nodes_for(budget.depth), free - 1)
+            if budget.depth < 1 or nodes < 1:
+                trees[i] = DraftTree.root_only(seq.tokens[-1])
+            else:
+                todo.append((i, Budget(depth=budget.depth, nodes=nodes, min_confidence=budget.min_confidence)))
+        if todo:
+            start = time.perf_counter()
+            drafted = propose_batch(self.drafter, [seqs[i].seq_id for i, _ in todo],
+                                    [seqs[i].tokens for i, _ in todo], [b for _, b in todo])
+            # one sequence's share of the proposal (the controller weighs it against one
+            # sequence's verify cost), and its depth
+            depth = max(b.depth for _, b in todo)
+            self.controller.observe_draft_time((time.perf_counter() - start) / len(todo), depth)
+            for (i, _), tree in zip(todo, drafted):
+                trees[i] = tree
+        for seq, tree in zip(seqs, trees):
+            self._trees[seq.seq_id] = tree
+        return trees
+
+    def observe_verify_time(self, batch_size: int, width: int, seconds: float) -> None:
+        """The round's verify (forward and verifiers) over `batch_size` sequences padded to `width`."""
+        self.controller.observe_verify_time(batch_size, width, seconds)
+
+    def update_batch(self, seqs, results: list[VerifyResult], hidden: list[dict[int, torch.Tensor]]) -> None:
+        """hidden[b]: sequence b's taps on the accepted path (layer -> [1 + num_accepted, E],
+        engine/round.py); the drafter gets them stacked in its declared order, or None."""
+        for seq, result in zip(seqs, results):
+            self.controller.observe(seq.seq_id, self._trees.pop(seq.seq_id), result)
+        stacked = [self._stack(h) if self.hidden_layers else None for h in hidden]
+        update_batch(self.drafter, [seq.seq_id for seq in seqs], results, stacked)
+
+    def _stack(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
+        """layer -> [n, E] -> [n, len(hidden_layers), E], in the declared order."""
+        missing = [layer for layer in self.hidden_layers if layer not in hidden]
+        if missing:
+            raise ValueError(f"the forward did not tap layer(s) {missing} that drafter {self.options.kind!r} "
+                             f"declares; pass hidden_layers={self.hidden_layers}")
+        return torch.stack([hidden[layer] for layer in self.hidden_layers], dim=1)
+
+    def finish(self, seq) -> None:
+        self.controller.finish(seq.seq_id)
+        self.drafter.finish(seq.seq_id, list(seq.tokens))

@@ -1,0 +1,233 @@
+/* Attention of decode and verify rows over their cache rows (outrider_layer in decoder_layer.c calls it),
+ * the K/V cache in float32 or float16 (`half`: llama.cpp's default cache type, half the bytes a
+ * step reads at long contexts; each value widened exactly to float32 as it is read, so the
+ * arithmetic is the float32 cache's on the rounded values). K/V rows are written rounded to
+ * nearest even, as torch's .half() rounds them, so the torch path (decoder.py) and this one keep
+ * the same bits. Every (row, head) is one fixed sequence of operations, whatever the batch, the
+ * thread count or the cache type. */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "attention.h"
+
+/* Value `at` of a float32 or float16 cache: its address; 8 or 16 values from it, widened; one. */
+static inline __attribute__((always_inline)) const void *kv_at(const void *base, int64_t at, int half) {
+    return half ? (const void *)((const uint16_t *)base + at) : (const void *)((const float *)base + at);
+}
+static inline __attribute__((always_inline)) __m256 kv_load8(const void *base, int64_t at, int half) {
+    if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + at)));
+    return _mm256_loadu_ps((const float *)base + at);
+}
+static inline __attribute__((always_inline)) float kv_load1(const void *base, int64_t at, int half) {
+    return half ? _cvtsh_ss(((const uint16_t *)base)[at]) : ((const float *)base)[at];
+}
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) __m512 kv_load16(const void *base, int64_t at, int half) {
+    if (half) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + at)));
+    return _mm512_loadu_ps((const float *)base + at);
+}
+#endif
+
+void outrider_kv_store(void *cache, int64_t at, const float *src, int64_t D, int half) {
+    if (!half) {
+        memcpy((float *)cache + at, src, sizeof(float) * D);
+        return;
+    }
+    uint16_t *dst = (uint16_t *)cache + at;
+    int64_t i = 0;
+    for (; i + 8 <= D; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < D; i++) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+/* The scores of query q against the 8 keys j0..j0+7 (a key past `last` reads key `last`: computed,
+ * then ignored by the caller). Each score is one fixed sequence of operations whatever its lane:
+ * multiply-adds over 8-value chunks of the head in order, the 8 lanes added as ((0+1)+(2+3)) +
+ * ((4+5)+(6+7)) (the hadd tree below), then the values past the last whole chunk one by one. */
+static inline __attribute__((always_inline)) __m256 dot8(const float *q, const void *keys, int64_t row_stride,
+                                                         int64_t j0, int64_t last, int64_t D, int half) {
+    int64_t k[8];  /* each key's first value */
+    __m256 acc[8];
+    for (int l = 0; l < 8; l++) {
+        k[l] = (j0 + l <= last ? j0 + l : last) * row_stride;
+        acc[l] = _mm256_setzero_ps();
+    }
+    int64_t i = 0;
+    for (; i + 8 <= D; i += 8) {
+        __m256 qi = _mm256_loadu_ps(q + i);
+        for (int l = 0; l < 8; l++) acc[l] = _mm256_fmadd_ps(qi, kv_load8(keys, k[l] + i, half), acc[l]);
+    }
+    __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
+    __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  /* keys 0-3 | 4-7, lanes 0-3 | 4-7 */
+    __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+    if (i == D) return sum;
+    float lanes[8];
+    _mm256_storeu_ps(lanes, sum);
+    for (int l = 0; l < 8; l++)
+        for (int64_t t = i; t < D; t++) lanes[l] = lanes[l] + q[t] * kv_load1(keys, k[l] + t, half);
+    return _mm256_loadu_ps(lanes);
+}
+
+/* out[0 .. 8 nv) = the sum over the seen keys j <= last, in order, of p[j] * value_j[0 .. 8 nv), each
+ * element as o = fma(p, v, o), kept in registers across the keys. */
+static inline __attribute__((always_inline)) void weigh_values(int nv, const void *values, int64_t row_stride,
+                                                              const float *p, const uint8_t *seen, int64_t last,
+                                                              float *out, int half) {
+    __m256 o[8];
+    for (int i = 0; i < nv; i++) o[i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j <= last; j++) {
+        if (seen && !seen[j]) continue;
+        const int64_t v = j * row_stride;
+        __m256 pj = _mm256_set1_ps(p[j]);
+        for (int i = 0; i < nv; i++) o[i] = _mm256_fmadd_ps(pj, kv_load8(values, v + 8 * i, half), o[i]);
+    }
+    for (int i = 0; i < nv; i++) _mm256_storeu_ps(out + 8 * i, o[i]);
+}
+
+#if defined(__AVX512F__)
+/* weigh_values for nh heads at once (AVX-512; nv vectors of 16 values a head, nh * nv <= 24):
+ * each key's value row is loaded once for all nh heads instead of once a head. Head a's weights
+ * are p[a * Lp + j], its output out[a * D ..]; each element's operations are weigh_values' own
+ * (o = fma(p, v, o) over the seen keys in order), so the results are the same bits. */
+static inline __attribute__((always_inline)) void weigh_heads(int nh, int nv, const void *values, int64_t row_stride,
+                                                             const float *p, int64_t Lp, const uint8_t *seen,
+                                                             int64_t last, float *out, int64_t D, int half) {
+    __m512 o[6][8];
+    for (int a = 0; a < nh; a++)
+        for (int i = 0; i < nv; i++) o[a][i] = _mm512_setzero_ps();
+    for (int64_t j = 0; j <= last; j++) {
+        if (seen && !seen[j]) continue;
+        const int64_t v = j * row_stride;
+        __m512 vj[8];
+        for (int i = 0; i < nv; i++) vj[i] = kv_load16(values, v + 16 * i, half);
+        for (int a = 0; a < nh; a++) {
+            __m512 pj = _mm512_set1_ps(p[a * Lp + j]);
+            for (int i = 0; i < nv; i++) o[a][i] = _mm512_fmadd_ps(pj, vj[i], o[a][i]);
+        }
+    }
+    for (int a = 0; a < nh; a++)
+        for (int i = 0; i < nv; i++) _mm512_storeu_ps(out + a * D + 16 * i, o[a][i]);
+}
+
+/* Heads a0.. of a task whose head dimension is 64 or 128, as many at a time as 24 registers hold:
+ * returns the number of heads done (0 for other head sizes: the caller's per-head path). */
+static inline __attribute__((always_inline)) int weigh_heads_all(int64_t per, const void *values, int64_t row_stride,
+                                                                const float *p, int64_t Lp, const uint8_t *seen,
+                                                                int64_t last, float *out, int64_t D, int half) {
+    if (D != 64 && D != 128) return 0;
+    const int nv = (int)(D / 16), most = 24 / nv;
+    int64_t a = 0;
+    for (; a < per; ) {
+        int nh = per - a < most ? (int)(per - a) : most;
+        const float *pa = p + a * Lp;
+        float *oa = out + a * D;
+#define HEADS(NH, NV) case NH * 16 + NV: weigh_heads(NH, NV, values, row_stride, pa, Lp, seen, last, oa, D, half); break;
+        switch (nh * 16 + nv) {
+            HEADS(6, 4) HEADS(5, 4) HEADS(4, 4) HEADS(3, 4) HEADS(2, 4) HEADS(1, 4)
+            HEADS(3, 8) HEADS(2, 8) HEADS(1, 8)
+            default: return (int)a;
+        }
+#undef HEADS
+        a += nh;
+    }
+    return (int)a;
+}
+#endif
+
+
+/* One task: row r's query heads first..first+per-1 (of kv head g) over the cache rows it sees. */
+static inline __attribute__((always_inline)) void attend_task(const Attention *job, int64_t task, int half) {
+    const int64_t R = job->R, G = job->G, H = job->H, D = job->D, L = job->L, Q = (H + 2 * G) * D;
+    const int64_t parts = job->parts, groups = H / G, per = groups / parts;
+    const int64_t slot_stride = job->slot_stride, row_stride = job->row_stride, g_stride = slot_stride / G;
+    const int64_t *slot = job->slot, *crow = job->crow;
+    const uint8_t *mask = job->mask;
+    const float *qkv = job->qkv, scale = job->scale;
+    float *scores = job->scores, *att = job->att;
+    const void *k_cache = job->k_cache, *v_cache = job->v_cache;
+    /* kv head major: the threads' consecutive tasks share a head's keys and values (L2) */
+    int64_t g = task / (R * parts), r = task % (R * parts) / parts, first = g * groups + task % parts * per;
+    const int64_t base = slot[r] * slot_stride + g * g_stride;  /* the task's first key and value */
+    const void *keys = kv_at(k_cache, base, half), *values = kv_at(v_cache, base, half);
+    const uint8_t *seen = mask ? mask + r * L : 0;
+    int64_t last = mask ? L - 1 : crow[r];
+    const int64_t Lp = (L + 8) / 8 * 8;  /* a head's scores, padded to whole lanes */
+    float *s = scores + task * per * Lp, top[64], total[64];  /* total: 1 / the sum of weights */
+    const float *q = qkv + r * Q + first * D;  /* the task's query heads, one after another */
+    for (int64_t a = 0; a < per; a++) top[a] = -INFINITY, total[a] = 0.0f;
+    for (int64_t j0 = 0; j0 <= last; j0 += 8) {  /* 8 keys at a time: each read once per query head */
+        for (int64_t a = 0; a < per; a++) {
+            float *sa = s + a * Lp + j0;
+            _mm256_storeu_ps(sa, _mm256_mul_ps(dot8(q + a * D, keys, row_stride, j0, last, D, half), _mm256_set1_ps(scale)));
+            for (int l = 0; l < 8; l++) {
+                if (j0 + l > last || (seen && !seen[j0 + l])) sa[l] = -INFINITY;
+                else if (sa[l] > top[a]) top[a] = sa[l];
+            }
+        }
+    }
+    /* e^(s - top) in 8 lanes over j = 0..last rounded up to 8 (unseen and past-the-end scores
+     * are -inf, their weights exactly 0), then their sum: the seen keys' weights in lane
+     * (rank among the seen keys) % 8, then the lanes by a fixed tree. By rank, not by cache
+     * row, so that a tree node, whose ancestors sit at rows with gaps between them, sums its
+     * weights in the order the same path decoded one token a step sums them (its keys at
+     * consecutive rows): the same bits, not only the same sum within rounding. */
+    const int64_t span = (last + 8) / 8 * 8;
+    for (int64_t a = 0; a < per; a++) {
+        float *sa = s + a * Lp;
+        for (int64_t j = last + 1; j < span; j++) sa[j] = -INFINITY;
+        __m256 sum = _mm256_setzero_ps(), zero = _mm256_setzero_ps(), none = _mm256_set1_ps(-INFINITY);
+        for (int64_t j = 0; j < span; j += 8) {
+            __m256 v = _mm256_loadu_ps(sa + j);
+            __m256 e = _mm256_blendv_ps(exp8(_mm256_sub_ps(v, _mm256_set1_ps(top[a]))), zero,
+                                        _mm256_cmp_ps(v, none, _CMP_EQ_OQ));
+            _mm256_storeu_ps(sa + j, e);
+            if (!seen) sum = _mm256_add_ps(sum, e);  /* no gaps: rank = row */
+        }
+        if (seen) {
+            float lanes[8] = {0};
+            int64_t rank = 0;
+            for (int64_t j = 0; j <= last; j++)
+                if (seen[j]) {
+                    const int l = (int)(rank++ % 8);
+                    lanes[l] = lanes[l] + sa[j];
+                }
+            sum = _mm256_loadu_ps(lanes);
+        }
+        __m128 four = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+        __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+        total[a] = 1.0f / _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
+    }
+    float *out = att + r * H * D + first * D;
+    for (int64_t a = 0; a < per; a++)  /* weights p = e * (1 / sum) */
+        for (int64_t j = 0; j <= last; j++) s[a * Lp + j] = s[a * Lp + j] * total[a];
+    int64_t done = 0;  /* heads whose p-weighted values are summed */
+#if defined(__AVX512F__)
+    done = weigh_heads_all(per, values, row_stride, s, Lp, seen, last, out, D, half);
+#endif
+    for (int64_t a = done; a < per; a++) {  /* the p-weighted values, a head at a time */
+        float *p = s + a * Lp, *o = out + a * D;
+        int64_t c = 0;
+        for (; c + 64 <= D; c += 64) weigh_values(8, kv_at(values, c, half), row_stride, p, seen, last, o + c, half);
+        if (c + 32 <= D) weigh_values(4, kv_at(values, c, half), row_stride, p, seen, last, o + c, half), c += 32;
+        if (c + 16 <= D) weigh_values(2, kv_at(values, c, half), row_stride, p, seen, last, o + c, half), c += 16;
+        if (c + 8 <= D) weigh_values(1, kv_at(values, c, half), row_stride, p, seen, last, o + c, half), c += 8;
+        for (int64_t i = c; i < D; i++) o[i] = 0.0f;
+        for (int64_t j = 0; j <= last && c < D; j++) {
+            if (seen && !seen[j]) continue;
+            for (int64_t i = c; i < D; i++) o[i] = fmaf(p[j], kv_load1(values, j * row_stride + i, half), o[i]);
+        }
+    }
+}
+
+void outrider_attend(const Attention *job, int threads) {
+    const int64_t tasks = job->R * job->G * job->parts;
+#pragma omp parallel for num_threads(threads) schedule(static) if (job->R * job->H * job->L >= 2048)
+    for (int64_t task = 0; task < tasks; task++) {
+        if (job->half) attend_task(job, task, 1);  /* two copies, each with its loads fixed */
+        else attend_task(job, task, 0);
+    }
+}

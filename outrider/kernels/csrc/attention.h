@@ -1,0 +1,45 @@
+/* What decoder_layer.c hands attention.c: one layer's attention (outrider_attend), the K/V rows' store,
+ * and e^x in 8 lanes, which both use. */
+#ifndef OUTRIDER_ATTENTION_H
+#define OUTRIDER_ATTENTION_H
+#include <immintrin.h>
+#include <stdint.h>
+
+typedef struct {
+    int64_t R, H, G, D, L;            /* rows, query heads, kv heads, head size, cache rows a row may see */
+    int64_t parts;                    /* tasks a (row, kv head): 1, or H / G (one a query head) */
+    const float *qkv;                 /* [R, (H + 2G) D]: the rows' rotated queries (then their K and V) */
+    const void *k_cache, *v_cache;    /* [S, G, Lmax + 1, D], float32 or float16 (`half`) */
+    int64_t slot_stride, row_stride;  /* in values */
+    const int64_t *slot, *crow;       /* [R]: each row's slot, and its own cache row */
+    const uint8_t *mask;              /* [R, L] the rows each row sees, or NULL: rows 0..crow[r] */
+    float scale;                      /* 1 / sqrt(D) */
+    float *scores;                    /* R H (L + 8) floats of workspace */
+    float *att;                       /* [R, H D]: the output */
+    int half;                         /* the cache holds float16 */
+} Attention;
+
+void outrider_attend(const Attention *a, int threads);
+/* D values of src into a cache at value `at`, rounded to float16 (nearest, even) where `half`. */
+void outrider_kv_store(void *cache, int64_t at, const float *src, int64_t D, int half);
+
+static inline __m256 exp8(__m256 x) {
+    /* e^x in 8 lanes (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n), a
+     * fixed sequence of operations per lane: about 1 ulp, and no call into libm. x is clamped to
+     * [-87.3, 88] (below: a denormal's neighbour instead of 0; above: 1.6e38 instead of inf). */
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+#endif

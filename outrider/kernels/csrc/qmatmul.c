@@ -1,0 +1,338 @@
+/* y[M, N] = x[M, K] . W[N, K]^T for a weight W kept in GGUF blocks (Q8_0, Q4_0, Q4_1), float32.
+ *
+ * Built at first use by native/__init__.py (cc -O3 -march=native -ffp-contract=off -fopenmp);
+ * x86 with AVX2 or AVX-512 only: elsewhere the build stops at the #error below and Outrider keeps
+ * the torch "blockwise" kernel.
+ *
+ * Layout (as quant.QuantBlocks holds it): 32 values a block along K.
+ *   q8_0: q int8 [N, K]                     w = d * q
+ *   q4_0: q uint8 [N, K / 2]                w = d * (q - 8)
+ *   q4_1: q uint8 [N, K / 2], m             w = d * q + m
+ *   q8_16: q int8 [N, K]                    w = d * q, one d per 16 values (Q6_K kept exactly)
+ *   d (and m): [N, K / 32] ([N, K / 16] for q8_16), float16 as GGUF keeps them (kind + HALF: widened
+ *   once a block, exactly) or float32 (q8_16, and a K-quant's re-expressed scales, which are not
+ *   float16 values). A Q4 block's 16 bytes hold value j in the low nibble of byte j and value j + 16
+ *   in its high nibble.
+ *
+ * Exactness. Each weight value is computed with the reference's own operations (a multiply,
+ * then an add; no contraction), so it is the value quant.dequantize gives. Each y[r, n] is one
+ * fixed sequence of float32 operations over x[r] and W[n]: per block, fused multiply-adds into
+ * the same accumulators in the same order, then one fixed reduction. Which other rows share the
+ * call (M), how rows are grouped to share a decoded block, and how many threads split N change
+ * nothing: a row's result is bit-identical whether it is decoded alone or verified among k
+ * others. That is what makes greedy speculative output equal autoregressive output here by
+ * construction, not only within rounding.
+ *
+ * Speed. Memory-bound at one row, bound by float32 multiply-adds at 8: each block is read once
+ * and decoded in registers once for up to ROWS rows of x (a Q4 block as a lookup of its 16 possible
+ * values), and each 16 values of x are loaded once for up to COLS weight rows (a register tile of
+ * 16 accumulators); threads split N (OpenMP: torch's own libgomp, with torch's thread count).
+ * Measured on the AVX-512 Xeon, SmolLM2-135M q4, a whole 8-token verify forward: 1.98x a 1-token
+ * forward with one weight row per tile and the mask-convert-scale decode, 1.76x with both.
+ */
+#include <stdint.h>
+
+#if !defined(__x86_64__) || !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "qmatmul.c needs x86-64 with AVX2, FMA and F16C"
+#endif
+#include <immintrin.h>
+
+#include "block_kinds.h"
+
+#define QK 32             /* values per block */
+#define TILE_N 16         /* output columns a thread takes at a time */
+
+#include "block_decode.h"
+
+#if defined(__AVX512F__)
+/* ---- AVX-512: a block is two vectors of 16 values; two accumulators per row ---------------- */
+#define ROWS 8
+#define COLS 4  /* weight rows a register tile takes at most */
+
+/* y[r * ystride + c] = x[r] . W[c] for r < rows, c < cols (constants after inlining): a register
+ * tile of rows x cols accumulators. Each block of each weight row is decoded once for all `rows`
+ * rows of x, and each 16 values of x are loaded once for all `cols` weight rows, so at 4-8 rows the
+ * tile is bound neither by the loads of x (one per multiply-add when cols is 1) nor by decoding.
+ * Every y element is one accumulator: per block a multiply-add of the block's first 16 values,
+ * then of its last 16, then one reduction; the same sequence whatever the tile. */
+static inline __attribute__((always_inline)) void dot_tile(int kind, int rows, int cols, const float *x, int64_t K,
+                                                           const uint8_t *q, int64_t qrow, int64_t qstride,
+                                                           const void *d, int64_t drow, const void *m,
+                                                           int64_t mrow, float *y, int64_t ystride) {
+    __m512 acc[ROWS][COLS];
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) acc[r][c] = _mm512_setzero_ps();
+    const int64_t blocks = K / QK;
+    /* float16 or factored scales: a window of blocks' widened at once (the same values; at one or
+     * two rows of x a block's own widening would cost about as much as its multiply-adds) */
+    const int wide = (kind & (HALF | FACTORED)) != 0;
+    /* the window's scales and mins, stored: a block's are broadcast from memory (a load, where
+     * picking them out of a register would take the shuffle port the decoding needs) */
+    float dw[COLS][16] __attribute__((aligned(64))), mw[COLS][16] __attribute__((aligned(64)));
+    for (int64_t b = 0; b < blocks; b++) {
+        __m512 w0[COLS], w1[COLS];
+        if (wide && (b & (WINDOW(kind) - 1)) == 0)
+            for (int c = 0; c < cols; c++) {
+                __m512 dv, mv = _mm512_setzero_ps();
+                if (kind & FACTORED) {
+                    widen_factored(kind, (const uint8_t *)d + c * drow, b, blocks, &dv, &mv);
+                } else {
+                    dv = widen16((const uint8_t *)d + c * drow, b, blocks);
+                    if (BASE(kind) == KIND_Q4_1) mv = widen16((const uint8_t *)m + c * mrow, b, blocks);
+                }
+                _mm512_store_ps(dw[c], dv);
+                _mm512_store_ps(mw[c], mv);
+            }
+        for (int c = 0; c < cols; c++) {  /* weight row c: codes, scales, mins */
+            const uint8_t *qc = q + c * qrow, *dc = (const uint8_t *)d + c * drow;
+            const uint8_t *mc = m ? (const uint8_t *)m + c * mrow : 0;
+            prefetch_ahead(kind, b, qc + b * qstride, dc + scale_offset(kind, b), mc ? mc + min_offset(kind, b) : 0);
+            if (wide && BASE(kind) == KIND_Q8_16) {  /* FACTORED q8_16: the block's two groups */
+                const int j = (int)(b & 7) * 2;
+                decode_with(kind, qc + b * qstride, _mm512_set1_ps(dw[c][j]), _mm512_set1_ps(dw[c][j + 1]),
+                            _mm512_setzero_ps(), &w0[c], &w1[c]);
+            } else if (wide) {
+                const __m512 dd = _mm512_set1_ps(dw[c][b & 15]);
+                decode_with(kind, qc + b * qstride, dd, dd,
+                            BASE(kind) == KIND_Q4_1 ? _mm512_set1_ps(mw[c][b & 15]) : _mm512_setzero_ps(),
+                            &w0[c], &w1[c]);
+            } else {
+                decode(kind, qc + b * qstride, dc, mc, b, &w0[c], &w1[c]);
+            }
+        }
+        const float *xb = x + b * QK;
+        for (int r = 0; r < rows; r++) {
+            __m512 x0 = _mm512_loadu_ps(xb + r * K), x1 = _mm512_loadu_ps(xb + r * K + 16);
+            for (int c = 0; c < cols; c++) {
+                acc[r][c] = _mm512_fmadd_ps(w0[c], x0, acc[r][c]);
+                acc[r][c] = _mm512_fmadd_ps(w1[c], x1, acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) y[r * ystride + c] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+#else
+/* ---- AVX2: a block is four vectors of 8 values; four accumulators per row ------------------ */
+#define ROWS 2
+
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, const float *x, int64_t K,
+                                                           const uint8_t *q, int64_t qstride,
+                                                           const void *d, const void *m,
+                                                           float *y, int64_t ystride) {
+    __m256 acc[ROWS][4];
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < 4; i++) acc[r][i] = _mm256_setzero_ps();
+    const int64_t blocks = K / QK;
+    for (int64_t b = 0; b < blocks; b++) {
+        __m256 w[4];
+        prefetch_ahead(kind, b, q + b * qstride, (const uint8_t *)d + scale_offset(kind, b),
+                       m ? (const uint8_t *)m + min_offset(kind, b) : 0);
+        decode(kind, q + b * qstride, d, m, b, w);
+        const float *xb = x + b * QK;
+        for (int r = 0; r < rows; r++)
+            for (int i = 0; i < 4; i++)
+                acc[r][i] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xb + r * K + 8 * i), acc[r][i]);
+    }
+    for (int r = 0; r < rows; r++)
+        y[r * ystride] = hsum256(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]),
+                                               _mm256_add_ps(acc[r][2], acc[r][3])));
+}
+#endif
+
+/* out[n - n0] = weight row n's values, n0 <= n < n1 (what decode gives, stored): for a caller
+ * that multiplies many rows at once with a float GEMM (native/__init__.py, `dequantize_rows`). */
+static inline __attribute__((always_inline)) void decode_row(int kind, int64_t K, const uint8_t *q, int64_t qstride,
+                                                             const void *d, const void *m, float *out) {
+    for (int64_t b = 0; b < K / QK; b++) {
+#if defined(__AVX512F__)
+        __m512 w0, w1;
+        decode(kind, q + b * qstride, d, m, b, &w0, &w1);
+        _mm512_storeu_ps(out + b * QK, w0);
+        _mm512_storeu_ps(out + b * QK + 16, w1);
+#else
+        __m256 w[4];
+        decode(kind, q + b * qstride, d, m, b, w);
+        for (int i = 0; i < 4; i++) _mm256_storeu_ps(out + b * QK + 8 * i, w[i]);
+#endif
+    }
+}
+
+#define DEQUANTIZE(NAME, KIND)                                                                      \
+    static void NAME(int64_t K, const uint8_t *q, const void *d, const void *m, int64_t n0,         \
+                     int64_t n1, float *out, int threads) {                                         \
+        const int64_t blocks = K / QK;                                                              \
+        const int64_t qstride = BASE(KIND) == KIND_Q8_0 || BASE(KIND) == KIND_Q8_16 ? QK : QK / 2; \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                          \
+        for (int64_t n = n0; n < n1; n++)                                                           \
+            decode_row(KIND, K, q + n * blocks * qstride, qstride,                                  \
+                       (const uint8_t *)d + n * scale_row_bytes(KIND, blocks),                      \
+                       BASE(KIND) == KIND_Q4_1 ? (const uint8_t *)m + n * min_row_bytes(KIND, blocks) : 0, \
+                       out + (n - n0) * K);                                                         \
+    }
+
+/* The same values rounded to bfloat16 (to nearest, ties to even: torch's float -> bfloat16), two
+ * bytes each, for a bfloat16 GEMM (a prefill on a CPU with AMX): half the bytes written, no
+ * float32 copy. AVX-512 builds only (every CPU with AMX has it). */
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) __m256i bf16_of(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+#define DEQUANTIZE_BF16(NAME, KIND)                                                                 \
+    static void NAME(int64_t K, const uint8_t *q, const void *d, const void *m, int64_t n0,         \
+                     int64_t n1, uint16_t *out, int threads) {                                      \
+        const int64_t blocks = K / QK;                                                              \
+        const int64_t qstride = BASE(KIND) == KIND_Q8_0 || BASE(KIND) == KIND_Q8_16 ? QK : QK / 2; \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                          \
+        for (int64_t n = n0; n < n1; n++) {                                                         \
+            const uint8_t *qn = q + n * blocks * qstride;                                           \
+            const uint8_t *dn = (const uint8_t *)d + n * scale_row_bytes(KIND, blocks);             \
+            const uint8_t *mn = BASE(KIND) == KIND_Q4_1 ? (const uint8_t *)m + n * min_row_bytes(KIND, blocks) : 0; \
+            uint16_t *o = out + (n - n0) * K;                                                       \
+            for (int64_t b = 0; b < blocks; b++) {                                                  \
+                __m512 w0, w1;                                                                      \
+                decode(KIND, qn + b * qstride, dn, mn, b, &w0, &w1);                                \
+                _mm256_storeu_si256((__m256i *)(o + b * QK), bf16_of(w0));                          \
+                _mm256_storeu_si256((__m256i *)(o + b * QK + 16), bf16_of(w1));                     \
+            }                                                                                       \
+        }                                                                                           \
+    }
+
+#endif
+
+
+#if defined(__AVX512F__)
+/* Rows r..r+rows of x against weight rows n..n+cols (rows <= ROWS, cols <= COLS): each pair its
+ * own constant-size copy of dot_tile, so the accumulators stay in registers (16 at most). */
+#define TILE(R, C) case R * 8 + C: dot_tile(kind, R, C, x, K, q, qrow, qstride, d, drow, m, mrow, y, N); break;
+static inline __attribute__((always_inline)) void dot_group(int kind, int rows, int cols, const float *x, int64_t K,
+                                                            const uint8_t *q, int64_t qrow, int64_t qstride,
+                                                            const void *d, int64_t drow, const void *m,
+                                                            int64_t mrow, float *y, int64_t N) {
+    switch (rows * 8 + cols) {
+        TILE(8, 2) TILE(7, 2) TILE(6, 2) TILE(5, 2) TILE(4, 4) TILE(3, 4) TILE(2, 4) TILE(1, 4)
+        TILE(8, 1) TILE(7, 1) TILE(6, 1) TILE(5, 1) TILE(4, 1) TILE(3, 1) TILE(2, 1) TILE(1, 1)
+        default: break;
+    }
+}
+#undef TILE
+/* weight rows a tile takes beside `rows` rows of x: 16 accumulators */
+#define TILE_COLS(rows) ((rows) <= 4 ? 4 : 2)
+#else
+/* Rows r..r+rows of x against one weight row (rows <= ROWS, each count its own constant-size
+ * copy of dot_rows, so the accumulators stay in registers). */
+static inline __attribute__((always_inline)) void dot_group(int kind, int rows, int cols, const float *x, int64_t K,
+                                                            const uint8_t *q, int64_t qrow, int64_t qstride,
+                                                            const void *d, int64_t drow, const void *m,
+                                                            int64_t mrow, float *y, int64_t N) {
+    (void)cols; (void)qrow; (void)drow; (void)mrow;
+    switch (rows) {
+        case 2: dot_rows(kind, 2, x, K, q, qstride, d, m, y, N); break;
+        case 1: dot_rows(kind, 1, x, K, q, qstride, d, m, y, N); break;
+        default: break;
+    }
+}
+#define TILE_COLS(rows) 1
+#endif
+
+/* One function per kind (the kind a constant inside it, so each decode is specialized). */
+#define MATMUL(NAME, KIND)                                                                          \
+    static void NAME(const float *x, int64_t M, int64_t K, const uint8_t *q, const void *d,         \
+                     const void *m, int64_t N, float *y, int threads) {                             \
+        const int64_t blocks = K / QK;                                                              \
+        const int64_t qstride = BASE(KIND) == KIND_Q8_0 || BASE(KIND) == KIND_Q8_16 ? QK : QK / 2; /* code bytes a block */ \
+        const int64_t drow = scale_row_bytes(KIND, blocks), mrow = min_row_bytes(KIND, blocks); /* a weight row's */ \
+        const int64_t tiles = (N + TILE_N - 1) / TILE_N;                                            \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                          \
+        for (int64_t t = 0; t < tiles; t++) {                                                       \
+            const int64_t n1 = (t + 1) * TILE_N < N ? (t + 1) * TILE_N : N;                         \
+            /* a group of rows of x stays in L1 while the tile's weight rows (also in L1) pass */   \
+            for (int64_t r = 0; r < M; r += ROWS) {                                                 \
+                const int rows = M - r < ROWS ? (int)(M - r) : ROWS;                                \
+                const int cols = TILE_COLS(rows);                                                   \
+                for (int64_t n = t * TILE_N; n < n1;) {                                             \
+                    const int c = n + cols <= n1 ? cols : 1;                                        \
+                    dot_group(KIND, rows, c, x + r * K, K, q + n * blocks * qstride, blocks * qstride, qstride, \
+                              (const uint8_t *)d + n * drow, drow,                                  \
+                              BASE(KIND) == KIND_Q4_1 ? (const uint8_t *)m + n * mrow : 0, mrow,    \
+                              y + r * N + n, N);                                                    \
+                    n += c;                                                                         \
+                }                                                                                   \
+            }                                                                                       \
+        }                                                                                           \
+    }
+
+/* Every kind the entry points take (block_kinds.h): the four, those with float16 scales, and the
+ * K-quants' factored ones. */
+#define KINDS(X) X(q8_0, KIND_Q8_0) X(q4_0, KIND_Q4_0) X(q4_1, KIND_Q4_1) X(q8_16, KIND_Q8_16) \
+                 X(q8_0h, (KIND_Q8_0 + HALF)) X(q4_0h, (KIND_Q4_0 + HALF)) X(q4_1h, (KIND_Q4_1 + HALF)) \
+                 X(q4_1f, (KIND_Q4_1 + FACTORED)) X(q8_16f, (KIND_Q8_16 + FACTORED))
+#define DEFINE(NAME, KIND) MATMUL(matmul_##NAME, KIND) DEQUANTIZE(dequantize_##NAME, KIND) DEFINE_BF16(NAME, KIND)
+#if defined(__AVX512F__)
+#define DEFINE_BF16(NAME, KIND) DEQUANTIZE_BF16(dequantize_bf16_##NAME, KIND)
+#else
+#define DEFINE_BF16(NAME, KIND)
+#endif
+KINDS(DEFINE)
+
+static int known(int kind, const void *m, int64_t K) {  /* 0: arguments the kernel takes */
+    return kind_known(kind, m, K) ? 0 : -1;
+}
+
+/* The entry point (ctypes). kind: 0 q8_0, 1 q4_0, 2 q4_1, 3 q8_16, plus HALF (4) for float16
+ * scales and mins (not q8_16) or FACTORED (8, q4_1 and q8_16: block_kinds.h); plus LANES (16): q is a
+ * weight packed by qmatmul_i8.c, multiplied with int8 activations there (d and m unused); K a multiple of 32 (256
+ * FACTORED); m only for q4_1 (FACTORED: d again). x, y contiguous float32 [M, K] and [M, N]; d (and
+ * m) float32 or float16 [N, K / 32] ([N, K / 16] for q8_16), or FACTORED's bytes; `threads`:
+ * the OpenMP team (torch's count: a thread other than the one that set it would otherwise get
+ * OpenMP's default, every core). Returns 0, or -1 for arguments it cannot take. */
+int outrider_i8_matmul(int kind, const float *x, int64_t M, int64_t K, const void *w, int64_t N, float *y,
+                          int threads);
+
+int outrider_qmatmul(int kind, const float *x, int64_t M, int64_t K, const void *q, const void *d,
+                     const void *m, int64_t N, float *y, int threads) {
+    if (kind >= 0 && (kind & LANES)) return outrider_i8_matmul(kind, x, M, K, q, N, y, threads);  /* qmatmul_i8.c */
+    if (known(kind, m, K) || M < 0 || N < 0 || threads < 1) return -1;
+#define CALL(NAME, KIND) case KIND: matmul_##NAME(x, M, K, q, d, m, N, y, threads); return 0;
+    switch (kind) { KINDS(CALL) default: return -1; }  /* one specialized loop per kind */
+#undef CALL
+}
+
+/* Weight rows n0..n1 as float32 values into out [n1 - n0, K]: 0, or -1 for arguments it cannot take. */
+int outrider_dequantize(int kind, int64_t K, const void *q, const void *d, const void *m, int64_t n0,
+                        int64_t n1, float *out, int threads) {
+    if (known(kind, m, K) || n0 < 0 || n1 < n0 || threads < 1) return -1;
+#define CALL(NAME, KIND) case KIND: dequantize_##NAME(K, q, d, m, n0, n1, out, threads); return 0;
+    switch (kind) { KINDS(CALL) default: return -1; }
+#undef CALL
+}
+
+/* As outrider_dequantize, into bfloat16 (uint16 bits) [n1 - n0, K]; -1 also where the build has no
+ * AVX-512. */
+int outrider_dequantize_bf16(int kind, int64_t K, const void *q, const void *d, const void *m, int64_t n0,
+                             int64_t n1, uint16_t *out, int threads) {
+#if defined(__AVX512F__)
+    if (known(kind, m, K) || n0 < 0 || n1 < n0 || threads < 1) return -1;
+#define CALL(NAME, KIND) case KIND: dequantize_bf16_##NAME(K, q, d, m, n0, n1, out, threads); return 0;
+    switch (kind) { KINDS(CALL) default: return -1; }
+#undef CALL
+#else
+    (void)kind; (void)K; (void)q; (void)d; (void)m; (void)n0; (void)n1; (void)out; (void)threads;
+    return -1;
+#endif
+}
+
+/* The rows per decoded block this build uses (the Python side reports it). */
+int outrider_qmatmul_rows(void) { return ROWS; }

@@ -1,0 +1,1 @@
+"""Weight formats and loading: safetensors, GGUF reading and conversion, quantization at load."""

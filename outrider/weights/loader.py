@@ -1,0 +1,224 @@
+"""Load a Hugging Face style folder (config.json + *.safetensors, or an imported GGUF's folder:
+config.json + original.gguf) into a `Decoder`.
+
+Only safetensors and GGUF are read (never pickles) and no code from the folder runs. Q/K/V and gate/up
+projections are fused at load time so a layer does two matmuls fewer per token.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from ..errors import ConfigError, ModelError
+from ..models.config import ModelConfig
+from ..models.decoder import Decoder, LayerWeights
+from ..catalog.marker import GGUF_NAME
+from .quant_load import QUANT_DTYPES
+
+
+DEVICES = "cpu, cuda, cuda:N or mps"  # the forms `resolve_device` accepts
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    """The device to load on, checked before any weights are read.
+
+    None: CUDA when available, else the CPU. Accepts "cpu", "cuda", "cuda:N", "mps" (or a
+    torch.device of those types); anything else, or a device this machine or this PyTorch build
+    lacks, is a one-line ConfigError.
+    """
+    if device is None:
+        return default_device()
+    if isinstance(device, torch.device):
+        name = str(device)
+    elif isinstance(device, str):
+        name = device
+    else:
+        raise TypeError(f"device must be a string ({DEVICES}) or a torch.device, got {type(device).__name__}")
+    match = re.fullmatch(r"(cpu|mps|cuda)(?::(\d+))?", name)
+    if match is None or (match[1] != "cuda" and match[2] not in (None, "0")):
+        raise ConfigError(f"unknown device '{name}': use {DEVICES}")
+    kind, index = match[1], int(match[2] or 0)
+    if kind == "cuda":
+        _check_cuda(name, index)
+    elif kind == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("device 'mps' is not available here (it needs Apple silicon and an MPS build of "
+                          "PyTorch); use --device cpu")
+    return torch.device(name)
+
+
+def _check_cuda(name: str, index: int) -> None:
+    if torch.version.cuda is None and torch.version.hip is None:
+        raise ConfigError(f"device '{name}' needs a CUDA build of PyTorch, and this one "
+                          f"({torch.__version__}) has none; use --device cpu or install a CUDA build of torch")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ConfigError(f"device '{name}': no CUDA GPU is visible (check the driver and "
+                          "CUDA_VISIBLE_DEVICES); use --device cpu")
+    if index >= count:
+        raise ConfigError(f"device '{name}' does not exist: this machine has {count} CUDA GPU(s), "
+                          f"cuda:0 to cuda:{count - 1}")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """fp32 on the CPU (bf16 matmuls are slow without AMX), bf16 on CUDA."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+class _Tensors:
+    """Reads named tensors lazily from every *.safetensors file of a folder."""
+
+    def __init__(self, folder: Path):
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise ModelError(f"{folder}: no *.safetensors file; Outrider loads safetensors only (never pickles)")
+        self.where: dict[str, Path] = {}
+        self.handles = {}
+        for path in files:
+            try:
+                handle = safe_open(str(path), framework="pt")
+            except (SafetensorError, OSError, ValueError) as err:
+                raise ModelError(f"{path} is corrupt or truncated ({err}); re-pull or re-download it") from None
+            self.handles[path] = handle
+            for name in handle.keys():
+                self.where[name] = path
+
+    def has(self, name: str) -> bool:
+        return name in self.where
+
+    def get(self, name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if name not in self.where:
+            raise ModelError(f"weights are missing tensor '{name}'; the folder is incomplete or not this architecture")
+        try:
+            tensor = self.handles[self.where[name]].get_tensor(name)
+        except (SafetensorError, OSError) as err:
+            raise ModelError(f"{self.where[name]}: cannot read '{name}' ({err}); re-pull the model") from None
+        return tensor.to(device=device, dtype=dtype)
+
+    def projection(self, names: list[str], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """The weights `names` stacked along `out` (fused Q/K/V, gate/up)."""
+        parts = [self.get(name, dtype, device) for name in names]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def open_weights(folder: Path):
+    """A folder's float weights: its safetensors, or, where it keeps only a GGUF (an imported
+    one, catalog/imported.py), the GGUF's tensors dequantized at load (quant_load.GGUFFloats)."""
+    if not any(folder.glob("*.safetensors")) and (folder / GGUF_NAME).is_file():
+        from .quant_load import GGUFFloats
+
+        return GGUFFloats(folder / GGUF_NAME)
+    return _Tensors(folder)
+
+
+DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+               "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+               **{name: name for name in QUANT_DTYPES}}
+
+
+def parse_dtype(name: str | None) -> torch.dtype | str | None:
+    """`--dtype`: a float dtype, or "q8_0" / "q4" (and their -bf16-lossy forms): weights kept
+    quantized (weights/quant_load.py); None: the device's default."""
+    if name is None:
+        return None
+    if name not in DTYPE_NAMES:
+        raise ConfigError(f"unknown dtype '{name}': use float32, bfloat16, float16, {', '.join(QUANT_DTYPES)}")
+    return DTYPE_NAMES[name]
+
+
+KV_DTYPES = {"float32": torch.float32, "float16": torch.float16}  # --kv-dtype names
+
+
+def parse_kv_dtype(name: str | None) -> torch.dtype | None:
+    """`--kv-dtype`: the K/V cache's values, float32 or float16 (half the bytes attention reads:
+    llama.cpp's default cache type; a model of its own, exact under speculation like every dtype
+    here); None: the compute dtype."""
+    if name is None:
+        return None
+    if name not in KV_DTYPES:
+        raise ConfigError(f"unknown --kv-dtype '{name}': use {' or '.join(KV_DTYPES)}")
+    return KV_DTYPES[name]
+
+
+def auto_dtype(folder: str | Path, device: torch.device | str | None = None) -> str | None:
+    """The dtype a model runs in when none is asked for (`LLM`, the CLI, the bench): on a CPU where
+    Outrider's quantized kernel builds (kernels/native.py), a GGUF-sourced model's own quantization
+    ("q4" for the packaged SmolLM2's Q4_1, "gguf" for a file of mixed or K-quant kinds such as the
+    packaged Qwens'): the same weights as the float32 folder converted from that GGUF, computed in
+    float32 in another summation order, at about twice the speed and a third to a fifth of the
+    memory. Otherwise None: the device's float default (float32 on a CPU)."""
+    from ..kernels import native
+    from .quant_load import own_quantization
+
+    if resolve_device(device).type != "cpu" or not native.available():
+        return None
+    return own_quantization(folder)
+
+
+def load_decoder(folder: str | Path, device: torch.device | str | None = None,
+                 dtype: torch.dtype | str | None = None, head_ids: torch.Tensor | None = None) -> Decoder:
+    """dtype: a float dtype, or "q8_0" / "q4" / "gguf" (and the -bf16-lossy forms) for weights kept
+    quantized (see weights/quant_load.py); None: the device's float default (callers wanting the model's
+    own quantization pass `auto_dtype(folder, device)`). head_ids: long [n], sorted token ids:
+    the output head keeps only their rows (a drafter's reduced vocabulary: logits column i is
+    token head_ids[i]; `Decoder.head_ids`)."""
+    folder = Path(folder)
+    config = ModelConfig.load(folder)
+    device = resolve_device(device)
+    quantized = dtype if isinstance(dtype, str) else None
+    dtype = default_dtype(device) if quantized or dtype is None else dtype
+    weights = open_weights(folder)
+    if quantized:
+        from .quant_load import QuantTensors
+
+        weights = QuantTensors(folder, quantized, weights)
+    get = lambda name: weights.get(name, dtype, device)  # noqa: E731
+    proj = lambda *names: weights.projection(list(names), dtype, device)  # noqa: E731
+    embed = get("model.embed_tokens.weight")
+    if embed.shape[0] != config.vocab_size:
+        raise ModelError(f"{folder}: embedding has {embed.shape[0]} rows but vocab_size is {config.vocab_size}")
+    layers = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        attn, mlp = p + "self_attn.", p + "mlp."
+        qkv_bias = None
+        if config.qkv_bias:
+            qkv_bias = torch.cat([get(attn + f"{n}_proj.bias") for n in "qkv"])
+        layers.append(LayerWeights(
+            input_norm=get(p + "input_layernorm.weight"),
+            qkv=proj(*[attn + f"{n}_proj.weight" for n in "qkv"]),
+            qkv_bias=qkv_bias,
+            o=proj(attn + "o_proj.weight"),
+            q_norm=get(attn + "q_norm.weight") if config.qk_norm else None,
+            k_norm=get(attn + "k_norm.weight") if config.qk_norm else None,
+            post_norm=get(p + "post_attention_layernorm.weight"),
+            gate_up=proj(mlp + "gate_proj.weight", mlp + "up_proj.weight"),
+            down=proj(mlp + "down_proj.weight"),
+        ))
+    head = "lm_head.weight" if weights.has("lm_head.weight") and not config.tie_word_embeddings else None
+    if head_ids is not None:
+        if head_ids.numel() == 0 or int(head_ids.min()) < 0 or int(head_ids.max()) >= config.vocab_size:
+            raise ModelError(f"{folder}: head_ids must be token ids in 0..{config.vocab_size - 1}")
+        if quantized:
+            lm_head = weights.projection([head or "model.embed_tokens.weight"], dtype, device, rows=head_ids)
+        else:  # tied: the rows of the table already loaded
+            full = weights.get(head, dtype, device) if head else embed
+            lm_head = full.index_select(0, head_ids.to(device))
+    elif head:
+        lm_head = proj(head)
+    else:
+        lm_head = embed if not quantized else proj("model.embed_tokens.weight")  # tied: the same blocks
+    decoder = Decoder(config, embed, layers, get("model.norm.weight"), lm_head, quantization=quantized)
+    decoder.head_ids = head_ids
+    if quantized or not isinstance(weights, _Tensors):
+        del weights, get, proj
+        gc.collect()  # the GGUF reader's objects hold its memory map in cycles: unmap it now, not at some later collection
+    return decoder
