@@ -263,7 +263,7 @@ def _serve(args) -> int:
 
 def _models_list(args) -> int:
     from .heads.catalog import drafters_for
-    from .catalog.packages import list_models
+    from .catalog.resolve import list_models
     from .catalog.imported import list_imported
 
     from .weights.loader import auto_dtype
@@ -292,7 +292,7 @@ def _models_list(args) -> int:
 
 
 def _models_pull(args) -> int:
-    from .catalog.packages import pull
+    from .catalog.pull import pull
 
     print(pull(args.name, log=lambda msg: print(msg, file=sys.stderr), force=args.force))
     return 0
@@ -306,7 +306,7 @@ def _models_import(args) -> int:
 
 
 def _models_path(args) -> int:
-    from .catalog.packages import resolve_model
+    from .catalog.resolve import resolve_model
 
     print(resolve_model(args.name))
     return 0

@@ -9,50 +9,46 @@ The engine owns the tokenizer and the chat template; the runtime below it sees t
 
 from __future__ import annotations
 
-import json
 import numbers
-from dataclasses import dataclass, field
-from pathlib import Path
-import torch
 
-from .errors import ConfigError, ModelError
-from .engine.generate import Finished, Request, generate_ids
-from .weights.loader import auto_dtype, load_decoder, parse_dtype, parse_kv_dtype, resolve_device
-from .sampling import SamplingParams
+from . import config as runtime
+from .config import RuntimeConfig
+from .engine.generate import offline_engine
+from .engine.request import Completion, Request
 from .engine.speculator import MAX_TREE_NODES, SpecOptions, Speculator
-from .engine.stats import summarize
-from .engine.text_stream import TextStream, check_text
+from .engine.text_stream import check_text
 from .engine.threads import cpu_share_for
+from .errors import ConfigError
+from .sampling import SamplingParams
+from .weights.loader import auto_dtype, load_decoder, parse_dtype, parse_kv_dtype, resolve_device
+from .weights.tokenizer import eos_ids_of, load_tokenizer
 
-
-@dataclass
-class Completion:
-    """One prompt's output. `text` ends exactly before the earliest stop string found;
-    `token_ids` are the output tokens that text came from, so when a stop string starts inside a
-    token, that token is kept and its text runs past `text` (finish_reason "stop")."""
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    stats: dict = field(default_factory=dict)
+__all__ = ["LLM", "Completion"]
 
 
 class LLM:
     def __init__(self, model: str | None = None, *, drafter: str | None = None, tree: str = "chain",
                  controller: str = "fixed:4", device: str | None = None, dtype: str | None = None,
-                 threads: int | None = None, max_tree_nodes: int = MAX_TREE_NODES, kv_dtype: str | None = None):
-        """`drafter`: None (autoregressive), "ngram", "suffix", "draft-model:NAME" or
-        "early-exit:K"; `tree`: chain, static:B1,B2,... or dynamic:K,N; `controller`:
-        fixed:N, adaptive[:MAX] or cost[:MAX]; `kv_dtype`: the K/V cache's values, "float32" or
-        "float16" (None: the compute dtype). Bad strings are refused before loading."""
-        from .catalog.packages import DEFAULT_MODEL, resolve_model
+                 threads: int | None = None, max_tree_nodes: int = MAX_TREE_NODES, kv_dtype: str | None = None,
+                 config: RuntimeConfig | dict | None = None):
+        """`drafter`: None (autoregressive), "ngram", "suffix", "draft-model:NAME", "early-exit:K",
+        "eagle3:PATH_OR_NAME" or "hybrid:[K,]DRAFTER"; `tree`: chain, static:B1,B2,... or
+        dynamic:K,N; `controller`: fixed:N, adaptive[:MAX] or cost[:MAX]; `kv_dtype`: the K/V
+        cache's values, "float32" or "float16" (None: the compute dtype); `config`: the runtime
+        config (outrider/config.py; a dict changes the current one), put in force for the
+        process; `threads` is its `threads`. Bad strings are refused before loading."""
+        from .catalog.packages import DEFAULT_MODEL
+        from .catalog.resolve import resolve_model
 
         options = SpecOptions(drafter, tree, controller, max_tree_nodes).check() if drafter else None
         torch_dtype = parse_dtype(dtype)
         cache_dtype = parse_kv_dtype(kv_dtype)
         torch_device = resolve_device(device)  # an unknown or absent device is refused here, not mid-load
         if threads is not None:
-            torch.set_num_threads(_check_threads(threads))
+            _check_threads(threads)
+        if config is not None or threads is not None:
+            runtime.use(config, **({"threads": threads} if threads is not None else {}))
+        self.config = runtime.current()
         self.name = model or DEFAULT_MODEL
         self.path = resolve_model(self.name)
         if self.name.lower().endswith(".gguf"):  # a GGUF file: named as it was imported (a server's model id)
@@ -61,10 +57,11 @@ class LLM:
             torch_dtype = auto_dtype(self.path, torch_device)
         self.target = load_decoder(self.path, torch_device, torch_dtype)
         self.target.kv_dtype = cache_dtype
-        self.tokenizer = _load_tokenizer(self.path)
+        self.tokenizer = load_tokenizer(self.path)
         self.eos_ids = eos_ids_of(self.path, self.tokenizer)
         self.speculator = Speculator.build(options, self.target, self.path) if options else None
-        self.cpu_share = cpu_share_for(threads)  # thread count follows the free cores (engine/threads.py)
+        # the thread count follows the free cores unless the config fixes it (engine/threads.py)
+        self.cpu_share = cpu_share_for(self.config.threads, self.config.follow_free_cores)
 
     # -- prompts -------------------------------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
@@ -104,38 +101,20 @@ class LLM:
             raise TypeError(f"on_text must be a function on_text(index, new_text) or None, got {on_text!r}")
         # one seed for every prompt: a prompt's text depends on (prompt, seed), not on its place
         # in the batch (randomness is drawn by output position, spec/random.py)
-        params = [SamplingParams(temperature, top_k, top_p, seed) for _ in batch]
-        requests = [Request(self.encode(p, chat), max_new_tokens, sp) for p, sp in zip(batch, params)]
-        streams = [TextStream(self.decode, stops) for _ in batch]
-
-        def on_commit(index: int, output: list[int]) -> int | None:
-            self.cpu_share.tick()
-            stream = streams[index]
-            if len(output) < stream.fed:
-                raise RuntimeError(f"on_commit got {len(output)} output tokens after {stream.fed}: "
-                                   "a sequence's output must only grow")
-            _show(on_text, index, stream.add(output[stream.fed:]))
-            return stream.kept_tokens if stream.stopped else None
-
+        params = SamplingParams(temperature, top_k, top_p, seed)
+        requests = [Request(self.encode(p, chat), max_new_tokens, params, tuple(stops)) for p in batch]
+        engine = offline_engine(self.target, requests, self.eos_ids, self.speculator, self.decode)
+        ids = {engine.add(r): i for i, r in enumerate(requests)}  # request id -> prompt index
+        out: list[Completion | None] = [None] * len(batch)
         with self.cpu_share:
-            finished = generate_ids(self.target, requests, self.eos_ids, speculation=self.speculator,
-                                    on_commit=on_commit)
-        out = [self._completion(i, f, streams[i], on_text) for i, f in enumerate(finished)]
+            while engine.has_work:
+                for event in engine.step():
+                    if event.text and on_text is not None:
+                        on_text(ids[event.request_id], event.text)
+                    if event.completion is not None:
+                        out[ids[event.request_id]] = event.completion
+                self.cpu_share.tick()
         return out[0] if single else out
-
-    def _completion(self, index: int, f: Finished, stream: TextStream, on_text) -> Completion:
-        """Finish the text of `f` (showing its held-back rest) and wrap it up."""
-        ids, reason = f.output_ids, f.finish_reason
-        rest = stream.add(ids[stream.fed:]) if len(ids) > stream.fed else ""
-        _show(on_text, index, rest + stream.finish())
-        if stream.stopped:
-            ids, reason = ids[:stream.kept_tokens], "stop"
-        return Completion(stream.text, ids, reason, summarize(f))
-
-
-def _show(on_text, index: int, new_text: str) -> None:
-    if new_text and on_text is not None:
-        on_text(index, new_text)
 
 
 def _check_prompts(prompts) -> tuple[bool, list[str]]:
@@ -183,28 +162,3 @@ def _check_threads(threads) -> int:
     if threads < 1:
         raise ConfigError(f"threads must be a positive integer, got {threads}")
     return int(threads)
-
-
-
-
-def _load_tokenizer(path: Path):
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    try:
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
-    except (OSError, ValueError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ModelError(f"{path}: cannot load the tokenizer ({first}); re-pull the model") from None
-
-
-def eos_ids_of(path: Path, tokenizer) -> set[int]:
-    ids: set[int] = set()
-    gen = Path(path) / "generation_config.json"
-    if gen.exists():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return ids

@@ -87,8 +87,9 @@ def main() -> None:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from outrider.engine.generate import Request, generate_ids
-    from outrider.catalog.packages import resolve_model
+    from outrider.engine.generate import generate_ids
+    from outrider.engine.request import Request
+    from outrider.catalog.resolve import resolve_model
     from outrider.weights.loader import load_decoder
 
     path = resolve_model(args.model)
@@ -104,7 +105,7 @@ def main() -> None:
     ref = None if args.no_transformers else AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     n = args.new_tokens
     prompts = [tok(p)["input_ids"] for p in PROMPTS]
-    from outrider.llm import eos_ids_of
+    from outrider.weights.tokenizer import eos_ids_of
 
     eos = eos_ids_of(path, tok)
 
@@ -121,7 +122,7 @@ def main() -> None:
         outputs = {}
         for name, model in variants.items():
             t = time.perf_counter()
-            outputs[name] = generate_ids(model, [Request(p, n)], eos_ids=set())[0].output_ids
+            outputs[name] = generate_ids(model, [Request(p, n)], eos_ids=set())[0].token_ids
             row[f"{name}_tok_s"] = len(outputs[name]) / (time.perf_counter() - t)
         out_ids = outputs[dtypes[0]]
         row.update(new_tokens=len(out_ids), ours_tok_s=row[f"{dtypes[0]}_tok_s"])

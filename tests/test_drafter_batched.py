@@ -23,7 +23,8 @@ from tiny import make_tiny
 from outrider.control.controllers import FixedController
 from outrider.drafters.eagle3 import Eagle3Drafter
 from outrider.drafters.model import ModelDrafter
-from outrider.engine.generate import Request, generate_ids
+from outrider.engine.generate import generate_ids
+from outrider.engine.request import Request
 from outrider.heads.eagle3_format import load_eagle3
 from outrider.weights.loader import load_decoder
 from outrider.sampling import SamplingParams
@@ -112,7 +113,7 @@ def run(target, spec, indices=range(len(PROMPTS)), params=SamplingParams(), **en
 
 
 def summary(finished):
-    return [(f.output_ids, f.stats.rounds, f.stats.drafted, f.stats.accepted_by_position) for f in finished]
+    return [(f.token_ids, f.round_stats.rounds, f.round_stats.drafted, f.round_stats.accepted_by_position) for f in finished]
 
 
 CASES = [("draft-model", "chain"), ("draft-model", "static:2,2,1"), ("draft-model", "dynamic:3,6"),
@@ -122,11 +123,11 @@ CASES = [("draft-model", "chain"), ("draft-model", "static:2,2,1"), ("draft-mode
 @pytest.mark.parametrize("kind,shape", CASES)
 def test_batch_equals_alone_with_one_forward_per_depth(models, kind, shape):
     target = models[0]
-    plain = [f.output_ids for f in run(target, None)]
+    plain = [f.token_ids for f in run(target, None)]
     fast = drafter_of(kind, models, shape)
     together = run(target, speculator(fast, shape))
-    assert [f.output_ids for f in together] == plain
-    assert sum(f.stats.accepted_by_position[0] for f in together) > 0, "no draft accepted: nothing exercised"
+    assert [f.token_ids for f in together] == plain
+    assert sum(f.round_stats.accepted_by_position[0] for f in together) > 0, "no draft accepted: nothing exercised"
     depth = parse_shape(shape).max_depth(4)
     # rounds after the first (eagle3's first has no catch-up: start wrote the prompt's rows)
     batched_rounds = [forwards for size, forwards in fast.rounds[1:] if size > 1]
@@ -145,11 +146,11 @@ def test_requests_joining_and_leaving(models, kind):
     """Two running at a time (slots freed and taken again), then all five at once on a drafter
     cache of four slots (it grows): the same output."""
     target = models[0]
-    plain = [f.output_ids for f in run(target, None)]
+    plain = [f.token_ids for f in run(target, None)]
     recording = drafter_of(kind, models, "chain")
     spec = speculator(recording, "chain", 3)
-    assert [f.output_ids for f in run(target, spec, max_running=2, chunk_size=4)] == plain
-    assert [f.output_ids for f in run(target, spec, max_running=5)] == plain
+    assert [f.token_ids for f in run(target, spec, max_running=2, chunk_size=4)] == plain
+    assert [f.token_ids for f in run(target, spec, max_running=5)] == plain
     assert recording.drafter.cache.num_slots == 8
     assert max(size for size, _ in recording.rounds) == 5
 
@@ -159,8 +160,8 @@ def test_sampled_chain_same_text_alone_and_in_a_batch(models, kind):
     target = models[0]
     params = SamplingParams(temperature=0.8, seed=7)
     spec = speculator(drafter_of(kind, models, "chain"), "chain", 3)
-    together = [f.output_ids for f in run(target, spec, params=params)]
-    alone = [run(target, spec, [i], params=params)[0].output_ids for i in range(len(PROMPTS))]
+    together = [f.token_ids for f in run(target, spec, params=params)]
+    alone = [run(target, spec, [i], params=params)[0].token_ids for i in range(len(PROMPTS))]
     assert alone == together
-    reordered = [f.output_ids for f in run(target, spec, [4, 2, 0, 3, 1], params=params)]
+    reordered = [f.token_ids for f in run(target, spec, [4, 2, 0, 3, 1], params=params)]
     assert reordered == [together[i] for i in (4, 2, 0, 3, 1)]

@@ -15,7 +15,8 @@ from tiny import add_tokenizer, make_tiny
 
 from outrider.drafters.hybrid import HybridDrafter
 from outrider.errors import ConfigError
-from outrider.engine.generate import Request, generate_ids
+from outrider.engine.generate import generate_ids
+from outrider.engine.request import Request
 from outrider.weights.loader import load_decoder
 from outrider.sampling import SamplingParams
 from outrider.engine.loop import EngineLoop
@@ -46,8 +47,8 @@ def setup(tmp_path_factory):
 def run(target, spec, params=SamplingParams(), n=24, **engine):
     requests = [Request(list(p), n, params) for p in PROMPTS]
     if not engine:
-        return [f.output_ids for f in generate_ids(target, requests, set(), speculation=spec)]
-    return [f.output_ids for f in EngineLoop(target, set(), spec, **engine).run_all(requests)]
+        return [f.token_ids for f in generate_ids(target, requests, set(), speculation=spec)]
+    return [f.token_ids for f in EngineLoop(target, set(), spec, **engine).run_all(requests)]
 
 
 @pytest.mark.parametrize("other, tree", [("eagle3", "chain"), ("eagle3", "dynamic:2,5"),

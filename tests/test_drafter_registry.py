@@ -22,7 +22,8 @@ from outrider.drafters.capabilities import Capabilities, Drafts
 from outrider.drafters.model import ModelDrafter
 from outrider.drafters.registry import DrafterEntry, register, unregister
 from outrider.errors import ConfigError
-from outrider.engine.generate import Request, generate_ids
+from outrider.engine.generate import generate_ids
+from outrider.engine.request import Request
 from outrider.models.config import ModelConfig
 from outrider.weights.loader import load_decoder
 from outrider.sampling import SamplingParams
@@ -173,15 +174,15 @@ def test_a_registered_drafter_runs_end_to_end(vocab8, recent):
     spec = Speculator.build(SpecOptions("recent:2", "chain", "fixed:3"), target, folder)
     assert spec.verifier_for(GREEDY) is VERIFIERS["greedy_tree"].verify
     fast = outputs(target, spec, GREEDY)
-    assert [f.output_ids for f in fast] == [f.output_ids for f in outputs(target, None, GREEDY)]
-    assert sum(f.stats.committed for f in fast) > sum(f.stats.rounds for f in fast)  # drafts were accepted
+    assert [f.token_ids for f in fast] == [f.token_ids for f in outputs(target, None, GREEDY)]
+    assert sum(f.round_stats.committed for f in fast) > sum(f.round_stats.rounds for f in fast)  # drafts were accepted
     # declared without probabilities: sampled drafts are verified by the tree walk, which
     # commits what plain sampling draws with the same seed
     assert spec.verifier_for(SAMPLED) is VERIFIERS["tree_walk"].verify
     for seed in (1, 2):
         params = SamplingParams(temperature=1.0, seed=seed)
-        assert [f.output_ids for f in outputs(target, spec, params)] == \
-               [f.output_ids for f in outputs(target, None, params)]
+        assert [f.token_ids for f in outputs(target, spec, params)] == \
+               [f.token_ids for f in outputs(target, None, params)]
 
 
 def test_unknown_drafter_lists_the_registered_ones(recent):
@@ -250,18 +251,19 @@ def test_models_and_fit_come_from_the_entry(tiny_folders):
 def test_a_draft_model_in_its_own_dtype_changes_no_output(tiny_folders):
     """The drafter's precision changes its proposals, never what the target commits."""
     from outrider.llm import LLM
-    from outrider.engine.generate import Request, generate_ids
+    from outrider.engine.generate import generate_ids
+    from outrider.engine.request import Request
 
     target = str(tiny_folders["llama"])
     requests = [Request([5, 6, 7, 5, 6, 7, 5], 12), Request([9, 3, 9, 3], 12)]
     llm = LLM(target, device="cpu")
-    plain = [f.output_ids for f in generate_ids(llm.target, requests, set())]
+    plain = [f.token_ids for f in generate_ids(llm.target, requests, set())]
     for dtype, expect in (("bfloat16", torch.bfloat16), ("q8_0", "q8_0"), ("q4_0", "q4_0")):
         llm = LLM(target, drafter=f"draft-model:{tiny_folders['llama-draft']}@{dtype}", controller="fixed:3", device="cpu")
         draft = llm.speculator.drafter.decoder
         assert (draft.quantization or draft.dtype) == expect and llm.target.dtype == torch.float32
         outs = generate_ids(llm.target, requests, set(), speculation=llm.speculator)
-        assert [f.output_ids for f in outs] == plain and sum(f.stats.drafted for f in outs) > 0
+        assert [f.token_ids for f in outs] == plain and sum(f.round_stats.drafted for f in outs) > 0
 
 
 # -- controllers are told the drafting time through their protocol -----------------------------

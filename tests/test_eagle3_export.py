@@ -203,7 +203,7 @@ def test_eagle_layout_with_disagreeing_id_lists_is_refused(setup, tmp_path):
     assert read_config(vllm_only).taps(4) == read_config(eagle).taps(4) == (1, 2, 3)
 
 
-def test_shipped_heads_resolve_by_name_and_show_in_models_list(setup, tmp_path, monkeypatch, capsys):
+def test_shipped_heads_resolve_by_name_and_show_in_models_list(setup, tmp_path, monkeypatch, capsys, runtime):
     _, target, head, eagle, _ = setup
     shipped = tmp_path / "shipped"
     shutil.copytree(eagle, shipped / "tiny-target")
@@ -221,7 +221,7 @@ def test_shipped_heads_resolve_by_name_and_show_in_models_list(setup, tmp_path, 
     with pytest.raises(ConfigError) as err:
         SpecOptions("eagle3:no-such-head").check()
     assert "\n" not in str(err.value) and "or a shipped head: smollm2-135m-instruct, tiny-target" in str(err.value)
-    monkeypatch.setenv("OUTRIDER_CACHE", str(tmp_path / "cache"))
+    runtime(cache_dir=str(tmp_path / "cache"))
     capsys.readouterr()
     assert main(["models", "list"]) == 0
     rows = capsys.readouterr().out.splitlines()

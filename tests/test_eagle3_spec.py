@@ -13,7 +13,8 @@ from enumerate_law import one_thread
 
 from outrider.control.controllers import FixedController
 from outrider.drafters.capabilities import Capabilities, Drafts
-from outrider.engine.generate import Request, generate_ids
+from outrider.engine.generate import generate_ids
+from outrider.engine.request import Request
 from outrider.kernels import native
 from outrider.models.batch import pack
 from outrider.weights.loader import load_decoder
@@ -48,7 +49,7 @@ def run(target, spec, params=SamplingParams(), n=16, **engine):
 
 
 def outputs(finished):
-    return [f.output_ids for f in finished]
+    return [f.token_ids for f in finished]
 
 
 @pytest.mark.parametrize("tree", ["chain", "static:2,2,1", "dynamic:3,8"])
@@ -59,7 +60,7 @@ def test_greedy_equals_autoregressive_and_drafts_are_accepted(setup, tree):
     assert spec.verifier_for(SamplingParams()) is VERIFIERS["greedy_chain" if tree == "chain" else "greedy_tree"].verify
     fast = run(target, spec)
     assert outputs(fast) == outputs(run(target, None))
-    assert sum(f.stats.committed for f in fast) > sum(f.stats.rounds for f in fast)  # some drafts accepted
+    assert sum(f.round_stats.committed for f in fast) > sum(f.round_stats.rounds for f in fast)  # some drafts accepted
     # chunked prefill (3 prompt tokens a step, requests joining while others decode): the same
     assert outputs(run(target, spec, max_running=2, chunk_size=3)) == outputs(fast)
 
@@ -149,7 +150,7 @@ def test_a_quantized_head_drafts_and_changes_no_output(setup, kind, tree):
     assert isinstance(w.norm, torch.Tensor) and isinstance(w.embed, torch.Tensor)  # the target's, shared
     fast = run(target, spec)
     assert outputs(fast) == outputs(run(target, None))
-    assert sum(f.stats.committed for f in fast) > sum(f.stats.rounds for f in fast)
+    assert sum(f.round_stats.committed for f in fast) > sum(f.round_stats.rounds for f in fast)
 
 
 def test_head_dtype_default_and_bad_names(setup):

@@ -12,7 +12,7 @@ import torch
 import test_gguf_import as writer
 from outrider.cli import main
 from outrider.errors import ModelError
-from outrider.catalog.packages import resolve_model
+from outrider.catalog.resolve import resolve_model
 from outrider.catalog.imported import IMPORTED_NAME, default_name, import_gguf, imported_folder, list_imported
 from outrider.weights.gguf_convert import convert_gguf
 from outrider.weights.loader import load_decoder
@@ -21,8 +21,8 @@ TOKENS = [5, 17, 3, 88, 41, 41, 9, 200]
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("OUTRIDER_CACHE", str(tmp_path / "cache"))
+def cache(tmp_path, monkeypatch, runtime):
+    runtime(cache_dir=str(tmp_path / "cache"))
     return tmp_path / "cache"
 
 

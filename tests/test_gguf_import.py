@@ -269,12 +269,12 @@ def test_smollm2_conversion_matches_transformers_gguf(smollm2_path, smollm2_toke
     transformers' GGUF loader is the slow part (about 14 s of CPU for this 98 MB file: it reads
     the GGUF twice, config then tensors, and dequantizes in numpy); the folder's model and the
     tokenizer are the session's (conftest.py)."""
-    from outrider.catalog import packages as catalog
+    from outrider.catalog import packages
 
     chat = [{"role": "user", "content": "What is the capital of France?"}]
     ids = smollm2_tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt",
                                                 return_dict=True)["input_ids"]
-    reference = _from_gguf(catalog.gguf_path(catalog.DEFAULT_MODEL))
+    reference = _from_gguf(packages.gguf_path(packages.DEFAULT_MODEL))
     with torch.no_grad():
         assert torch.equal(smollm2_transformers(ids).logits, reference(ids).logits)
         out = smollm2_transformers.generate(ids, max_new_tokens=20, do_sample=False)

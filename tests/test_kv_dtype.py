@@ -35,7 +35,7 @@ def test_the_cache_is_float16_and_half_the_bytes(q4_kv16, smollm2_path):
     assert 2 * half.k[0].numel() * half.k[0].element_size() == full.k[0].numel() * full.k[0].element_size()
 
 
-def test_native_and_torch_layers_agree(q4_kv16, monkeypatch, smollm2_path, smollm2_tokenizer):
+def test_native_and_torch_layers_agree(q4_kv16, runtime, smollm2_path, smollm2_tokenizer):
     """Both round K/V to nearest even; they differ as their float32 arithmetic differs (a K value
     one float16 step apart where float32 rounding moves it across a boundary: measured 0.015 of
     logits up to ~30, against 8e-5 with a float32 cache), so: close, and the same argmax."""
@@ -43,7 +43,7 @@ def test_native_and_torch_layers_agree(q4_kv16, monkeypatch, smollm2_path, smoll
 
     tokens = smollm2_tokenizer("The quick brown fox jumps over the lazy dog. The quick")["input_ids"]
     native = logits(q4_kv16, tokens)
-    monkeypatch.setenv("OUTRIDER_NATIVE_LAYER", "0")  # read at a model's first forward
+    runtime(native_layer=False)  # read at a model's first forward
     reference = load_decoder(smollm2_path, "cpu", "q4")
     reference.kv_dtype = torch.float16
     torch_layers = logits(reference, tokens)
@@ -56,17 +56,18 @@ def test_native_and_torch_layers_agree(q4_kv16, monkeypatch, smollm2_path, smoll
                                           ("eagle3:smollm2-135m-instruct", "dynamic:3,6"),
                                           ("draft-model:smollm2-135m-instruct@q4_0", "chain")])
 def test_speculative_greedy_equals_autoregressive(q4_kv16, smollm2_path, smollm2_tokenizer, drafter, tree):
-    from outrider.engine.generate import Request, generate_ids
+    from outrider.engine.generate import generate_ids
+    from outrider.engine.request import Request
     from outrider.engine.speculator import SpecOptions, Speculator
 
     spec = Speculator.build(SpecOptions(drafter, tree, "fixed:4"), q4_kv16, smollm2_path)
     if drafter.startswith("draft-model"):  # the drafter's own cache follows the target's type
         assert spec.drafter.decoder.kv_dtype == torch.float16
     requests = lambda: [Request(smollm2_tokenizer(p)["input_ids"], 16) for p in PROMPTS]  # noqa: E731
-    plain = [f.output_ids for f in generate_ids(q4_kv16, requests(), set())]
+    plain = [f.token_ids for f in generate_ids(q4_kv16, requests(), set())]
     outs = generate_ids(q4_kv16, requests(), set(), speculation=spec)
-    assert [f.output_ids for f in outs] == plain
-    assert sum(f.stats.committed for f in outs) > sum(f.stats.rounds for f in outs)  # drafts were accepted
+    assert [f.token_ids for f in outs] == plain
+    assert sum(f.round_stats.committed for f in outs) > sum(f.round_stats.rounds for f in outs)  # drafts were accepted
 
 
 def test_a_bad_kv_dtype_is_one_line(capsys):

@@ -24,8 +24,8 @@ def load_script():
     return module
 
 
-def test_quick_run_on_a_tiny_model_writes_results_and_plot(tiny_folders, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("OUTRIDER_BENCH_FIXTURES", str(ROOT / "tests" / "fixtures"))
+def test_quick_run_on_a_tiny_model_writes_results_and_plot(tiny_folders, tmp_path, monkeypatch, capsys, runtime):
+    runtime(bench_fixtures=str(ROOT / "tests" / "fixtures"))
     out = tmp_path / "out"
     argv = ["--quick", "--model", str(tiny_folders["llama"]), "--drafter", "ngram", "--controller", "fixed:3",
             "--concurrency", "1,2", "--rates", "", "--requests", "2", "--phase-time", "0.01", "--min-requests", "2", "--max-tokens", "6",

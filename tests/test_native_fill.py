@@ -101,14 +101,13 @@ def test_rows_past_fill_rows_are_split_into_calls(monkeypatch):
 
 
 @needs_tiles
-def test_a_filling_forward_takes_it_from_tile_rows(monkeypatch):
+def test_a_filling_forward_takes_it_from_tile_rows(monkeypatch, runtime):
     """Within quant_linear.filling(): TILE_ROWS rows or more go to matmul_amx.c (a drafter's prefill: its
     one-part form), fewer to the kernel;
     outside a filling forward (decode, verify) always the kernel; OUTRIDER_TILE_PREFILL=0 (read
     once) keeps the GEMM."""
-    monkeypatch.setattr(quant_linear, "_BF16_PREFILL", [False])
-    monkeypatch.setattr(quant_linear, "_TILE_PREFILL", [None])
-    monkeypatch.delenv("OUTRIDER_TILE_PREFILL", raising=False)
+    runtime(lossy_bf16_prefill=False)
+    runtime(amx_prefill=None)
     blocks = weight_of("q4_1", 64, 576, seed=7)
     weight = QuantLinear(blocks, kernel="native")
     rows = quant_linear.TILE_ROWS
@@ -121,8 +120,7 @@ def test_a_filling_forward_takes_it_from_tile_rows(monkeypatch):
         assert torch.equal(weight.linear(x), native.amx_matmul(x, native.NativeWeight.of(blocks), lossy_bf16=True))
     assert torch.equal(weight.linear(x), native.qmatmul(x, blocks))
     assert not torch.equal(tiles, native.qmatmul(x, blocks))  # another summation: the tiles really ran
-    monkeypatch.setenv("OUTRIDER_TILE_PREFILL", "0")
-    monkeypatch.setattr(quant_linear, "_TILE_PREFILL", [None])
+    runtime(amx_prefill="0")
     with quant_linear.filling():
         assert torch.equal(weight.linear(x), native.qmatmul(x, blocks))  # below BULK_ROWS: the kernel
 
@@ -132,5 +130,4 @@ def test_without_the_tile_unit_it_says_none(monkeypatch):
     filling path keeps the GEMM: runs on every machine."""
     monkeypatch.setattr(native, "amx_available", lambda: False)
     assert native.amx_matmul(torch.randn(32, 64), native.NativeWeight.of(quantize(torch.randn(32, 64), "q4_0"))) is None
-    monkeypatch.setattr(quant_linear, "_TILE_PREFILL", [None])
     assert quant_linear.tile_prefill() is False

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from outrider.engine.generate import Request, generate_ids
+from outrider.engine.generate import generate_ids
+from outrider.engine.request import Request
 from outrider.kernels import native
 from outrider.models.batch import pack
 from outrider.weights.loader import load_decoder
@@ -155,8 +156,8 @@ def test_a_tree_node_gets_what_its_path_decoded_a_token_a_step_gets(model, dtype
 def test_greedy_speculative_equals_autoregressive(model):
     m, folder = model
     requests = [Request([3, 9, 4, 3, 9, 4, 3, 9], 24, SamplingParams(0.0)), Request([7, 8, 7, 8, 7], 24, SamplingParams(0.0))]
-    plain = [f.output_ids for f in generate_ids(m, requests, set())]
+    plain = [f.token_ids for f in generate_ids(m, requests, set())]
     spec = Speculator.build(SpecOptions("ngram", "chain", "fixed:4"), m, folder)
     fast = generate_ids(m, requests, set(), speculation=spec)
-    assert [f.output_ids for f in fast] == plain
-    assert sum(f.stats.committed for f in fast) > sum(f.stats.rounds for f in fast)  # drafts were accepted
+    assert [f.token_ids for f in fast] == plain
+    assert sum(f.round_stats.committed for f in fast) > sum(f.round_stats.rounds for f in fast)  # drafts were accepted

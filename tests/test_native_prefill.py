@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from outrider.engine.generate import Request, generate_ids
+from outrider.engine.generate import generate_ids
+from outrider.engine.request import Request
 from outrider.kernels import native, quant_linear
 from outrider.models.batch import pack
 from outrider.weights.loader import load_decoder
@@ -78,17 +79,17 @@ def test_short_or_huge_prefills(folder, monkeypatch):
     monkeypatch.setattr(decoder_module, "NATIVE_FILL_FLOATS", 1000)
     assert m._native_fill(long) is None
     monkeypatch.setattr(decoder_module, "NATIVE_FILL_FLOATS", 1 << 26)
-    monkeypatch.setattr(quant_linear, "_TILE_PREFILL", [False])
+    runtime(amx_prefill=False)
     assert m._native_fill(long) is None
 
 
 def test_greedy_speculative_equals_autoregressive_after_a_long_prompt(folder):
     m = load_decoder(folder, "cpu", "q4")
     requests = [Request(PROMPT, 24, SamplingParams(0.0)), Request(PROMPT[::-1][:30], 24, SamplingParams(0.0))]
-    plain = [f.output_ids for f in generate_ids(m, requests, set())]
+    plain = [f.token_ids for f in generate_ids(m, requests, set())]
     spec = Speculator.build(SpecOptions("ngram", "chain", "fixed:4"), m, folder)
     fast = generate_ids(m, requests, set(), speculation=spec)
-    assert [f.output_ids for f in fast] == plain
+    assert [f.token_ids for f in fast] == plain
 
 
 def test_stacked_projections_run_in_the_native_layer(folder):

@@ -37,8 +37,8 @@ def test_unwritable_folder_measures_once_keeps_it_in_memory_and_warns_once(tiny_
     assert "kept in memory" in lines[0]
 
 
-def test_cost_controller_with_an_unwritable_cache_generates(tiny_folders, blocker, monkeypatch, capsys):
-    monkeypatch.setenv("OUTRIDER_CACHE", str(blocker / "cache"))
+def test_cost_controller_with_an_unwritable_cache_generates(tiny_folders, blocker, monkeypatch, capsys, runtime):
+    runtime(cache_dir=str(blocker / "cache"))
     code = main(["generate", "--model", str(tiny_folders["llama"]), "--drafter", "ngram",
                  "--controller", "cost", "--max-new-tokens", "4", "--json", "w5 w6 w7"])
     err = capsys.readouterr().err
@@ -46,7 +46,7 @@ def test_cost_controller_with_an_unwritable_cache_generates(tiny_folders, blocke
     assert "Traceback" not in err and [line for line in err.splitlines() if line.startswith("warning:")]
 
 
-def test_a_rebuilt_kernel_or_the_torch_layer_measures_the_profile_again(monkeypatch, tiny_folders):
+def test_a_rebuilt_kernel_or_the_torch_layer_measures_the_profile_again(monkeypatch, tiny_folders, runtime):
     """The profile's key names the native kernel as built (its file name hashes the sources, flags,
     compiler and CPU) and whether the native layer runs: verify costs measured with other kernels
     (or another layer) are not reused."""
@@ -58,9 +58,9 @@ def test_a_rebuilt_kernel_or_the_torch_layer_measures_the_profile_again(monkeypa
 
     target = load_decoder(tiny_folders["llama"], "cpu", torch.float32)
     key = profile_module.profile_key(tiny_folders["llama"], target)
-    monkeypatch.setenv("OUTRIDER_NATIVE_LAYER", "0")
+    runtime(native_layer="0")
     assert profile_module.profile_key(tiny_folders["llama"], target) != key
-    monkeypatch.delenv("OUTRIDER_NATIVE_LAYER")
+    runtime(native_layer=None)
     if native.library() is not None:
         monkeypatch.setitem(native._state, "path", Path("qmatmul-0000000000000000.so"))
         assert profile_module.profile_key(tiny_folders["llama"], target) != key

@@ -81,7 +81,8 @@ def test_ragged_row_is_refused():
 @pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"])
 def test_packaged_qwen_tensors_equal_ggufs(name):
     """One tensor of every kind in the packaged files (skipped where the model is not pulled)."""
-    from outrider.catalog.packages import is_present, model_path
+    from outrider.catalog.pull import is_present
+    from outrider.catalog.packages import model_path
     from outrider.weights.gguf_index import GGUFIndex
 
     if not is_present(name):

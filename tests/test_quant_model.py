@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from outrider.errors import ConfigError, ModelError
-from outrider.engine.generate import Request, generate_ids
+from outrider.engine.generate import generate_ids
+from outrider.engine.request import Request
 from outrider.kernels import native
 from outrider.models.batch import pack
 from outrider.weights.loader import load_decoder
@@ -154,7 +155,7 @@ def prompts():
 
 
 def run(target, spec=None, n=16):
-    return [f.output_ids for f in generate_ids(target, [Request(p, n) for p in prompts()], set(), speculation=spec)]
+    return [f.token_ids for f in generate_ids(target, [Request(p, n) for p in prompts()], set(), speculation=spec)]
 
 
 def speculator(drafter, shape="chain", depth=4):
@@ -183,8 +184,8 @@ def test_greedy_ngram_and_suffix(quantized):
     model, plain = quantized
     for drafter in (NgramDrafter(), SuffixDrafter()):
         outs = generate_ids(model, [Request(p, 16) for p in prompts()], set(), speculation=speculator(drafter))
-        assert [f.output_ids for f in outs] == plain
-        assert sum(f.stats.committed for f in outs) > sum(f.stats.rounds for f in outs)  # drafts were accepted
+        assert [f.token_ids for f in outs] == plain
+        assert sum(f.round_stats.committed for f in outs) > sum(f.round_stats.rounds for f in outs)  # drafts were accepted
 
 
 @pytest.mark.parametrize("shape", ["chain", "static:2,2,1"])
@@ -206,8 +207,8 @@ def test_greedy_self_draft_accepts_everything(quantized, shape):
     model, plain = quantized
     outs = generate_ids(model, [Request(p, 16) for p in prompts()], set(),
                         speculation=speculator(ModelDrafter(model, parse_shape(shape), name="self"), shape))
-    assert [f.output_ids for f in outs] == plain
-    assert all(f.stats.committed / f.stats.rounds >= 4.0 for f in outs)
+    assert [f.token_ids for f in outs] == plain
+    assert all(f.round_stats.committed / f.round_stats.rounds >= 4.0 for f in outs)
 
 
 # -- a GGUF's own blocks ----------------------------------------------------------------------------

@@ -106,7 +106,7 @@ def _probe(env: dict) -> list[str]:
 
 def test_switched_off_falls_back_to_blockwise():
     available, reason, kernel = _probe({"OUTRIDER_NATIVE": "0"})
-    assert available == "False" and "OUTRIDER_NATIVE=0" in reason and kernel == "blockwise"
+    assert available == "False" and "native is off" in reason and kernel == "blockwise"
 
 
 def test_a_failing_build_falls_back_and_says_why(tmp_path):
@@ -118,16 +118,15 @@ def test_a_failing_build_falls_back_and_says_why(tmp_path):
 
 @needs_native
 @pytest.mark.parametrize("bf16", [False, True])
-def test_a_filling_forward_may_take_the_gemm_and_keeps_the_values(bf16, monkeypatch):
+def test_a_filling_forward_may_take_the_gemm_and_keeps_the_values(bf16, monkeypatch, runtime):
     """Within quant_linear.filling() a linear of BULK_ROWS rows or more (BULK_ROWS_BF16 where the
     GEMM runs in bfloat16, as on CPUs with AMX) multiplies dequantized rows with the GEMM: the same
     products up to summation order (float32) or bfloat16 rounding of x and the weight; outside, or
     below the threshold, the kernel (bit-identical rows) as before."""
     from outrider.kernels import quant_linear
 
-    monkeypatch.setattr(quant_linear, "_BF16_PREFILL", [bf16])
-    monkeypatch.setattr(quant_linear, "_TILE_PREFILL", [False])  # the GEMM path (matmul_amx.c: test_native_fill.py)
-    monkeypatch.setattr(quant_linear, "_GEMM_PREFILL", [True])  # as on an Intel CPU
+    runtime(lossy_bf16_prefill=bf16, amx_prefill=False, gemm_prefill="on")  # the GEMM path, as on an Intel CPU
+    monkeypatch.setattr(quant_linear, "has_amx", lambda: True)  # the bfloat16 GEMM wherever this runs
     rows = quant_linear.BULK_ROWS_BF16 if bf16 else quant_linear.BULK_ROWS
     blocks = quantize(torch.randn(200, 576, generator=torch.Generator().manual_seed(4)) * 0.05, "q4_1")
     weight = QuantLinear(blocks, kernel="native")
@@ -149,23 +148,22 @@ def test_a_filling_forward_may_take_the_gemm_and_keeps_the_values(bf16, monkeypa
 
 
 @needs_native
-def test_the_float_gemm_takes_a_prefill_only_on_intel_cpus(monkeypatch):
+def test_the_float_gemm_takes_a_prefill_only_on_intel_cpus(monkeypatch, runtime):
     """Off Intel CPUs (where MKL measured slower than the row kernel at a prefill's rows) a
-    filling forward keeps the row kernel, bit for bit; OUTRIDER_PREFILL_GEMM decides when set."""
+    filling forward keeps the row kernel, bit for bit; config gemm_prefill decides when on or off."""
     from outrider.kernels import quant_linear
 
     for vendor, env, want in [("GenuineIntel", None, True), ("AuthenticAMD", None, False),
                               ("AuthenticAMD", "1", True), ("GenuineIntel", "0", False)]:
-        monkeypatch.setattr(quant_linear, "_GEMM_PREFILL", [None])
         monkeypatch.setattr(native, "cpu_vendor", lambda: vendor)
         if env is None:
-            monkeypatch.delenv("OUTRIDER_PREFILL_GEMM", raising=False)
+            runtime(gemm_prefill=None)
         else:
-            monkeypatch.setenv("OUTRIDER_PREFILL_GEMM", env)
+            runtime(gemm_prefill=env)
         assert quant_linear.gemm_prefill() is want, (vendor, env)
-    monkeypatch.setattr(quant_linear, "_GEMM_PREFILL", [False])
-    monkeypatch.setattr(quant_linear, "_TILE_PREFILL", [False])
-    monkeypatch.setattr(quant_linear, "_BF16_PREFILL", [False])
+    runtime(gemm_prefill="off")
+    runtime(amx_prefill=False)
+    runtime(lossy_bf16_prefill=False)
     blocks = quantize(torch.randn(64, 576, generator=torch.Generator().manual_seed(4)) * 0.05, "q4_1")
     x = torch.randn(quant_linear.BULK_ROWS, 576, generator=torch.Generator().manual_seed(5))
     with quant_linear.filling():
@@ -173,14 +171,13 @@ def test_the_float_gemm_takes_a_prefill_only_on_intel_cpus(monkeypatch):
 
 
 @needs_native
-def test_a_drafters_prefill_rounds_to_bf16_where_the_cpu_has_amx(monkeypatch):
+def test_a_drafters_prefill_rounds_to_bf16_where_the_cpu_has_amx(monkeypatch, runtime):
     """filling(bf16=True), a draft model's prefill: the bfloat16 GEMM from BULK_ROWS_BF16 rows
-    without OUTRIDER_LOSSY_BF16_PREFILL (a drafter's numerics change only its proposals) where the
+    without config lossy_bf16_prefill (a drafter's numerics change only its proposals) where the
     CPU has AMX; elsewhere, and for a target's prefill, the kernel at that many rows."""
     from outrider.kernels import quant_linear
 
-    monkeypatch.setattr(quant_linear, "_BF16_PREFILL", [False])
-    monkeypatch.setattr(quant_linear, "_TILE_PREFILL", [False])  # a target's prefill without matmul_amx.c
+    runtime(lossy_bf16_prefill=False, amx_prefill=False)  # a target's prefill without matmul_amx.c
     blocks = quantize(torch.randn(64, 576, generator=torch.Generator().manual_seed(7)) * 0.05, "q4_1")
     weight = QuantLinear(blocks, kernel="native")
     x = torch.randn(quant_linear.BULK_ROWS_BF16, 576, generator=torch.Generator().manual_seed(8))
@@ -207,16 +204,14 @@ def test_only_a_draft_models_prefill_may_round(tiny_folders):
     assert drafter.decoder.drafter_prefill_bf16 and not target.drafter_prefill_bf16
 
 
-def test_bf16_prefill_is_off_unless_asked(monkeypatch):
-    """The bfloat16 prefill changes the target's output (lossy): only OUTRIDER_LOSSY_BF16_PREFILL=1
+def test_bf16_prefill_is_off_unless_asked(monkeypatch, runtime):
+    """The bfloat16 prefill changes the target's output (lossy): only config lossy_bf16_prefill
     turns it on, and only where the CPU has AMX."""
     from outrider.kernels import quant_linear
 
-    monkeypatch.delenv("OUTRIDER_LOSSY_BF16_PREFILL", raising=False)
-    monkeypatch.setattr(quant_linear, "_BF16_PREFILL", [None])
+    runtime(lossy_bf16_prefill=None)
     assert quant_linear.bf16_prefill() is False
-    monkeypatch.setenv("OUTRIDER_LOSSY_BF16_PREFILL", "1")
-    monkeypatch.setattr(quant_linear, "_BF16_PREFILL", [None])
+    runtime(lossy_bf16_prefill="1")
     amx = all(f in native._cpu_flags().split() for f in ("amx_bf16", "amx_tile"))
     usable = amx and bool(getattr(torch._C._cpu, "_init_amx", lambda: False)())
     assert quant_linear.bf16_prefill() is usable  # this CPU (AMX, tile registers granted) or none

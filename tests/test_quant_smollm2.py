@@ -82,14 +82,15 @@ DRAFTERS = {  # every kind of drafter: lookups, self-speculation, a learned head
 def test_speculative_greedy_equals_autoregressive(request, smollm2_path, smollm2_tokenizer, drafter, dtype):
     """On the quantized model (float32 or int8 activations) every drafter's greedy output is the
     model's own greedy output, token for token."""
-    from outrider.engine.generate import Request, generate_ids
+    from outrider.engine.generate import generate_ids
+    from outrider.engine.request import Request
     from outrider.engine.speculator import SpecOptions, Speculator
 
     target = request.getfixturevalue("q4" if dtype == "q4" else "q4_i8")
     name, tree = DRAFTERS[drafter]
     spec = Speculator.build(SpecOptions(name, tree, "fixed:4"), target, smollm2_path)
     requests = lambda: [Request(smollm2_tokenizer(p)["input_ids"], 10) for p in PROMPTS]  # noqa: E731
-    plain = [f.output_ids for f in generate_ids(target, requests(), set())]
+    plain = [f.token_ids for f in generate_ids(target, requests(), set())]
     outs = generate_ids(target, requests(), set(), speculation=spec)
-    assert [f.output_ids for f in outs] == plain
-    assert sum(f.stats.committed for f in outs) > sum(f.stats.rounds for f in outs)  # drafts were accepted
+    assert [f.token_ids for f in outs] == plain
+    assert sum(f.round_stats.committed for f in outs) > sum(f.round_stats.rounds for f in outs)  # drafts were accepted

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from outrider.engine.generate import Request, generate_ids
+from outrider.engine.generate import generate_ids
+from outrider.engine.request import Request
 from outrider.models.batch import pack
 from outrider.weights.loader import load_decoder
 from tiny import reference
@@ -42,15 +43,15 @@ def test_greedy_generation_matches_transformers(tiny_folders, kind):
     for prompt, out in zip(prompts, outs):
         expected = ref.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
                                 eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-        assert out.output_ids == expected
+        assert out.token_ids == expected
         assert out.finish_reason == "length"
 
 
 def test_eos_stops_and_truncates(tiny_folders):
     ours = load_decoder(tiny_folders["llama"], "cpu")
-    full = generate_ids(ours, [Request([5, 6, 7], 20)], eos_ids=set())[0].output_ids
+    full = generate_ids(ours, [Request([5, 6, 7], 20)], eos_ids=set())[0].token_ids
     eos = full[7]
     first = full.index(eos)
     out = generate_ids(ours, [Request([5, 6, 7], 20)], eos_ids={eos})[0]
-    assert out.output_ids == full[: first + 1]
+    assert out.token_ids == full[: first + 1]
     assert out.finish_reason == "eos"

@@ -19,7 +19,8 @@ from outrider.control.controllers import FixedController
 from outrider.drafters.model import ModelDrafter
 from outrider.drafters.ngram import NgramDrafter
 from outrider.drafters.suffix import SuffixDrafter
-from outrider.engine.generate import Request, generate_ids
+from outrider.engine.generate import generate_ids
+from outrider.engine.request import Request
 from outrider.weights.loader import load_decoder
 from outrider.sampling import SamplingParams
 from outrider.engine.speculator import SpecOptions, Speculator
@@ -53,7 +54,7 @@ def finished(target, spec, params: SamplingParams, seed: int, prompts=PROMPTS, n
 
 
 def run(target, spec, params: SamplingParams, seed: int, prompts=PROMPTS, n: int = 16) -> list[list[int]]:
-    return [f.output_ids for f in finished(target, spec, params, seed, prompts, n)]
+    return [f.token_ids for f in finished(target, spec, params, seed, prompts, n)]
 
 
 WALKED = {  # drafters whose drafts are verified by the tree walk: equal to plain sampling
@@ -73,8 +74,8 @@ def test_walked_drafts_give_the_autoregressive_sample(target, name):
     for params in SAMPLING:
         for seed in (1, 2):  # the speculator's state carries over from call to call
             fast = finished(target, spec, params, seed)
-            assert [f.output_ids for f in fast] == run(target, None, params, seed)
-            accepted += sum(sum(f.stats.accepted_by_position) for f in fast)
+            assert [f.token_ids for f in fast] == run(target, None, params, seed)
+            accepted += sum(sum(f.round_stats.accepted_by_position) for f in fast)
     assert accepted > 10, "too few drafts accepted: the speculative path is not exercised"
 
 

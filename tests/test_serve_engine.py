@@ -5,7 +5,8 @@ import torch
 
 from outrider.llm import LLM
 from outrider.errors import ConfigError
-from outrider.engine.generate import Request, generate_ids
+from outrider.engine.generate import generate_ids
+from outrider.engine.request import Request
 from outrider.sampling import SamplingParams
 from outrider.engine.loop import EngineLoop
 
@@ -40,19 +41,19 @@ def prompt(i: int, n: int) -> list[int]:
 
 
 def alone(target, request: Request) -> list[int]:
-    return generate_ids(target, [request], set())[0].output_ids
+    return generate_ids(target, [request], set())[0].token_ids
 
 
 def run(engine: EngineLoop, arrivals: dict[int, list[Request]], check=None):
-    """Add arrivals[k] before step k; step until done. -> ({request id: Finished}, {id: first step})."""
+    """Add arrivals[k] before step k; step until done. -> ({request id: Completion}, {id: first step})."""
     finished, first, ids, step = {}, {}, [], 0
     while engine.has_work or step in arrivals:
         ids += [engine.add(r) for r in arrivals.get(step, [])]
         for event in engine.step():
             if event.new_tokens:
                 first.setdefault(event.request_id, step)
-            if event.finished is not None:
-                finished[event.request_id] = event.finished
+            if event.completion is not None:
+                finished[event.request_id] = event.completion
         if check:
             check(engine)
         step += 1
@@ -69,13 +70,13 @@ def test_staggered_greedy_equals_each_alone_with_chunked_prefill(target, ngram):
     outs, first = run(engine, arrivals, lambda e: seen.append(e.num_running))
     assert max(seen) == 3 and min(seen[:-1]) >= 1
     for r, f in zip(reqs, outs):
-        assert f.output_ids == alone(target, r)
+        assert f.token_ids == alone(target, r)
     # the long prompt (39 rows to prefill, 8 a step) yields its first token at step 2 + 4 at the
     # earliest, while the two requests admitted before it keep decoding
     assert first[2] >= 6
-    assert all(f.stats.rounds > 0 for f in outs)
-    assert outs[1].stats.drafted == 0 and outs[0].stats.drafted > 0
-    assert max(len(h) for h in [outs[3].stats.accepted_length_hist]) <= 2  # at most one draft a round
+    assert all(f.round_stats.rounds > 0 for f in outs)
+    assert outs[1].round_stats.drafted == 0 and outs[0].round_stats.drafted > 0
+    assert max(len(h) for h in [outs[3].round_stats.accepted_length_hist]) <= 2  # at most one draft a round
 
 
 def test_seeded_sampling_equals_each_alone(target, ngram):
@@ -84,7 +85,7 @@ def test_seeded_sampling_equals_each_alone(target, ngram):
     engine = EngineLoop(target, set(), ngram, max_running=2)
     outs, _ = run(engine, {0: reqs[:1], 1: reqs[1:3], 4: reqs[3:]})
     for r, f in zip(reqs, outs):
-        assert f.output_ids == alone(target, r)
+        assert f.token_ids == alone(target, r)
 
 
 def test_limits_make_requests_wait_never_drop(target):
@@ -98,7 +99,7 @@ def test_limits_make_requests_wait_never_drop(target):
     outs2, _ = run(rows, {0: reqs}, lambda e: seen.append(e.num_running))
     assert max(seen) == 1
     for r, a, b in zip(reqs, outs, outs2):
-        assert a.output_ids == b.output_ids == alone(target, r)
+        assert a.token_ids == b.token_ids == alone(target, r)
     with pytest.raises(ConfigError, match="K/V rows"):
         rows.add(Request(prompt(0, 5), 20))
 
@@ -111,7 +112,7 @@ def test_cancel_frees_the_slot_for_a_waiting_request(target):
     assert (engine.num_running, engine.num_waiting) == (1, 1)
     engine.cancel(a)
     events = {e.request_id: e for e in engine.step()}
-    assert events[a].finished.finish_reason == "cancelled"
+    assert events[a].completion.finish_reason == "cancelled"
     assert events[b].new_tokens  # admitted into a's slot in the same step
     assert engine.scheduler.running[0].slot == 0
 

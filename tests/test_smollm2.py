@@ -33,14 +33,15 @@ def test_logits_match_transformers(smollm2_decoder, smollm2_tokenizer, smollm2_t
 def test_greedy_matches_transformers(smollm2_path, smollm2_decoder, smollm2_tokenizer, smollm2_transformers):
     """Our runtime decodes the prompts as one ragged batch; transformers' generate takes each alone.
     Both stop at the model's end-of-generation tokens: the chat turn ends early on <|im_end|>."""
-    from outrider.llm import eos_ids_of
-    from outrider.engine.generate import Request, generate_ids
+    from outrider.weights.tokenizer import eos_ids_of
+    from outrider.engine.generate import generate_ids
+    from outrider.engine.request import Request
 
     tok, max_new = smollm2_tokenizer, 16
     eos = eos_ids_of(smollm2_path, tok)
     chat = tok.apply_chat_template(CHAT, add_generation_prompt=True, return_dict=True)["input_ids"]
     prompts = [tok(p)["input_ids"] for p in PROMPTS] + [list(chat)]
-    got = [f.output_ids for f in generate_ids(smollm2_decoder, [Request(ids, max_new) for ids in prompts], eos)]
+    got = [f.token_ids for f in generate_ids(smollm2_decoder, [Request(ids, max_new) for ids in prompts], eos)]
     for ids, out in zip(prompts, got):
         with torch.no_grad():
             expected = smollm2_transformers.generate(torch.tensor([ids]), max_new_tokens=max_new,
@@ -57,18 +58,20 @@ def spec_prompts(smollm2_tokenizer) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def plain(smollm2_decoder, spec_prompts) -> list[list[int]]:
     """Greedy autoregressive outputs of SPEC_PROMPTS, computed once for every drafter and tree."""
-    from outrider.engine.generate import Request, generate_ids
+    from outrider.engine.generate import generate_ids
+    from outrider.engine.request import Request
 
-    return [f.output_ids for f in generate_ids(smollm2_decoder, [Request(p, SPEC_TOKENS) for p in spec_prompts], set())]
+    return [f.token_ids for f in generate_ids(smollm2_decoder, [Request(p, SPEC_TOKENS) for p in spec_prompts], set())]
 
 
 @pytest.mark.parametrize("drafter,tree", [("ngram", "chain"), ("suffix", "chain"), ("early-exit:8", "chain"),
                                           ("early-exit:8", "static:2,2,1"), ("early-exit:8", "dynamic:3,8")])
 def test_speculative_greedy_equals_autoregressive(smollm2_path, smollm2_decoder, spec_prompts, plain, drafter, tree):
-    from outrider.engine.generate import Request, generate_ids
+    from outrider.engine.generate import generate_ids
+    from outrider.engine.request import Request
     from outrider.engine.speculator import SpecOptions, Speculator
 
     spec = Speculator.build(SpecOptions(drafter, tree, "fixed:4"), smollm2_decoder, smollm2_path)
     fast = generate_ids(smollm2_decoder, [Request(p, SPEC_TOKENS) for p in spec_prompts], set(), speculation=spec)
-    assert [f.output_ids for f in fast] == plain
-    assert sum(f.stats.committed for f in fast) > sum(f.stats.rounds for f in fast)  # something was accepted
+    assert [f.token_ids for f in fast] == plain
+    assert sum(f.round_stats.committed for f in fast) > sum(f.round_stats.rounds for f in fast)  # something was accepted

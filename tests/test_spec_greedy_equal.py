@@ -7,7 +7,8 @@ import torch
 from outrider.control.controllers import AdaptiveController, CostController, FixedController
 from outrider.control.profile import VerifyCostProfile
 from outrider.drafters.model import ModelDrafter
-from outrider.engine.generate import Request, generate_ids
+from outrider.engine.generate import generate_ids
+from outrider.engine.request import Request
 from outrider.weights.loader import load_decoder
 from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.spec.shapes import parse_shape
@@ -27,7 +28,7 @@ def speculator(drafter, shape="chain", controller=None):
 
 
 def run(target, spec=None, n=16):
-    return [f.output_ids for f in generate_ids(target, [Request(p, n) for p in prompts()], set(), speculation=spec)]
+    return [f.token_ids for f in generate_ids(target, [Request(p, n) for p in prompts()], set(), speculation=spec)]
 
 
 @pytest.fixture(scope="module")
@@ -74,13 +75,13 @@ def test_self_draft_accepts_everything(target, plain, shape, shared):
     (over the target's own cache: only if the drafter reads the committed rows right)."""
     spec = speculator(ModelDrafter(target, parse_shape(shape), name="self", share_target_cache=shared), shape)
     outs = generate_ids(target, [Request(p, 16) for p in prompts()], set(), speculation=spec)
-    assert [f.output_ids for f in outs] == plain
+    assert [f.token_ids for f in outs] == plain
     # fixed:4 drafts 4 deep and all is accepted, 5 tokens a round (dynamic:3,8 keeps the 8 best
     # nodes: 2 deep, 3 a round); the last round is cut to the 16 tokens asked for, and only the
     # tokens kept count as committed
     per_round = 3 if shape.startswith("dynamic") else 5
     for f in outs:
-        assert f.stats.committed == 16 and f.stats.rounds == -(-16 // per_round)
+        assert f.round_stats.committed == 16 and f.round_stats.rounds == -(-16 // per_round)
 
 
 @pytest.mark.parametrize("shape", ["chain", "static:2,2"])
@@ -106,5 +107,5 @@ def test_training_free_drafters(target, plain, depth):
     for drafter in (NgramDrafter(), SuffixDrafter()):
         outs = generate_ids(target, [Request(p, 16) for p in prompts()], set(),
                             speculation=speculator(drafter, controller=FixedController(depth)))
-        assert [f.output_ids for f in outs] == plain
-        assert sum(f.stats.committed for f in outs) > sum(f.stats.rounds for f in outs)  # the repeat is found
+        assert [f.token_ids for f in outs] == plain
+        assert sum(f.round_stats.committed for f in outs) > sum(f.round_stats.rounds for f in outs)  # the repeat is found

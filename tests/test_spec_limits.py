@@ -9,7 +9,8 @@ from tiny import make_tiny
 from outrider.control.controllers import FixedController
 from outrider.drafters.model import ModelDrafter
 from outrider.errors import ConfigError
-from outrider.engine.generate import Request, generate_ids
+from outrider.engine.generate import generate_ids
+from outrider.engine.request import Request
 from outrider.weights.loader import load_decoder
 from outrider.engine.round import DraftError
 from outrider.engine.speculator import SpecOptions, Speculator
@@ -78,7 +79,7 @@ def test_model_drafter_cache_across_its_capacity(two_layers, tree):
     plain = generate_ids(target, [Request(prompt, 240)], set())[0]
     spec = Speculator.build(SpecOptions("early-exit:1", tree, "fixed:6"), target, folder)
     fast = generate_ids(target, [Request(prompt, 240)], set(), speculation=spec)[0]
-    assert fast.output_ids == plain.output_ids and fast.finish_reason == plain.finish_reason
+    assert fast.token_ids == plain.token_ids and fast.finish_reason == plain.finish_reason
 
 
 def test_fed_nodes_bound_what_each_shape_writes(two_layers):
@@ -153,8 +154,8 @@ def test_stats_do_not_count_tokens_cut_by_the_limit(two_layers):
                       ModelDrafter(target, parse_shape("chain"), name="draft-model:self"), FixedController(8),
                       parse_shape("chain"))
     f = generate_ids(target, [Request([3, 4, 5, 6], 5)], set(), speculation=spec)[0]
-    assert len(f.output_ids) == 5 and f.stats.rounds == 1 and f.stats.accepted_by_position[0] == 1
-    assert f.stats.committed == 5  # tau 5.00, not 9.00
+    assert len(f.token_ids) == 5 and f.round_stats.rounds == 1 and f.round_stats.accepted_by_position[0] == 1
+    assert f.round_stats.committed == 5  # tau 5.00, not 9.00
 
 
 def test_stats_of_a_stop_string_reaching_back_over_rounds(tiny_folders):

@@ -42,7 +42,8 @@ from outrider.drafters.eagle3 import Eagle3Drafter
 from outrider.drafters.model import ModelDrafter
 from outrider.heads.eagle3_format import load_eagle3
 from outrider.drafters.ngram import NgramDrafter
-from outrider.engine.generate import Request, generate_ids
+from outrider.engine.generate import generate_ids
+from outrider.engine.request import Request
 from outrider.models.batch import pack
 from outrider.weights.loader import load_decoder
 from outrider.sampling import SamplingParams, warp_probs
@@ -163,8 +164,8 @@ def run_many(target, spec: Speculator, params: SamplingParams, runs: int) -> tup
     requests = [Request(list(PROMPT), LENGTH, SamplingParams(params.temperature, params.top_k, params.top_p, SEED + i))
                 for i in range(runs)]
     outs = generate_ids(target, requests, set(), speculation=spec)
-    counts = Counter(tuple(f.output_ids[:LENGTH]) for f in outs)
-    return counts, sum(sum(f.stats.accepted_by_position) for f in outs)
+    counts = Counter(tuple(f.token_ids[:LENGTH]) for f in outs)
+    return counts, sum(sum(f.round_stats.accepted_by_position) for f in outs)
 
 
 # -- the cases ----------------------------------------------------------------------------------
@@ -244,7 +245,7 @@ def test_negative_control_has_power(models, broken):
 def outputs(target, spec, params: SamplingParams, seeds, n: int = 10) -> list[list[int]]:
     requests = [Request(list(PROMPT), n, SamplingParams(params.temperature, params.top_k, params.top_p, s))
                 for s in seeds]
-    return [f.output_ids for f in generate_ids(target, requests, set(), speculation=spec)]
+    return [f.token_ids for f in generate_ids(target, requests, set(), speculation=spec)]
 
 
 @pytest.mark.parametrize("case", CASES)

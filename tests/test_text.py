@@ -188,7 +188,7 @@ TEXTS = [
 def test_smollm2_random_token_sequences_match_the_reference():
     from transformers import AutoTokenizer
 
-    from outrider.catalog.packages import resolve_model
+    from outrider.catalog.resolve import resolve_model
 
     tok = AutoTokenizer.from_pretrained(str(resolve_model("smollm2-135m-instruct")))
 

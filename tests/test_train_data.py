@@ -62,9 +62,9 @@ def test_length_groups_batch_similar_lengths_and_resume_anywhere(target, tmp_pat
     rng = random.Random(1)
     rows = [{"text": words(rng, rng.randrange(2, SEQ + 1))} for _ in range(40)]
     c = data.load_corpus(f"jsonl:{write_jsonl(tmp_path / 'v.jsonl', rows)}", regenerate=False)
-    from outrider.llm import _load_tokenizer
+    from outrider.weights.tokenizer import load_tokenizer
 
-    enc = data.Encoder(_load_tokenizer(target), SEQ)
+    enc = data.Encoder(load_tokenizer(target), SEQ)
 
     def take(n, group, start=data.Position()):
         return list(zip(range(n), data.batches(data.Stream(c, enc, seed=5), 4, start, group=group)))

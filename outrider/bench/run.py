@@ -21,9 +21,11 @@ from pathlib import Path
 
 import torch
 
-from ..llm import eos_ids_of
+from ..weights.tokenizer import eos_ids_of
 from ..errors import ConfigError
-from ..catalog.packages import CATALOG, is_present, pull, resolve_model
+from ..catalog.packages import CATALOG
+from ..catalog.pull import is_present, pull
+from ..catalog.resolve import resolve_model
 from ..models.config import ModelConfig
 from ..weights.loader import auto_dtype, load_decoder, parse_dtype, parse_kv_dtype
 from ..engine.speculator import Speculator

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..engine.generate import Request, generate_ids
+from ..engine.generate import generate_ids
+from ..engine.request import Request
 from ..models.decoder import Decoder
-from ..engine.stats import summarize
 
 
 @dataclass
@@ -27,9 +27,9 @@ class PromptRun:
 def run_ours(target: Decoder, speculator, prompt_ids: list[int], max_new_tokens: int,
              eos_ids: set[int] = frozenset()) -> PromptRun:
     start = time.perf_counter()
-    finished = generate_ids(target, [Request(prompt_ids, max_new_tokens)], set(eos_ids), speculation=speculator)[0]
+    done = generate_ids(target, [Request(prompt_ids, max_new_tokens)], set(eos_ids), speculation=speculator)[0]
     seconds = time.perf_counter() - start
-    return PromptRun(finished.output_ids, seconds, summarize(finished))
+    return PromptRun(done.token_ids, seconds, done.stats)
 
 
 def run_transformers(model, prompt_ids: list[int], max_new_tokens: int, assistant=None,

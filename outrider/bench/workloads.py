@@ -9,7 +9,7 @@ Order: every built-in workload sorts its prompts by sha256(f"{seed}:{id}"), whic
 nothing but the seed and the ids (no RNG whose stream could change between Python versions);
 `limit` takes the first N of that order. A jsonl file keeps the user's own order.
 
-`fixtures=` (or $OUTRIDER_BENCH_FIXTURES) names a folder holding small copies of the data files
+`fixtures=` (or config bench_fixtures, $OUTRIDER_BENCH_FIXTURES) names a folder holding small copies of the data files
 under their own names (HumanEval.jsonl.gz, BFCL_v4_*.json); nothing is fetched then. code-edit
 always reads the running Python's standard library, which is on every machine.
 """
@@ -21,7 +21,6 @@ import functools
 import hashlib
 import json
 import math
-import os
 import sys
 import sysconfig
 import textwrap
@@ -29,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from ..config import current
 from ..errors import ConfigError
 from . import datasets
 
@@ -73,8 +73,8 @@ def load_workload(spec: str, *, limit: int | None = None, max_new_tokens: int | 
         raise ConfigError(f"limit must be at least 1, got {limit}")
     if max_new_tokens is not None and max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if fixtures is None and os.environ.get("OUTRIDER_BENCH_FIXTURES"):
-        fixtures = Path(os.environ["OUTRIDER_BENCH_FIXTURES"]).expanduser()
+    if fixtures is None:
+        fixtures = current().bench_fixtures
     if spec.startswith("jsonl:"):
         workload = _jsonl(Path(spec[len("jsonl:"):]).expanduser())
     elif spec in _BUILDERS:

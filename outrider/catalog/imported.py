@@ -25,16 +25,18 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+from ..config import cache_dir
 from ..errors import ModelError
-from .marker import GGUF_NAME, file_sha256
+from ..weights.gguf_convert import GGUF_NAME
+from .locks import pull_lock
+from .marker import file_sha256
+from .packages import CATALOG
 
 IMPORTED_NAME = "imported.json"
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")  # an imported model's name
 
 
 def imported_root() -> Path:
-    from .packages import cache_dir
-
     return cache_dir() / "imported"
 
 
@@ -101,7 +103,6 @@ def import_gguf(gguf: str | os.PathLike, name: str | None = None, force: bool = 
     same unchanged file again returns the folder at once; another file under a name already
     imported is refused unless `force` (which replaces it). `by_path` (a model named by its
     file): where the default name is another file's, the name gets 8 hex digits of the path."""
-    from .packages import CATALOG, _pull_lock
     from ..weights.gguf_index import GGUFIndex
 
     gguf = Path(gguf).expanduser()
@@ -122,7 +123,7 @@ def import_gguf(gguf: str | os.PathLike, name: str | None = None, force: bool = 
         return done
     GGUFIndex.open(gguf)  # a damaged or truncated file is refused here, in one line
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with _pull_lock(folder, log):  # imports of one name take turns (catalog.py's lock)
+    with pull_lock(folder, log):  # imports of one name take turns (catalog/locks.py)
         if (done := _already(folder, facts, force)) is not None:  # imported meanwhile
             return done
         _write(gguf, folder, facts, log)

@@ -28,7 +28,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-GGUF_NAME = "original.gguf"
+from ..weights.gguf_convert import GGUF_NAME
+
 MARKER_NAME = "outrider.json"
 WEIGHTS_NAME = "model.safetensors"
 NEEDED = ("config.json", WEIGHTS_NAME, "tokenizer.json", GGUF_NAME)  # written by every pull

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import current
 from ..models.batch import pack
 from ..models.decoder import Decoder
 
@@ -96,7 +97,7 @@ def profile_key(model_path: Path, target: Decoder) -> str:
              str(torch.get_num_threads()),
              platform.processor() or platform.machine(), torch.__version__,
              # the CPU product path: per-machine choice since cpu_linear.py (older profiles timed W @ x.T)
-             "linear:" + (os.environ.get("OUTRIDER_LINEAR") or "auto"),
+             "linear:" + current().linear,
              f"warm-up:{WARM_UP}",  # profiles measured after a single warm-up forward are measured again
              # the native kernel as built (its file name hashes the C sources, flags, compiler and
              # CPU) and whether the native layer runs: a kernel change re-measures the profile

@@ -69,13 +69,13 @@ def models_needed(arg: DraftModel) -> tuple[str, ...]:
 
 
 def check_fits(arg: DraftModel, target_config, target_path: Path) -> str | None:
-    from ..catalog.packages import resolve_model
+    from ..catalog.resolve import resolve_model
 
     return tokenizer_mismatch(target_path, resolve_model(arg.name))
 
 
 def build(arg: DraftModel, shape, target, target_path: Path) -> ModelDrafter:
-    from ..catalog.packages import resolve_model
+    from ..catalog.resolve import resolve_model
     from ..models.config import ModelConfig
     from ..weights.loader import auto_dtype, load_decoder, parse_dtype
 

@@ -13,46 +13,27 @@ committed token, is not in the cache yet: this round's forward writes it).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from ..models.kv_cache import KVCache
 from ..models.batch import pack
 from ..models.decoder import Decoder
-from ..sampling import SamplingParams
-from ..spec.random import PositionalRandom
+from ..models.kv_cache import KVCache
 from ..spec.tree import depths, tree_problem
 from ..spec.types import DraftTree, RoundStats, VerifyResult
-from ..spec.verifiers import Verifier
 from ..spec.verify_greedy import verify_greedy_chain, verify_greedy_tree, walk
+from .sequence import Sequence
 
 # Greedy verifiers whose choice per node is the target's argmax: a round reads every such slot's
 # choices in one host transfer (one sync per round on a GPU) and walks them on the host.
 ARGMAX_VERIFIERS = (verify_greedy_chain, verify_greedy_tree)
 
-Proposer = Callable[[list["Sequence"]], list[DraftTree]]  # one tree per sequence, one call per round
+Proposer = Callable[[list[Sequence]], list[DraftTree]]  # one tree per sequence, one call per round
 
 
 class DraftError(RuntimeError):
     """A drafter broke the draft-tree contract (spec/types.py): a bug, refused before the forward."""
-
-
-@dataclass
-class Sequence:
-    seq_id: int
-    slot: int
-    tokens: list[int]  # committed: prompt + output so far
-    prompt_len: int
-    params: SamplingParams
-    rng: PositionalRandom  # the request's randomness, by output position (spec/random.py)
-    verify: Verifier  # exact for this sequence's drafts and sampling (spec/verifiers.py)
-    stats: RoundStats = field(default_factory=RoundStats)
-
-    @property
-    def output(self) -> list[int]:
-        return self.tokens[self.prompt_len:]
 
 
 def run_round(

@@ -128,13 +128,13 @@ class Speculator:
 
         def profile():
             from ..control.profile import load_or_measure
-            from ..catalog.packages import cache_dir
+            from ..config import cache_dir
 
             return load_or_measure(target_path, target, cache_dir() / "profiles", log)
 
         def batch_profile(max_batch: int):
             from ..control.batch_cost import load_or_measure_batch
-            from ..catalog.packages import cache_dir
+            from ..config import cache_dir
 
             return load_or_measure_batch(target_path, target, cache_dir() / "profiles", max_batch, log)
 

@@ -4,23 +4,22 @@
     acceptance_by_position[d]   of the rounds that drafted a token at depth d + 1, the share
                                 that accepted it
     accepted_length_hist[a]     rounds that accepted exactly a drafts
-    draft_s / verify_s / other_s  where the time went (verify includes the target forward)
+    total_s = prefill_s + draft_s + verify_s + other_s   where the time went (verify includes
+                                the target forward; other: stopping rules, text, scheduling)
 """
 
 from __future__ import annotations
 
-from .generate import Finished
+from ..spec.types import RoundStats
 
 
-def summarize(f: Finished) -> dict:
-    s = f.stats
-    n = len(f.output_ids)
-    other = max(f.total_s - s.draft_s - s.verify_s, 0.0)
+def summarize(s: RoundStats, new_tokens: int, prefill_s: float, total_s: float) -> dict:
+    other = max(total_s - prefill_s - s.draft_s - s.verify_s, 0.0)
     return {
-        "new_tokens": n,
-        "tokens_per_s": n / max(f.total_s, 1e-9),
-        "total_s": f.total_s,
-        "prefill_s": f.prefill_s,
+        "new_tokens": new_tokens,
+        "tokens_per_s": new_tokens / max(total_s, 1e-9),
+        "total_s": total_s,
+        "prefill_s": prefill_s,
         "rounds": s.rounds,
         "mean_accepted_length": s.committed / max(s.rounds, 1),
         "committed": s.committed,
@@ -43,6 +42,6 @@ def format_stats(stats: dict) -> str:
         f"{stats['rounds']} rounds, tau {stats['mean_accepted_length']:.2f}\n"
         f"acceptance by position: {acc}\n"
         f"accepted lengths: {stats['accepted_length_hist']}\n"
-        f"time: draft {stats['draft_s']:.2f} s, verify {stats['verify_s']:.2f} s, "
-        f"prefill {stats['prefill_s']:.2f} s, other {stats['other_s'] - stats['prefill_s']:.2f} s"
+        f"time: prefill {stats['prefill_s']:.2f} s, draft {stats['draft_s']:.2f} s, "
+        f"verify {stats['verify_s']:.2f} s, other {stats['other_s']:.2f} s"
     )

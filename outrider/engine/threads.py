@@ -142,9 +142,11 @@ class FixedThreads:
         pass
 
 
-def cpu_share_for(threads: int | None) -> CpuShare | FixedThreads:
-    """A CpuShare, or FixedThreads where the user chose the thread count (an explicit `threads`,
-    or OMP_NUM_THREADS in the environment) or /proc/stat cannot be read."""
-    if threads is not None or os.environ.get("OMP_NUM_THREADS") or cpu_ticks() is None:
+def cpu_share_for(threads: int | None, follow_free_cores: bool = True) -> CpuShare | FixedThreads:
+    """A CpuShare, or FixedThreads where the user chose the thread count (config `threads`, or
+    OMP_NUM_THREADS in the environment), turned it off (config `follow_free_cores`), or
+    /proc/stat cannot be read."""
+    if (threads is not None or not follow_free_cores or os.environ.get("OMP_NUM_THREADS")
+            or cpu_ticks() is None):
         return FixedThreads()
     return CpuShare()

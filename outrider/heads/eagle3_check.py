@@ -135,7 +135,7 @@ def _class_check(raw: dict, kind: str, add) -> None:
 
 
 def _target_check(target, config, folder: Path, add):
-    from ..catalog.packages import resolve_model
+    from ..catalog.resolve import resolve_model
     from ..models.config import ModelConfig
 
     try:

@@ -149,7 +149,7 @@ def export_eagle3(source, out: str | Path, fmt: str, target: str | Path, *, dtyp
     (catalog name or folder) into `out` in layout `fmt`, with its golden tau; returns `out`."""
     import json
 
-    from ..catalog.packages import resolve_model
+    from ..catalog.resolve import resolve_model
     from ..models.config import ModelConfig
 
     if fmt not in FORMATS:

@@ -23,14 +23,13 @@ tie, so tau may move: it must stay within 5% (float32) or 10% (bf16, fp16) of th
 from __future__ import annotations
 
 import json
-import os
 import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from ..kernels import cpu_linear
+from ..config import overriding
 
 GOLDEN = "outrider_golden.json"
 PROMPTS = (
@@ -85,24 +84,19 @@ def measure(head_dir: str | Path, target: str | Path, settings: GoldenSettings =
     # The CPU's matrix-product path is otherwise chosen by timing (kernels/cpu_linear.py), which a
     # busy machine can tip between near-equal paths: pin plain F.linear so the golden's arithmetic
     # (and the exact same-machine comparison) never depends on load.
-    linear_before = os.environ.get(cpu_linear.ENV)
-    os.environ[cpu_linear.ENV] = "linear"
-    try:
-        llm = LLM(str(target), drafter=f"eagle3:{head_dir}", tree="chain", controller=f"fixed:{settings.depth}",
-                  device=settings.device, dtype=settings.dtype, threads=1)
-        chat = settings.chat if settings.chat is not None else bool(getattr(llm.tokenizer, "chat_template", None))
-        results, prompt_ids = [], []
-        for prompt in prompts:
-            prompt_ids.append(llm.encode(prompt, chat))
-            out = llm.generate(prompt, settings.max_new_tokens, chat=chat)
-            results.append({"rounds": out.stats["rounds"], "committed": out.stats["committed"],
-                            "output_ids": list(out.token_ids)})
-    finally:
-        torch.set_num_threads(threads)
-        if linear_before is None:
-            os.environ.pop(cpu_linear.ENV, None)
-        else:
-            os.environ[cpu_linear.ENV] = linear_before
+    with overriding(linear="linear", threads=1):
+        try:
+            llm = LLM(str(target), drafter=f"eagle3:{head_dir}", tree="chain",
+                      controller=f"fixed:{settings.depth}", device=settings.device, dtype=settings.dtype)
+            chat = settings.chat if settings.chat is not None else bool(getattr(llm.tokenizer, "chat_template", None))
+            results, prompt_ids = [], []
+            for prompt in prompts:
+                prompt_ids.append(llm.encode(prompt, chat))
+                out = llm.generate(prompt, settings.max_new_tokens, chat=chat)
+                results.append({"rounds": out.stats["rounds"], "committed": out.stats["committed"],
+                                "output_ids": list(out.token_ids)})
+        finally:
+            torch.set_num_threads(threads)
     rounds, committed = sum(r["rounds"] for r in results), sum(r["committed"] for r in results)
     resolved = {"temperature": 0.0, "tree": "chain", **asdict(settings), "chat": chat, "threads": 1, "linear": "linear"}
     return {"settings": resolved, "prompts": list(prompts), "prompt_ids": prompt_ids, "results": results,

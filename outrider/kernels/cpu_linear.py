@@ -3,7 +3,7 @@ machine, measured once (kept on disk for a model's shapes, else once per process
 
     y = matmul(x, weight, bias)        # x: [M, in], weight: [out, in] -> [M, out]
     prepare([w1, w2, ...])             # measure the shape classes of a model's weights (once)
-    OUTRIDER_LINEAR=packed ...         # force one path (tests, A/B); "auto" (default) measures
+    config linear=packed               # force one path (tests, A/B; OUTRIDER_LINEAR); "auto" measures
 
 Why. The BLAS reads a weight at very different speeds for few rows, and which way is fast
 differs between machines: on an earlier AVX2 CPU F.linear read the 49152 x 576 head at one row far
@@ -54,13 +54,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..config import current
+
 PATHS = ("linear", "mm_t", "chunked", "packed")
 SAMPLE_ROWS = (1, 4, 8, 32)  # rows timed for each bucket: 1 | 2-4 | 5-16 | more
 _EDGES = (1, 4, 16)  # the largest row count of each bucket but the last
 AUTO_PATHS = ("linear", "mm_t", "chunked")  # what "auto" chooses among (packed: forced only, see above)
 _SAVE_BYTES = 16 << 20  # prepare keeps the choice of a model at least this large on disk
 _MEASURE_BYTES = 256 << 20  # prepare times each shape on up to this much of its weights (more than a cache)
-ENV = "OUTRIDER_LINEAR"
 
 _CHOICE: dict[tuple, tuple[str, ...]] = {}  # (out, in, dtype) -> path per bucket
 _PACKED = WeakIdKeyDictionary()  # weight -> its MKL-packed form
@@ -76,13 +77,9 @@ def bucket(rows: int) -> int:
 
 
 def forced() -> str | None:
-    """The path OUTRIDER_LINEAR forces, or None for "auto" / unset."""
-    value = os.environ.get(ENV, "auto").strip() or "auto"
-    if value == "auto":
-        return None
-    if value not in PATHS:
-        raise ValueError(f"{ENV} must be auto or one of {', '.join(PATHS)}, got {value!r}")
-    return value
+    """The path config `linear` forces, or None for "auto"."""
+    value = current().linear
+    return None if value == "auto" else value
 
 
 def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -14,11 +14,11 @@ the other rows of its batch.
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 
 import torch
 
+from ..config import current
 from .native import NativeWeight, library
 
 
@@ -61,8 +61,8 @@ def _native_weight(m) -> QWeight | None:
 
 
 def enabled() -> bool:
-    """False when OUTRIDER_NATIVE_LAYER=0 (the torch layer everywhere: the reference, a baseline)."""
-    return os.environ.get("OUTRIDER_NATIVE_LAYER", "1") != "0"
+    """False when config native_layer is off (the torch layer everywhere: the reference, a baseline)."""
+    return current().native_layer
 
 
 def _ptr(t: torch.Tensor | None):

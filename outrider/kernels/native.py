@@ -6,13 +6,13 @@
 
 `qmatmul.c` (beside this file) is compiled once per machine with the system C compiler
 (`cc -O3 -march=native -ffp-contract=off -fopenmp`, about a second) into
-`$OUTRIDER_CACHE/kernels/qmatmul-<key>.so`, the key a hash of the source, the flags, the
+`<cache_dir>/kernels/qmatmul-<key>.so`, the key a hash of the source, the flags, the
 compiler and the CPU's flags, so an edited source or another machine builds its own. It is
 loaded with ctypes (no Python extension API, no torch headers) after torch, so its OpenMP
 regions run on torch's own libgomp with `torch.get_num_threads()` threads (passed on every call:
 OpenMP's own setting is per calling thread, and a server's worker thread would otherwise get
 every core). Where it cannot be built
-(no compiler, not x86-64 with AVX2/FMA/F16C) or OUTRIDER_NATIVE=0 is set, `available()` is
+(no compiler, not x86-64 with AVX2/FMA/F16C) or config `native` is off, `available()` is
 False, one line on stderr says why when asked with `reason()`, and quantized weights use the
 torch "blockwise" kernel instead: same values, slower.
 
@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import cache_dir, current
 from .blocks import BLOCK, QuantBlocks
 
 CSRC = Path(__file__).with_name("csrc")
@@ -79,8 +80,6 @@ def _compiler() -> str | None:
 
 def library_path(compiler: str) -> Path:
     """Where this source, built with these flags by this compiler for this CPU, is kept."""
-    from ..catalog.packages import cache_dir
-
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     texts = [s.read_text() for s in (*SOURCES, *HEADERS)]
     key = hashlib.sha256("\0".join([*texts, " ".join(FLAGS), version, _cpu_flags()]).encode())
@@ -105,8 +104,8 @@ def _build(compiler: str, target: Path) -> None:
 
 
 def _load() -> None:
-    if os.environ.get("OUTRIDER_NATIVE", "1") == "0":
-        _state["reason"] = "OUTRIDER_NATIVE=0 is set"
+    if not current().native:
+        _state["reason"] = "config native is off (OUTRIDER_NATIVE=0)"
         return
     if platform.machine().lower() not in ("x86_64", "amd64"):
         _state["reason"] = f"it is written for x86-64 (AVX2), this is {platform.machine()}"

@@ -47,11 +47,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 
 import torch
 import torch.nn.functional as F
 
+from ..config import current
 from . import cpu_linear, native
 from .blocks import BLOCK, GROUP, QuantBlocks, dequantize
 
@@ -219,35 +219,29 @@ def _prepare_native(blocks: QuantBlocks, dtype: torch.dtype) -> dict:
 
 def tile_prefill() -> bool:
     """Whether a filling forward's products of TILE_ROWS rows or more run on matmul_amx.c's tile kernel:
-    where it is built with AMX and the OS grants the tiles, unless OUTRIDER_TILE_PREFILL=0."""
-    if _TILE_PREFILL[0] is None:
-        _TILE_PREFILL[0] = os.environ.get("OUTRIDER_TILE_PREFILL", "1") != "0" and native.amx_available()
-    return _TILE_PREFILL[0]
+    where it is built with AMX and the OS grants the tiles, unless config amx_prefill is off."""
+    return current().amx_prefill and native.amx_available()
 
 
 def bf16_prefill() -> bool:
     """Whether a filling forward's GEMM runs in bfloat16 (lossy, off by default): with
-    OUTRIDER_LOSSY_BF16_PREFILL=1 on CPUs with a bf16 matrix unit (AMX, which torch's oneDNN uses:
+    config lossy_bf16_prefill on CPUs with a bf16 matrix unit (AMX, which torch's oneDNN uses:
     ~5x the float32 GEMM at 512 rows on 2 cores). Only prompt K/V is computed so; decode and
     verify rows never are."""
-    if _BF16_PREFILL[0] is None:
-        _BF16_PREFILL[0] = os.environ.get("OUTRIDER_LOSSY_BF16_PREFILL", "0") == "1" and has_amx()
-    return _BF16_PREFILL[0]
+    return current().lossy_bf16_prefill and has_amx()
 
 
 def gemm_prefill() -> bool:
     """Whether a filling forward's float32 products of BULK_ROWS rows or more take the float GEMM
     on dequantized rows (else the row kernel, as decode rows do): on Intel CPUs, where torch's
-    BLAS (MKL) runs at its best, unless OUTRIDER_PREFILL_GEMM=0; elsewhere only with =1. Decided
+    BLAS (MKL) runs at its best, unless config gemm_prefill is off; elsewhere only when on. Decided
     by the CPU, not by timing, so that every process on a machine prefills a prompt alike (the
     same seed, the same text). Measured, 256-token prefills, 2 threads: on the AVX-512 Xeon the
     GEMM took 422 ms for SmolLM2 against the row kernel's 724; on an AMD EPYC (Zen 5), where MKL
     reached ~190 of ~500 GFLOPS, 0.50-0.57 s against 0.27-0.33 s (the Qwen 1.5B: 3.9-4.2 against
     2.7-3.1 s)."""
-    if _GEMM_PREFILL[0] is None:
-        forced = os.environ.get("OUTRIDER_PREFILL_GEMM")
-        _GEMM_PREFILL[0] = forced == "1" if forced in ("0", "1") else native.cpu_vendor() == "GenuineIntel"
-    return _GEMM_PREFILL[0]
+    choice = current().gemm_prefill
+    return choice == "on" or (choice == "auto" and native.cpu_vendor() == "GenuineIntel")
 
 
 def has_amx() -> bool:
@@ -259,9 +253,6 @@ def has_amx() -> bool:
     return _AMX[0]
 
 
-_BF16_PREFILL: list = [None]
-_GEMM_PREFILL: list = [None]
-_TILE_PREFILL: list = [None]
 _AMX: list = [None]
 
 

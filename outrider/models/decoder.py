@@ -175,12 +175,12 @@ class Decoder:
         """Measure the CPU's fastest matrix-product path for this model's weight shapes, once per
         process and shape (cpu_linear.py), before the first product uses one; and take the native
         layer (kernels/decoder_layer.py) when every layer's matrices run in the native kernel (set
-        OUTRIDER_NATIVE_LAYER=0 for the torch layer: the reference, and a measurement baseline)."""
+        config native_layer off for the torch layer: the reference, and a measurement baseline)."""
         from ..kernels.decoder_layer import NativeLayers
 
         self._native = NativeLayers.of(self)
         if self.device.type == "cpu":
-            from ..catalog.packages import cache_dir
+            from ..config import cache_dir
 
             weights = [t for w in self.layers for t in (w.qkv, w.o, w.gate_up, w.down)] + [self.lm_head]
             cpu_linear.prepare(weights, cache_dir() / "profiles")

@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..engine.generate import Request
+from ..engine.request import Request
 from .metrics import Metrics
 from .protocol import ApiError, Parsed, chunk, extension, new_id, parse_chat, parse_completion, response, usage
 from .worker import EngineWorker, Job
@@ -35,13 +35,8 @@ class ServerState:
     metrics: Metrics
     model_name: str
     api_key: str | None = None
-
-    def __post_init__(self):
-        self.tokenizer_lock = threading.Lock()  # encode (HTTP) and decode (engine) share the tokenizer
-
-    def decode(self, ids: list[int]) -> str:
-        with self.tokenizer_lock:
-            return self.llm.decode(ids)
+    # encode (HTTP) and decode (the engine's text streams) share the tokenizer
+    tokenizer_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def encode(self, parsed: Parsed) -> list[int]:
         tok = self.llm.tokenizer
@@ -111,13 +106,13 @@ async def _generate(state: ServerState, http: HttpRequest, chat: bool):
         prompt_ids = state.encode(parsed)
         engine = state.worker.engine
         max_tokens = parsed.max_tokens or max(engine.max_len - len(prompt_ids), 1)
-        req = Request(prompt_ids, max_tokens, parsed.params, parsed.speculate, parsed.max_draft_tokens,
-                      parsed.ignore_eos)
+        req = Request(prompt_ids, max_tokens, parsed.params, tuple(parsed.stops), parsed.speculate,
+                      parsed.max_draft_tokens, parsed.ignore_eos)
         try:
             engine.check(req)
         except ValueError as err:
             raise ApiError(400, str(err), "messages" if chat else "prompt") from None
-        job = Job(req, parsed.stops, state.decode, asyncio.get_running_loop())
+        job = Job(req, asyncio.get_running_loop())
         state.worker.submit(job)
     except ApiError as err:
         return _error(err)
@@ -140,8 +135,7 @@ async def _whole(state: ServerState, http: HttpRequest, job: Job, rid: str, chat
             return _error(item)
         if kind == "done":
             use = usage(len(job.request.prompt_ids), len(item.token_ids))
-            return response(rid, state.model_name, chat, item.text, item.reason, use,
-                            extension(item.finished, item.reason))
+            return response(rid, state.model_name, chat, item.text, item.finish_reason, use, extension(item))
 
 
 async def _stream(state: ServerState, job: Job, rid: str, chat: bool, include_usage: bool):
@@ -159,8 +153,7 @@ async def _stream(state: ServerState, job: Job, rid: str, chat: bool, include_us
                 break
             else:
                 done = True
-                ext = extension(item.finished, item.reason)
-                yield _sse(chunk(rid, model, chat, None if chat else "", item.reason, ext=ext))
+                yield _sse(chunk(rid, model, chat, None if chat else "", item.finish_reason, ext=extension(item)))
                 if include_usage:
                     yield _sse(chunk(rid, model, chat, None, use=usage(len(job.request.prompt_ids),
                                                                         len(item.token_ids))))

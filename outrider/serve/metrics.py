@@ -59,10 +59,10 @@ class Metrics:
         self._per_pos = counter("spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by position",
                                 ["position"])
 
-    def request_ended(self, finished, reason: str, prompt_tokens: int, output_tokens: int,
-                      ttft: float | None, e2e: float) -> None:
-        s = finished.stats
-        self._success.labels(self.model, OPENAI_REASON[reason]).inc()
+    def request_ended(self, completion, prompt_tokens: int, ttft: float | None, e2e: float) -> None:
+        """An engine Completion ended: count it and its own speculation counters."""
+        s, output_tokens = completion.round_stats, len(completion.token_ids)
+        self._success.labels(self.model, OPENAI_REASON[completion.finish_reason]).inc()
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(output_tokens)
         self.e2e.observe(e2e)

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from ..sampling import SamplingParams
-from ..engine.stats import summarize
 
 
 class ApiError(Exception):
@@ -174,9 +173,9 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def extension(finished, reason: str) -> dict:
-    """The `outrider` field: this request's own speculation figures."""
-    s = summarize(finished)
+def extension(completion) -> dict:
+    """The `outrider` field: this request's own speculation figures (engine Completion)."""
+    s, reason = completion.stats, completion.finish_reason
     return {"tau": s["mean_accepted_length"], "rounds": s["rounds"], "drafted": s["drafted"],
             "accepted": sum(s["accepted_by_position"]), "accepted_by_position": s["accepted_by_position"],
             "draft_rounds": (s["proposed_by_position"] or [0])[0],

@@ -75,12 +75,18 @@ def build(options: ServeOptions, log=None):
     llm = LLM(options.model, drafter=options.drafter, tree=options.tree, controller=options.controller,
               device=options.device, dtype=options.dtype, threads=options.threads,
               max_tree_nodes=options.max_tree_nodes, kv_dtype=options.kv_dtype)
-    engine = EngineLoop(llm.target, llm.eos_ids, llm.speculator, max_running=options.max_running,
+    lock = threading.Lock()  # the tokenizer is shared by the HTTP side and the engine thread
+
+    def decode(ids: list[int]) -> str:
+        with lock:
+            return llm.decode(ids)
+
+    engine = EngineLoop(llm.target, llm.eos_ids, llm.speculator, decode=decode, max_running=options.max_running,
                         max_len=options.max_model_len, max_kv_rows=options.max_kv_rows,
                         chunk_size=options.chunk_size)
     metrics = Metrics(llm.name)
     worker = EngineWorker(engine, metrics, options.max_queue)
-    state = ServerState(llm, worker, metrics, llm.name, options.api_key)
+    state = ServerState(llm, worker, metrics, llm.name, options.api_key, lock)
     return create_app(state), state
 
 

@@ -2,8 +2,8 @@
 
 The HTTP layer (asyncio) hands a `Job` to `EngineWorker.submit` and awaits the job's queue; the
 engine thread adds waiting jobs between steps, runs `EngineLoop.step()`, and pushes each job's
-newly stable text (engine/text_stream.py TextStream, which also applies the stop strings) and finally
-its result onto that queue with `loop.call_soon_threadsafe`. Nothing on the HTTP side ever waits
+newly stable text (the engine's text stream applies the stop strings) and finally its
+Completion onto that queue with `loop.call_soon_threadsafe`. Nothing on the HTTP side ever waits
 for a step, and the engine never waits for a client: a client that goes away is cancelled and
 its slot is freed at the next step.
 """
@@ -14,30 +14,20 @@ import asyncio
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 
-from ..errors import ConfigError
-from ..engine.generate import Finished, Request
-from ..engine.text_stream import TextStream
 from ..engine.loop import EngineLoop
+from ..engine.request import Request
+from ..errors import ConfigError
 from .metrics import Metrics
 from .protocol import ApiError
 
 
-@dataclass
-class Done:
-    text: str
-    token_ids: list[int]  # the output tokens `text` came from
-    reason: str  # eos, stop, length, context or cancelled
-    finished: Finished
-
-
 class Job:
-    """One request in flight. `queue` yields ("text", str) items, then ("done", Done) or ("error", ApiError)."""
+    """One request in flight, as the HTTP side waits on it. `queue` yields ("text", str) items,
+    then ("done", engine Completion) or ("error", ApiError)."""
 
-    def __init__(self, request: Request, stops: list[str], decode, loop: asyncio.AbstractEventLoop):
+    def __init__(self, request: Request, loop: asyncio.AbstractEventLoop):
         self.request = request
-        self.stream = TextStream(decode, stops)
         self.loop = loop
         self.queue: asyncio.Queue = asyncio.Queue()
         self.arrived = time.perf_counter()
@@ -46,26 +36,6 @@ class Job:
 
     def push(self, kind: str, item) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, item))
-
-    # engine thread ---------------------------------------------------------------------------
-    def on_commit(self, output: list[int]) -> int | None:
-        """The caller's stop rule for engine/generate.py: show stable text, stop at a stop string."""
-        text = self.stream.add(output[self.stream.fed:])
-        if text:
-            self.push("text", text)
-        return self.stream.kept_tokens if self.stream.stopped else None
-
-    def complete(self, f: Finished) -> Done:
-        ids, reason = f.output_ids, f.finish_reason
-        rest = self.stream.add(ids[self.stream.fed:]) if len(ids) > self.stream.fed else ""
-        rest += self.stream.finish()
-        if rest:
-            self.push("text", rest)
-        if self.stream.stopped:
-            ids, reason = ids[: self.stream.kept_tokens], "stop"
-        done = Done(self.stream.text, ids, reason, f)
-        self.push("done", done)
-        return done
 
 
 class EngineWorker:
@@ -82,7 +52,6 @@ class EngineWorker:
         self._waiting = 0  # engine.num_waiting after the last step
         self._busy = False  # engine.has_work after the last step
         self._stopped = False
-        engine.on_commit = lambda rid, output: self._jobs[rid].on_commit(output)
         self.thread = threading.Thread(target=self._run, name="outrider-engine", daemon=True)
 
     # HTTP side -------------------------------------------------------------------------------
@@ -170,13 +139,14 @@ class EngineWorker:
         now = time.perf_counter()
         if event.new_tokens and job.first_token_at is None:
             job.first_token_at = now
-        if event.finished is None:
+        if event.text:
+            job.push("text", event.text)
+        if event.completion is None:
             return
         del self._jobs[event.request_id]
-        done = job.complete(event.finished)
+        job.push("done", event.completion)
         ttft = None if job.first_token_at is None else job.first_token_at - job.arrived
-        self.metrics.request_ended(event.finished, done.reason, len(job.request.prompt_ids), len(done.token_ids),
-                                   ttft, now - job.arrived)
+        self.metrics.request_ended(event.completion, len(job.request.prompt_ids), ttft, now - job.arrived)
 
     def _fail_all(self, message: str) -> None:
         with self._cv:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import current
 from ..errors import ConfigError
 from . import checkpoint
 from .budget import BUDGET_WARMUP, PLAN_AFTER, plan_steps
@@ -201,8 +202,8 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
     log(message): progress lines (default: stderr, rank 0 only). on_step(record): called after
     each step (and its checkpoint) with the log record; an exception it raises stops the run there,
     as an interruption would."""
-    from ..llm import _load_tokenizer, eos_ids_of
-    from ..catalog.packages import resolve_model
+    from ..weights.tokenizer import eos_ids_of, load_tokenizer
+    from ..catalog.resolve import resolve_model
     from ..models.config import ModelConfig
     from ..weights.loader import load_decoder, resolve_device
     from .eagle3_model import Eagle3Trainable
@@ -218,7 +219,7 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
     out = Path(o.out)
     device = resolve_device(o.device or "cpu")
     corpus = load_corpus(o.data, regenerate=o.regenerate, roots=o.code_roots,
-                         fixtures=Path(os.environ["OUTRIDER_BENCH_FIXTURES"]) if os.environ.get("OUTRIDER_BENCH_FIXTURES") else None)
+                         fixtures=current().bench_fixtures)
     path = resolve_model(o.target)
     vocab_size = ModelConfig.load(path).vocab_size
     check_draft_vocab(o.draft_vocab, vocab_size)
@@ -234,7 +235,7 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
     if corpus.skipped:
         say(f"data: skipped {corpus.skipped} items that carry no response (add --regenerate to train on them)")
     target = load_decoder(path, device, getattr(torch, o.target_dtype))
-    tokenizer = _load_tokenizer(path)
+    tokenizer = load_tokenizer(path)
     encoder = Encoder(tokenizer, o.seq_len)
     out.mkdir(parents=True, exist_ok=True)
     responder = None

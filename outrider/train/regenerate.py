@@ -4,7 +4,7 @@ distribution rather than someone else's answers (SpecForge and speculators regen
 Greedy, `batch` prompts at a time (`--regenerate-batch`) through `greedy_batch`: a lean loop
 for a static batch (every prompt prefilled in one forward, then one forward per token for all,
 the next tokens and end-of-sequence flags kept on the device) that commits what
-generation.generate_ids commits (tested against it); the serving engine's scheduling, chunked
+engine.generate.generate_ids commits (tested against it); the serving engine's scheduling, chunked
 prefill and per-sequence bookkeeping cost too much per step for thousands of prompts on a GPU.
 Each response is appended as token ids to a JSON-lines cache (OUT/regenerated.jsonl: {"id",
 "ids"}) and read back on --resume, so a resumed run trains on exactly the responses the

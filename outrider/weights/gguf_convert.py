@@ -33,6 +33,8 @@ import numpy as np
 
 from ..errors import ModelError
 
+GGUF_NAME = "original.gguf"  # the GGUF a model folder keeps beside its converted files
+
 # gguf architecture -> (Hugging Face model_type, model class, Q/K rows permuted by llama.cpp)
 ARCHITECTURES = {
     "llama": ("llama", "LlamaForCausalLM", True),
