@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         _check_counts(args)
+        _use_config(args)
         return args.run(args) or 0
     except OutriderError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -46,6 +47,20 @@ def _check_counts(args) -> None:
         value = getattr(args, key, None)
         if value is not None and value < 1:
             raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
+
+
+CONFIG_HELP = "a runtime config key (repeatable): KEY=VALUE, e.g. linear=chunked; `outrider config` lists them"
+
+
+def _use_config(args) -> None:
+    """`--config KEY=VALUE` items (and --threads) into the process's runtime config, before anything loads."""
+    from . import config
+
+    changes = config.parse_assignments(getattr(args, "config", None))
+    if getattr(args, "threads", None) is not None:
+        changes["threads"] = args.threads
+    if changes:
+        config.use(**changes)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="refuse drafters/trees/controllers whose rounds could hold more draft nodes (default 256)")
     gen.add_argument("--stats", action="store_true", help="print speculation statistics to stderr")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    gen.add_argument("--config", action="append", default=None, metavar="KEY=VALUE", help=CONFIG_HELP)
     gen.set_defaults(run=_generate)
 
     bench = sub.add_parser("bench", help="every method side by side on real workloads, with a report")
@@ -102,6 +118,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--resume", action="store_true",
                        help="finish the interrupted run in --out (same settings), skipping its finished prompts")
     bench.add_argument("--no-progress", action="store_true")
+    bench.add_argument("--config", action="append", default=None, metavar="KEY=VALUE", help=CONFIG_HELP)
     bench.set_defaults(run=_bench)
 
     srv = sub.add_parser("serve", help="an OpenAI-compatible server (continuous batching, speculation, metrics)")
@@ -124,7 +141,13 @@ def _parser() -> argparse.ArgumentParser:
                      help=DTYPE_HELP)
     srv.add_argument("--kv-dtype", default=None, help=KV_HELP)
     srv.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1")
+    srv.add_argument("--config", action="append", default=None, metavar="KEY=VALUE", help=CONFIG_HELP)
     srv.set_defaults(run=_serve)
+
+    cfg = sub.add_parser("config", help="the runtime config in force, the CPU's instruction sets and the kernels")
+    cfg.add_argument("--config", action="append", default=None, metavar="KEY=VALUE", help=CONFIG_HELP)
+    cfg.add_argument("--json", action="store_true", help="print one JSON object")
+    cfg.set_defaults(run=_config)
 
     models = sub.add_parser("models", help="the catalog of packaged models")
     msub = models.add_subparsers(dest="models_command", required=True)
@@ -259,6 +282,32 @@ def _serve(args) -> int:
     keys = ("model", "drafter", "tree", "controller", "max_tree_nodes", "host", "port", "api_key", "max_running",
             "max_queue", "max_model_len", "max_kv_rows", "chunk_size", "device", "dtype", "threads", "kv_dtype")
     return serve(ServeOptions(**{k: getattr(args, k) for k in keys}).check())
+
+
+def _config(args) -> int:
+    from dataclasses import fields
+
+    from . import config
+    from .kernels import native
+
+    native.available()  # build or load the library, so its state is part of the record
+    record = config.describe()
+    if args.json:
+        print(json.dumps(record, indent=2))
+        return 0
+    current, default = config.current(), config.RuntimeConfig()
+    rows = [("key", "value", "default", "environment", "what it does")]
+    for f in fields(config.RuntimeConfig):
+        value, base = getattr(current, f.name), getattr(default, f.name)
+        rows.append((f.name, str(value), str(base), config.env_name(f.name), f.metadata.get("doc", "")))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r[:4], widths)) + "  " + r[4])
+    cpu = record["cpu"]
+    print(f"\ncpu: {cpu['model'] or cpu['machine']} ({cpu['vendor'] or '?'}); "
+          f"instruction sets: {' '.join(cpu['isa']) or '-'}")
+    print(f"torch {record['torch']}, {record['torch_threads']} threads; {record.get('native', '')}")
+    return 0
 
 
 def _models_list(args) -> int:

@@ -6,8 +6,8 @@
     outrider generate --config linear=chunked ...                 # and from the CLI
     outrider config                                               # what is in force, and why
 
-Every field has a documented default and an environment variable (OUTRIDER_<FIELD>, read once
-when the process first asks); a value given in Python or on the command line wins over the
+Every field has a documented default and an environment variable (OUTRIDER_<FIELD>, or the one
+`outrider config` names; read once when the process first asks); a value given in Python or on the command line wins over the
 environment. The config is process-wide because what it steers is: the native library is built
 and loaded once per process, and a CPU product's path, once chosen, is never changed in a process
 (greedy speculative == greedy autoregressive rests on that, kernels/cpu_linear.py).
@@ -49,7 +49,7 @@ class RuntimeConfig:
         "doc": "while generating, use only the cores other processes leave free (engine/threads.py); "
                "off when threads is set"})
     cache_dir: Path = field(default_factory=_default_cache, metadata={
-        "doc": "pulled and imported models, built kernels, measured profiles"})
+        "doc": "pulled and imported models, built kernels, measured profiles", "env": "OUTRIDER_CACHE"})
     wheelhouse: Path | None = field(default=None, metadata={
         "doc": "a folder of pre-downloaded wheels, tried before the package registry"})
     bench_fixtures: Path | None = field(default=None, metadata={
@@ -98,12 +98,13 @@ class RuntimeConfig:
 
 
 def env_name(name: str) -> str:
-    return "OUTRIDER_" + name.upper()
+    """The environment variable of config key `name`: OUTRIDER_<NAME> unless the field names another."""
+    env = {f.name: f.metadata.get("env") for f in fields(RuntimeConfig)}.get(name)
+    return env or "OUTRIDER_" + name.upper()
 
 
 # other names of the same switches, still read (the first found wins)
-ENV_ALIASES = {"amx_prefill": ("OUTRIDER_TILE_PREFILL",), "gemm_prefill": ("OUTRIDER_PREFILL_GEMM",),
-               "cache_dir": ("OUTRIDER_CACHE",)}
+ENV_ALIASES = {"amx_prefill": ("OUTRIDER_TILE_PREFILL",), "gemm_prefill": ("OUTRIDER_PREFILL_GEMM",)}
 
 
 def from_env(environ: dict | None = None) -> RuntimeConfig:
@@ -159,6 +160,7 @@ def parse_assignments(items: list[str] | None) -> dict[str, str]:
 
 _current: list[RuntimeConfig | None] = [None]
 _kernels: set[str] = set()
+_facts: dict[str, str] = {}
 
 
 def current() -> RuntimeConfig:
@@ -209,6 +211,11 @@ def kernels_used() -> list[str]:
     return sorted(_kernels)
 
 
+def note_fact(key: str, value: str) -> None:
+    """Record a fact of this process's runtime (e.g. how the native library was built)."""
+    _facts[key] = value
+
+
 def cpu_info() -> dict[str, Any]:
     """The CPU's vendor, model and the instruction sets the kernels care about (Linux /proc/cpuinfo;
     elsewhere the machine name only)."""
@@ -237,7 +244,7 @@ def describe() -> dict[str, Any]:
     import torch
 
     return {"config": current().as_dict(), "cpu": cpu_info(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "kernels": kernels_used()}
+            "torch_threads": torch.get_num_threads(), "kernels": kernels_used(), **dict(sorted(_facts.items()))}
 
 
 def summary_line() -> str:

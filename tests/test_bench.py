@@ -134,9 +134,14 @@ def test_whole_run_on_a_tiny_model_writes_results_and_report(tiny_folders, tmp_p
         if run["kind"] == "ours":
             assert run["summary"]["mean_accepted_length"] >= 1.0
             assert [p["output_ids"] for p in run["prompts"]] == [p["output_ids"] for p in base["prompts"]]
+    runtime = results["runtime"]  # the config in force, the CPU's instruction sets, the kernels that ran
+    assert runtime["config"]["linear"] in ("auto", "linear", "mm_t", "chunked", "packed")
+    assert "isa" in runtime["cpu"] and runtime["torch_threads"] >= 1
+    assert any(k.startswith("torch float") for k in runtime["kernels"])  # the tiny float32 model's products
     write_results(results, tmp_path)
     files = write_report(json.loads((tmp_path / "results.json").read_text()), tmp_path)
     assert files["html"].exists() and "data:image/png;base64," in files["html"].read_text()
+    assert "kernels" in (tmp_path / "report.md").read_text()
     assert "lossless audit: ok" in summary_table(results)
 
 

@@ -69,6 +69,8 @@ def test_sigterm_drains_then_exits_zero(tiny_folders):
             assert chunks[-1]["choices"][0]["finish_reason"] == "length"
             assert chunks[-1]["outrider"]["rounds"] >= 1
         assert proc.wait(30) == 0
+        log = proc.stderr.read()  # the startup line records the config, the CPU and the kernels
+        assert "config: " in log and "cpu: " in log and "kernels: " in log, log
     finally:
         if proc.poll() is None:
             proc.kill()

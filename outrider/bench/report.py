@@ -78,6 +78,15 @@ def _setup(results: dict) -> list[tuple]:
     b: list[tuple] = [("h", 2, "Setup")]
     facts = [[k, _text(v)] for k, v in (results.get("machine") or {}).items()]
     facts += [[k, _text(v)] for k, v in (results.get("versions") or {}).items()]
+    runtime = results.get("runtime") or {}
+    if runtime:
+        cpu = runtime.get("cpu") or {}
+        facts.append(["cpu", _text(f"{cpu.get('model') or cpu.get('machine')}: {' '.join(cpu.get('isa') or []) or '-'}")])
+        changed = {k: v for k, v in (runtime.get("config") or {}).items() if k not in ("cache_dir",)}
+        facts.append(["config", _text(", ".join(f"{k}={v}" for k, v in changed.items()))])
+        facts.append(["kernels", _text(", ".join(runtime.get("kernels") or []) or "torch")])
+        if runtime.get("native"):
+            facts.append(["native library", _text(runtime["native"])])
     b.append(("table", ["machine and versions", ""], facts))
     models = results.get("models") or {}
     if models:

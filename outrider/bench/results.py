@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from .. import __version__
+from ..config import describe
 from ..catalog.packages import CATALOG
 from .runner import PromptRun
 from .store import RunStore
@@ -85,6 +86,7 @@ def assemble(p, store: RunStore, model_facts: dict[str, dict], threads: int) -> 
                     "threads": threads, "device": "cuda" if torch.cuda.is_available() else "cpu",
                     "platform": platform.platform()},
         "versions": _versions(),
+        "runtime": describe(),  # the config in force, the CPU's instruction sets, the kernels that ran
         "models": model_facts,
         "config": {"source": p.config.source, **p.config.raw},
         "workloads": [{"name": w.name, "prompts": len(w.prompts), "chat": w.chat, "max_new_tokens": w.max_new_tokens,

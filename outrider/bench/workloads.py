@@ -96,7 +96,7 @@ def seeded_order(items: list, seed: int) -> list:
 
 # ---- data files: the pinned cache, or a fixtures folder -------------------------------------------
 
-def _data_file(name: str, fixtures: Path | None) -> tuple[Path, str]:
+def data_file(name: str, fixtures: Path | None) -> tuple[Path, str]:
     """The path of data set `name` and a line saying where it came from."""
     entry = datasets.DATA[name]
     if fixtures is None:
@@ -111,7 +111,7 @@ def _data_file(name: str, fixtures: Path | None) -> tuple[Path, str]:
 # ---- humaneval --------------------------------------------------------------------------------
 
 def _humaneval(seed: int, fixtures: Path | None) -> Workload:
-    path, source = _data_file("humaneval", fixtures)
+    path, source = data_file("humaneval", fixtures)
     prompts = [WorkloadPrompt(p["task_id"], text=p["prompt"]) for p in datasets.humaneval(path)]
     return Workload("humaneval", seeded_order(prompts, seed), chat=False, max_new_tokens=128,
                     description="HumanEval: complete a Python function from its signature and docstring",
@@ -146,7 +146,7 @@ def _toolcall(seed: int, fixtures: Path | None) -> Workload:
     """Each category in its seeded order, then dealt round-robin: any prefix mixes all three."""
     queues, sources = [], []
     for name in BFCL_CATEGORIES:
-        path, source = _data_file(name, fixtures)
+        path, source = data_file(name, fixtures)
         sources.append(source)
         entries = datasets.bfcl(name, path)
         queues.append(seeded_order([WorkloadPrompt(e["id"], messages=toolcall_messages(e)) for e in entries],
@@ -198,7 +198,7 @@ def stdlib_functions(stdlib: Path) -> tuple[StdlibFunction, ...]:
     Kept once per process: parsing the modules takes a few seconds."""
     found, seen = [], set()
     for module in CODE_EDIT_MODULES:
-        path = _module_file(stdlib, module)
+        path = module_file(stdlib, module)
         if path is None:
             continue
         source = path.read_text(encoding="utf-8")
@@ -216,7 +216,7 @@ def stdlib_functions(stdlib: Path) -> tuple[StdlibFunction, ...]:
     return tuple(found)
 
 
-def _module_file(stdlib: Path, module: str) -> Path | None:
+def module_file(stdlib: Path, module: str) -> Path | None:
     base = stdlib.joinpath(*module.split("."))
     for path in (base.with_suffix(".py"), base / "__init__.py"):
         if path.is_file():

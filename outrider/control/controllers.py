@@ -13,6 +13,10 @@
 
 A controller sees only round statistics: it never changes what is committed, so every
 controller is lossless.
+
+Another controller is a class with the `Controller` methods (`PerSequence` gives the batch hooks
+of one whose depth is each sequence's own business) and one `register_controller(NAME, factory)`
+call, after which `--controller NAME[:ARGUMENT]` builds it (docs/adding-a-method.md).
 """
 
 from __future__ import annotations
@@ -53,8 +57,10 @@ class Controller(Protocol):
         """The sequence ended: forget its state (a server sees an unbounded stream of them)."""
 
 
-class _PerSequence:
-    """The batch hooks of a controller whose budget is each sequence's own business."""
+class PerSequence:
+    """The batch hooks of a controller whose budget is each sequence's own business: a round's
+    budgets are each sequence's `budget`, and verify times, batch sizes and endings are ignored
+    (a subclass that keeps per-sequence state overrides `finish` to drop it)."""
 
     def budgets(self, seq_ids: list[int], batch_size: int, nodes_for: Callable[[int], int]) -> list[Budget]:
         return [self.budget(s) for s in seq_ids]
@@ -69,7 +75,7 @@ class _PerSequence:
         pass
 
 
-class FixedController(_PerSequence):
+class FixedController(PerSequence):
     def __init__(self, depth: int):
         self.name = f"fixed:{depth}"
         self.max_depth = depth
@@ -93,7 +99,7 @@ class _Moving:
     rate: float = 0.5
 
 
-class AdaptiveController(_PerSequence):
+class AdaptiveController(PerSequence):
     """Depth follows an exponential moving average of the per-round acceptance rate."""
 
     def __init__(self, max_depth: int = 8, start: int = 4, alpha: float = 0.3,
@@ -372,10 +378,40 @@ class CostController:
         self.scale = 0.8 * self.scale + 0.2 * min(5.0, max(0.2, ratio))
 
 
+BUILT_IN = ("fixed", "adaptive", "cost")  # parsed by parse_controller itself
+_REGISTERED: dict[str, tuple[str, Callable[[str], Controller]]] = {}  # name -> (usage, factory)
+
+
+def register_controller(name: str, factory: Callable[[str], Controller], usage: str | None = None) -> None:
+    """Make `--controller NAME[:ARGUMENT]` build `factory(ARGUMENT)` ("" when there is no colon).
+
+    The factory parses its argument and raises ConfigError saying what to pass (parse_controller
+    prefixes "--controller 'TEXT': "); `usage` spells the name for messages, e.g. "aimd[:MAX]"
+    (default: `name`). The module that defines the controller calls this when it is imported.
+    ValueError if another controller, built-in or registered, has the name."""
+    if not name or ":" in name or name != name.strip():
+        raise ValueError(f"a controller name is a non-empty word without ':', got {name!r}")
+    old = _REGISTERED.get(name)
+    if name in BUILT_IN or (old is not None and old[1] is not factory):
+        raise ValueError(f"a controller called {name!r} is already registered; pick another name")
+    _REGISTERED[name] = (usage or name, factory)
+
+
+def unregister_controller(name: str) -> None:
+    """Remove a controller added with `register_controller` (tests and experiments)."""
+    _REGISTERED.pop(name, None)
+
+
 def parse_controller(text: str, profile_factory=None, batch_profile_factory=None) -> Controller:
-    """`fixed:N`, `adaptive[:MAX]` or `cost[:MAX]`; `profile_factory()` gives the cost profile,
-    `batch_profile_factory(max_batch)` the batch one (batch_cost.py) when a batch first needs it."""
+    """`fixed:N`, `adaptive[:MAX]`, `cost[:MAX]` or a registered `NAME[:ARGUMENT]`;
+    `profile_factory()` gives the cost profile, `batch_profile_factory(max_batch)` the batch one
+    (batch_cost.py) when a batch first needs it."""
     kind, _, arg = text.partition(":")
+    if kind in _REGISTERED:
+        try:
+            return _REGISTERED[kind][1](arg)
+        except ConfigError as err:
+            raise ConfigError(f"--controller {text!r}: {err}") from None
     try:
         number = int(arg) if arg else None
     except ValueError:
@@ -388,4 +424,5 @@ def parse_controller(text: str, profile_factory=None, batch_profile_factory=None
         if profile_factory is None:
             raise ConfigError("--controller cost needs the target's verify-cost profile")
         return CostController(profile_factory(), max_depth=number or 12, batch_profile=batch_profile_factory)
-    raise ConfigError(f"--controller {text!r}: use fixed:N (0-64), adaptive[:MAX] or cost[:MAX]")
+    usages = ["fixed:N (0-64)", "adaptive[:MAX]", "cost[:MAX]"] + [usage for usage, _ in _REGISTERED.values()]
+    raise ConfigError(f"--controller {text!r}: use {', '.join(usages[:-1])} or {usages[-1]}")

@@ -154,11 +154,11 @@ def quantize(weight: torch.Tensor, kind: str) -> QuantBlocks:
         widest = x.gather(-1, x.abs().argmax(-1, keepdim=True))  # the value of largest magnitude, signed
         d = widest / -8
         codes = (x * _inverse(d) + 8.5).trunc().clamp(0, 15)
-        return QuantBlocks(kind, _pack_nibbles(codes), d.squeeze(-1).half())
+        return QuantBlocks(kind, pack_nibbles(codes), d.squeeze(-1).half())
     low, high = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
     d = (high - low) / 15
     codes = ((x - low) * _inverse(d) + 0.5).trunc().clamp(0, 15)
-    return QuantBlocks(kind, _pack_nibbles(codes), d.squeeze(-1).half(), low.squeeze(-1).half())
+    return QuantBlocks(kind, pack_nibbles(codes), d.squeeze(-1).half(), low.squeeze(-1).half())
 
 
 def _inverse(d: torch.Tensor) -> torch.Tensor:
@@ -166,7 +166,7 @@ def _inverse(d: torch.Tensor) -> torch.Tensor:
     return torch.where(d == 0, torch.zeros_like(d), 1 / d)
 
 
-def _pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """codes: [out, blocks, 32] in 0..15 -> uint8 [out, blocks * 16], GGUF's nibble order."""
     out = codes.shape[0]
     c = codes.to(torch.uint8)

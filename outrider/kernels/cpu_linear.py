@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..config import current
+from ..config import current, note_kernel
 
 PATHS = ("linear", "mm_t", "chunked", "packed")
 SAMPLE_ROWS = (1, 4, 8, 32)  # rows timed for each bucket: 1 | 2-4 | 5-16 | more
@@ -95,7 +95,7 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         key = (weight.shape[0], weight.shape[1], weight.dtype)
         choice = _CHOICE.get(key)
         if choice is None:
-            choice = _CHOICE.setdefault(key, choose([weight]))
+            choice = _keep(key, choose([weight]))
         path = choice[bucket(x.shape[0])]
     if path == "packed" and (transient or not _packed_ok(weight)):
         path = "linear"
@@ -132,12 +132,20 @@ def prepare(weights: list[torch.Tensor], folder: Path | None = None) -> None:
     saved = _read(path) if path is not None else {}
     for key, group in todo.items():
         if saved.get(key):
-            _CHOICE[key] = saved[key]
+            _keep(key, tuple(saved[key]))
         else:
             keep = max(4, _MEASURE_BYTES // (group[0].numel() * group[0].element_size()))
-            _CHOICE[key] = choose(group[:: max(1, len(group) // keep)][:keep])
+            _keep(key, choose(group[:: max(1, len(group) // keep)][:keep]))
     if path is not None and any(not saved.get(key) for key in todo):
         _write(path, {key: _CHOICE[key] for key in todo})
+
+
+def _keep(key: tuple, choice: tuple[str, ...]) -> tuple[str, ...]:
+    """Fix the paths of shape class `key` for this process (the first choice stays) and record them."""
+    choice = _CHOICE.setdefault(key, choice)
+    for path in set(choice):
+        note_kernel(f"torch float {path}")
+    return choice
 
 
 def choices() -> dict[tuple, tuple[str, ...]]:

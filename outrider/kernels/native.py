@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import cache_dir, current
+from ..config import cache_dir, current, note_fact
 from .blocks import BLOCK, QuantBlocks
 
 CSRC = Path(__file__).with_name("csrc")
@@ -154,6 +154,7 @@ def _load() -> None:
 def _ensure() -> None:
     if not _state:
         _load()
+        note_fact("native", describe())
 
 
 def available() -> bool:

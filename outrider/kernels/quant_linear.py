@@ -51,7 +51,7 @@ import contextvars
 import torch
 import torch.nn.functional as F
 
-from ..config import current
+from ..config import current, note_kernel
 from . import cpu_linear, native
 from .blocks import BLOCK, GROUP, QuantBlocks, dequantize
 
@@ -110,6 +110,7 @@ class QuantLinear:
             raise ValueError(f"kernel {self.kernel} does not take a {self.kind} weight {self.shape} on "
                              f"{self.device}: use {choose_kernel(blocks, fast=True)}")
         self.state = _PREPARE[self.kernel](blocks, dtype)
+        note_kernel(f"{KERNEL_NAMES[self.kernel]} [{self.kind}]")
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x: [..., in] -> [..., out] in `dtype`."""
@@ -263,9 +264,11 @@ def _matmul_native(x: torch.Tensor, state: dict) -> torch.Tensor:
     if fill and x.shape[0] >= TILE_ROWS and tile_prefill():
         y = native.amx_matmul(x, weight, lossy_bf16=bf16)  # bf16: x in one bfloat16 part, not three
         if y is not None:  # None: a weight it does not take (out not a multiple of 16), for the paths below
+            note_kernel("matmul_amx.c (prefill)")
             return y
     if not fill or x.shape[0] < (BULK_ROWS_BF16 if bf16 else BULK_ROWS) or not (bf16 or gemm_prefill()):
         return native.qmatmul(x, weight)
+    note_kernel("dequantize + torch GEMM (prefill" + (", lossy bfloat16)" if bf16 else ")"))
     out_features, in_features = weight.shape
     x = x.to(torch.bfloat16 if bf16 else torch.float32)
     step = max(16, _BULK_VALUES // in_features)
@@ -327,6 +330,9 @@ def _matmul_blockwise(x: torch.Tensor, state: dict) -> torch.Tensor:
     return out
 
 
+# what `config.describe()` calls each kernel (the C file or torch op that does the products)
+KERNEL_NAMES = {"native": "qmatmul.c", "i8": "qmatmul_i8.c", "int4pack": "torch int4pack (bfloat16)",
+                "int4pair": "torch int4pack pair (bfloat16)", "blockwise": "torch blockwise"}
 _PREPARE = {"native": _prepare_native, "int4pack": _prepare_int4pack, "int4pair": _prepare_int4pair,
             "blockwise": _prepare_blockwise, "i8": _prepare_i8}
 _MATMUL = {"native": _matmul_native, "int4pack": _matmul_int4pack, "int4pair": _matmul_int4pair,

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv_cache import KVCache
-from .batch import ForwardBatch
+from ..config import cache_dir, note_kernel
 from ..kernels import cpu_linear, quant_linear
+from .batch import ForwardBatch
 from .config import ModelConfig
+from .kv_cache import KVCache
 from .layers import apply_rotary, attention, embedding, fold_mask, linear, rms_norm, rotary_tables, swiglu_mlp
 
 # The native layer's workspace for a prefill (every row's qkv, attention output, MLP activations
@@ -169,6 +170,7 @@ class Decoder:
             return None
         if lanes or rows < quant_linear.TILE_ROWS:
             return 0
+        note_kernel("matmul_amx.c (prefill)")
         return 1 if self.drafter_prefill_bf16 or quant_linear.bf16_prefill() else 3
 
     def _choose_linear_paths(self) -> None:
@@ -179,9 +181,9 @@ class Decoder:
         from ..kernels.decoder_layer import NativeLayers
 
         self._native = NativeLayers.of(self)
+        if self._native is not None:
+            note_kernel("decoder_layer.c" + (" (int8 activations)" if self._native.lanes else ""))
         if self.device.type == "cpu":
-            from ..config import cache_dir
-
             weights = [t for w in self.layers for t in (w.qkv, w.o, w.gate_up, w.down)] + [self.lm_head]
             cpu_linear.prepare(weights, cache_dir() / "profiles")
         self._linear_paths_chosen = True

@@ -6,23 +6,12 @@ that fits the shared decoder is one small file and one line below.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 from ..errors import ModelError
-
-
-@dataclass(frozen=True)
-class Family:
-    name: str
-    architectures: tuple[str, ...]
-    qkv_bias: Callable[[dict], bool]  # from the raw config.json
-    qk_norm: bool  # RMS norm on each head's queries and keys before rotary
+from . import llama, qwen2, qwen3
+from .family import Family
 
 
 def _registry() -> dict[str, Family]:
-    from . import llama, qwen2, qwen3
-
     table = {}
     for family in (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY):
         for arch in family.architectures:

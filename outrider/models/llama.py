@@ -1,6 +1,6 @@
 """Llama family (Llama 2/3, SmolLM2): no projection biases unless `attention_bias` says so."""
 
-from .families import Family
+from .family import Family
 
 FAMILY = Family(
     name="llama",

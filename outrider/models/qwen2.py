@@ -1,6 +1,6 @@
 """Qwen2 family (Qwen2, Qwen2.5, Qwen2.5-Coder): biases on the Q, K and V projections."""
 
-from .families import Family
+from .family import Family
 
 FAMILY = Family(
     name="qwen2",

@@ -1,6 +1,6 @@
 """Qwen3 family: RMS norms on queries and keys per head, no projection biases by default."""
 
-from .families import Family
+from .family import Family
 
 FAMILY = Family(
     name="qwen3",

@@ -12,6 +12,7 @@ import sys
 import threading
 from dataclasses import dataclass
 
+from ..config import summary_line
 from ..errors import ConfigError
 
 EXTRA = "pip install 'outrider[serve]'"
@@ -117,6 +118,7 @@ def serve(options: ServeOptions, log=print) -> int:
                             timeout_graceful_shutdown=5)
     server = DrainingServer(config)
     log(f"outrider serve: {state.model_name} on http://{options.host}:{options.port}/v1", file=sys.stderr)
+    log(f"outrider serve: {summary_line()}", file=sys.stderr)
     try:
         server.run()
     finally:

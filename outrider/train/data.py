@@ -38,23 +38,10 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import ConfigError
+from .items import Item
+from .sources import build, jsonl_items
 
 SOURCES = ("code", "code-prompts", "code-completions", "toolcall", "humaneval", "jsonl:PATH")
-
-
-@dataclass(frozen=True)
-class Item:
-    """One unit of training text. kind "text": `text` (or the file `path`) is raw text;
-    "prompt": `text` is a completion prompt; "chat": `messages` (role/content dicts)."""
-    id: str
-    kind: str
-    text: str | None = None
-    path: str | None = None
-    messages: tuple | None = None
-    response: str | None = None
-
-    def raw_text(self) -> str:
-        return self.text if self.path is None else Path(self.path).read_text(encoding="utf-8", errors="replace")
 
 
 @dataclass
@@ -115,8 +102,6 @@ def load_corpus(spec: str, *, regenerate: bool, fixtures: Path | None = None, st
                 roots: list | None = None) -> Corpus:
     """Every item of the sources in `spec`; refuses (one line) a corpus with nothing to train on.
     The code sources read `roots` (--code-root folders), else `stdlib` (default: this Python's)."""
-    from .sources import build, jsonl_items
-
     roots = [Path(r).expanduser() for r in roots] if roots else [Path(stdlib or sysconfig.get_paths()["stdlib"])]
     items, sources = [], []
     for name in parse_sources(spec):

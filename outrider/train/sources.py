@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Iterator
 
 from ..bench import datasets
-from ..bench.workloads import CODE_EDIT_MODULES, ROLES, _data_file, _module_file, toolcall_messages
+from ..bench.workloads import CODE_EDIT_MODULES, ROLES, data_file, module_file, toolcall_messages
 from ..errors import ConfigError
-from .data import Item
+from .items import Item
 
 TOOLCALL_TRAIN = ("bfcl_live_multiple", "bfcl_parallel", "bfcl_parallel_multiple")
 TEST_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
@@ -23,7 +23,7 @@ TEST_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__
 
 def stdlib_files(stdlib: Path) -> list[Path]:
     """The stdlib's .py files, test suites, installed packages and code-edit modules left out."""
-    excluded = {p.resolve() for p in (_module_file(stdlib, m) for m in CODE_EDIT_MODULES) if p is not None}
+    excluded = {p.resolve() for p in (module_file(stdlib, m) for m in CODE_EDIT_MODULES) if p is not None}
     found = []
     for root, dirs, files in os.walk(stdlib):
         dirs[:] = sorted(d for d in dirs if d not in TEST_DIRS and not d.startswith(("test", ".")))
@@ -114,7 +114,7 @@ def _public_defs(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef]]:
 def _toolcall(stdlib: Path, fixtures) -> tuple[list[Item], str]:
     items, where = [], []
     for name in TOOLCALL_TRAIN:
-        path, source = _data_file(name, fixtures)
+        path, source = data_file(name, fixtures)
         where.append(source)
         for entry in datasets.bfcl(name, path):
             items.append(Item(f"toolcall:{entry['id']}", "chat", messages=tuple(toolcall_messages(entry))))
@@ -122,7 +122,7 @@ def _toolcall(stdlib: Path, fixtures) -> tuple[list[Item], str]:
 
 
 def _humaneval(stdlib: Path, fixtures) -> tuple[list[Item], str]:
-    path, source = _data_file("humaneval", fixtures)
+    path, source = data_file("humaneval", fixtures)
     items = [Item(f"humaneval:{p['task_id']}", "prompt", text=p["prompt"], response=p["canonical_solution"])
              for p in datasets.humaneval(path)]
     return items, source + " (the bench workload itself: contaminated for it)"

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelError
-from ..kernels.blocks import KINDS, QuantBlocks, _pack_nibbles, blocks_from_gguf
+from ..kernels.blocks import KINDS, QuantBlocks, pack_nibbles, blocks_from_gguf
 
 CONVERTED = ("Q5_0", "Q4_K", "Q6_K")
 
@@ -85,7 +85,7 @@ def _q4_k(b: torch.Tensor) -> QuantBlocks:
     low = (dmin * mn.float()).view(rows, -1)
     qs = b[..., 16:144].view(rows, -1, 4, 1, 32)  # [rows, supers, chunk, 1, 32]
     codes = torch.cat((qs & 15, qs >> 4), dim=3)  # [rows, supers, chunk, 2, 32]: sub-blocks 2j, 2j + 1
-    packed = _pack_nibbles(codes.reshape(rows, -1, 32))
+    packed = pack_nibbles(codes.reshape(rows, -1, 32))
     factored = torch.cat((b[..., 0:4], sc.to(torch.uint8), mn.to(torch.uint8)), dim=-1)  # [rows, supers, 20]
     return QuantBlocks("q4_1", packed, scale.contiguous(), (-low).contiguous(), factored=factored.view(rows, -1))
 
