@@ -54,7 +54,8 @@ def _stop_reason(seq: Sequence, new: int, eos_ids: set[int], free_rows: int) -> 
 def _uncount_cut(stats, kept: int) -> None:
     """The output was cut to `kept` tokens (a limit, EOS or a stop string, possibly reaching back
     over earlier rounds): count as committed only those, and as rounds only the rounds that
-    produced at least one of them, so tau is kept tokens per round that produced them."""
+    produced at least one of them, so tau is kept tokens per round that produced them. (What
+    the verifier accepted, by position, stays counted: it measures the drafts, not the output.)"""
     rounds, done = 0, 0
     for size in stats.committed_by_round:
         if done >= kept:
@@ -62,3 +63,5 @@ def _uncount_cut(stats, kept: int) -> None:
         done, rounds = done + size, rounds + 1
     stats.committed, stats.rounds = kept, rounds
     del stats.committed_by_round[rounds:]
+    if done > kept:  # the last round that produced kept tokens produced some that were cut
+        stats.committed_by_round[-1] -= done - kept

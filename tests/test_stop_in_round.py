@@ -1,0 +1,167 @@
+"""Every stopping point reached inside a multi-token round ends the sequence exactly where plain
+decoding ends it (issue 29).
+
+A round commits several tokens at once; EOS, a stop string (one that starts inside a token
+too), `max_new_tokens` and the context limit must cut it at the same token plain decoding stops
+at, with the same finish reason and counts. The oracle drafter (tests/oracle.py) proposes the
+target's own continuation, so every draft on the reference path is accepted and the stopping
+point lands, by construction, at the first, a middle, the last draft or the bonus token of a
+round: chains, static and dynamic trees, greedy and seeded sampling.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from enumerate_law import one_thread
+from oracle import OracleDrafter
+from tiny import add_tokenizer, make_tiny
+
+from outrider.control.controllers import FixedController
+from outrider.engine.generate import generate_ids
+from outrider.engine.request import Request
+from outrider.engine.speculator import SpecOptions, Speculator
+from outrider.sampling import SamplingParams
+from outrider.spec.shapes import parse_shape
+from outrider.weights.loader import load_decoder
+
+DEPTH = 4
+PROMPT = [5, 9, 14, 5, 9]
+PLACES = {"first": 0, "middle": 2, "last draft": DEPTH - 1, "bonus": DEPTH}
+SHAPES = ("chain", "static:2,2,1,1", "dynamic")
+SAMPLING = {"greedy": SamplingParams(), "seeded": SamplingParams(temperature=0.9, top_p=0.95, seed=7)}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    with one_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A tiny random Llama whose continuation of PROMPT has new tokens a few rounds in."""
+    return add_tokenizer(make_tiny("llama", tmp_path_factory.mktemp("stops") / "t", vocab=96, seed=3))
+
+
+@pytest.fixture(scope="module")
+def model(folder):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)  # noqa: E731
+    return load_decoder(folder, "cpu"), decode
+
+
+def reference(target, params: SamplingParams) -> list[int]:
+    """The target's own continuation of PROMPT, past every stopping point."""
+    return generate_ids(target, [Request(PROMPT, 40, params, ignore_eos=True)], set())[0].token_ids
+
+
+def stop_position(ref: list[int], decode) -> int:
+    """Where to put the stopping point: an output position (past a few rounds) whose token is
+    new there and where the stop string below first appears (tiny random models repeat
+    themselves, so not every position will do)."""
+    for p in range(12, 5, -1):
+        if ref[p] not in ref[:p] and stop_string(ref, p, decode) not in decode(ref[:p]):
+            return p
+    raise AssertionError(f"no usable stopping point in {ref}: pick another prompt")
+
+
+def stop_string(ref: list[int], p: int, decode) -> str:
+    """From the last character of token p - 1 to the first characters of token p: it starts inside a token."""
+    before, upto = decode(ref[:p]), decode(ref[:p + 1])
+    return before[-1:] + upto[len(before):][:2]
+
+
+def oracle_spec(ref: list[int], shape: str, at: int, place: int) -> tuple[Speculator, OracleDrafter]:
+    drafter = OracleDrafter({tuple(PROMPT): ref}, shape, vocab=96, align=(at, place))
+    kind = shape.partition(":")[0]
+    options = SpecOptions("oracle", shape if kind == "static" else ("dynamic:3,3" if kind == "dynamic" else "chain"),
+                          f"fixed:{DEPTH}")
+    return Speculator(options, drafter, FixedController(DEPTH), parse_shape(options.tree)), drafter
+
+
+def stop_setting(kind: str, ref: list[int], at: int, decode) -> dict:
+    """What makes the sequence stop at output position `at`: request fields, eos ids, max_len."""
+    if kind == "eos":
+        return {"eos": {ref[at]}}
+    if kind == "length":
+        return {"max_new_tokens": at + 1}
+    if kind == "stop string":
+        return {"stop": (stop_string(ref, at, decode),)}
+    if kind == "context":  # K/V rows for the prompt and `at` outputs: the last output is a root with no row
+        return {"max_len": len(PROMPT) + at}
+    raise ValueError(kind)
+
+
+def run(target, decode, params, setting, speculation=None):
+    """The completion, and how many target forwards it took (one prefill, then one a round)."""
+    request = Request(PROMPT, setting.get("max_new_tokens", 30), params, setting.get("stop", ()))
+    calls, forward = [0], target.forward
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return forward(*args, **kwargs)
+
+    target.forward = counted
+    try:
+        done = generate_ids(target, [request], setting.get("eos", set()), speculation=speculation, decode=decode,
+                            max_len=setting.get("max_len"))[0]
+    finally:
+        del target.forward
+    return done, calls[0]
+
+
+@pytest.mark.parametrize("sampling", list(SAMPLING))
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("place", list(PLACES))
+@pytest.mark.parametrize("kind", ["eos", "length", "stop string", "context"])
+def test_stop_inside_a_round_equals_plain_decoding(model, kind, place, shape, sampling):
+    target, decode = model
+    params = SAMPLING[sampling]
+    ref = reference(target, params)
+    at = stop_position(ref, decode)
+    setting = stop_setting(kind, ref, at, decode)
+    plain, plain_forwards = run(target, decode, params, setting)
+    spec, oracle = oracle_spec(ref, shape, at, PLACES[place])
+    fast, fast_forwards = run(target, decode, params, setting, spec)
+    assert fast.token_ids == plain.token_ids
+    assert fast.text == plain.text and fast.finish_reason == plain.finish_reason
+    assert plain.finish_reason == {"eos": "eos", "length": "length", "stop string": "stop", "context": "context"}[kind]
+    for key in ("new_tokens", "committed"):
+        assert fast.stats[key] == plain.stats[key] == len(plain.token_ids), key
+    # the round that reached the stopping point really held several tokens, with it at `place`
+    # (the context limit caps the last round's drafts to the rows left: only its start is aligned)
+    assert len(plain.token_ids) == at + (kind != "stop string")  # a stop string's token p - 1 is kept
+    first = at - PLACES[place]
+    aligned = [k for start, k in oracle.rounds if start == first]
+    assert kind == "context" or (aligned and aligned[0] >= max(PLACES[place], 1))
+    assert fast.round_stats.rounds < plain.round_stats.rounds
+    assert sum(fast.round_stats.committed_by_round) == len(fast.token_ids)
+    # no round past the stopping point: plain decoding stops at the round that commits token `at`
+    assert plain_forwards == 1 + at + 1
+    if kind != "context":  # the round reaching it is the last (the context's last rounds hold no drafts)
+        assert oracle.rounds[-1][0] == first and fast_forwards == 1 + len(oracle.rounds)
+
+
+@pytest.mark.parametrize("place", list(PLACES))
+def test_streamed_text_and_stop_through_llm_generate(folder, place):
+    """The Python API front end: the oracle in an LLM, a stop string reached at each place of a
+    round; streamed pieces add up to the text, equal to plain decoding's."""
+    from outrider import LLM
+
+    llm = LLM(str(folder), device="cpu")
+    prompt = " ".join(f"w{t}" for t in PROMPT)
+    ids = llm.encode(prompt)
+    ref = generate_ids(llm.target, [Request(ids, 40, ignore_eos=True)], set())[0].token_ids
+    at = stop_position(ref, llm.decode)
+    stop = stop_string(ref, at, llm.decode)
+    plain = llm.generate(prompt, 30, stop=stop)
+    drafter = OracleDrafter({tuple(ids): ref}, vocab=llm.target.config.vocab_size, align=(at, PLACES[place]))
+    llm.speculator = Speculator(SpecOptions("oracle", "chain", f"fixed:{DEPTH}"), drafter, FixedController(DEPTH),
+                                parse_shape("chain"))
+    pieces = []
+    fast = llm.generate(prompt, 30, stop=stop, on_text=lambda i, text: pieces.append(text))
+    assert (fast.text, fast.token_ids, fast.finish_reason) == (plain.text, plain.token_ids, "stop")
+    assert "".join(pieces) == fast.text and stop not in fast.text
