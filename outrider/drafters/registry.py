@@ -3,7 +3,8 @@
 `--drafter NAME[:ARGUMENT]` is looked up here and nowhere else. Each drafter is one module that
 registers a `DrafterEntry` when it is imported; the built-in modules are listed in `BUILT_IN`
 and imported on the first look-up. Adding a drafter is its file plus its line in `BUILT_IN` (or
-a `register(...)` call from outside the package). The rest of the engine reads only the entry:
+a `register(...)` call from outside the package; docs/adding-a-method.md works one through). The
+rest of the engine reads only the entry:
 
     parse_argument(text)                         -> argument   (ConfigError saying what to pass)
     models_needed(argument)                      -> models to pull before anything is checked
