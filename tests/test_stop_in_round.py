@@ -138,7 +138,14 @@ def test_stop_inside_a_round_equals_plain_decoding(model, kind, place, shape, sa
     aligned = [k for start, k in oracle.rounds if start == first]
     assert kind == "context" or (aligned and aligned[0] >= max(PLACES[place], 1))
     assert fast.round_stats.rounds < plain.round_stats.rounds
-    assert sum(fast.round_stats.committed_by_round) == len(fast.token_ids)
+    for done in (plain, fast):  # one count per round that produced kept tokens, adding up to them
+        by_round = done.round_stats.committed_by_round
+        assert len(by_round) == done.round_stats.rounds and min(by_round) > 0
+        assert sum(by_round) == len(done.token_ids)
+    if kind != "context":  # every round drafted: it committed what lies between round starts (if kept)
+        starts = [start for start, _ in oracle.rounds]
+        kept = [b - a for a, b in zip(starts, starts[1:] + [len(fast.token_ids)])]
+        assert fast.round_stats.committed_by_round == [n for n in kept if n > 0]
     # no round past the stopping point: plain decoding stops at the round that commits token `at`
     assert plain_forwards == 1 + at + 1
     if kind != "context":  # the round reaching it is the last (the context's last rounds hold no drafts)
@@ -165,3 +172,43 @@ def test_streamed_text_and_stop_through_llm_generate(folder, place):
     fast = llm.generate(prompt, 30, stop=stop, on_text=lambda i, text: pieces.append(text))
     assert (fast.text, fast.token_ids, fast.finish_reason) == (plain.text, plain.token_ids, "stop")
     assert "".join(pieces) == fast.text and stop not in fast.text
+
+
+@pytest.mark.parametrize("sampling", list(SAMPLING))
+def test_eos_at_the_length_limit_is_eos(model, sampling):
+    """An EOS that is also the last token max_new_tokens allows ends as "eos" (OpenAI's "stop"),
+    in a round that holds more tokens after it."""
+    target, decode = model
+    params = SAMPLING[sampling]
+    ref = reference(target, params)
+    at = stop_position(ref, decode)
+    setting = {"eos": {ref[at]}, "max_new_tokens": at + 1}
+    plain, _ = run(target, decode, params, setting)
+    fast, _ = run(target, decode, params, setting, oracle_spec(ref, "chain", at, 2)[0])
+    assert plain.finish_reason == fast.finish_reason == "eos"
+    assert fast.token_ids == plain.token_ids == ref[: at + 1]
+
+
+def test_ignore_eos_runs_on_through_a_round(model):
+    """A request that ignores EOS runs past an EOS in the middle of a round, as plain decoding does."""
+    target, decode = model
+    ref = reference(target, SamplingParams())
+    at = stop_position(ref, decode)
+    request = Request(PROMPT, at + 6, ignore_eos=True)
+    plain = generate_ids(target, [request], {ref[at]})[0]
+    fast = generate_ids(target, [request], {ref[at]}, speculation=oracle_spec(ref, "chain", at, 2)[0])[0]
+    assert fast.token_ids == plain.token_ids == ref[: at + 6] and fast.finish_reason == "length"
+
+
+def test_without_a_tokenizer_there_is_no_text(model):
+    """Token-level runs (the bench): no text in events or completions, and stop strings refused."""
+    from outrider.engine.loop import EngineLoop
+    from outrider.errors import ConfigError
+
+    target, _ = model
+    engine = EngineLoop(target, set(), max_running=1, max_len=64)
+    engine.add(Request(PROMPT, 5))
+    events = [e for _ in range(8) if engine.has_work for e in engine.step()]
+    assert events and all(e.text == "" for e in events) and events[-1].completion.text is None
+    with pytest.raises(ConfigError, match="stop strings need the engine's tokenizer"):
+        engine.add(Request(PROMPT, 5, stop=("x",)))

@@ -51,13 +51,11 @@ class Sequence:
 
     def completion(self, reason: str) -> tuple[Completion, str]:
         """The finished result, and the text still held back (shown last: an incomplete
-        character, a tail that could have begun a stop string)."""
+        character, a tail that could have begun a stop string). The stopping rules have cut the
+        tokens already (engine/stopping.py); a cancelled request keeps what it committed."""
         ids, rest = self.output, ""
         if self.text is not None:
-            rest = self.text.add(ids[self.text.fed:]) if len(ids) > self.text.fed else ""
-            rest += self.text.finish()
-            if self.text.stopped:
-                ids, reason = ids[: self.text.kept_tokens], "stop"
+            rest = self.text.add(ids[self.text.fed:]) + self.text.finish()
         total = time.perf_counter() - (self.admitted_at or self.added_at)
         stats = summarize(self.stats, len(ids), self.prefill_s, total)
         text = self.text.text if self.text is not None else None
