@@ -20,6 +20,25 @@ DTYPE_HELP = ("float32, bfloat16, float16; q8_0, q4 or gguf (weights kept quanti
               "a GGUF-sourced model's own quantization where Outrider's kernel builds (`models list` says "
               "which), else float32; bfloat16 on CUDA")
 
+QUICK_TIME = "1-3 min on 2 cores"  # the quick preset's wall time; its file (bench/presets/quick.toml) says the same
+TREE_DEFAULT = "chain"
+CONTROLLER_DEFAULT = {"generate": "fixed:4", "serve": "cost"}
+DRAFTERS = "{drafters}"  # in a help string: the registered drafters, read from the registry when help is shown
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Fills DRAFTERS in a help string with the drafters registered in drafters/registry.py (their
+    usage, as `--drafter` spells them), only when help is shown: one list, no copy to keep in step."""
+
+    def _get_help_string(self, action):
+        text = super()._get_help_string(action)
+        if text and DRAFTERS in text:
+            from .drafters.registry import entries
+
+            usages = " | ".join(e.usage for e in entries().values())
+            text = text.replace(DRAFTERS, usages.replace("%", "%%"))
+        return text
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
@@ -70,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"outrider {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    gen = sub.add_parser("generate", help="generate text from a prompt")
+    gen = sub.add_parser("generate", help="generate text from a prompt", formatter_class=HelpFormatter)
     gen.add_argument("prompt")
     gen.add_argument("--model", default=None, help="catalog name or model folder (default: smollm2-135m-instruct)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
@@ -85,10 +104,11 @@ def _parser() -> argparse.ArgumentParser:
                      help=DTYPE_HELP)
     gen.add_argument("--kv-dtype", default=None, help=KV_HELP)
     gen.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1 (default: torch's)")
-    gen.add_argument("--drafter", default=None,
-                     help="ngram | suffix | draft-model:NAME | early-exit:K (default: none, autoregressive)")
-    gen.add_argument("--tree", default="chain", help="chain | static:2,2,1 | dynamic:K,N (model drafters)")
-    gen.add_argument("--controller", default="fixed:4", help="fixed:N | adaptive[:MAX] | cost[:MAX]")
+    gen.add_argument("--drafter", default=None, help=f"{DRAFTERS} (default: none, autoregressive)")
+    gen.add_argument("--tree", default=None, help="chain | static:2,2,1 | dynamic:K,N (model drafters; needs "
+                     f"--drafter; default: {TREE_DEFAULT})")
+    gen.add_argument("--controller", default=None, help="fixed:N | adaptive[:MAX] | cost[:MAX] (needs --drafter; "
+                     f"default: {CONTROLLER_DEFAULT['generate']})")
     gen.add_argument("--max-tree-nodes", type=int, default=256,
                      help="refuse drafters/trees/controllers whose rounds could hold more draft nodes (default 256)")
     gen.add_argument("--stats", action="store_true", help="print speculation statistics to stderr")
@@ -98,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="every method side by side on real workloads, with a report")
     bench.add_argument("--preset", default=None,
-                       help="quick (default, ~3 min on 2 cores), full, eagle3 (the shipped EAGLE-3 head "
+                       help=f"quick (default, {QUICK_TIME}), full, eagle3 (the shipped EAGLE-3 head "
                             "against ngram and suffix), llamacpp (against llama.cpp; the peers extra), "
                             "qwen-pair (the Qwen2.5-Coder 1.5B / 0.5B draft-model pair) or qwen-pair-i8 (the "
                             "same with int8 activations)")
@@ -121,27 +141,36 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--config", action="append", default=None, metavar="KEY=VALUE", help=CONFIG_HELP)
     bench.set_defaults(run=_bench)
 
-    srv = sub.add_parser("serve", help="an OpenAI-compatible server (continuous batching, speculation, metrics)")
+    srv = sub.add_parser("serve", help="an OpenAI-compatible server (continuous batching, speculation, metrics)",
+                         formatter_class=HelpFormatter)
     srv.add_argument("--model", default=None, help="catalog name or model folder (default: smollm2-135m-instruct)")
-    srv.add_argument("--drafter", default=None, help="as for generate (default: none, autoregressive)")
-    srv.add_argument("--tree", default="chain", help="chain | static:2,2,1 | dynamic:K,N (model drafters)")
-    srv.add_argument("--controller", default="cost", help="fixed:N | adaptive[:MAX] | cost[:MAX] (default cost: prices the whole batch, backs off as it grows)")
-    srv.add_argument("--max-tree-nodes", type=int, default=256, help="as for generate (default 256)")
-    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    srv.add_argument("--port", type=int, default=8000)
-    srv.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY on every route but /health")
-    srv.add_argument("--max-running", type=int, default=16, help="sequences decoding at once (K/V slots)")
-    srv.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot before 429")
-    srv.add_argument("--max-model-len", type=int, default=2048, help="K/V rows per slot: prompt + output")
+    srv.add_argument("--drafter", default=None, help=f"{DRAFTERS}, as for generate (default: none, autoregressive)")
+    srv.add_argument("--tree", default=None, help="chain | static:2,2,1 | dynamic:K,N (model drafters; needs "
+                     f"--drafter; default: {TREE_DEFAULT})")
+    srv.add_argument("--controller", default=None, help="fixed:N | adaptive[:MAX] | cost[:MAX] (needs --drafter; "
+                     f"default: {CONTROLLER_DEFAULT['serve']}, which prices the whole batch and backs off as it grows)")
+    srv.add_argument("--max-tree-nodes", type=int, default=256, help="as for generate (default: %(default)s)")
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
+    srv.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
+    srv.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY on every route but /health "
+                     "(default: none, no key asked)")
+    srv.add_argument("--max-running", type=int, default=16,
+                     help="sequences decoding at once (K/V slots; default: %(default)s)")
+    srv.add_argument("--max-queue", type=int, default=256,
+                     help="requests waiting for a slot before 429 (default: %(default)s)")
+    srv.add_argument("--max-model-len", type=int, default=2048,
+                     help="K/V rows per slot: prompt + output (default: %(default)s)")
     srv.add_argument("--max-kv-rows", type=int, default=None,
                      help="K/V rows all running requests may reserve (default: every slot full)")
-    srv.add_argument("--chunk-size", type=int, default=512, help="prompt tokens prefilled per step")
-    srv.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps")
+    srv.add_argument("--chunk-size", type=int, default=512,
+                     help="prompt tokens prefilled per step (default: %(default)s)")
+    srv.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available, else cpu)")
     srv.add_argument("--dtype", default=None,
                      help=DTYPE_HELP)
     srv.add_argument("--kv-dtype", default=None, help=KV_HELP)
-    srv.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1")
-    srv.add_argument("--config", action="append", default=None, metavar="KEY=VALUE", help=CONFIG_HELP)
+    srv.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1 (default: torch's)")
+    srv.add_argument("--config", action="append", default=None, metavar="KEY=VALUE",
+                     help=CONFIG_HELP + " (default: none)")
     srv.set_defaults(run=_serve)
 
     cfg = sub.add_parser("config", help="the runtime config in force, the CPU's instruction sets and the kernels")
@@ -179,16 +208,34 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _speculation(args) -> tuple[str, str]:
+    """(tree, controller) of generate or serve, before anything loads: --tree and --controller shape a
+    drafter's rounds, so without --drafter they are refused rather than ignored; a value not given is
+    its default, marked so (engine/speculator.py Default) for messages to say it was not given."""
+    from .engine.speculator import Default
+    from .errors import ConfigError
+
+    given = [f"--{key}" for key in ("tree", "controller") if getattr(args, key) is not None]
+    if given and not args.drafter:
+        raise ConfigError(f"{' and '.join(given)} shape{'s' if len(given) == 1 else ''} a drafter's rounds but no "
+                          f"--drafter is given: add one (e.g. --drafter ngram) or leave {' and '.join(given)} out "
+                          "to decode autoregressively")
+    tree = args.tree if args.tree is not None else Default(TREE_DEFAULT)
+    controller = args.controller if args.controller is not None else Default(CONTROLLER_DEFAULT[args.command])
+    return tree, controller
+
+
 def _generate(args) -> int:
     from .llm import LLM
     from .sampling import SamplingParams
     from .engine.text_stream import check_text
 
+    tree, controller = _speculation(args)
     SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)  # refuse bad values before loading
     check_text(args.prompt, "the prompt")
     for i, stop in enumerate(args.stop):
         check_text(stop, f"stop string {i}")
-    llm = LLM(args.model, drafter=args.drafter, tree=args.tree, controller=args.controller,
+    llm = LLM(args.model, drafter=args.drafter, tree=tree, controller=controller,
               device=args.device, dtype=args.dtype, threads=args.threads, max_tree_nodes=args.max_tree_nodes,
               kv_dtype=args.kv_dtype)
 
@@ -277,11 +324,13 @@ def _bench(args) -> int:
 
 
 def _serve(args) -> int:
+    tree, controller = _speculation(args)
     from .serve.server import ServeOptions, serve
 
-    keys = ("model", "drafter", "tree", "controller", "max_tree_nodes", "host", "port", "api_key", "max_running",
+    keys = ("model", "drafter", "max_tree_nodes", "host", "port", "api_key", "max_running",
             "max_queue", "max_model_len", "max_kv_rows", "chunk_size", "device", "dtype", "threads", "kv_dtype")
-    return serve(ServeOptions(**{k: getattr(args, k) for k in keys}).check())
+    options = ServeOptions(**{k: getattr(args, k) for k in keys}, tree=tree, controller=controller)
+    return serve(options.check())
 
 
 def _config(args) -> int:
@@ -328,9 +377,10 @@ def _models_list(args) -> int:
                          present.get(r["state"], f"damaged: run outrider models pull {r['name']}"), dtype(r),
                          " ".join(drafters_for(r["name"])) or "-")  # shipped heads (heads/catalog.py)
                         for r in rows]
-    for r in list_imported():  # GGUFs of one's own (`models import`)
-        table.append((r["name"], "-", f"{r['size'] / 1e6:.0f} MB", "-", "imported", dtype({**r, "state": "pulled"}),
-                      "-"))
+    for r in list_imported():  # GGUFs of one's own (`models import`); damaged: the GGUF gone or changed since
+        present = f"damaged: {r['problem']}" if r["problem"] else "imported"
+        table.append((r["name"], "-", f"{r['size'] / 1e6:.0f} MB", "-", present,
+                      dtype({**r, "state": "damaged" if r["problem"] else "pulled"}), "-"))
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

@@ -128,3 +128,54 @@ def test_cli_import_list_and_generate(tmp_path, cache, capsys):
     assert json.loads(capsys.readouterr().out)["token_ids"] == by_name and len(by_name) == 6
     assert main(["models", "import", str(tmp_path / "none.gguf")]) != 0
     assert capsys.readouterr().err.strip().startswith("error: ")
+
+
+def test_a_missing_gguf_path_and_the_known_models(tmp_path, cache, capsys):
+    """--model PATH.gguf that is not there: "no such file", not "unknown model"; an unknown name
+    lists the imported models beside the catalog's."""
+    gguf = tmp_path / "mine.gguf"
+    writer.write_tiny_gguf(gguf, "llama", "Q8_0")
+    import_gguf(gguf, log=quiet)
+    missing = tmp_path / "typo" / "mine.gguf"
+    assert main(["generate", "--model", str(missing), "x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == err.splitlines()[0] and f"no such file: {missing}" in err and "unknown model" not in err, err
+    assert "mine" in err  # what to name instead
+    assert main(["generate", "--model", "no-such-model", "x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown model" in err and "smollm2-135m-instruct" in err and ", mine" in err, err
+
+
+def test_the_name_the_user_gave_keeps_working(tmp_path, cache, capsys):
+    """`my smol model.gguf` is imported as my-smol-model (the log says so); `--model "my smol model"`,
+    the name as the user knows it, finds it too, as does any spelling the import makes that name of."""
+    gguf = tmp_path / "my smol model.gguf"
+    writer.write_tiny_gguf(gguf, "llama", "Q8_0")
+    lines = []
+    folder = import_gguf(gguf, log=lines.append)
+    assert folder.name == "my-smol-model" and any("as 'my-smol-model'" in line for line in lines)
+    for typed in ("my smol model", "My Smol Model", "my-smol-model"):
+        assert resolve_model(typed) == folder, typed
+    assert main(["models", "path", "my smol model"]) == 0
+    assert capsys.readouterr().out.strip() == str(folder)
+    with pytest.raises(ModelError, match="unknown model 'my other model'"):
+        resolve_model("my other model")
+    with pytest.raises(ModelError, match=r"not a model name.*e\.g\. --name my-smol-model"):
+        import_gguf(gguf, name="My Smol Model", log=quiet)  # an explicit --name is not changed behind one's back
+
+
+def test_models_list_shows_a_truncated_import_damaged(tmp_path, cache, capsys):
+    gguf = tmp_path / "cut.gguf"
+    writer.write_tiny_gguf(gguf, "llama", "Q8_0")
+    import_gguf(gguf, log=quiet)
+    assert main(["models", "list"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("cut "))
+    assert "imported" in row and "damaged" not in row
+    size = gguf.stat().st_size
+    with open(gguf, "r+b") as f:  # the import is a link to this very file
+        f.truncate(size // 2)
+    assert [r["problem"] != "" for r in list_imported()] == [True]
+    assert main(["models", "list"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("cut "))
+    assert "damaged" in row and f"outrider models import {gguf.resolve()} --name cut --force" in row, row
+    assert "float32" not in row and "q8_0" not in row, row  # no dtype claimed for a file that is not whole

@@ -40,10 +40,17 @@ def imported_root() -> Path:
     return cache_dir() / "imported"
 
 
+def normal_name(text: str) -> str:
+    """`text` as a model name: lowercased, each run of characters outside [a-z0-9._-] made a dash,
+    no leading or trailing dash or dot ("My Smol Model" -> "my-smol-model"); "" when nothing is left.
+    The import names a file so, and a name is looked up so: the name the user typed keeps working."""
+    return re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-.")
+
+
 def default_name(gguf: Path) -> str:
     """The name a GGUF is imported under: its file name without `.gguf`, lowercased, with any
     character outside [a-z0-9._-] made a dash ("Qwen2.5 1.5B Q4_K_M.gguf" -> "qwen2.5-1.5b-q4_k_m")."""
-    return re.sub(r"[^a-z0-9._-]+", "-", gguf.name[: -len(".gguf")].lower()).strip("-.") or "model"
+    return normal_name(gguf.name[: -len(".gguf")]) or "model"
 
 
 def _source_facts(gguf: Path) -> dict:
@@ -60,25 +67,37 @@ def imported_folder(name: str) -> Path | None:
     marker = folder / IMPORTED_NAME
     if not marker.is_file():
         return None
-    facts = json.loads(marker.read_text())
-    gguf = folder / GGUF_NAME
-    if not gguf.is_file():
-        raise ModelError(f"imported model '{name}': its GGUF ({facts['source']}) is gone; import it again with "
-                         f"`outrider models import FILE.gguf --name {name} --force`")
-    stat = gguf.stat()
-    if (stat.st_size, stat.st_mtime_ns) != (facts["size"], facts["mtime_ns"]):
-        raise ModelError(f"imported model '{name}': its GGUF ({facts['source']}) changed since it was imported; "
-                         f"run `outrider models import {facts['source']} --name {name} --force`")
+    problem = damage(name, folder, json.loads(marker.read_text()))
+    if problem:
+        raise ModelError(f"imported model '{name}': {problem}")
     return folder
 
 
+def damage(name: str, folder: Path, facts: dict) -> str | None:
+    """What is wrong with the import in `folder` (its imported.json `facts`), with the command that
+    imports it again, or None: its GGUF is gone, or its size or mtime is not the one recorded (a
+    file truncated, rewritten or replaced since; the link is the file itself, no copy)."""
+    gguf = folder / GGUF_NAME
+    if not gguf.is_file():
+        return (f"its GGUF ({facts['source']}) is gone; import it again with "
+                f"`outrider models import FILE.gguf --name {name} --force`")
+    stat = gguf.stat()
+    if (stat.st_size, stat.st_mtime_ns) != (facts["size"], facts["mtime_ns"]):
+        return (f"its GGUF ({facts['source']}) changed since it was imported ({stat.st_size} bytes, "
+                f"{facts['size']} recorded); run `outrider models import {facts['source']} --name {name} --force`")
+    return None
+
+
 def list_imported() -> list[dict]:
-    """Every imported model: name, folder, source file and its size, for `models list`."""
+    """Every imported model: name, folder, source file and its size, for `models list`; "problem":
+    what `damage` finds (its GGUF gone or changed since the import, with what to run), else ""."""
     root = imported_root()
     rows = []
     for marker in sorted(root.glob(f"*/{IMPORTED_NAME}")) if root.is_dir() else []:
         facts = json.loads(marker.read_text())
-        rows.append({"name": marker.parent.name, "path": marker.parent, **facts})
+        name = marker.parent.name
+        rows.append({"name": name, "path": marker.parent, **facts,
+                     "problem": damage(name, marker.parent, facts) or ""})
     return rows
 
 
@@ -114,7 +133,8 @@ def import_gguf(gguf: str | os.PathLike, name: str | None = None, force: bool = 
     if by_path and _source_of(imported_root() / name) not in (None, str(gguf.resolve())):
         name = f"{name}-{hashlib.sha256(str(gguf.resolve()).encode()).hexdigest()[:8]}"
     if not NAME.fullmatch(name):
-        raise ModelError(f"'{name}' is not a model name: use lowercase letters, digits, '.', '_' and '-'")
+        hint = f" (e.g. --name {normal_name(name)})" if NAME.fullmatch(normal_name(name)) else ""
+        raise ModelError(f"'{name}' is not a model name: use lowercase letters, digits, '.', '_' and '-'{hint}")
     if name in CATALOG:
         raise ModelError(f"'{name}' is a packaged model's name: import under another with --name")
     folder = imported_root() / name

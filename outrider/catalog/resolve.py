@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ModelError
-from .imported import import_gguf, imported_folder, list_imported
+from .imported import import_gguf, imported_folder, list_imported, normal_name
 from .packages import CATALOG, DEFAULT_MODEL, model_path
 from .pull import check
 
@@ -29,8 +29,9 @@ def list_models() -> list[dict]:
 
 
 def resolve_model(name_or_path: str | os.PathLike, log: Callable[[str], None] | None = None) -> Path:
-    """A catalog name -> its pulled folder; an imported GGUF's name -> its folder; a folder path ->
-    itself; a .gguf file -> its imported folder (imported first if need be, telling `log`, by
+    """A catalog name -> its pulled folder; an imported GGUF's name -> its folder (also as the user
+    typed it: "My Smol Model" is the "my-smol-model" the import named, imported.normal_name); a folder
+    path -> itself; a .gguf file -> its imported folder (imported first if need be, telling `log`, by
     default stderr: catalog/imported.py). Never pulls.
 
     A pulled folder gets the quick check (files present with their recorded sizes), so a
@@ -57,10 +58,14 @@ def resolve_model(name_or_path: str | os.PathLike, log: Callable[[str], None] | 
         return import_gguf(path, log=log or (lambda line: print(line, file=sys.stderr)), by_path=True)
     if path.exists():
         raise ModelError(f"{path} is a file: give a GGUF (.gguf), a model folder (with config.json) or a catalog name")
-    raise ModelError(f"unknown model '{text}': known models are {', '.join(CATALOG)} "
+    # the name as typed, made a name as the import makes one ("My Smol Model" finds "my-smol-model")
+    imported = imported_folder(normal_name(text)) if normal_name(text) != text else None
+    if imported is not None:
+        return imported
+    if path.suffix.lower() == ".gguf":
+        raise ModelError(f"no such file: {path}; check the path, or name a model: {known_names()}")
+    raise ModelError(f"unknown model '{text}': known models are {known_names()} "
                      "(or give a GGUF file, a folder with config.json, or a name from `outrider models import`)")
-
-
 
 
 def known_names() -> str:

@@ -33,11 +33,20 @@ from ..spec.verifiers import choose_verifier
 MAX_TREE_NODES = 256  # draft nodes per sequence per round, unless the user raises it
 
 
+class Default(str):
+    """A `tree` or `controller` the user did not give: its default value, marked so that a message
+    about it says "the default --controller fixed:4" rather than name an option never passed."""
+
+
+def _named(flag: str, value: str) -> str:
+    return f"the default {flag} {value}" if isinstance(value, Default) else f"{flag} {value}"
+
+
 @dataclass(frozen=True)
 class SpecOptions:
     drafter: str  # e.g. "ngram", "draft-model:qwen2.5-coder-0.5b-instruct", "early-exit:8"
-    tree: str = "chain"
-    controller: str = "fixed:4"
+    tree: str = Default("chain")
+    controller: str = Default("fixed:4")
     max_tree_nodes: int = MAX_TREE_NODES  # refuse shapes whose rounds could draft or feed more
 
     @property
@@ -87,9 +96,9 @@ class SpecOptions:
         """Refuse a configuration whose rounds may hold more than `max_tree_nodes` draft nodes."""
         if nodes > self.max_tree_nodes:
             raise ConfigError(
-                f"--tree {self.tree} with --controller {self.controller} (depth up to {depth}) makes up to "
-                f"{nodes} draft nodes per round, over the limit of {self.max_tree_nodes}; use a smaller "
-                f"tree or a lower depth, or raise the limit with --max-tree-nodes")
+                f"{_named('--tree', self.tree)} with {_named('--controller', self.controller)} (depth up to "
+                f"{depth}) makes up to {nodes} draft nodes per round, over the limit of {self.max_tree_nodes}; use a "
+                f"smaller tree or a lower depth, or raise the limit with --max-tree-nodes")
 
     def label(self) -> str:
         return f"{self.drafter} {self.tree} {self.controller}"
