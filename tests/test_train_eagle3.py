@@ -247,3 +247,43 @@ def test_init_from_a_head_continues_it(target, corpus, tmp_path):
 
     with pytest.raises(ModelError, match="config.json not found"):
         train(options(target, corpus, tmp_path / "bad", steps=1, init_from=str(tmp_path / "nothing")))
+
+
+def test_vocabulary_coverage_counts_each_item_once(target, tmp_path):
+    """Two short texts (12 labels) against a plan of 48 labels: the draft vocabulary is counted over
+    the 12 labels of the 2 items, not over the items cycled until 48."""
+    rng = random.Random(7)
+    few = write_jsonl(tmp_path / "few.jsonl", [{"text": words(rng, 6)} for _ in range(2)])
+    said = []
+    train(options(target, few, tmp_path / "out", steps=1), log=said.append)
+    line = next(m for m in said if m.startswith("draft vocabulary"))
+    assert "of the 12 labels of all 2 items (each counted once)" in line, line
+
+
+def test_resume_refuses_another_schedule(target, corpus, tmp_path, capsys):
+    """A run of 4 steps resumed with --steps 8 (or another --lr or --warmup-steps) would jump in
+    its learning-rate schedule: refused in one line that names the recorded value."""
+    out = tmp_path / "run"
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_3(record):
+        if record["step"] == 3:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(options(target, corpus, out), log=lambda m: None, on_step=stop_at_3)
+    args = ["train", "eagle3", "--target", str(target), "--data", f"jsonl:{corpus}", "--out", str(out), "--seq-len",
+            "24", "--batch-size", "2", "--ttt-steps", "3", "--draft-vocab", "48", "--checkpoint-every", "2",
+            "--no-progress", "--threads", "1", "--resume"]
+    for extra, fix in ((["--steps", "8"], "resume it with --steps 4"), (["--steps", "4", "--lr", "0.01"],
+                       "resume it with --lr 0.001"), (["--steps", "4", "--warmup-steps", "1"],
+                       "resume it without --warmup-steps")):
+        assert main(args + extra) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: --resume: ") and "\n" not in err and "learning-rate schedule" in err, err
+        assert fix in err, err
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 2  # nothing ran
+    assert main(args + ["--steps", "4"]) == 0  # the recorded schedule: continues
+    assert log_of(out)[-1]["step"] == 4

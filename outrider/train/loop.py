@@ -43,6 +43,8 @@ SAME_ON_RESUME = ("target", "data", "seq_len", "batch_size", "seed", "draft_voca
                   "max_response_tokens", "ttt_steps", "decay", "vocab_tokens", "target_dtype", "precision",
                   "init_from", "length_group", "code_roots")
 OLD_RUNS = {"length_group": 1}  # what a checkpoint written before an option existed ran with
+# arguments that fix the learning-rate schedule (lr_at): a resumed run with others would jump in it
+SCHEDULE = ("steps", "tokens", "warmup_steps", "lr")
 PRECISIONS = ("fp32", "bf16")  # the head's arithmetic: fp32, or bf16 autocast (weights and optimizer fp32)
 TARGET_DTYPES = ("float32", "bfloat16")
 
@@ -230,6 +232,7 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
         if changed:
             raise ConfigError(f"--resume: {', '.join('--' + k.replace('_', '-') for k in changed)} differ from the "
                               f"run in {out} ({', '.join(f'{before.get(k)!r}' for k in changed)}); use its values")
+        _check_schedule(before, o, out)
     for line in corpus.sources:
         say(f"data {line}")
     if corpus.skipped:
@@ -365,22 +368,49 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
 
 
 
+def _check_schedule(before: dict, o: TrainOptions, out: Path) -> None:
+    """--resume: refuse options that define the learning-rate schedule (SCHEDULE) other than the
+    checkpoint's, in one line with the recorded values to pass. A --time-budget run checkpointed
+    before its plan recorded no step count yet: any --steps continues it (its lr so far was the warmup's)."""
+    now = asdict(o)
+    unplanned = before.get("time_budget") is not None and before.get("steps") is None
+    changed = [k for k in SCHEDULE if before.get(k) != now.get(k) and not (unplanned and k == "steps")]
+    if not changed:
+        return
+    flag = lambda k: "--" + k.replace("_", "-")  # noqa: E731
+    given = ", ".join(f"{flag(k)} {now[k]}" if now.get(k) is not None else f"no {flag(k)}" for k in changed)
+    recorded = " ".join(f"{flag(k)} {before[k]}" for k in changed if before.get(k) is not None)
+    dropped = [flag(k) for k in changed if before.get(k) is None]
+    fix = " and ".join(filter(None, [f"with {recorded}" if recorded else "",
+                                     f"without {' '.join(dropped)}" if dropped else ""]))
+    raise ConfigError(f"--resume: the run in {out} was recorded with another learning-rate schedule than this "
+                      f"command's ({given}); resume it {fix}, or to train longer let it finish and start a new "
+                      f"run with --init-from {out}")
+
+
 def _choose_vocab(stream: Stream, o: TrainOptions, vocab_size: int, say) -> torch.Tensor:
-    """Top draft_vocab ids by label count over the first labels of the stream (vocab.py)."""
+    """Top draft_vocab ids by label count over the first labels of the stream (vocab.py): up to the
+    planned labels (at most vocab_tokens), each item counted once (the first epoch: a corpus smaller
+    than the budget is not cycled, so the coverage said is over the labels of distinct items)."""
     if o.draft_vocab == vocab_size:
         return torch.arange(vocab_size)
     planned = o.tokens if o.tokens is not None else o.steps * o.batch_size * o.seq_len if o.steps else o.vocab_tokens
     budget = min(o.vocab_tokens, planned)
-    chosen, labels = [], 0
-    for _, example in stream.examples():
+    chosen, labels, items = [], 0, set()
+    for after, example in stream.examples():
+        if after.epoch > 0:  # every item seen once: the next ones repeat them
+            break
         chosen.append(example)
+        items.add(after.item - (after.chunk == 0))  # the item this example is a chunk of
         labels += sum(example.mask)
         if labels >= budget:
             break
     counts = count_labels(chosen, vocab_size)
     used = draft_vocab(counts, o.draft_vocab)
     covered = float(counts[used].sum()) / max(1, int(counts.sum()))
-    say(f"draft vocabulary: {o.draft_vocab} of {vocab_size} ids, covering {covered:.1%} of {labels} labels")
+    every = f"all {len(items)} items" if len(items) == len(stream.corpus.items) else f"{len(items)} items"
+    say(f"draft vocabulary: {o.draft_vocab} of {vocab_size} ids, covering {covered:.1%} of the {labels} labels "
+        f"of {every} (each counted once)")
     return used
 
 
