@@ -270,3 +270,52 @@ def test_golden_compare_rules(setup):
     assert compare(bf16, measured(golden["tau"] * 1.07, measured_on=elsewhere, settings=bf16["settings"]))[0]
     ok, message = compare(golden, measured(golden["tau"], prompt_ids=[[0]] * len(golden["prompt_ids"])))
     assert not ok and "encodes the golden prompts differently" in message
+
+
+def test_export_takes_the_target_from_train_info(setup, tmp_path, capsys):
+    """A head `outrider train eagle3` wrote records its --target in train_info.json: export needs no
+    --target; a recorded target that does not resolve here is refused in one line."""
+    _, target, head, _, _ = setup
+    trained = tmp_path / "trained"
+    shutil.copytree(head, trained)
+    (trained / "train_info.json").write_text(json.dumps({"target": str(target), "steps": 1}))
+    out = tmp_path / "out"
+    assert main(["export", "eagle3", str(trained), "--format", "eagle", "--out", str(out), "--depth", "2",
+                 "--max-new-tokens", "4"]) == 0
+    assert f"for {target}" in capsys.readouterr().out
+    assert json.loads((out / GOLDEN).read_text())["target"]["name"] == str(target)
+    (trained / "train_info.json").write_text(json.dumps({"target": str(tmp_path / "gone")}))
+    assert main(["export", "eagle3", str(trained), "--format", "eagle", "--out", str(tmp_path / "out2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "train_info.json records the target" in err and "pass --target" in err, err
+
+
+def test_check_head_says_a_truncated_weights_file_first(setup, tmp_path, capsys):
+    _, target, _, eagle, _ = setup
+    bad = corrupt(eagle, tmp_path / "cut")
+    weights = bad / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size - 100])
+    assert main(["check-head", str(bad), "--target", str(target)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    failed = [line for line in out if "FAIL: " in line]
+    assert failed and failed[0].startswith("weights file") and "truncated or corrupt" in failed[0], out
+    assert len(failed) == 1, out  # nothing blamed on a tensor the cut file only seems to lack
+    assert not any("lm_head" in line for line in out), out
+
+
+def test_speculators_verifier_loads_offline_by_default(setup, tmp_path, monkeypatch):
+    """The recorded verifier is the target's own folder, absolute (given relative here): it loads
+    with no network, from anywhere; --verifier still sets it."""
+    from transformers import AutoConfig
+
+    root, target, head, _, _ = setup
+    monkeypatch.chdir(target.parent)
+    out = export_eagle3(head, tmp_path / "spec", "speculators", target.name, golden=False)
+    verifier = json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
+    assert verifier == str(target.resolve())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert AutoConfig.from_pretrained(verifier).model_type == "llama"
+    given = export_eagle3(head, tmp_path / "spec2", "speculators", target, golden=False, verifier="org/model")
+    assert json.loads((given / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"] == \
+        "org/model"

@@ -52,3 +52,22 @@ def test_shipped_head_is_lossless_on_code(smollm2_decoder, smollm2_tokenizer, tr
         sp = generate_ids(target, [Request(list(prompt), 24, SamplingParams())], set(), speculation=spec)[0]
     assert sp.token_ids == ar.token_ids
     assert sum(sp.round_stats.accepted_by_position) > 0  # the trained head's drafts are accepted sometimes
+
+
+def test_speculators_export_of_the_readme_loads_offline(smollm2_path, tmp_path, monkeypatch):
+    """`outrider export eagle3 smollm2-135m-instruct --format speculators --out DIR` (the README's
+    example) records the pulled target's folder as the verifier: config and tokenizer load from it
+    with the Hub unreachable (a Hugging Face id would not)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from outrider.heads.eagle3_export import export_eagle3
+
+    said = []
+    out = export_eagle3(HEAD, tmp_path / "smol-speculators", "speculators",
+                        "smollm2-135m-instruct", golden=False, log=said.append)
+    verifier = json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]
+    assert verifier["name_or_path"] == str(smollm2_path.resolve()) and verifier["architectures"] == ["LlamaForCausalLM"]
+    assert any("--verifier HuggingFaceTB/SmolLM2-135M-Instruct" in line for line in said), said
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert AutoConfig.from_pretrained(verifier["name_or_path"]).model_type == "llama"
+    assert AutoTokenizer.from_pretrained(verifier["name_or_path"])("def f():")["input_ids"]

@@ -6,7 +6,8 @@ outrider/cli.py registers them with `add_parsers(sub)`; each `run_*` returns the
     outrider check-head DIR [--target NAME_OR_PATH]
 
 HEAD is a head folder or a shipped head's name (heads/catalog.py). --target defaults to the
-target recorded in the head's outrider_golden.json, else to a shipped head's name.
+target recorded in the head's outrider_golden.json, else in its train_info.json (a head
+`outrider train eagle3` wrote), else to a shipped head's name.
 """
 
 from __future__ import annotations
@@ -24,21 +25,22 @@ def add_parsers(sub) -> None:
                     "(vllm-project/speculators: vLLM)")
     e3.add_argument("--out", required=True, help="output folder, new or empty")
     e3.add_argument("--target", default=None, help="catalog name or folder of the target (default: the one in the head's "
-                    "outrider_golden.json, else a shipped head's name)")
+                    "outrider_golden.json or train_info.json, else a shipped head's name)")
     e3.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 for the float tensors (default: as stored)")
     e3.add_argument("--depth", type=int, default=4,
                     help="drafts per round: the golden run's chain and speculators' speculative_tokens (default 4)")
     e3.add_argument("--max-new-tokens", type=int, default=32, help="tokens per golden prompt (default 32)")
     e3.add_argument("--device", default="cpu", help="where the golden tau is measured (default cpu)")
-    e3.add_argument("--verifier", default=None, help="speculators verifier name_or_path (default: the target's "
-                    "Hugging Face id for catalog targets, else --target)")
+    e3.add_argument("--verifier", default=None, help="speculators verifier name_or_path, where vLLM loads the "
+                    "target from (default: the target's folder here, absolute: loads offline; for another machine "
+                    "give a Hugging Face id, e.g. HuggingFaceTB/SmolLM2-135M-Instruct)")
     e3.set_defaults(run=run_export)
 
     check = sub.add_parser("check-head", help="check an EAGLE-3 head folder: config, tensors, vocab map, "
                            "layer ids, golden tau")
     check.add_argument("dir", help="the head folder (or a shipped head's name)")
     check.add_argument("--target", default=None, help="catalog name or folder (default: the one recorded in "
-                       "outrider_golden.json)")
+                       "outrider_golden.json or train_info.json)")
     check.add_argument("--device", default=None, help="where to re-measure the golden tau (default: as recorded)")
     check.add_argument("--no-golden", action="store_true", help="skip re-measuring the golden tau")
     check.set_defaults(run=run_check)
@@ -57,9 +59,36 @@ def _target_for(head: Path, given: str | None, name: str) -> str:
         golden = None
     if golden and golden["target"].get("name"):
         return golden["target"]["name"]
+    trained = _trained_target(head)
+    if trained:
+        return trained
     if shipped_heads().get(name) == head:
         return name
-    raise ConfigError(f"{head} records no target (no outrider_golden.json): pass --target NAME_OR_PATH")
+    raise ConfigError(f"{head} records no target (no outrider_golden.json or train_info.json): pass --target "
+                      "NAME_OR_PATH")
+
+
+def _trained_target(head: Path) -> str | None:
+    """The --target of the training run that wrote `head` (its train_info.json), or None; one that
+    does not resolve here (a folder named relative to another directory, a model not pulled) is
+    refused in one line, saying what to pass."""
+    import json
+
+    from ..catalog.resolve import resolve_model
+    from ..errors import ConfigError, OutriderError
+
+    try:
+        target = json.loads((head / "train_info.json").read_text()).get("target")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(target, str) or not target:
+        return None
+    try:
+        resolve_model(target)
+        return target
+    except OutriderError as err:
+        raise ConfigError(f"{head}/train_info.json records the target {target!r}, which is not usable here "
+                          f"({err}); pass --target NAME_OR_PATH") from None
 
 
 def run_export(args) -> int:

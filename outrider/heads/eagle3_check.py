@@ -3,6 +3,8 @@
 One `Check` per line, each ok, FAIL (with what to do) or skipped (with why), in this order:
 
     layout             eagle (EAGLE / SpecForge) or speculators, from config.json
+    weights file       model.safetensors is there and whole (a truncated or corrupt file is said
+                       so here, first, and the checks of its tensors are skipped)
     config fields      present with their JSON types (eagle: the LlamaConfig fields the engines
                        read, tie_word_embeddings false; speculators: the field list read from
                        speculators 0.9.0's source, heads/eagle3_speculators.py), and runnable here
@@ -81,10 +83,11 @@ def check_head(folder: str | Path, target: str | Path, *, device: str | None = N
     kind = layout(raw)
     add("layout", "ok", {"eagle": "eagle: EAGLE / SpecForge, for vLLM and SGLang",
                          "speculators": "speculators: vllm-project/speculators, for vLLM"}[kind])
+    header = _weights_check(folder, add)
     config = _config_check(folder, raw, kind, add)
     _class_check(raw, kind, add)
-    target_path, tcfg = _target_check(target, config, folder, add)
-    names = _tensors_check(folder, kind, config, tcfg, add)
+    target_path, tcfg = _target_check(target, config, header, add)
+    names = _tensors_check(folder, kind, config, tcfg, header, add)
     _vocab_check(folder, config, names, add)
     _layers_check(config, tcfg, add)
     if not golden:
@@ -134,7 +137,30 @@ def _class_check(raw: dict, kind: str, add) -> None:
     add("speculators class", status, detail)
 
 
-def _target_check(target, config, folder: Path, add):
+def _weights_check(folder: Path, add) -> dict | None:
+    """model.safetensors' header (name -> (shape, dtype)), or None after a FAIL saying the file is
+    missing, truncated or corrupt: that is the problem, not any tensor a later check would miss."""
+    from safetensors import safe_open
+
+    path = folder / WEIGHTS
+    if not path.is_file():
+        add("weights file", "FAIL", f"{path} not found: an EAGLE-3 head keeps its tensors there; copy the whole "
+                                    "folder again or re-export the head")
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = {n: (tuple(f.get_slice(n).get_shape()), SAFETENSORS_DTYPES.get(f.get_slice(n).get_dtype()))
+                      for n in f.keys()}
+    except Exception as err:  # safetensors' own error for a cut or damaged file  # noqa: BLE001
+        reason = " ".join(str(err).split()) or type(err).__name__
+        add("weights file", "FAIL", f"{path} is truncated or corrupt ({path.stat().st_size} bytes; {reason}): "
+                                    "copy it again or re-export the head")
+        return None
+    add("weights file", "ok", f"{len(header)} tensors, {path.stat().st_size} bytes")
+    return header
+
+
+def _target_check(target, config, header: dict | None, add):
     from ..catalog.resolve import resolve_model
     from ..models.config import ModelConfig
 
@@ -147,9 +173,11 @@ def _target_check(target, config, folder: Path, add):
     if config is None:
         add("target", "skipped", "needs a readable config.json")
         return target_path, tcfg
-    names = _header(folder) or {}
     sizes_only = dataclasses.replace(config, layer_ids=None, layer_convention="vllm")  # ids: their own check
-    reason = misfit(sizes_only, tcfg, "embed_tokens.weight" in names, "lm_head.weight" in names)
+    if header is None:  # no readable weights (the weights file check said so): the sizes alone
+        reason = misfit(sizes_only, tcfg, True, True)
+    else:
+        reason = misfit(sizes_only, tcfg, "embed_tokens.weight" in header, "lm_head.weight" in header)
     if reason:
         add("target", "FAIL", reason)
     else:
@@ -157,22 +185,9 @@ def _target_check(target, config, folder: Path, add):
     return target_path, tcfg
 
 
-def _header(folder: Path) -> dict | None:
-    """name -> (shape, torch dtype) from model.safetensors' header; None when unreadable."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(folder / WEIGHTS), framework="pt") as f:
-            return {n: (tuple(f.get_slice(n).get_shape()), SAFETENSORS_DTYPES.get(f.get_slice(n).get_dtype()))
-                    for n in f.keys()}
-    except Exception:  # a missing or corrupt file: reported by the tensors check  # noqa: BLE001
-        return None
-
-
-def _tensors_check(folder: Path, kind: str, config, tcfg, add) -> dict | None:
-    header = _header(folder)
+def _tensors_check(folder: Path, kind: str, config, tcfg, header: dict | None, add) -> dict | None:
     if header is None:
-        add("tensors", "FAIL", f"{folder / WEIGHTS} is missing or not a safetensors file; re-export the head")
+        add("tensors", "skipped", f"needs a readable {WEIGHTS} (weights file)")
         return None
     if config is None:
         add("tensors", "skipped", "needs a readable config.json")

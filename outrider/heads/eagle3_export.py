@@ -43,8 +43,10 @@ DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.floa
           "fp32": torch.float32, "float32": torch.float32}
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 PREFIX = {"eagle": "midlayer.", "speculators": "layers.0."}
-# Hugging Face ids of the catalog targets: the speculators verifier (vLLM can serve the head alone
-# and loads the verifier from this id). Ours are converted from GGUF files, close to these weights.
+# Hugging Face ids of the catalog targets: a portable speculators verifier (`--verifier HF_ID`: vLLM
+# then fetches it from the Hub). Ours are converted from GGUF files, close to these weights. The
+# default verifier is the target's own folder (absolute): it loads offline, and it is the very model
+# the golden tau is measured with.
 HF_IDS = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct",
           "qwen2.5-coder-0.5b-instruct": "Qwen/Qwen2.5-Coder-0.5B-Instruct",
           "qwen2.5-coder-1.5b-instruct": "Qwen/Qwen2.5-Coder-1.5B-Instruct"}
@@ -146,7 +148,9 @@ def export_eagle3(source, out: str | Path, fmt: str, target: str | Path, *, dtyp
                   verifier: str | None = None, settings: GoldenSettings = GoldenSettings(), prompts=PROMPTS,
                   golden: bool = True, log=None) -> Path:
     """Write head `source` (a folder, or `from_head`/`from_folder`'s HeadTensors) for `target`
-    (catalog name or folder) into `out` in layout `fmt`, with its golden tau; returns `out`."""
+    (catalog name or folder) into `out` in layout `fmt`, with its golden tau; returns `out`.
+    `verifier` (speculators): the name_or_path vLLM loads the target from; default the target's
+    folder, absolute (loads offline, on this machine), e.g. a Hugging Face id for another machine."""
     import json
 
     from ..catalog.resolve import resolve_model
@@ -178,9 +182,15 @@ def export_eagle3(source, out: str | Path, fmt: str, target: str | Path, *, dtyp
                               max_positions=target_config.max_position_embeddings)
     else:
         raw_target = json.loads((target_path / "config.json").read_text())
+        if verifier is None:
+            verifier = str(Path(target_path).resolve())
+            if log:
+                portable = HF_IDS.get(str(target), "HF_ID")
+                log(f"speculators verifier: {verifier} (this machine's folder: loads offline); for another "
+                    f"machine export with --verifier {portable}")
         config = speculators_config(
             head.config, layer_ids, dtype=dtype_name, max_positions=target_config.max_position_embeddings,
-            speculative_tokens=settings.depth, verifier=verifier or HF_IDS.get(str(target), str(target)),
+            speculative_tokens=settings.depth, verifier=verifier,
             verifier_architectures=list(raw_target.get("architectures") or []))
     work = out.parent / f".{out.name}.partial-{os.getpid()}"
     if work.exists():
