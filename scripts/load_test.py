@@ -89,7 +89,7 @@ def _numbers(text: str, kind, flag: str) -> tuple:
 # ---- table and plot ---------------------------------------------------------------------------
 
 def table(results: dict) -> str:
-    """The phases as a markdown table (what README.md shows)."""
+    """The phases as a markdown table (as in docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Serving)."""
     rows = ["| phase | spec | ok / sent | errors | lost | output tok/s | TTFT p50 / p99 (s) "
             "| TPOT p50 / p99 (ms) | tau |", "|---|---|---|---|---|---|---|---|---|"]
     for p in results["phases"]:

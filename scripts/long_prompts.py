@@ -1,6 +1,7 @@
 """A jsonl workload of long prompts from the running Python's standard library (no download): each
 a module cut to `--tokens` tokens of the model's tokenizer, then a request to summarize it. For
-decoding at long contexts (the K/V cache's cost: README "A float16 K/V cache").
+decoding at long contexts (the K/V cache's cost: docs/benchmarks/2026-12-01-amd-epyc-zen5-avx512.md,
+Against llama.cpp, "Long prompts, and the float16 K/V cache").
 
     .venv/bin/python scripts/long_prompts.py --out /tmp/long.jsonl            # 3 modules, 1,800 tokens
     .venv/bin/outrider bench --preset llamacpp --dtype q4-i8 --kv-dtype float16 --workload jsonl:/tmp/long.jsonl

@@ -3,10 +3,11 @@
     fixed:N     always N deep
     adaptive    a moving average of the acceptance rate, with hysteresis: one deeper after
                 rounds that accept most drafts, one shallower after rounds that accept few
-    cost        the depth of most expected committed tokens per second of round time (after
-                LibraSpec's marginal criterion), using per-position acceptance estimates, the
-                drafter's own confidence where it has one, live draft times, and the target's
-                verify-cost profile measured on this machine; now and then one deeper, so that
+    cost        the depth of most expected committed tokens per second of round time, all
+                depths weighed (not LibraSpec's marginal rule, which goes deeper only while the
+                next depth pays), using per-position acceptance estimates, the drafter's own
+                confidence where it has one, live draft times, and the target's verify-cost
+                profile measured on this machine; now and then one deeper, so that
                 an estimate gone stale is seen again. With several
                 sequences in a round it prices the whole batch's verify forward (batch_cost.py)
                 and picks one depth for the round, backing off as the batch grows
@@ -159,8 +160,9 @@ class _Exploration:
     """Every `interval` rounds one round drafts one deeper than the chosen depth. A depth that is
     not drafted is not observed, so without it an estimate gone low (a rejection or two at depth
     2) or a draft time fitted from one slow proposal kept the controller shallow, or from drafting
-    at all, for good (measured on the Qwen pair: one slow first proposal, then no draft in 190
-    rounds, 0.97x AR against 1.16x at fixed:7). The interval doubles, up to EXPLORE_MOST, while
+    at all, for good (seen on the Qwen pair:
+    docs/benchmarks/2026-12-01-amd-epyc-zen5-avx512.md, Draft model: the Qwen pair with int8
+    activations). The interval doubles, up to EXPLORE_MOST, while
     trying brings no deeper choice, so a try costs a drafter that never pays ~1/256 of a round."""
     interval: int = EXPLORE_EVERY
     since: int = 0
@@ -225,7 +227,8 @@ class CostController:
         # every sequence's observations, decayed slowly: a new sequence's prior. Without it each
         # sequence starts at 0.5, and beside a costly drafter (a draft model's step is ~half a
         # target step) 0.5 never pays for a first draft, so the controller never learned that
-        # this pair agrees 90% of the time (measured: tau 1.28 against 5.19 at fixed:5).
+        # this pair agrees 90% of the time (the pair's tau at fixed depths:
+        # docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Draft model: the Qwen pair).
         self._pool_reached = self._pool_accepted = 0.0  # over all depths (acceptance shrinks towards their rate)
         self._explore: dict[int, _Exploration] = {}  # per sequence; -1: the batch rounds'
         self._timed = False  # whether a proposal's time was seen (the first is not fitted)

@@ -25,7 +25,9 @@ from ..models.batch import pack
 from ..models.decoder import Decoder
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-WARM_UP = 8  # forwards before timing (measured: cost(1) came out above cost(2) with one in noisy minutes)
+# forwards before timing (with one, cost(1) came out above cost(2) in noisy minutes:
+# docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Verify cost)
+WARM_UP = 8
 
 
 @dataclass(frozen=True)

@@ -81,8 +81,9 @@ def build(arg: DraftModel, shape, target, target_path: Path) -> ModelDrafter:
 
     path = resolve_model(arg.name)
     # no @DTYPE: the drafter's own GGUF quantization where our kernel runs it, with int8
-    # activations where they run (its numerics change only its proposals; measured on the Qwen
-    # pair without AMX: its prompt's prefill 2.8 -> 0.6 s, README), else the target's float dtype
+    # activations where they run (its numerics change only its proposals; measured:
+    # docs/benchmarks/2026-12-01-amd-epyc-zen5-avx512.md, Draft model: the Qwen pair with int8
+    # activations), else the target's float dtype
     from ..kernels import native
 
     own = auto_dtype(path, target.device)

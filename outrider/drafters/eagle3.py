@@ -301,9 +301,9 @@ def _split(argument: str) -> tuple[str, str | None]:
 def head_dtype(asked: str | None, target) -> str | None:
     """The kind the head's matrices are kept in (None: the target's float dtype). By default q4_0
     beside a target whose weights are kept quantized on a CPU where the native kernel runs: the
-    head then reads an eighth of the float32 bytes per drafting step and drafts as well (in one
-    bench run q4_0, q4_1 and q8_0 heads gave the same tau, q4_0 the fastest rounds: README);
-    otherwise float, as the target computes."""
+    head then reads an eighth of the float32 bytes per drafting step and drafts as well (q4_0,
+    q4_1 and q8_0 heads compared: docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md,
+    EAGLE-3 preset, "The head's precision"); otherwise float, as the target computes."""
     from ..kernels import native
 
     if asked is not None:

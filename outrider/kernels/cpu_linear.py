@@ -5,14 +5,13 @@ machine, measured once (kept on disk for a model's shapes, else once per process
     prepare([w1, w2, ...])             # measure the shape classes of a model's weights (once)
     config linear=packed               # force one path (tests, A/B; OUTRIDER_LINEAR); "auto" measures
 
-Why. The BLAS reads a weight at very different speeds for few rows, and which way is fast
-differs between machines: on an earlier AVX2 CPU F.linear read the 49152 x 576 head at one row far
-below the memory bandwidth and `weight @ x.T` was 1.4-3x faster; on a 2-core Xeon with AVX-512
-the same `weight @ x.T` was 2-4x slower than F.linear at 1-3 rows, while F.linear doubled its time
-from 3 rows to 4 (MKL changes kernel there). So the path is chosen per weight shape and per
-bucket of rows (1, 2-4, 5-16, more), by timing each path on the model's own weights (up to 256 MB
-of each shape, in turn, so that they come from memory as in a forward: a few weights alone would
-sit in that Xeon's 480 MB L3 cache and mislead).
+Why. The BLAS reads a weight at very different speeds for few rows, and which path is fastest
+differs between machines and between row counts (docs/benchmarks/2026-11-29-x86-avx2.md,
+Autoregressive decoding; docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Verify cost:
+"The CPU linear path"). So the path is chosen per weight shape and per bucket of rows (1, 2-4,
+5-16, more), by timing each path on the model's own weights (up to 256 MB of each shape, in turn,
+so that they come from memory as in a forward: a few weights alone would sit in a large L3 cache,
+such as the Xeon's 480 MB, and mislead).
 
 Paths (all float32 in, float32 arithmetic, float32 out for a float32 weight: the same products
 summed in another order, so equal within float rounding; tests/test_cpu_linear.py checks each
@@ -24,14 +23,14 @@ against `reference` in float64):
   float32: they stay in the L2 cache), and one batched matmul over the chunks with x repeated
   (a stride-0 view): each chunk is read from memory once and used for all rows while it is in
   cache, where MKL's GEMM for 4-16 rows read the weights at about half the speed of its 1-row
-  GEMV (measured on the AVX-512 Xeon, 1 thread: a whole SmolLM2's linears took 1.6x one row
-  at 8 rows, against 2.6x with F.linear). No copy; needs `out` to have a divisor of at least 8 rows that fits.
+  GEMV (docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Verify cost: "The CPU linear
+  path"). No copy; needs `out` to have a divisor of at least 8 rows that fits.
 - "packed": MKL's packed weight (`cblas_sgemm_pack` once per weight, through torch's
   `_mkl_reorder_linear_weight` / `_mkl_linear`); float32 only. Only when forced: it keeps a
   packed copy of every weight (the weight's size again), and on whole models it lost to
-  "chunked" at 4-16 rows (SmolLM2, AVX-512 Xeon: 1.89x one row at 8 rows against 1.38x). The
-  packed form is the same for every row count on the MKL measured here (tests check it against
-  the reference at several row counts).
+  "chunked" at 4-16 rows (docs/experiments.md, Paths kept only as options). The packed form is
+  the same for every row count on the MKL measured here (tests check it against the reference at
+  several row counts).
 
 Determinism. A choice, once made for a (shape, dtype), is never remeasured in the process, so an
 autoregressive run and a speculative run in one process use the same arithmetic for the same

@@ -16,10 +16,11 @@ every core). Where it cannot be built
 False, one line on stderr says why when asked with `reason()`, and quantized weights use the
 torch "blockwise" kernel instead: same values, slower.
 
-Why a kernel of our own (measured, README "Quantized weights"): torch's int4 CPU kernel is
-fast only with bfloat16 activations, and a bfloat16 model drifts from its own autoregressive
-output under speculation; the float32 path through torch (dequantize blocks, then a GEMM) runs at
-half float32's speed. This kernel reads the 4-bit blocks once, decodes them in registers for up
+Why a kernel of our own (docs/kernels.md, torch's kernels for quantized weights; measured:
+docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Decoding and quantized weights):
+torch's int4 CPU kernel is fast only with bfloat16 activations, and a bfloat16 model drifts from
+its own autoregressive output under speculation; the float32 path through torch (dequantize
+blocks, then a GEMM) runs at about half float32's speed. This kernel reads the 4-bit blocks once, decodes them in registers for up
 to 8 rows of activations at once, and computes each output element by one fixed sequence of
 float32 operations: results are bit-identical whatever the number of rows or threads (see the
 C source), so a k-token verify forward gives each row exactly what a 1-token decode step gives.

@@ -12,15 +12,17 @@ Kernels (one per weight, chosen when it is built):
   kernel (`native/qmatmul.c`), float32 activations, reading the blocks as they are and decoding
   each in registers once for up to 8 rows. Its weight values are the reference's exactly, and
   each output row is bit-identical whatever the number of rows or threads, so a k-token verify
-  forward's linears give each row what a 1-token step gives. About twice float32's speed at one
-  row on this CPU (measured: `scripts/bench_quant_kernels.py`).
+  forward's linears give each row what a 1-token step gives. Faster than float32 weights at one
+  row (docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Decoding and
+  quantized weights; `scripts/bench_quant_kernels.py` times the kernel alone).
 - "blockwise" (any kind, any device; where "native" is not built or the compute dtype is not
   float32): dequantize a few hundred rows at a time into
   the compute dtype (codes * scale + offset, exactly the reference's values) and multiply with
   the float GEMM, so no full float copy ever exists. In float32 it differs from the reference only
   in summation order, like the float32 model does between a 1-token and a k-token forward: greedy
   speculative output stays equal to autoregressive output. Device-agnostic torch (the path on CUDA
-  and MPS too; not run on a GPU here). Slower than a float32 matmul on this CPU (measured).
+  and MPS too; not run on a GPU here). Slower than a float32 matmul on the CPUs measured
+  (docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Verify cost: "The CPU linear path").
 - "int4pack" (Q4_0, Q4_1 on an x86 CPU, fast=True): torch's packed int4 kernel,
   `_weight_int4pack_mm_for_cpu`, group 32. It computes w = (code - 8) * scale + zero per group
   (tests/test_quant.py checks the formula), so Q4_0 maps onto it with scale d, zero 0, and Q4_1
@@ -33,9 +35,9 @@ Kernels (one per weight, chosen when it is built):
   onto without quantizing again (a different model), so it is not used.
 
 Precision of the int4 kernels: torch's CPU kernel is vectorized for bfloat16 activations only
-(torch 2.13: float32 activations take a path 17x slower at one row, slower than a float32
-matmul), so x goes in as bfloat16, scales and zeros are bfloat16, products are summed in float32
-and the result comes out as bfloat16. Each rounding is at most 2**-8 relative (llama.cpp's CPU
+(torch 2.13: float32 activations take a slow path, slower than a float32 matmul; docs/kernels.md,
+torch's kernels for quantized weights), so x goes in as bfloat16, scales and zeros are bfloat16,
+products are summed in float32 and the result comes out as bfloat16. Each rounding is at most 2**-8 relative (llama.cpp's CPU
 path rounds activations to 8-bit blocks, the same order). The kernel itself is row-independent,
 but its bfloat16 rounding turns the float32 attention's tiny differences between a 1-token and a
 k-token forward (SDPA is not bit-identical across batch shapes) into differences of a bfloat16
@@ -174,30 +176,29 @@ def _matmul_int4pair(x: torch.Tensor, state: dict) -> torch.Tensor:
 # -- native: Outrider's C kernel ---------------------------------------------------------------------
 
 # A forward that only fills the cache (a prompt's prefill: no logits, every row a prompt token)
-# may multiply its many rows with the float GEMM on dequantized rows of the weight, which is
-# faster there (measured: 1.4-1.6x at 256 rows); its results then differ from the kernel's in
-# summation order, which nothing compares: autoregressive decoding and speculation prefill a
-# prompt alike, and every decode and verify row still goes through the kernel (bit-identical
-# whatever the number of rows). Opt-in and lossy (`bf16_prefill`, OUTRIDER_LOSSY_BF16_PREFILL=1,
-# CPUs with AMX): the GEMM in bfloat16, x and the weight rows rounded to bfloat16, float32 sums;
-# 2.1-2.5x faster prefill of 512 tokens on the Qwen 0.5B / 1.5B. The prompt's K/V then carry
-# bfloat16 rounding (logits after a 512-token prompt moved by <= 0.1 of 9-29), so the target's
-# output can differ from the float32 prefill's; every method prefills alike, so greedy speculative
-# output still equals greedy autoregressive output under the same setting. A draft model's
-# prefill takes it whenever the CPU has AMX (`filling(bf16=True)`, Decoder.drafter_prefill_bf16):
-# a drafter's numerics change only what it proposes, never what is committed.
+# may multiply its many rows with the float GEMM on dequantized rows of the weight (`gemm_prefill`);
+# its results then differ from the kernel's in summation order, which nothing compares:
+# autoregressive decoding and speculation prefill a prompt alike, and every decode and verify row
+# still goes through the kernel (bit-identical whatever the number of rows). Opt-in and lossy
+# (`bf16_prefill`, OUTRIDER_LOSSY_BF16_PREFILL=1, CPUs with AMX): the GEMM in bfloat16, x and the
+# weight rows rounded to bfloat16, float32 sums. The prompt's K/V then carry bfloat16 rounding, so
+# the target's output can differ from the float32 prefill's; every method prefills alike, so greedy
+# speculative output still equals greedy autoregressive output under the same setting. A draft
+# model's prefill takes it whenever the CPU has AMX (`filling(bf16=True)`,
+# Decoder.drafter_prefill_bf16): a drafter's numerics change only what it proposes, never what is
+# committed.
 # Where the CPU has the AMX tile unit, a filling forward of TILE_ROWS rows or more takes matmul_amx.c
 # instead of the float GEMM: exact products (a block's integer codes and x split into three
-# bfloat16 parts whose sum is x exactly) and float32 sums, 2.1-2.8x the GEMM at 256 rows (q8_16 1.6x) and
-# closer to the float64 reference than it (README "Quantized weights"); float32 like the GEMM,
-# so not lossy in the bfloat16 prefill's sense. Where the bfloat16 prefill is asked for (a drafter's,
-# or the lossy opt-in) matmul_amx.c rounds x to one bfloat16 part instead (the codes stay exact: half the
-# bfloat16 GEMM's error, 1.2-1.6x its speed on q4_1 and q8_0 at 256 rows; scripts/bench_fill.py).
-# OUTRIDER_TILE_PREFILL=0 keeps the GEMMs.
+# bfloat16 parts whose sum is x exactly) and float32 sums; float32 like the GEMM, so not lossy in
+# the bfloat16 prefill's sense. Where the bfloat16 prefill is asked for (a drafter's, or the lossy
+# opt-in) matmul_amx.c rounds x to one bfloat16 part instead (the codes stay exact).
+# OUTRIDER_TILE_PREFILL=0 keeps the GEMMs. Which path when: docs/kernels.md, Prefill paths. The
+# speed and error of each (scripts/bench_fill.py), TILE_ROWS's and BULK_ROWS_BF16's measurements:
+# docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Prefill.
 _FILLING = contextvars.ContextVar("outrider_filling", default=False)
-TILE_ROWS = 24  # rows from which matmul_amx.c beats the kernel (measured: 1.0x at 16 rows, 1.1-1.4x at 24, 2.4x at 96)
+TILE_ROWS = 24  # rows from which matmul_amx.c beats the kernel
 BULK_ROWS = 96  # rows from which a filling forward takes the GEMM (native is faster below ~64)
-BULK_ROWS_BF16 = 32  # the same for the bfloat16 GEMM (measured: 0.8x native's time at 32 rows, 0.5x at 64)
+BULK_ROWS_BF16 = 32  # the same for the bfloat16 GEMM (it takes less time than the kernel from 32 rows)
 _BULK_VALUES = 1 << 20  # weight values dequantized at a time (4 MB of float32: measured best of 2**18-2**22)
 
 
@@ -226,9 +227,9 @@ def tile_prefill() -> bool:
 
 def bf16_prefill() -> bool:
     """Whether a filling forward's GEMM runs in bfloat16 (lossy, off by default): with
-    config lossy_bf16_prefill on CPUs with a bf16 matrix unit (AMX, which torch's oneDNN uses:
-    ~5x the float32 GEMM at 512 rows on 2 cores). Only prompt K/V is computed so; decode and
-    verify rows never are."""
+    config lossy_bf16_prefill on CPUs with a bf16 matrix unit (AMX, which torch's oneDNN uses;
+    speed: docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Prefill). Only prompt K/V is
+    computed so; decode and verify rows never are."""
     return current().lossy_bf16_prefill and has_amx()
 
 
@@ -237,10 +238,9 @@ def gemm_prefill() -> bool:
     on dequantized rows (else the row kernel, as decode rows do): on Intel CPUs, where torch's
     BLAS (MKL) runs at its best, unless config gemm_prefill is off; elsewhere only when on. Decided
     by the CPU, not by timing, so that every process on a machine prefills a prompt alike (the
-    same seed, the same text). Measured, 256-token prefills, 2 threads: on the AVX-512 Xeon the
-    GEMM took 422 ms for SmolLM2 against the row kernel's 724; on an AMD EPYC (Zen 5), where MKL
-    reached ~190 of ~500 GFLOPS, 0.50-0.57 s against 0.27-0.33 s (the Qwen 1.5B: 3.9-4.2 against
-    2.7-3.1 s)."""
+    same seed, the same text). On Intel CPUs MKL beats the row kernel at a prefill's rows, on an
+    AMD EPYC the row kernel does (docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md and
+    docs/benchmarks/2026-12-01-amd-epyc-zen5-avx512.md, Prefill)."""
     choice = current().gemm_prefill
     return choice == "on" or (choice == "auto" and native.cpu_vendor() == "GenuineIntel")
 

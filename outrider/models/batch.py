@@ -170,7 +170,8 @@ def _one_chain(slot: int, cache_len: int, tokens: torch.Tensor, tree: bool, logi
                device) -> ForwardBatch:
     """_pack's batch for one slot whose new tokens run causally (no tree, or a chain: a decode step,
     a chain's verify, a prompt), field for field, without the per-node tree machinery (~1 ms a
-    step on a 2-core CPU): token i sees every cached row and the new tokens up to itself. The mask
+    step on a 2-core CPU: docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Quick preset, earlier
+    runs): token i sees every cached row and the new tokens up to itself. The mask
     is _pack's too: none for a causal run that starts the cache or is one token, else [1, 1, T, L]."""
     T = int(tokens.shape[0])
     L = cache_len + T

@@ -26,8 +26,9 @@ safetensors, quantized at load. `load_decoder(folder, dtype="q4" | "q8_0")` read
                    scale, integer dot products (native/qmatmul_i8.c, AVX-512 VNNI; kernels/qmatmul_i8_reference.py). A
                    model of its own (its output differs from q4's as llama.cpp's does), exact
                    under speculation like every dtype here: a k-token verify gives each row what
-                   a 1-token step gives, bit for bit; an 8-token verify costs ~1.5-1.9 steps
-                   against ~2.3 with float32 activations (README "Int8 activations").
+                   a 1-token step gives, bit for bit. What a verify costs in one-token steps,
+                   beside float32 activations: docs/benchmarks/2026-12-01-amd-epyc-zen5-avx512.md,
+                   Verify cost.
 
 What stays float: RMSNorm weights, projection biases (Qwen2), rotary tables, the K/V cache and
 activations (the compute dtype: float32 on the CPU), and any projection whose input size is not

@@ -9,9 +9,8 @@
 /* Ask for the codes and scales PREFETCH_BYTES ahead of block b (past a row's end that is the
  * next row's, which this thread computes next): a row is only a few hundred bytes, too short for
  * the hardware prefetcher to get ahead on its own. Once per 64-byte line: codes every second block
- * (Q8_0 blocks are 32 bytes), scales and mins every sixteenth. 8 KB ahead: a decode step of the
- * models that do not fit the cache (Qwen 1.5B, 0.5B) 5-10% faster than at 4 KB in alternated runs
- * (12 KB about as 8, 1 KB 15% slower; prefetching into L1 instead of L2 no better). */
+ * (Q8_0 blocks are 32 bytes), scales and mins every sixteenth. 8 KB ahead, into L2 (other
+ * distances and L1 were no better: docs/experiments.md, The float32 row kernel and the AMX tiles). */
 #define PREFETCH_BYTES 8192
 static inline __attribute__((always_inline)) void prefetch_ahead(int kind, int64_t b, const uint8_t *q,
                                                                  const void *d, const void *m) {

@@ -1,8 +1,9 @@
 /* One decoder layer for a few rows (decode and verify forwards), in one call from Python.
  *
  * The torch path of a layer (models/decoder.py) is some two hundred small tensor operations; for
- * one to a few dozen rows their dispatch costs more than the layer's arithmetic (measured on
- * SmolLM2-135M q4: 11 ms of kernels in a 22 ms decode step). This does the same layer in C:
+ * one to a few dozen rows their dispatch costs more than the layer's arithmetic
+ * (docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Decoding and quantized weights: "The
+ * native layer"). This does the same layer in C:
  *
  *   h = rmsnorm(x) ; qkv = h W_qkv^T (+ bias) ; per head: q/k norm (Qwen3), rotary ;
  *   K/V written to the cache rows ; attention of each row over the cache rows it may see ;

@@ -14,7 +14,7 @@
  * Why fast. A tile product (16 rows x 32 values x 16 columns) is one instruction; three of them
  * (the parts) per block still do ~5x the multiply-adds a cycle of two AVX-512 FMA ports. What binds
  * it here is the vector unit's share: scaling each group's 16 x 16 sums and building the weight
- * tiles. Measured: README "Quantized weights".
+ * tiles. Measured: docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Prefill.
  *
  * Layout of one call: x's parts in tiles (split_row: each 16 rows x one group contiguous, rows
  * padded to 16 with zeros); threads take blocks of up to NC pairs of 16-row weight blocks (the same

@@ -27,8 +27,8 @@
  * and decoded in registers once for up to ROWS rows of x (a Q4 block as a lookup of its 16 possible
  * values), and each 16 values of x are loaded once for up to COLS weight rows (a register tile of
  * 16 accumulators); threads split N (OpenMP: torch's own libgomp, with torch's thread count).
- * Measured on the AVX-512 Xeon, SmolLM2-135M q4, a whole 8-token verify forward: 1.98x a 1-token
- * forward with one weight row per tile and the mask-convert-scale decode, 1.76x with both.
+ * Measured (a k-token verify against a 1-token step): docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md,
+ * Verify cost.
  */
 #include <stdint.h>
 

@@ -40,9 +40,9 @@
  * it is dense instead: its codes in the GGUF's own order, 4 bytes a lane, so a vector holds 4 Q4
  * blocks (or 2 Q8 ones), and x's tail is laid out lane by lane to match. A block's lanes are
  * summed (integers) before its scale applies, and its term goes into the accumulator lane of its
- * first code lane: each block still adds one term, as in a group. (Measured, alternated in one
- * process: the 0.5B's 12-block tails as a short group made its 8-row forward 14% faster than
- * dense, one row 3%; SmolLM2's 2-block tails as a short group 4-8% slower than dense.)
+ * first code lane: each block still adds one term, as in a group. (Short groups from 8 blocks,
+ * dense below, as measured: docs/benchmarks/2026-12-01-amd-epyc-zen5-avx512.md, Decoding;
+ * docs/experiments.md, The int8 kernel and attention.)
  *
  * Why it is cheaper than qmatmul.c at several rows: a group (512 values) costs a row 8 VNNI
  * instructions and four float operations, where float32 needs 32 multiply-adds; the codes'
