@@ -10,7 +10,7 @@ TORCH ?= torch==2.13.0
 DEFAULT_MODEL := smollm2-135m-instruct
 PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: demo test test-unit install clean
+.PHONY: demo test test-unit mutate install clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ test: install
 # the unit tests alone: tiny random models, no download
 test-unit: install
 	$(PYTEST) -m "not model"
+
+# mutation testing of the exactness core, bounded in time (MUTATE_MINUTES per group); not part of `make test`
+MUTATE_MINUTES ?= 20
+mutate: install
+	$(PY) -m pip install -q -e ".[mutate]"
+	$(PY) scripts/mutate.py --minutes $(MUTATE_MINUTES) $(GROUPS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
