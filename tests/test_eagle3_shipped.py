@@ -54,8 +54,8 @@ def test_shipped_head_is_lossless_on_code(smollm2_decoder, smollm2_tokenizer, tr
     assert sum(sp.round_stats.accepted_by_position) > 0  # the trained head's drafts are accepted sometimes
 
 
-def test_speculators_export_of_the_readme_loads_offline(smollm2_path, tmp_path, monkeypatch):
-    """`outrider export eagle3 smollm2-135m-instruct --format speculators --out DIR` (the README's
+def test_speculators_export_of_the_docs_loads_offline(smollm2_path, tmp_path, monkeypatch):
+    """`outrider export eagle3 smollm2-135m-instruct --format speculators --out DIR` (docs/learned-drafters.md's
     example) records the pulled target's folder as the verifier: config and tokenizer load from it
     with the Hub unreachable (a Hugging Face id would not)."""
     from transformers import AutoConfig, AutoTokenizer

@@ -5,22 +5,24 @@ region that ends at a barrier: the op is done when its slowest thread is. Betwee
 libgomp's threads spin (about 0.6 ms here, GOMP_SPINCOUNT=300000) before they sleep, and a decode
 step starts the next region long before that, so our N threads keep N cores busy. Beside a busy
 process on one of those cores, each region waits at its barrier for the thread the scheduler has
-just put behind that process, while our other thread spins: on 2 cores with one busy neighbour,
-SmolLM2 decoding fell to 0.18x of its speed alone (README, "Shared CPUs"), not the ~0.5x that
-losing one core of two would explain. Passive waiting (OMP_WAIT_POLICY=PASSIVE) mostly cures
-that (0.73x) but costs 18% on a quiet machine (every region then wakes a sleeping thread); one
-thread per free core cures it (0.56x) at no quiet cost, since one thread has no barrier to wait at.
+just put behind that process, while our other thread spins: beside one busy neighbour, 2 threads
+on 2 cores decode far slower than losing one core of two would explain. Passive waiting
+(OMP_WAIT_POLICY=PASSIVE) mostly cures that but slows a quiet machine (every region then wakes a
+sleeping thread); one thread per free core cures it at no quiet cost, since one thread has no
+barrier to wait at. Measured: docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Shared CPUs;
+the why: docs/kernels.md#shared-cpus.
 
 How. `CpuShare` looks, every `period_s` of generation, at how many of the cores we may run on
 other processes kept busy (/proc/stat over those cores, less our own CPU time), and sets torch's
 thread count to the cores they left free, rounded (at least 1, at most the count the call began
-with). `LLM.generate` drives it from its per-round callback and puts the count back when the call
-ends. It is off when the user chose a count (`LLM(threads=N)`, `--threads N`, or OMP_NUM_THREADS
-in the environment) and where /proc/stat does not exist (not Linux): then torch keeps its count.
-Unlike an OpenMP environment variable it works whatever was imported first. Code that drives
-`generation.generate_ids` directly (the `outrider bench` runner) keeps a fixed count, so its
-timings compare like with like; to follow the free cores there, call `share.tick()` from
-`on_commit` inside `with share:` for a `share = CpuShare()`.
+with). `LLM.generate` ticks it after every engine step and puts the count back when the call
+ends. It is off when the user chose a count (config `threads`: `LLM(threads=N)`, `--threads N`;
+or OMP_NUM_THREADS in the environment), when config `follow_free_cores` is off, and where
+/proc/stat does not exist (not Linux): then torch keeps its count. Unlike an OpenMP environment
+variable it works whatever was imported first. Code that drives `engine.generate.generate_ids`
+directly (the `outrider bench` runner) keeps a fixed count, so its timings compare like with
+like; to follow the free cores there, step an EngineLoop inside `with share:` and call
+`share.tick()` after each step, for a `share = CpuShare()`.
 """
 
 from __future__ import annotations
