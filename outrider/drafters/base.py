@@ -97,6 +97,18 @@ def missing_tail(known: list[int], tokens: list[int]) -> list[int] | None:
     return None
 
 
+def catch_up(state, tokens: list[int], append) -> bool:
+    """Bring a drafter's per-sequence `state` (which has `.tokens`) level with `tokens`, the
+    committed prefix: True when it was in step or behind (`append(state, tail)` extends it), False
+    when it must be rebuilt (no state, or another prefix: see `missing_tail`)."""
+    tail = missing_tail(state.tokens, tokens) if state is not None else None
+    if tail is None:
+        return False
+    if tail:
+        append(state, tail)
+    return True
+
+
 def ancestors_kept(cand: list[tuple[int, int, float]], c: int, kept: set[int]) -> bool:
     """Best-first trees: whether every ancestor of candidate `c` below the root is in `kept`.
     cand[i] = (token, parent candidate id, score); candidate 0 is the root."""

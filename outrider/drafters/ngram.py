@@ -32,7 +32,7 @@ import torch
 from ..errors import ConfigError
 from ..sampling import SamplingParams
 from ..spec.types import DraftTree, VerifyResult
-from .base import Budget, missing_tail
+from .base import Budget, catch_up
 from .capabilities import Capabilities, Drafts
 from .registry import DrafterEntry, register
 
@@ -113,17 +113,10 @@ class NgramDrafter:
             seq.append(token)
 
     def _synced_state(self, seq_id: int, tokens: list[int]) -> NgramState:
-        """The state for `tokens`: kept when it matches, extended when behind, rebuilt otherwise.
-
-        See `base.missing_tail` for how the two are compared.
-        """
+        """The state for `tokens`: kept when it matches, extended when behind, rebuilt otherwise."""
         state = self._states.get(seq_id)
-        if state is not None:
-            tail = missing_tail(state.tokens, tokens)
-            if tail is not None:
-                if tail:
-                    self._append(state, tail)
-                return state
+        if catch_up(state, tokens, self._append):
+            return state
         self.start(seq_id, tokens)
         return self._states[seq_id]
 

@@ -52,7 +52,7 @@ import torch
 from ..errors import ConfigError
 from ..sampling import SamplingParams
 from ..spec.types import DraftTree, VerifyResult
-from .base import Budget, missing_tail
+from .base import Budget, catch_up
 from .capabilities import Capabilities, Drafts
 from .registry import DrafterEntry, register
 from .suffix_tree import Position, SuffixTree, has_continuation, step
@@ -285,17 +285,11 @@ class SuffixDrafter:
         # otherwise the cursors are stale anyway and are rebuilt at the next proposal
 
     def _synced_state(self, seq_id: int, tokens: list[int]) -> SuffixState:
-        """The state for `tokens`: kept when it matches, extended when behind, rebuilt otherwise.
-
-        See `base.missing_tail` for how the two are compared.
-        """
+        """The state for `tokens`: kept when it matches, extended when behind, rebuilt otherwise
+        (keeping where its prompt ended)."""
         state = self._states.get(seq_id)
-        if state is not None:
-            tail = missing_tail(state.tokens, tokens)
-            if tail is not None:
-                if tail:
-                    self._append(state, tail)
-                return state
+        if catch_up(state, tokens, self._append):
+            return state
         prompt_len = state.prompt_len if state is not None else len(tokens)
         self.start(seq_id, tokens)
         self._states[seq_id].prompt_len = min(prompt_len, len(tokens))
