@@ -12,7 +12,6 @@ from outrider.errors import ConfigError
 from outrider.engine.generate import generate_ids
 from outrider.engine.request import Request
 from outrider.weights.loader import load_decoder
-from outrider.engine.round import DraftError
 from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.spec.shapes import parse_shape
 from outrider.spec.tree import tree_problem
@@ -132,6 +131,8 @@ class BrokenDrafter:
 
 
 def test_round_refuses_an_invalid_tree_before_the_forward(two_layers):
+    """The request whose drafter proposed an invalid tree fails alone (finish_reason "error",
+    nothing committed), before its tree reaches a forward."""
     _, target = two_layers
     spec = Speculator(SpecOptions("ngram", "chain", "fixed:2"), BrokenDrafter(), FixedController(2),
                       parse_shape("chain"))
@@ -139,10 +140,11 @@ def test_round_refuses_an_invalid_tree_before_the_forward(two_layers):
     forward = target.forward
     target.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
     try:
-        with pytest.raises(DraftError, match="node 2 has parent 2.*bug in the drafter"):
-            generate_ids(target, [Request([3, 4, 5], 8)], set(), speculation=spec)
+        done = generate_ids(target, [Request([3, 4, 5], 8)], set(), speculation=spec)[0]
     finally:
         del target.forward
+    assert done.finish_reason == "error" and done.token_ids == []
+    assert "node 2 has parent 2" in done.error and "bug in the drafter" in done.error
     assert len(calls) == 1  # the prefill ran; the invalid round's forward did not
 
 

@@ -120,10 +120,6 @@ class Eagle3Drafter:
         st = self._states[seq_id]
         st.pending = torch.cat((st.pending, self.head.fuse(hidden)))
 
-    def update_batch(self, seq_ids: list[int], results: list[VerifyResult], hidden: list) -> None:
-        for seq_id, result, h in zip(seq_ids, results, hidden):  # features wait for the next catch-up
-            self.update(seq_id, result, h)
-
     def finish(self, seq_id: int, tokens: list[int]) -> None:
         st = self._states.pop(seq_id, None)
         if st is not None:

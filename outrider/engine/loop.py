@@ -22,12 +22,18 @@ speculation off or cap its draft nodes per round, so what a request commits neve
 what else is in the batch: greedy output equals `LLM.generate` for the request alone, and so
 does seeded sampling. The engine is single-threaded: call it from one thread (serve/worker.py
 runs it in its own).
+
+Faults stay with their request: a drafter that raises while proposing, starting or following a
+sequence, an invalid draft tree, non-finite logits or a verifier that raises end that request
+alone with finish_reason "error" (its Completion says why); the others go on, their outputs
+unchanged. An exception that escapes `step()` (the target's forward, the scheduler) is not a
+request's: the engine cannot go on, and the caller should stop (the server exits non-zero).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -35,11 +41,12 @@ import torch
 from ..errors import ConfigError
 from ..models.batch import pack
 from ..models.decoder import Decoder
+from ..spec.processing import PathProcessor
 from ..spec.random import PositionalRandom
 from ..spec.types import DraftTree
 from ..spec.verifiers import choose_verifier
-from .request import Completion, Request, check_request
-from .round import run_round
+from .request import Completion, Request, TokenLogprob, check_request
+from .round import run_round, token_logprobs
 from .scheduler import Scheduler
 from .sequence import Sequence, with_seed
 from .stopping import stop_after_round
@@ -58,6 +65,7 @@ class Event:
     new_tokens: list[int]
     text: str = ""
     completion: Completion | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # for new_tokens, when the request asked
 
 
 class EngineLoop:
@@ -89,7 +97,7 @@ class EngineLoop:
     def check(self, request: Request) -> int:
         """The K/V rows `request` reserves; ConfigError when it can never run here. Reads only
         settings, so another thread may call it."""
-        check_request(request, self.max_len)
+        check_request(request, self.max_len, vocab=self.target.config.vocab_size)
         if request.stop and self.decode is None:
             raise ConfigError("stop strings need the engine's tokenizer: build the EngineLoop with decode=")
         rows = min(self.max_len, len(request.prompt_ids) + request.max_new_tokens + self.headroom)
@@ -110,8 +118,11 @@ class EngineLoop:
         self._next_id += 1
         prompt = list(request.prompt_ids)
         text = TextStream(self.decode, request.stop) if self.decode is not None else None
+        processor = (PathProcessor(params, prompt, self.target.config.vocab_size, self.target.device)
+                     if params.processes_logits else None)
         seq = Sequence(rid, request, prompt, len(prompt), params, PositionalRandom(params.seed), verify,
-                       speculate=speculate, text=text, rows=rows)
+                       speculate=speculate, text=text, rows=rows, processor=processor,
+                       logprobs=[] if request.logprobs is not None else None)
         self.scheduler.add(seq)
         self._seqs[rid] = seq
         return rid
@@ -159,88 +170,162 @@ class EngineLoop:
         for seq in self.scheduler.admit():
             seq.admitted_at = now
             self.cache.set_length(seq.slot, 0)
-        self._prefill()
+        events += self._prefill()
         decoding = [s for s in self.scheduler.running if s.decoding]
         if decoding:
             events.extend(self._round(decoding))
         return events
 
-    def _prefill(self) -> None:
-        """Write the next chunk of prompt K/V for the requests still prefilling, oldest first."""
+    def _prefill(self) -> list[Event]:
+        """Write the next chunk of prompt K/V for the requests still prefilling, oldest first (a
+        request that asked for its prompt's logprobs in a forward of its own, with logits); a
+        request whose `prefill_from` holds the same prompt in the cache copies its rows instead.
+        Returns the events of requests that failed as they started."""
         budget = self.chunk_size if self.chunk_size is not None else float("inf")
-        todo, chunks = [], []
-        for seq in self.scheduler.running:
+        plain, logged, events = [], [], []
+        taps = self.speculation.hidden_layers if self.speculation is not None else ()
+        for seq in list(self.scheduler.running):  # a copy: a request failing as it starts leaves it
             if seq.decoding or budget <= 0:
+                continue
+            if seq.prefilled == 0 and self._copy_prefix(seq, taps):
+                events += self._start_decoding(seq)
                 continue
             prompt = seq.tokens[: seq.prompt_len - 1]  # the last prompt token is the root
             take = int(min(len(prompt) - seq.prefilled, budget))
             if take > 0:
-                todo.append(seq)
-                chunks.append(torch.tensor(prompt[seq.prefilled: seq.prefilled + take]))
+                chunk = torch.tensor(prompt[seq.prefilled: seq.prefilled + take])
+                (logged if seq.request.prompt_logprobs is not None else plain).append((seq, chunk))
                 budget -= take
             elif take == 0:
-                self._start_decoding(seq)
-        if todo:
-            taps = self.speculation.hidden_layers if self.speculation is not None else ()
-            batch = pack([s.slot for s in todo], [s.prefilled for s in todo], chunks, logits="none",
-                         hidden_layers=taps, scratch_row=self.cache.scratch_row, device=self.target.device)
-            out = self.target.forward(batch, self.cache)
-            for b, (seq, chunk) in enumerate(zip(todo, chunks)):
-                if taps and seq.speculate:  # the drafter reads the prompt's hidden states (speculator.start)
-                    seq.prompt_hidden.append({layer: h[b, : chunk.shape[0]] for layer, h in out.hidden.items()})
-                seq.prefilled += int(chunk.shape[0])
-                self.cache.set_length(seq.slot, seq.prefilled)
-                if seq.prefilled == seq.prompt_len - 1:
-                    self._start_decoding(seq)
+                events += self._start_decoding(seq)
+        groups = [plain] + [[job] for job in logged]
+        for group in (g for g in groups if g):
+            events += self._prefill_forward(group, taps, logits=group is not plain)
+        return events
 
-    def _start_decoding(self, seq: Sequence) -> None:
+    def _prefill_forward(self, jobs: list[tuple[Sequence, torch.Tensor]], taps, logits: bool) -> list[Event]:
+        batch = pack([s.slot for s, _ in jobs], [s.prefilled for s, _ in jobs], [c for _, c in jobs],
+                     logits="real" if logits else "none", hidden_layers=taps, scratch_row=self.cache.scratch_row,
+                     device=self.target.device)
+        out = self.target.forward(batch, self.cache)
+        events = []
+        for b, (seq, chunk) in enumerate(jobs):
+            n = int(chunk.shape[0])
+            if taps and seq.speculate:  # the drafter reads the prompt's hidden states (speculator.start)
+                seq.prompt_hidden.append({layer: h[b, :n] for layer, h in out.hidden.items()})
+            if logits:  # row j predicts prompt token prefilled + j + 1 (the first token has none)
+                seq.prompt_logprobs = seq.prompt_logprobs or [None]
+                nxt = seq.tokens[seq.prefilled + 1: seq.prefilled + n + 1]
+                seq.prompt_logprobs += token_logprobs(out.logits[:n], nxt, seq.request.prompt_logprobs)
+            seq.prefilled += n
+            self.cache.set_length(seq.slot, seq.prefilled)
+            if seq.prefilled == seq.prompt_len - 1:
+                events += self._start_decoding(seq)
+        return events
+
+    def _copy_prefix(self, seq: Sequence, taps) -> bool:
+        """Copy the prompt's K/V from `prefill_from` when that request is running with the same
+        prompt wholly in the cache (not when the drafter needs the prompt's hidden states)."""
+        source = self._seqs.get(seq.request.prefill_from) if seq.request.prefill_from is not None else None
+        if (source is None or source.slot < 0 or not source.decoding or (taps and seq.speculate)
+                or source.tokens[: source.prompt_len] != seq.tokens[: seq.prompt_len]):
+            return False
+        n = seq.prompt_len - 1
+        self.cache.copy_rows(source.slot, seq.slot, n)
+        seq.prefilled = n
+        self.cache.set_length(seq.slot, n)
+        return True
+
+    def _start_decoding(self, seq: Sequence) -> list[Event]:
         seq.decoding = True
-        if seq.speculate:
-            self.speculation.start(seq, seq.prompt_hidden)
-            seq.prompt_hidden = []
         seq.prefill_s = time.perf_counter() - seq.admitted_at
+        if seq.speculate:
+            try:
+                self.speculation.start(seq, seq.prompt_hidden)
+            except Exception as err:  # the drafter's fault: this request fails, the others go on
+                return [self._fail(seq, "the drafter failed to start", err)]
+            seq.prompt_hidden = []
+        return []
 
     def _round(self, seqs: list[Sequence]) -> list[Event]:
         spec = self.speculation
-        drafting = [b for b, s in enumerate(seqs) if s.speculate]
-        drafted_at = []
-
-        def propose(batch: list[Sequence]) -> list[DraftTree]:
-            trees = [DraftTree.root_only(seq.tokens[-1]) for seq in batch]
-            if drafting:
-                free = []
-                for b in drafting:
-                    rows, cap = self.cache.free_rows(batch[b].slot), batch[b].request.max_draft_tokens
-                    free.append(rows if cap is None else min(rows, cap + 1))
-                for b, tree in zip(drafting, spec.propose_batch([batch[b] for b in drafting], free, len(batch))):
-                    trees[b] = tree
-            drafted_at.append((time.perf_counter(), max(t.size for t in trees)))
-            return trees
-
+        start = time.perf_counter()
+        trees, failed = self._propose(seqs)
+        drafted = time.perf_counter()
         taps = spec.hidden_layers if spec is not None else ()
         before = [len(s.output) for s in seqs]
-        results, hidden = run_round(self.target, self.cache, seqs, propose, taps)
+        live = [b for b in range(len(seqs)) if b not in failed]
+        outcome = run_round(self.target, self.cache, [seqs[b] for b in live], [trees[b] for b in live], taps,
+                            draft_s=drafted - start)
+        for i, why in outcome.failed.items():
+            failed[live[i]] = why
+        results = {live[i]: r for i, r in enumerate(outcome.results) if r is not None}
+        hidden = {live[i]: h for i, h in enumerate(outcome.hidden)}
         if spec is not None:  # the batch's verify cost as it is now, for the cost controller
-            drafted, width = drafted_at[0]
-            spec.observe_verify_time(len(seqs), width, time.perf_counter() - drafted)
-        stops = [stop_after_round(seq, len(result.tokens), self.eos_ids, self.cache.free_rows(seq.slot))
-                 for seq, result in zip(seqs, results)]
-        if drafting:
-            spec.update_batch([seqs[b] for b in drafting], [results[b] for b in drafting],
-                              [hidden[b] for b in drafting])
+            spec.observe_verify_time(len(seqs), max(t.size for t in trees), time.perf_counter() - drafted)
+        stops = {b: stop_after_round(seqs[b], len(r.tokens), self.eos_ids, self.cache.free_rows(seqs[b].slot))
+                 for b, r in results.items()}
+        drafting = [b for b in results if seqs[b].speculate]
+        failed.update(self._follow(seqs, drafting, results, hidden))
         events = []
-        for seq, (reason, text), old in zip(seqs, stops, before):
-            new = seq.output[old:]
-            events.append(Event(seq.seq_id, new, text) if reason is None else self._finish(seq, reason, new, text))
+        for b, seq in enumerate(seqs):
+            new = seq.output[before[b]:]
+            logprobs = seq.logprobs[before[b]:] if seq.logprobs is not None else []
+            if b in failed:
+                events.append(self._fail(seq, failed[b]))
+                continue
+            reason, text = stops[b]
+            event = Event(seq.seq_id, new, text, logprobs=logprobs)
+            if reason is not None:
+                event = self._finish(seq, reason, new, text, logprobs=logprobs)
+            events.append(event)
         return events
 
-    def _finish(self, seq: Sequence, reason: str, new: list[int], text: str = "") -> Event:
+    def _propose(self, seqs: list[Sequence]) -> tuple[list[DraftTree], dict[int, str]]:
+        """A tree per sequence (root-only where it does not draft) from one drafter call, and the
+        sequences whose proposal raised (batch index -> why; engine/speculator.py)."""
+        trees = [DraftTree.root_only(seq.tokens[-1]) for seq in seqs]
+        drafting = [b for b, s in enumerate(seqs) if s.speculate]
+        if not drafting:
+            return trees, {}
+        free = {}
+        for b in drafting:
+            rows, cap = self.cache.free_rows(seqs[b].slot), seqs[b].request.max_draft_tokens
+            free[b] = rows if cap is None else min(rows, cap + 1)
+        proposed, errors = self.speculation.propose_batch([seqs[b] for b in drafting], [free[b] for b in drafting],
+                                                          len(seqs))
+        for b, tree in zip(drafting, proposed):
+            trees[b] = tree
+        return trees, {drafting[i]: _why("the drafter failed to propose", err) for i, err in errors.items()}
+
+    def _follow(self, seqs, drafting: list[int], results: dict, hidden: dict) -> dict[int, str]:
+        """The drafter follows what the drafting sequences committed: the batch indices whose
+        drafter state broke, with why (engine/speculator.py)."""
+        if not drafting:
+            return {}
+        errors = self.speculation.update_batch([seqs[b] for b in drafting], [results[b] for b in drafting],
+                                               [hidden[b] for b in drafting])
+        return {drafting[i]: _why("the drafter failed to follow the commit", err) for i, err in errors.items()}
+
+    def _fail(self, seq: Sequence, why: str, err: Exception | None = None) -> Event:
+        """End `seq` alone with finish_reason "error"."""
+        return self._finish(seq, "error", [], error=_why(why, err) if err is not None else why)
+
+    def _finish(self, seq: Sequence, reason: str, new: list[int], text: str = "", *, logprobs=(),
+                error: str | None = None) -> Event:
         del self._seqs[seq.seq_id]
         if seq.slot < 0:
             self.scheduler.drop_waiting(seq)
         else:
             if seq.decoding and seq.speculate:
-                self.speculation.finish(seq)
+                try:
+                    self.speculation.finish(seq)
+                except Exception as err:
+                    error = error or _why("the drafter failed to finish", err)
             self.scheduler.release(seq)
-        completion, rest = seq.completion(reason)
-        return Event(seq.seq_id, new, text + rest, completion)
+        completion, rest = seq.completion(reason, error)
+        return Event(seq.seq_id, new, text + rest, completion, list(logprobs))
+
+
+def _why(what: str, err: Exception) -> str:
+    return f"{what}: {type(err).__name__}: {err}"

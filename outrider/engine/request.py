@@ -13,12 +13,20 @@ from ..errors import ConfigError
 from ..sampling import SamplingParams
 from ..spec.types import RoundStats
 
-FINISH_REASONS = ("eos", "length", "stop", "context", "cancelled")
+FINISH_REASONS = ("eos", "length", "stop", "context", "cancelled", "error")
 
 
 @dataclass
 class Request:
-    """Token ids in, with how to choose tokens and when to stop."""
+    """Token ids in, with how to choose tokens and when to stop.
+
+    params: the target distribution and its sampling (sampling.py: temperature, top-k/p, min-p,
+    penalties, logit bias, seed); stop / stop_token_ids: end the output at a stop string (cut
+    before it) or after a stop token (kept, finish_reason "stop"); logprobs: with each committed
+    token, the target's log-probability of it and of the `logprobs` likeliest tokens at its
+    position (0: the token's alone); prompt_logprobs: the same for the prompt's tokens (the
+    first has none); prefill_from: the id of an earlier request with the same prompt whose
+    prompt K/V this one may copy instead of computing (n samples sharing one prefill)."""
 
     prompt_ids: list[int]
     max_new_tokens: int = 128
@@ -27,6 +35,20 @@ class Request:
     speculate: bool = True  # False: plain decoding for this request even when the engine drafts
     max_draft_tokens: int | None = None  # at most this many draft nodes per round (None: the controller's)
     ignore_eos: bool = False  # run on past end-of-sequence tokens (load tests)
+    stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None  # None: none; N >= 0: the chosen token's and the top N
+    prompt_logprobs: int | None = None
+    prefill_from: int | None = None
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The target's log-probability of a token at its position (its raw distribution, before the
+    bias, penalties and warp, as vLLM reports by default), and the likeliest tokens there."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), likeliest first
 
 
 @dataclass
@@ -36,20 +58,38 @@ class Completion:
     token, that token is kept and its text runs past `text` (finish_reason "stop"). `text` is
     None where the engine has no tokenizer (token-level runs: the bench, tests).
 
-    finish_reason: "eos", "length", "stop", "context" or "cancelled"; `stats`: the figures of
-    engine/stats.py `summarize`; `round_stats`: the raw per-round counters they come from."""
+    finish_reason: "eos", "length", "stop", "context", "cancelled" or "error" (the request
+    failed alone: `error` says why; the engine went on with the others); `stats`: the figures of
+    engine/stats.py `summarize`; `round_stats`: the raw per-round counters they come from;
+    `logprobs` / `prompt_logprobs`: one TokenLogprob a token when the request asked for them."""
 
     text: str | None
     token_ids: list[int]
     finish_reason: str
     stats: dict = field(default_factory=dict)
     round_stats: RoundStats = field(default_factory=RoundStats, repr=False)
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    error: str | None = None
 
 
-def check_request(r: Request, max_len: int, what: str = "the prompt", larger: str = "raise the context") -> None:
-    """Refuse a request that can never run in slots of `max_len` rows (one-line ConfigError)."""
+def check_request(r: Request, max_len: int, what: str = "the prompt", larger: str = "raise the context",
+                  vocab: int | None = None) -> None:
+    """Refuse a request that can never run in slots of `max_len` rows, or names a token id
+    outside a `vocab`-token vocabulary (one-line ConfigError)."""
     if not r.prompt_ids:
         raise ConfigError(f"{what} is empty: give at least one token of prompt")
+    if vocab is not None:
+        for name, ids in (("prompt token id", r.prompt_ids), ("stop_token_ids entry", r.stop_token_ids),
+                          ("logit_bias token id", [t for t, _ in r.params.logit_bias])):
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise ConfigError(f"{name} {bad} is outside the model's vocabulary of {vocab} tokens "
+                                  f"(ids 0..{vocab - 1})")
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(r, name)
+        if value is not None and not (0 <= value <= (vocab or value)):
+            raise ConfigError(f"{name} must be between 0 and the vocabulary's size, got {value}")
     if len(r.prompt_ids) >= max_len:
         raise ConfigError(f"{what} has {len(r.prompt_ids)} tokens but the context holds {max_len}: "
                           f"shorten the prompt or {larger}")

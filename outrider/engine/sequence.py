@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..sampling import SamplingParams
+from ..spec.processing import PathProcessor
 from ..spec.random import PositionalRandom
 from ..spec.types import RoundStats
 from ..spec.verifiers import Verifier
-from .request import Completion, Request
+from .request import Completion, Request, TokenLogprob
 from .stats import summarize
 from .text_stream import TextStream
 
@@ -34,6 +35,9 @@ class Sequence:
     verify: Verifier  # exact for this sequence's drafts and sampling (spec/verifiers.py)
     speculate: bool = False  # drafts this round (the engine drafts and the request allows it)
     text: TextStream | None = None  # its stable text and stop strings (None: no tokenizer)
+    processor: PathProcessor | None = None  # logit bias and penalties (None: the params have none)
+    logprobs: list[TokenLogprob] | None = None  # one a committed output token, when asked for
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     stats: RoundStats = field(default_factory=RoundStats)
     slot: int = -1  # its K/V slot; -1 while waiting (engine/scheduler.py)
     rows: int = 0  # K/V rows reserved while running
@@ -49,17 +53,17 @@ class Sequence:
     def output(self) -> list[int]:
         return self.tokens[self.prompt_len:]
 
-    def completion(self, reason: str) -> tuple[Completion, str]:
+    def completion(self, reason: str, error: str | None = None) -> tuple[Completion, str]:
         """The finished result, and the text still held back (shown last: an incomplete
         character, a tail that could have begun a stop string). The stopping rules have cut the
-        tokens already (engine/stopping.py); a cancelled request keeps what it committed."""
+        tokens already (engine/stopping.py); a cancelled or failed request keeps what it committed."""
         ids, rest = self.output, ""
         if self.text is not None:
             rest = self.text.add(ids[self.text.fed:]) + self.text.finish()
         total = time.perf_counter() - (self.admitted_at or self.added_at)
         stats = summarize(self.stats, len(ids), self.prefill_s, total)
         text = self.text.text if self.text is not None else None
-        return Completion(text, ids, reason, stats, self.stats), rest
+        return Completion(text, ids, reason, stats, self.stats, self.logprobs, self.prompt_logprobs, error), rest
 
 
 def with_seed(params: SamplingParams) -> SamplingParams:

@@ -189,12 +189,14 @@ class Speculator:
         if max_batch > 1:
             self.controller.prepare(max_batch)
 
-    def propose_batch(self, seqs, free_rows: list[int], batch_size: int | None = None) -> list[DraftTree]:
+    def propose_batch(self, seqs, free_rows: list[int], batch_size: int | None = None
+                      ) -> tuple[list[DraftTree], dict[int, Exception]]:
         """A tree per sequence, the drafter called once for all that draft this round (a model
         drafter: one forward per draft depth for the batch). free_rows[b]: K/V rows sequence b
         may still write (the root's included); batch_size: sequences in this round's verify
         forward, drafting or not (default len(seqs)); a sequence whose budget is 0 gets the root
-        alone."""
+        alone. When the drafter raises, each sequence is asked alone, so the failures returned
+        (index -> exception; those get the root alone) are the sequences whose proposal raises."""
         trees: list[DraftTree | None] = [None] * len(seqs)
         todo: list[tuple[int, Budget]] = []
         budgets = self.controller.budgets([seq.seq_id for seq in seqs], batch_size or len(seqs), self.nodes_for)
@@ -204,10 +206,20 @@ class Speculator:
                 trees[i] = DraftTree.root_only(seq.tokens[-1])
             else:
                 todo.append((i, Budget(depth=budget.depth, nodes=nodes, min_confidence=budget.min_confidence)))
+        failed: dict[int, Exception] = {}
         if todo:
             start = time.perf_counter()
-            drafted = propose_batch(self.drafter, [seqs[i].seq_id for i, _ in todo],
-                                    [seqs[i].tokens for i, _ in todo], [b for _, b in todo])
+            try:
+                drafted = propose_batch(self.drafter, [seqs[i].seq_id for i, _ in todo],
+                                        [seqs[i].tokens for i, _ in todo], [b for _, b in todo])
+            except Exception:
+                drafted = []
+                for i, budget in todo:
+                    try:
+                        drafted += propose_batch(self.drafter, [seqs[i].seq_id], [seqs[i].tokens], [budget])
+                    except Exception as err:  # noqa: PERF203  (a fault of this sequence's drafter state)
+                        failed[i] = err
+                        drafted.append(DraftTree.root_only(seqs[i].tokens[-1]))
             # one sequence's share of the proposal (the controller weighs it against one
             # sequence's verify cost), and its depth
             depth = max(b.depth for _, b in todo)
@@ -216,19 +228,36 @@ class Speculator:
                 trees[i] = tree
         for seq, tree in zip(seqs, trees):
             self._trees[seq.seq_id] = tree
-        return trees
+        return trees, failed
 
     def observe_verify_time(self, batch_size: int, width: int, seconds: float) -> None:
         """The round's verify (forward and verifiers) over `batch_size` sequences padded to `width`."""
         self.controller.observe_verify_time(batch_size, width, seconds)
 
-    def update_batch(self, seqs, results: list[VerifyResult], hidden: list[dict[int, torch.Tensor]]) -> None:
+    def update_batch(self, seqs, results: list[VerifyResult], hidden: list[dict[int, torch.Tensor]]
+                     ) -> dict[int, Exception]:
         """hidden[b]: sequence b's taps on the accepted path (layer -> [1 + num_accepted, E],
-        engine/round.py); the drafter gets them stacked in its declared order, or None."""
+        engine/round.py); the drafter gets them stacked in its declared order, or None. Returns
+        the sequences whose drafter state is broken (index -> exception): for a drafter that
+        follows one sequence at a time, those whose update raised; for one with a batched
+        `update_batch` that raised, every sequence of the call (what it did is unknown)."""
         for seq, result in zip(seqs, results):
             self.controller.observe(seq.seq_id, self._trees.pop(seq.seq_id), result)
         stacked = [self._stack(h) if self.hidden_layers else None for h in hidden]
-        update_batch(self.drafter, [seq.seq_id for seq in seqs], results, stacked)
+        ids = [seq.seq_id for seq in seqs]
+        if getattr(self.drafter, "update_batch", None) is not None:
+            try:
+                update_batch(self.drafter, ids, results, stacked)
+            except Exception as err:
+                return {i: err for i in range(len(seqs))}
+            return {}
+        failed = {}
+        for i, (seq_id, result, h) in enumerate(zip(ids, results, stacked)):
+            try:
+                self.drafter.update(seq_id, result, h)
+            except Exception as err:  # noqa: PERF203
+                failed[i] = err
+        return failed
 
     def _stack(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
         """layer -> [n, E] -> [n, len(hidden_layers), E], in the declared order."""
@@ -239,5 +268,6 @@ class Speculator:
         return torch.stack([hidden[layer] for layer in self.hidden_layers], dim=1)
 
     def finish(self, seq) -> None:
+        self._trees.pop(seq.seq_id, None)
         self.controller.finish(seq.seq_id)
         self.drafter.finish(seq.seq_id, list(seq.tokens))

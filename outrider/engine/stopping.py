@@ -2,8 +2,8 @@
 
 A round commits 1 + accepted tokens at once; the sequence must end exactly where plain decoding
 would have ended, one token at a time. So after every round, in this order:
-1. EOS: the first end-of-sequence token among the new ones ends it, kept (unless the request
-   ignores EOS);
+1. EOS or a stop token: the first end-of-sequence token (unless the request ignores EOS) or
+   token of the request's `stop_token_ids` among the new ones ends it, kept ("eos" / "stop");
 2. `max_new_tokens`: the output is cut to it ("length"; "eos" when the EOS is the last kept);
 3. the context: no K/V row left for the next round's root ("context");
 4. stop strings: the text stream (engine/text_stream.py) takes the kept tokens one at a time and
@@ -31,19 +31,21 @@ def stop_after_round(seq: Sequence, new: int, eos_ids: set[int], free_rows: int)
             reason = "stop"
     if len(seq.tokens) < before:
         _uncount_cut(seq.stats, len(seq.output))
+        if seq.logprobs is not None:
+            del seq.logprobs[len(seq.output):]
     return reason, text
 
 
 def _stop_reason(seq: Sequence, new: int, eos_ids: set[int], free_rows: int) -> str | None:
-    out = seq.output
+    out, stops = seq.output, seq.request.stop_token_ids
     reason, keep = None, len(out)
     for i in range(len(out) - new, len(out)):
-        if out[i] in eos_ids:
-            reason, keep = "eos", i + 1
+        if out[i] in eos_ids or out[i] in stops:
+            reason, keep = ("eos" if out[i] in eos_ids else "stop"), i + 1
             break
     limit = seq.request.max_new_tokens
     if keep >= limit:
-        reason = "eos" if reason and keep == limit else "length"
+        reason = reason if reason and keep == limit else "length"
         keep = limit
     del seq.tokens[seq.prompt_len + keep:]
     if reason is None and free_rows < 1:

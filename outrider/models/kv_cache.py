@@ -63,6 +63,11 @@ class KVCache:
             rows = cache[slot].index_select(1, src)  # [kv_heads, m, head_dim]
             cache[slot].index_copy_(1, dst, rows)
 
+    def copy_rows(self, src_slot: int, dst_slot: int, n: int) -> None:
+        """Rows 0..n-1 of slot `src_slot` into slot `dst_slot` (a shared prompt's K/V)."""
+        for cache in (*self.k, *self.v):
+            cache[dst_slot, :, :n] = cache[src_slot, :, :n]
+
     def ensure_capacity(self, slot_rows: int) -> None:
         """Grow every slot to hold at least `slot_rows` rows (doubling), keeping what is stored."""
         if slot_rows <= self.max_len:
