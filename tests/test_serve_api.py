@@ -135,14 +135,14 @@ def test_stream_text_equals_whole_text_with_stop_strings(server, offline, chat):
 
 
 def test_bad_requests_get_openai_errors(server):
-    url, auth = server.url + "/v1/completions", {"Authorization": f"Bearer {KEY}"}
+    url, auth = server.url + "/v1/completions", {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     cases = [
         (b"{not json", 400, None),
         (json.dumps({"prompt": "w3", "max_tokens": -1}), 400, "max_tokens"),
         (json.dumps({"prompt": "w3", "temperature": "hot"}), 400, "temperature"),
         (json.dumps({"prompt": "w3", "stream": "yes"}), 400, "stream"),
         (json.dumps({"prompt": 5}), 400, "prompt"),
-        (json.dumps({"prompt": "w3", "n": 2}), 400, "n"),
+        (json.dumps({"prompt": "w3", "n": 2, "temperature": 0}), 400, "n"),  # vLLM: n > 1 needs sampling
         (json.dumps({"prompt": " ".join(["w5"] * 300), "max_tokens": 4}), 400, "prompt"),  # context is 256
         (json.dumps({"prompt": "w3", "model": "gpt-4"}), 404, "model"),
         (json.dumps(["w3"]), 400, None),
@@ -201,7 +201,7 @@ def long_server(tmp_path_factory):
     from tiny import add_tokenizer, make_tiny
 
     folder = add_tokenizer(make_tiny("llama", tmp_path_factory.mktemp("long") / "llama", max_positions=8192))
-    srv = LiveServer(folder, api_key=KEY, max_running=2)
+    srv = LiveServer(folder, api_key=KEY, max_running=2, max_model_len=8192)
     yield srv
     srv.close()
 

@@ -28,7 +28,7 @@ def test_sigterm_drains_then_exits_zero(tiny_folders):
     proc = subprocess.Popen(
         [sys.executable, "-c", "import sys; from outrider.cli import main; sys.exit(main())", "serve",
          "--model", str(tiny_folders["llama"]), "--port", str(port), "--device", "cpu", "--threads", "1",
-         "--max-running", "2"],
+         "--max-running", "2", "--max-model-len", "256"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 60

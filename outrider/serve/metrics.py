@@ -3,7 +3,9 @@
     outrider:request_success_total{finished_reason}        requests ended (stop, length, abort)
     outrider:prompt_tokens_total / generation_tokens_total  tokens in and out
     outrider:time_to_first_token_seconds                    arrival -> first output token
-    outrider:time_per_output_token_seconds                  (end - first token) / (tokens - 1)
+    outrider:time_per_output_token_seconds                  one observation per output token after the first:
+                                                            the time since the previous round over the tokens
+                                                            that round committed
     outrider:e2e_request_latency_seconds                    arrival -> end
     outrider:num_requests_running / num_requests_waiting    gauges, set after every step
     outrider:kv_rows_used / kv_rows_reserved / kv_rows_total   K/V rows: committed, reserved, allocated
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from .protocol import OPENAI_REASON
+from .responses import OPENAI_REASON
 
 LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 PER_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
@@ -68,14 +70,17 @@ class Metrics:
         self.e2e.observe(e2e)
         if ttft is not None:
             self.ttft.observe(ttft)
-            if output_tokens > 1:
-                self.tpot.observe((e2e - ttft) / (output_tokens - 1))
         if s.proposed_by_position:
             self.drafts.inc(s.proposed_by_position[0])
         self.draft_tokens.inc(s.drafted)
         self.accepted.inc(sum(s.accepted_by_position))
         for position, n in enumerate(s.accepted_by_position):
             self._per_pos.labels(self.model, str(position)).inc(n)
+
+    def output_tokens(self, gaps: list[float]) -> None:
+        """Output tokens after a request's first, each with its share of the time since the last round."""
+        for gap in gaps:
+            self.tpot.observe(gap)
 
     def engine_state(self, running: int, waiting: int, kv_used: int, kv_reserved: int, kv_total: int) -> None:
         self.running.set(running)

@@ -2,7 +2,10 @@
 
 Draining: the first SIGINT or SIGTERM makes new requests get 503 (and /health 503) while the
 running and queued ones finish; then the server stops and the process exits 0. A second SIGINT
-stops at once.
+stops within a round: every request still in flight gets an OpenAI-shaped 503 (a stream, an
+error event), and the process exits 0. An error the engine cannot recover from (one out of
+`EngineLoop.step()`) answers every request in flight with a 500 and exits 1, so a supervisor
+restarts the server rather than keep a live process that refuses everything.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from ..config import summary_line
 from ..errors import ConfigError
 
 EXTRA = "pip install 'outrider[serve]'"
+DEFAULT_MAX_MODEL_LEN = 2048
 
 
 @dataclass
@@ -30,7 +34,7 @@ class ServeOptions:
     api_key: str | None = None
     max_running: int = 16
     max_queue: int = 256
-    max_model_len: int = 2048
+    max_model_len: int | None = None  # None: min(DEFAULT_MAX_MODEL_LEN, the model's context)
     max_kv_rows: int | None = None
     chunk_size: int = 512
     device: str | None = None
@@ -63,8 +67,19 @@ def require_extra() -> None:
         raise ConfigError(f"outrider serve needs {err.name}, which is not installed: {EXTRA}") from None
 
 
-def build(options: ServeOptions, log=None):
-    """Load the model and return (app, state); the engine thread is not started yet."""
+def max_model_len(options: ServeOptions, context: int) -> int:
+    """Rows per slot: the option, which may not exceed the model's context, or the default."""
+    if options.max_model_len is None:
+        return min(DEFAULT_MAX_MODEL_LEN, context)
+    if options.max_model_len > context:
+        raise ConfigError(f"--max-model-len {options.max_model_len} is above the model's context of {context} "
+                          f"tokens: pass --max-model-len {context} or less")
+    return options.max_model_len
+
+
+def build(options: ServeOptions, log=None, on_fatal=None):
+    """Load the model and return (app, state); the engine thread is not started yet. on_fatal(message):
+    called from the engine thread after an error it cannot recover from."""
     require_extra()
     options.check()
     from ..llm import LLM
@@ -83,10 +98,10 @@ def build(options: ServeOptions, log=None):
             return llm.decode(ids)
 
     engine = EngineLoop(llm.target, llm.eos_ids, llm.speculator, decode=decode, max_running=options.max_running,
-                        max_len=options.max_model_len, max_kv_rows=options.max_kv_rows,
-                        chunk_size=options.chunk_size)
+                        max_len=max_model_len(options, llm.target.config.max_position_embeddings),
+                        max_kv_rows=options.max_kv_rows, chunk_size=options.chunk_size)
     metrics = Metrics(llm.name)
-    worker = EngineWorker(engine, metrics, options.max_queue)
+    worker = EngineWorker(engine, metrics, options.max_queue, on_fatal=on_fatal)
     state = ServerState(llm, worker, metrics, llm.name, options.api_key, lock)
     return create_app(state), state
 
@@ -95,14 +110,28 @@ def serve(options: ServeOptions, log=print) -> int:
     require_extra()
     import uvicorn
 
-    app, state = build(options)
+    exit_code = 0
+    server = None
+
+    def on_fatal(message: str) -> None:
+        nonlocal exit_code
+        exit_code = 1
+        log(f"outrider serve: the engine failed ({message}); every request in flight got a 500; exiting with 1 "
+            "so that a supervisor restarts the server", file=sys.stderr)
+        if server is not None:
+            server.should_exit = True
+
+    app, state = build(options, on_fatal=on_fatal)
     state.worker.start()
 
     class DrainingServer(uvicorn.Server):
         def handle_exit(self, sig, frame):
             if state.worker.draining:
-                if sig == signal.SIGINT:
-                    super().handle_exit(sig, frame)  # a second Ctrl-C: stop now
+                if sig == signal.SIGINT:  # a second Ctrl-C: 503 to everyone in flight, stop now
+                    log("stopping now: answering the requests in flight with 503", file=sys.stderr)
+                    state.worker.abort("the server stopped before this request finished (a second Ctrl-C): "
+                                       "retry on another replica")
+                    self.should_exit = True
                 return
             log(f"draining: finishing {state.worker.engine.num_running + state.worker.queued} requests, "
                 "refusing new ones", file=sys.stderr)
@@ -114,13 +143,15 @@ def serve(options: ServeOptions, log=print) -> int:
 
             threading.Thread(target=stop_when_idle, daemon=True).start()
 
+    # every request has its answer before the server stops; the timeout bounds a client that
+    # does not read it (a second Ctrl-C then exits within about 2 s)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=1)
     server = DrainingServer(config)
     log(f"outrider serve: {state.model_name} on http://{options.host}:{options.port}/v1", file=sys.stderr)
     log(f"outrider serve: {summary_line()}", file=sys.stderr)
     try:
         server.run()
     finally:
-        state.worker.stop()
-    return 0
+        state.worker.stop(timeout=1)  # the step in progress (daemon thread: never blocks the exit)
+    return exit_code

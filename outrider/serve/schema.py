@@ -1,0 +1,261 @@
+"""The OpenAPI schema the server publishes at /openapi.json: request and response bodies as
+pydantic models mirroring OpenAI's fields and ranges (token ids bounded by the served model's
+vocabulary), so external tools (schemathesis, client generators) know the API.
+
+These models document; they do not validate. Requests are checked field by field by
+protocol.py, whose messages name the field and say what to do; the models say the same thing in
+JSON Schema (extra fields forbidden, the same ranges), and tests/test_serve_fuzz.py checks that
+the two agree. Rules across fields (prompt + max_tokens within the context, top_logprobs with
+logprobs, n > 1 only when sampling, stream_options only with stream) are beyond JSON Schema and
+answered with a 400, which every route documents.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .protocol import INT64, MAX_LOGPROBS, MAX_N
+
+Temperature = Annotated[float, Field(ge=0, le=2)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+Int64 = Annotated[int, Field(ge=-INT64, le=INT64 - 1)]
+Bias = Annotated[float, Field(ge=-100, le=100)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: Optional[bool] = None
+    continuous_usage_stats: Optional[bool] = None
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, list[TextPart]]
+    name: Optional[str] = None
+    tool_calls: None = Field(None, description="tool calls are not supported yet")
+    function_call: None = None
+
+
+class ResponseFormatText(_Strict):
+    type: Literal["text"]
+
+
+def request_models(vocab: int) -> tuple[type[BaseModel], type[BaseModel]]:
+    """(CompletionRequest, ChatCompletionRequest) for a model of `vocab` tokens."""
+    TokenId = Annotated[int, Field(ge=0, le=vocab - 1)]
+    TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+    BiasMap = Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]+$")], Bias], Field()]
+
+    class Sampling(_Strict):
+        model: Optional[str] = None
+        temperature: Optional[Temperature] = Field(None, description="0 is greedy; default 1")
+        top_p: Optional[Annotated[float, Field(gt=0, le=1)]] = None
+        top_k: Optional[Annotated[int, Field(ge=-1)]] = Field(None, description="vLLM's; -1 or 0: off")
+        min_p: Optional[Annotated[float, Field(ge=0, le=1)]] = None
+        presence_penalty: Optional[Penalty] = None
+        frequency_penalty: Optional[Penalty] = None
+        repetition_penalty: Optional[Annotated[float, Field(gt=0)]] = None
+        logit_bias: Optional[BiasMap] = Field(None, description="token id (as a string) -> bias")
+        seed: Optional[Int64] = None
+        n: Optional[Annotated[int, Field(ge=1, le=MAX_N)]] = Field(None, description="> 1 needs temperature > 0")
+        stop: Optional[Union[Annotated[str, Field(min_length=1)], list[Annotated[str, Field(min_length=1)]]]] = None
+        stop_token_ids: Optional[list[TokenId]] = None
+        stream: Optional[bool] = None
+        stream_options: Optional[StreamOptions] = Field(None, description="only with stream: true")
+        user: Optional[str] = None
+        ignore_eos: Optional[bool] = None
+        speculate: Optional[bool] = Field(None, description="Outrider: false decodes without drafts")
+        max_draft_tokens: Optional[Annotated[int, Field(ge=0)]] = Field(None, description="Outrider")
+        min_tokens: Optional[Literal[0]] = None
+        include_stop_str_in_output: Optional[Literal[False]] = None
+        skip_special_tokens: Optional[Literal[True]] = None
+        spaces_between_special_tokens: Optional[Literal[True]] = None
+        use_beam_search: Optional[Literal[False]] = None
+        length_penalty: Optional[Literal[1]] = None
+        prompt_logprobs: None = None
+        priority: Optional[Literal[0]] = None
+
+    class CompletionRequest(Sampling):
+        prompt: Union[Annotated[str, Field(min_length=1)],
+                      Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_N)],
+                      TokenIds, Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_N)]]
+        max_tokens: Optional[Annotated[int, Field(ge=0)]] = Field(
+            None, description="default 16; 0 only with echo; prompt + max_tokens must fit the context")
+        logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]] = None
+        echo: Optional[bool] = None
+        best_of: Optional[Annotated[int, Field(ge=1, le=MAX_N)]] = Field(None, description="null or equal to n")
+        suffix: None = Field(None, description="not supported (as in vLLM)")
+        add_special_tokens: Optional[Literal[True]] = None
+
+    class ChatCompletionRequest(Sampling):
+        messages: Annotated[list[Message], Field(min_length=1)]
+        max_tokens: Optional[Annotated[int, Field(ge=1)]] = None
+        max_completion_tokens: Optional[Annotated[int, Field(ge=1)]] = None
+        logprobs: Optional[bool] = None
+        top_logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]] = Field(
+            None, description="needs logprobs: true")
+        echo: Optional[Literal[False]] = None
+        metadata: Optional[dict[str, str]] = None
+        service_tier: Optional[str] = None
+        store: Optional[Literal[False]] = None
+        prompt_cache_key: Optional[str] = None
+        safety_identifier: Optional[str] = None
+        response_format: Optional[ResponseFormatText] = None
+        tools: Optional[Annotated[list[Any], Field(max_length=0)]] = None
+        tool_choice: Optional[Literal["none"]] = None
+        parallel_tool_calls: Optional[bool] = None
+        functions: None = None
+        function_call: None = None
+        modalities: Optional[list[Literal["text"]]] = None
+        audio: None = None
+        prediction: None = None
+        reasoning_effort: None = None
+        verbosity: None = None
+        web_search_options: None = None
+        add_special_tokens: Optional[Literal[False]] = None
+        add_generation_prompt: Optional[Literal[True]] = None
+        continue_final_message: Optional[Literal[False]] = None
+
+    return CompletionRequest, ChatCompletionRequest
+
+
+# -- responses ------------------------------------------------------------------------------------
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: Optional[str]
+    code: Optional[str]
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+Finish = Optional[Literal["stop", "length", "abort"]]
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[Optional[float]]
+    top_logprobs: list[Optional[dict[str, float]]]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: Optional[CompletionLogprobs]
+    finish_reason: Finish
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    outrider: dict[str, Any] = Field(description="this request's speculation figures (tau, rounds, drafts)")
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]]
+
+
+class TokenLogprobs(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: Optional[list[TokenLogprobs]]
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: Optional[ChatLogprobs]
+    finish_reason: Finish
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    outrider: dict[str, Any]
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class Health(BaseModel):
+    status: Literal["ok", "draining", "failed"]
+    error: Optional[str] = None
+
+
+STREAM = {"text/event-stream": {"schema": {"type": "string", "description": "server-sent events: OpenAI chunks, "
+                                                                             "then data: [DONE]"}}}
+
+
+def errors(*statuses: int) -> dict:
+    why = {400: "a bad body: the message names the field", 401: "a missing or wrong API key",
+           404: "another model's name, or no such route", 405: "a method the route does not take",
+           429: "the queue is full (Retry-After)", 500: "the request failed in the engine",
+           503: "the server is shutting down or restarting"}
+    return {s: {"model": ErrorResponse, "description": why[s]} for s in statuses}
+
+
+def request_body(name: str) -> dict:
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}}
+
+
+def add_request_schemas(openapi: dict, vocab: int, api_key: bool) -> dict:
+    """Put the request models (and, with a key, bearer auth) into a FastAPI-generated schema."""
+    components = openapi.setdefault("components", {}).setdefault("schemas", {})
+    for model in request_models(vocab):
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(schema.pop("$defs", {}))
+        components[model.__name__] = schema
+    if api_key:
+        openapi["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        for path, item in openapi["paths"].items():
+            if path not in ("/health", "/openapi.json"):
+                for operation in item.values():
+                    operation["security"] = [{"bearer": []}]
+    return openapi
