@@ -73,7 +73,7 @@ def verify_chain_reference(
     tokens = tree.tokens.tolist()
     k = len(tokens) - 1
     p = target_probs(target_logits, params)  # [n, vocab]
-    q = _chain_q(tree, k).to(p.device)  # [k, vocab]
+    q = _chain_q(tree, k).to(p.device) if k else None  # [k, vocab]; a root alone needs no q
     for i in range(k):
         x = tokens[i + 1]
         if not rng.uniform_below(accept_probability(p[i], q[i], x), offset=i):
@@ -120,9 +120,7 @@ def verify_chain(
 
 
 def _chain_q(tree: DraftTree, k: int) -> torch.Tensor:
-    """Rows 0..k-1 of the tree's draft_probs, as q. -> [k, vocab] float64."""
-    if k == 0:
-        return torch.zeros(0, 0, dtype=torch.float64)
+    """Rows 0..k-1 of the tree's draft_probs, as q. k >= 1 -> [k, vocab] float64."""
     if tree.draft_probs is None:
         raise ValueError("rejection sampling needs draft_probs (use the tree walk for drafters without them)")
     return draft_distribution(tree.draft_probs[:k])

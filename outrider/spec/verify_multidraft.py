@@ -44,7 +44,6 @@ class MultiDraftVerifier:
 
     def __init__(self, without_replacement: bool) -> None:
         self.without_replacement = without_replacement
-        self.name = "multidraft_without_replacement" if without_replacement else "multidraft"
 
     def __call__(
         self, tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams, rng: Random
