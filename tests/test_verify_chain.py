@@ -19,6 +19,7 @@ from outrider.spec.random import PositionalRandom
 from outrider.spec.types import DraftTree, VerifyResult
 from outrider.spec.verify_chain import (
     accept_probability,
+    draft_distribution,
     residual,
     target_probs,
     verify_chain,
@@ -132,3 +133,67 @@ def test_undrawable_draft_never_commits_outside_support():
 def _logits(k):
     """Target logits [k+1, vocab] along the path the target itself would take... any fixed rows do."""
     return torch.stack([TARGET.logits(PROMPT + [0] * i) for i in range(k + 1)])
+
+
+# --- edges the law tests above do not reach (each kills mutants of verify_chain.py) -------------
+FAR = 2**40 + 3  # an absolute position float32 cannot hold: offsets must stay integers
+
+
+@pytest.mark.parametrize("verify", [verify_chain_reference, verify_chain], ids=["reference", "fast"])
+def test_root_alone_is_plain_sampling(verify):
+    """No drafts (and no draft_probs): the round commits the token plain sampling draws at offset 0."""
+    logits = torch.randn(1, 8, generator=torch.Generator().manual_seed(5))
+    params = PARAMS["t1"]
+    p = target_probs(logits, params)[0]
+    drawn = set()
+    for seed in range(40):
+        rng = PositionalRandom(seed).at(FAR)
+        result = verify(DraftTree.root_only(3), logits, params, rng)
+        assert result == VerifyResult([], [PositionalRandom(seed).at(FAR).categorical(p)])
+        drawn.add(result.tokens[0])
+    assert len(drawn) > 3  # the draws do depend on the seed
+
+
+def _hand_made(p_rows, q_rows, drafts):
+    """A chain whose target rows p and draft rows q are given exactly: logits log p (temperature 1)."""
+    logits = torch.tensor(p_rows, dtype=torch.float64).log()  # [n, vocab]; log 0 = -inf
+    return DraftTree.chain(0, drafts, torch.tensor(q_rows, dtype=torch.float64)), logits
+
+
+@pytest.mark.parametrize("verify", [verify_chain_reference, verify_chain], ids=["reference", "fast"])
+def test_draft_with_q_zero_is_accepted_when_p_is_positive(verify):
+    """q(x) == 0 (not really drawn from q): the limit, accept surely when p(x) > 0."""
+    tree, logits = _hand_made([[0.5, 0.5, 0.0], [0.25, 0.25, 0.5]], [[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]], [1])
+    law = enumerate_law(lambda rng: tuple(verify(tree, logits, PARAMS["t1"], rng).tokens))
+    assert law == pytest.approx({(1, 0): 0.25, (1, 1): 0.25, (1, 2): 0.5}, abs=1e-12)
+
+
+@pytest.mark.parametrize("verify", [verify_chain_reference, verify_chain], ids=["reference", "fast"])
+def test_row_without_residual_falls_back_to_p(verify):
+    """Row 0 has p == q, yet its draft x has p(x) == q(x) == 0: rejected surely, and the residual of
+    p against itself has no mass, so the recovered token comes from p; row 1 (never reached) has
+    residual mass, which must not leak into row 0."""
+    tree, logits = _hand_made([[0.5, 0.5, 0.0, 0.0], [0.25] * 4, [0.25] * 4],
+                              [[0.5, 0.5, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.25] * 4], [2, 0])
+    law = enumerate_law(lambda rng: tuple(verify(tree, logits, PARAMS["t1"], rng).tokens))
+    assert law == pytest.approx({(0,): 0.5, (1,): 0.5}, abs=1e-12)
+    assert {verify(tree, logits, PARAMS["t1"], PositionalRandom(s)).tokens[0] for s in range(30)} == {0, 1}
+
+
+def test_p_and_q_rows_are_renormalised_in_float64():
+    """A float32 softmax sums to 1 only to ~1e-7 in float64; p and q are divided by their sums."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(3))  # float32, as a model gives
+    raw = torch.softmax(logits, -1)
+    assert (raw.double().sum(-1) - 1).abs().max() > 1e-12  # the rounding this guards against
+    for rows in (target_probs(logits, PARAMS["t1"]), draft_distribution(raw)):
+        assert rows.dtype == torch.float64 and (rows.sum(-1) - 1).abs().max() < 1e-14
+    assert draft_distribution(torch.tensor([1.0, 3.0, 0.0])).tolist() == [0.25, 0.75, 0.0]
+
+
+def test_sampling_without_draft_probs_says_what_to_use():
+    tree = DraftTree.chain(0, [1, 2])  # no draft_probs
+    message = "rejection sampling needs draft_probs (use the tree walk for drafters without them)"
+    for verify in (verify_chain_reference, verify_chain):
+        with pytest.raises(ValueError) as error:
+            verify(tree, torch.zeros(3, 4), PARAMS["t1"], PositionalRandom(0))
+        assert str(error.value) == message

@@ -77,3 +77,18 @@ def test_generation_is_the_greedy_sequence(proposer, params):
     expected = autoregressive_law(PROMPT, 4, TARGET, params)
     assert len(expected) == 1 and set(law) == set(expected)
     assert abs(sum(law.values()) - 1.0) < 1e-12
+
+
+
+def test_deep_paths_are_checked_to_the_root():
+    """follow_tree's pointer doubling must reach every ancestor. Chains of up to 34 nodes (n - 1 a
+    power of two and one past it included), the first mismatch at every depth or none, each node
+    also given a decoy child (token 0, never chosen): the vectorized walk agrees with the reference."""
+    for n in (2, 3, 4, 5, 6, 9, 10, 17, 18, 33, 34):
+        for bad in range(1, n + 1):  # bad == n: the whole chain is accepted
+            tokens = [0] + [1 if i != bad else 2 for i in range(1, n)] + [0] * (n - 1)
+            parents = list(range(-1, n - 1)) + list(range(n - 1))
+            tree = DraftTree(torch.tensor(tokens), torch.tensor(parents))
+            logits = torch.nn.functional.one_hot(torch.ones(len(tokens), dtype=torch.long), 3).float()  # choice 1
+            result = verify_greedy_tree(tree, logits)
+            assert result == verify_greedy_reference(tree, logits) and result.num_accepted == bad - 1

@@ -3,9 +3,18 @@ without replacement), including degenerate drafters; verifying in the wrong mode
 
 import pytest
 import torch
-from enumerate_law import ToyModel, autoregressive_law, generation_law, max_law_difference, sampled_tree
+from enumerate_law import (
+    ToyModel,
+    autoregressive_law,
+    generation_law,
+    max_law_difference,
+    sampled_tree,
+    target_logits,
+)
 
 from outrider.sampling import SamplingParams
+from outrider.spec.random import PositionalRandom
+from outrider.spec.types import DraftTree
 from outrider.spec.verify_chain import verify_chain_reference
 from outrider.spec.verify_multidraft import MultiDraftVerifier
 
@@ -46,9 +55,10 @@ CASES = [
 
 
 @pytest.mark.parametrize("widths, params, length", CASES, ids=[f"{w}-{p}-L{n}" for w, p, n in CASES])
-@pytest.mark.parametrize("verify", [WITH, WITHOUT], ids=["with_replacement", "without_replacement"])
-def test_multidraft_is_exact(verify, widths, params, length):
-    assert law_error(widths, verify.without_replacement, verify, params, length=length) < 1e-9
+@pytest.mark.parametrize("without_replacement", [False, True], ids=["with_replacement", "without_replacement"])
+def test_multidraft_is_exact(without_replacement, widths, params, length):
+    verify = MultiDraftVerifier(without_replacement)  # built here: the mode is the constructor's argument
+    assert law_error(widths, without_replacement, verify, params, length=length) < 1e-9
 
 
 @pytest.mark.parametrize("verify", [WITH, WITHOUT], ids=["with_replacement", "without_replacement"])
@@ -84,5 +94,32 @@ def test_on_a_chain_it_is_rejection_sampling():
 
 @pytest.mark.parametrize("widths, length", [([2], 3), ([3], 3), ([2, 1], 2)])
 def test_negative_control_wrong_mode_is_caught(widths, length):
-    assert law_error(widths, True, WITH, "t1", length=length) > 1e-3
-    assert law_error(widths, False, WITHOUT, "t1", length=length) > 1e-3
+    assert law_error(widths, True, MultiDraftVerifier(False), "t1", length=length) > 1e-3
+    assert law_error(widths, False, MultiDraftVerifier(True), "t1", length=length) > 1e-3
+
+
+@pytest.mark.parametrize("without_replacement", [False, True], ids=["with_replacement", "without_replacement"])
+def test_on_a_chain_it_is_rejection_sampling_seed_by_seed(without_replacement):
+    """With the production rng, on a chain, both modes make the reference chain verifier's decisions
+    from the same draws: the token after the accepted drafts is drawn at its own position (the
+    number accepted), not at offset 0, whose draw the round did not consult."""
+    verify, propose = MultiDraftVerifier(without_replacement), sampled_tree(DRAFTER, [1, 1, 1], False)
+    accepted = 0
+    for seed in range(60):
+        rng = PositionalRandom(seed).at(len(PROMPT))
+        tree = propose(PROMPT, rng)
+        logits = target_logits(PROMPT, tree, TARGET)
+        result = verify(tree, logits, PARAMS["t1"], rng)
+        assert result == verify_chain_reference(tree, logits, PARAMS["t1"], rng), seed
+        accepted += result.num_accepted > 0
+    assert accepted > 20  # rounds that accept a draft, where the draw's position matters
+
+
+def test_sampling_without_draft_probs_says_what_to_use():
+    tree = DraftTree(torch.tensor([0, 1, 2]), torch.tensor([-1, 0, 0]))  # siblings, no draft_probs
+    for verify in (MultiDraftVerifier(False), MultiDraftVerifier(True)):
+        with pytest.raises(ValueError) as error:
+            verify(tree, torch.zeros(3, 4), PARAMS["t1"], PositionalRandom(0))
+        assert str(error.value) == "multi-draft rejection sampling needs draft_probs (use the tree walk without them)"
+    root = DraftTree.root_only(0)  # no siblings to test: nothing needs q
+    assert MultiDraftVerifier(True)(root, torch.zeros(1, 4), PARAMS["t1"], PositionalRandom(0)).num_accepted == 0

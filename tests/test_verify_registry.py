@@ -7,7 +7,7 @@ import torch
 from outrider.sampling import SamplingParams
 from outrider.spec.random import PositionalRandom
 from outrider.spec.types import DraftTree
-from outrider.spec.verifiers import VERIFIERS, choose_verifier
+from outrider.spec.verifiers import VERIFIERS, VerifierChoice, choose_verifier
 
 GREEDY = SamplingParams()
 SAMPLE = SamplingParams(temperature=0.8, top_p=0.9)
@@ -77,3 +77,48 @@ def test_verifiers_leave_their_arguments_alone():
         entry.verify(tree, logits, GREEDY if entry.greedy_only else SAMPLE, PositionalRandom(0))
         after = (tree.tokens, tree.parents, probs, logits)
         assert all(torch.equal(a, b) for a, b in zip(before, after)), name
+
+
+def test_siblings_are_drawn_with_replacement_unless_said():
+    assert choose_verifier("tree", True, SAMPLE).name == "multidraft"
+
+
+KNOWN = ("greedy_chain, greedy_tree, greedy_reference, rejection_chain, rejection_chain_reference, chain_walk, "
+         "tree_walk, tree_walk_reference, multidraft, multidraft_without_replacement")
+
+
+@pytest.mark.parametrize(
+    "tree_kind, gives_probs, sampling, without_replacement, name, reason",
+    [
+        ("dag", False, GREEDY, False, None, "tree_kind must be one of ('chain', 'tree'), got 'dag'"),
+        ("chain", True, SAMPLE, False, "typical_acceptance", f"no verifier called 'typical_acceptance'; known: {KNOWN}"),
+        ("tree", False, GREEDY, False, "greedy_chain", "greedy_chain verifies only a chain, not a tree"),
+        ("chain", False, SAMPLE, False, "greedy_tree",
+         "greedy_tree is exact only at temperature 0 (got 0.8); use a sampling verifier"),
+        ("chain", False, SAMPLE, False, "rejection_chain",
+         "rejection_chain needs drafts drawn from draft_probs; this drafter gives none (use tree_walk)"),
+        ("tree", True, SAMPLE, True, "multidraft",
+         "multidraft assumes siblings drawn with replacement, but this drafter draws them without replacement"),
+        ("tree", True, SAMPLE, False, "multidraft_without_replacement",
+         "multidraft_without_replacement assumes siblings drawn without replacement, but this drafter draws them "
+         "with replacement"),
+    ],
+)
+def test_refusals_word_for_word(tree_kind, gives_probs, sampling, without_replacement, name, reason):
+    """What a user reads when a combination is refused (speculator.py raises it as a ConfigError)."""
+    choice = choose_verifier(tree_kind, gives_probs, sampling, without_replacement=without_replacement, name=name)
+    assert choice == VerifierChoice("" if name is None else name, None, reason)
+
+
+@pytest.mark.parametrize(
+    "tree_kind, gives_probs, sampling, reason",
+    [
+        ("chain", False, GREEDY, "greedy_chain: exact for a chain of drafts without probabilities, greedy"),
+        ("tree", True, GREEDY, "greedy_tree: exact for a tree of drafts drawn from draft_probs, greedy"),
+        ("chain", True, SAMPLE, "rejection_chain: exact for a chain of drafts drawn from draft_probs, temperature 0.8"),
+        ("tree", False, SAMPLE, "tree_walk: exact for a tree of drafts without probabilities, temperature 0.8"),
+    ],
+)
+def test_choices_word_for_word(tree_kind, gives_probs, sampling, reason):
+    choice = choose_verifier(tree_kind, gives_probs, sampling)
+    assert choice.ok and choice.reason == reason
