@@ -62,6 +62,7 @@ class LLM:
         self.speculator = Speculator.build(options, self.target, self.path) if options else None
         # the thread count follows the free cores unless the config fixes it (engine/threads.py)
         self.cpu_share = cpu_share_for(self.config.threads, self.config.follow_free_cores)
+        self._grammars = None
 
     # -- prompts -------------------------------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
@@ -76,6 +77,14 @@ class LLM:
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.tokenizer(prompt)["input_ids"]
 
+    def grammars(self):
+        """The grammar compiler for this model's tokenizer (built on first use: about a second)."""
+        if self._grammars is None:
+            from .spec.grammar import GrammarCompiler
+
+            self._grammars = GrammarCompiler(self.tokenizer, self.target.config.vocab_size, self.eos_ids)
+        return self._grammars
+
     def decode(self, ids: list[int]) -> str:
         """Text of token ids, special tokens skipped, spaces left as the tokens have them."""
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
@@ -83,7 +92,8 @@ class LLM:
     # -- generation ----------------------------------------------------------------------------
     def generate(self, prompts: str | list[str], max_new_tokens: int = 128, *, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: str | list[str] | None = None,
-                 chat: bool = False, on_text=None) -> Completion | list[Completion]:
+                 chat: bool = False, on_text=None, response_format: dict | None = None,
+                 grammar_drafting: bool = True) -> Completion | list[Completion]:
         """Generate for one prompt (returns a Completion) or a list (returns a list).
 
         stop: a stop string or a list of them (empty ones are ignored). The text ends exactly
@@ -91,6 +101,10 @@ class LLM:
         on_text(index, new_text), for streaming, receives only stable new text of prompt `index`
         (never an incomplete character nor a tail that may start a stop string; what is held
         back comes at the end): its pieces add up to that Completion's `text`.
+        response_format: OpenAI's ({"type": "json_object"} or {"type": "json_schema",
+        "json_schema": {"schema": {...}}}): the output follows the grammar, speculative or not
+        (spec/grammar.py; needs the `structured` extra); grammar_drafting: drafts pruned at
+        forbidden tokens and forced tokens drafted for free (off: the grammar only masks p).
         """
         single, batch = _check_prompts(prompts)
         max_new_tokens = _check_max_new_tokens(max_new_tokens)
@@ -102,7 +116,9 @@ class LLM:
         # one seed for every prompt: a prompt's text depends on (prompt, seed), not on its place
         # in the batch (randomness is drawn by output position, spec/random.py)
         params = SamplingParams(temperature, top_k, top_p, seed)
-        requests = [Request(self.encode(p, chat), max_new_tokens, params, tuple(stops)) for p in batch]
+        grammar = self.grammars().compile(response_format) if response_format is not None else None
+        requests = [Request(self.encode(p, chat), max_new_tokens, params, tuple(stops), grammar=grammar,
+                            grammar_drafting=grammar_drafting) for p in batch]
         engine = offline_engine(self.target, requests, self.eos_ids, self.speculator, self.decode)
         ids = {engine.add(r): i for i, r in enumerate(requests)}  # request id -> prompt index
         out: list[Completion | None] = [None] * len(batch)

@@ -41,6 +41,7 @@ import torch
 from ..errors import ConfigError
 from ..models.batch import pack
 from ..models.decoder import Decoder
+from ..spec.grammar import GrammarError, forced_chain
 from ..spec.processing import PathProcessor
 from ..spec.random import PositionalRandom
 from ..spec.types import DraftTree
@@ -122,6 +123,7 @@ class EngineLoop:
                      if params.processes_logits else None)
         seq = Sequence(rid, request, prompt, len(prompt), params, PositionalRandom(params.seed), verify,
                        speculate=speculate, text=text, rows=rows, processor=processor,
+                       grammar=request.grammar.state() if request.grammar is not None else None,
                        logprobs=[] if request.logprobs is not None else None)
         self.scheduler.add(seq)
         self._seqs[rid] = seq
@@ -251,6 +253,7 @@ class EngineLoop:
         spec = self.speculation
         start = time.perf_counter()
         trees, failed = self._propose(seqs)
+        failed.update(self._constrain(seqs, trees, failed))
         drafted = time.perf_counter()
         taps = spec.hidden_layers if spec is not None else ()
         before = [len(s.output) for s in seqs]
@@ -297,6 +300,27 @@ class EngineLoop:
         for b, tree in zip(drafting, proposed):
             trees[b] = tree
         return trees, {drafting[i]: _why("the drafter failed to propose", err) for i, err in errors.items()}
+
+    def _constrain(self, seqs: list[Sequence], trees: list[DraftTree], failed: dict[int, str]) -> dict[int, str]:
+        """For each sequence with a grammar: its forced tokens as the tree (grammar-aware drafting,
+        where it drafts), the tree pruned at forbidden tokens where the verifier allows it, and
+        the allowed tokens at each node (spec/grammar.py); the sequences whose grammar failed."""
+        errors = {}
+        for b, seq in enumerate(seqs):
+            if seq.grammar is None or b in failed:
+                continue
+            tree, aware = trees[b], seq.speculate and seq.request.grammar_drafting
+            try:
+                limit = min(self.headroom - 1, self.cache.free_rows(seq.slot) - 1)
+                forced = seq.grammar.forced(limit) if aware else []
+                if forced and len(forced) >= tree.size - 1:  # certain tokens beat as many guesses
+                    tree = forced_chain(seq.tokens[-1], forced, self.target.config.vocab_size,
+                                        with_probs=tree.draft_probs is not None)
+                prune = aware and (tree.draft_probs is None or seq.params.greedy)
+                trees[b], seq.allowed = seq.grammar.constrain(tree, prune)
+            except GrammarError as err:
+                errors[b] = str(err)
+        return errors
 
     def _follow(self, seqs, drafting: list[int], results: dict, hidden: dict) -> dict[int, str]:
         """The drafter follows what the drafting sequences committed: the batch indices whose

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from ..sampling import SamplingParams
+from ..spec.grammar import Grammar
 from ..spec.types import RoundStats
 
 FINISH_REASONS = ("eos", "length", "stop", "context", "cancelled", "error")
@@ -26,7 +27,10 @@ class Request:
     token, the target's log-probability of it and of the `logprobs` likeliest tokens at its
     position (0: the token's alone); prompt_logprobs: the same for the prompt's tokens (the
     first has none); prefill_from: the id of an earlier request with the same prompt whose
-    prompt K/V this one may copy instead of computing (n samples sharing one prefill)."""
+    prompt K/V this one may copy instead of computing (n samples sharing one prefill); grammar:
+    constrains the target's distribution (spec/grammar.py: JSON schema, Lark, regex);
+    grammar_drafting: prune drafts at forbidden tokens and draft forced tokens for free (off:
+    the grammar only masks the target's logits, to measure what grammar-aware drafting gives)."""
 
     prompt_ids: list[int]
     max_new_tokens: int = 128
@@ -39,6 +43,8 @@ class Request:
     logprobs: int | None = None  # None: none; N >= 0: the chosen token's and the top N
     prompt_logprobs: int | None = None
     prefill_from: int | None = None
+    grammar: Grammar | None = None
+    grammar_drafting: bool = True
 
 
 @dataclass(frozen=True)

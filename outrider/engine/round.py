@@ -27,6 +27,7 @@ import torch
 from ..models.batch import pack
 from ..models.decoder import Decoder
 from ..models.kv_cache import KVCache
+from ..spec.grammar import GrammarError
 from ..spec.tree import depths, tree_problem
 from ..spec.types import DraftTree, RoundStats, VerifyResult
 from ..spec.verify_greedy import verify_greedy_chain, verify_greedy_tree, walk
@@ -114,21 +115,30 @@ def _verify(target, cache, seqs, trees, hidden_layers, outcome: Outcome, index: 
         seq.tokens.extend(result.tokens)
         if seq.processor is not None:
             seq.processor.commit(result.tokens)
+        if seq.grammar is not None:
+            seq.allowed = None
+            try:
+                seq.grammar.commit(result.tokens)
+            except GrammarError as err:  # the request's grammar broke: it fails alone
+                outcome.failed[b] = str(err)
         _count(seq.stats, tree, result)
         outcome.results[b] = result
 
 
 def _processed(logits: torch.Tensor, seqs: list[Sequence], trees: list[DraftTree]) -> torch.Tensor:
     """The logits with each sequence's bias and penalties applied along its nodes' paths
-    (spec/processing.py); the same tensor when no sequence has any."""
-    if all(seq.processor is None for seq in seqs):
+    (spec/processing.py) and its grammar's forbidden tokens at -inf (spec/grammar.py); the same
+    tensor when no sequence has either."""
+    if all(seq.processor is None and seq.allowed is None for seq in seqs):
         return logits
     logits = logits.clone()
     offset = 0
     for seq, tree in zip(seqs, trees):
+        rows = slice(offset, offset + tree.size)
         if seq.processor is not None:
-            rows = slice(offset, offset + tree.size)
             logits[rows] = seq.processor.apply(logits[rows], tree.tokens, tree.parents).to(logits.dtype)
+        if seq.allowed is not None:
+            logits[rows] = logits[rows].masked_fill(~seq.allowed.to(logits.device), float("-inf"))
         offset += tree.size
     return logits
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..sampling import SamplingParams
+from ..spec.grammar import GrammarState
 from ..spec.processing import PathProcessor
 from ..spec.random import PositionalRandom
 from ..spec.types import RoundStats
@@ -36,6 +37,8 @@ class Sequence:
     speculate: bool = False  # drafts this round (the engine drafts and the request allows it)
     text: TextStream | None = None  # its stable text and stop strings (None: no tokenizer)
     processor: PathProcessor | None = None  # logit bias and penalties (None: the params have none)
+    grammar: GrammarState | None = None  # its grammar's state after the committed output (spec/grammar.py)
+    allowed: torch.Tensor | None = None  # this round: bool [tree size, V], the grammar's tokens at each node
     logprobs: list[TokenLogprob] | None = None  # one a committed output token, when asked for
     prompt_logprobs: list[TokenLogprob | None] | None = None
     stats: RoundStats = field(default_factory=RoundStats)
