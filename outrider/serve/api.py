@@ -35,8 +35,8 @@ from .metrics import Metrics
 from .protocol import ApiError, Parsed, parse_chat, parse_completion
 from .responses import (chat_logprobs, choice, chunk, completion_logprobs, extensions, new_id, response,
                         usage)
-from .schema import (STREAM, ChatCompletionResponse, CompletionResponse, Health, ModelList, add_request_schemas,
-                     errors, request_body)
+from .schema import (ChatCompletionResponse, CompletionResponse, Health, ModelList, add_request_schemas, errors,
+                     request_body, stream)
 from .worker import EngineWorker, Job
 
 GOLDEN = 0x9E3779B97F4A7C15  # seeds of n samples: seed + i * GOLDEN (mod 2**64), distinct and spread
@@ -150,13 +150,13 @@ def create_app(state: ServerState) -> FastAPI:
     post = errors(400, 401, 404, 429, 500, 503)
 
     @app.post("/v1/completions", openapi_extra=request_body("CompletionRequest"),
-              responses={200: {"model": CompletionResponse, "content": STREAM, "description": "the completion"},
+              responses={200: {"model": CompletionResponse, "content": stream("CompletionChunk"), "description": "the completion"},
                          **post})
     async def completions(request: HttpRequest):
         return await _generate(state, request, chat=False)
 
     @app.post("/v1/chat/completions", openapi_extra=request_body("ChatCompletionRequest"),
-              responses={200: {"model": ChatCompletionResponse, "content": STREAM, "description": "the reply"},
+              responses={200: {"model": ChatCompletionResponse, "content": stream("ChatCompletionChunk"), "description": "the reply"},
                          **post})
     async def chat(request: HttpRequest):
         return await _generate(state, request, chat=True)
@@ -177,6 +177,31 @@ def _error(err: ApiError) -> JSONResponse:
 
 def _refuse_non_finite(token: str):
     raise ValueError(f"{token} is not a JSON number")
+
+
+def _check_unicode(body) -> None:
+    """Refuse strings JSON allows but Unicode does not (lone surrogates such as "\\udcf3"): they
+    cannot be tokenized, nor sent back in a response."""
+    todo = [(body, None)]
+    while todo:
+        value, top = todo.pop()
+        if isinstance(value, str):
+            value = [value]
+        elif isinstance(value, dict):
+            todo.extend((k, top if top is not None else k) for k in value)
+            todo.extend((v, top if top is not None else k) for k, v in value.items())
+            continue
+        elif isinstance(value, list):
+            todo.extend((v, top) for v in value)
+            continue
+        else:
+            continue
+        try:
+            value[0].encode("utf-8")
+        except UnicodeEncodeError:
+            param = top if isinstance(top, str) and top.isprintable() and top.isascii() else None
+            raise ApiError(400, "the body holds a string that is not valid Unicode (a lone surrogate such as "
+                                "\\udcf3): send UTF-8 text", param) from None
 
 
 @dataclass
@@ -202,6 +227,7 @@ async def _generate(state: ServerState, http: HttpRequest, chat: bool):
             body = json.loads(await http.body(), parse_constant=_refuse_non_finite)
         except (ValueError, UnicodeDecodeError, RecursionError) as err:
             raise ApiError(400, f"the request body is not valid JSON ({str(err)[:200]})") from None
+        _check_unicode(body)
         parsed = parse_chat(body, state.vocab) if chat else parse_completion(body, state.vocab)
         if parsed.model is not None and parsed.model != state.model_name:
             raise ApiError(404, f"the model '{parsed.model}' does not exist: this server serves "
@@ -296,14 +322,17 @@ async def _whole(state: ServerState, http: HttpRequest, plan: Plan, rid: str, ch
         gone.cancel()
     completions = [done[i] for i in range(len(job.requests))]
     choices, out_tokens = [], 0
+    echo_only = plan.parsed.echo and plan.parsed.max_tokens == 0
     for i, c in enumerate(completions):
-        echo_only = plan.parsed.echo and plan.parsed.max_tokens == 0
         text = "" if echo_only else c.text
-        tokens = [] if echo_only else c.token_ids
-        out_tokens += len(tokens)
+        out_tokens += 0 if echo_only else len(c.token_ids)
         if plan.parsed.echo:
             text = plan.prompt_texts[plan.prompt_of(i)] + text
-        choices.append(choice(i, chat, text, c.finish_reason, _logprobs(state, plan, i, c, completions, echo_only)))
+        try:
+            logprobs = _logprobs(state, plan, i, c, completions, echo_only)
+        except ApiError as err:
+            return _error(err)
+        choices.append(choice(i, chat, text, c.finish_reason, logprobs))
     use = usage(sum(len(ids) for ids in plan.prompt_ids), out_tokens)
     return response(rid, state.model_name, chat, choices, use, extensions(completions))
 
@@ -321,6 +350,8 @@ def _logprobs(state: ServerState, plan: Plan, i: int, c, completions: list, echo
         first = completions[plan.prompt_of(i) * parsed.n]
         ids = plan.prompt_ids[plan.prompt_of(i)]
         prompt = first.prompt_logprobs
+        if prompt is None and len(ids) == 1:  # a one-token prompt: its token has no logprob
+            prompt = [None]
         if prompt is None or len(prompt) != len(ids):
             raise _missing_logprobs()
         entries = [lp if lp is not None else t for lp, t in zip(prompt, ids)] + list(entries)

@@ -388,12 +388,16 @@ def _token_ids(ids, vocab: int, name: str, allow_empty: bool = False) -> list[in
         return None
     if not isinstance(ids, list) or (not ids and not allow_empty):
         raise bad(f"{name} must be a non-empty list of token ids", name)
+    out = []
     for t in ids:
+        if isinstance(t, float) and t.is_integer():
+            t = int(t)  # 55.0 is the integer 55 (JSON Schema's and pydantic's reading)
         if isinstance(t, bool) or not isinstance(t, numbers.Integral):
             raise bad(f"{name} must hold integer token ids, got {_show(t)}", name)
         if not 0 <= t < vocab:
             raise bad(f"{name} holds the token id {t}, outside the model's vocabulary [0, {vocab})", name)
-    return [int(t) for t in ids]
+        out.append(int(t))
+    return out
 
 
 def _logit_bias(bias, vocab: int) -> list[tuple[int, float]]:

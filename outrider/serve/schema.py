@@ -130,18 +130,18 @@ def request_models(vocab: int) -> tuple[type[BaseModel], type[BaseModel]]:
 
 
 # -- responses ------------------------------------------------------------------------------------
-class ErrorInfo(BaseModel):
+class ErrorInfo(_Strict):
     message: str
     type: str
     param: Optional[str]
     code: Optional[str]
 
 
-class ErrorResponse(BaseModel):
+class ErrorResponse(_Strict):
     error: ErrorInfo
 
 
-class Usage(BaseModel):
+class Usage(_Strict):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
@@ -150,21 +150,21 @@ class Usage(BaseModel):
 Finish = Optional[Literal["stop", "length", "abort"]]
 
 
-class CompletionLogprobs(BaseModel):
+class CompletionLogprobs(_Strict):
     tokens: list[str]
     token_logprobs: list[Optional[float]]
     top_logprobs: list[Optional[dict[str, float]]]
     text_offset: list[int]
 
 
-class CompletionChoice(BaseModel):
+class CompletionChoice(_Strict):
     index: int
     text: str
     logprobs: Optional[CompletionLogprobs]
     finish_reason: Finish
 
 
-class CompletionResponse(BaseModel):
+class CompletionResponse(_Strict):
     id: str
     object: Literal["text_completion"]
     created: int
@@ -174,7 +174,7 @@ class CompletionResponse(BaseModel):
     outrider: dict[str, Any] = Field(description="this request's speculation figures (tau, rounds, drafts)")
 
 
-class TopLogprob(BaseModel):
+class TopLogprob(_Strict):
     token: str
     logprob: float
     bytes: Optional[list[int]]
@@ -184,23 +184,23 @@ class TokenLogprobs(TopLogprob):
     top_logprobs: list[TopLogprob]
 
 
-class ChatLogprobs(BaseModel):
+class ChatLogprobs(_Strict):
     content: Optional[list[TokenLogprobs]]
 
 
-class AssistantMessage(BaseModel):
+class AssistantMessage(_Strict):
     role: Literal["assistant"]
     content: str
 
 
-class ChatChoice(BaseModel):
+class ChatChoice(_Strict):
     index: int
     message: AssistantMessage
     logprobs: Optional[ChatLogprobs]
     finish_reason: Finish
 
 
-class ChatCompletionResponse(BaseModel):
+class ChatCompletionResponse(_Strict):
     id: str
     object: Literal["chat.completion"]
     created: int
@@ -210,7 +210,49 @@ class ChatCompletionResponse(BaseModel):
     outrider: dict[str, Any]
 
 
-class ModelCard(BaseModel):
+class CompletionChunkChoice(_Strict):
+    index: int
+    text: str
+    logprobs: Optional[CompletionLogprobs]
+    finish_reason: Finish
+
+
+class CompletionChunk(_Strict):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice] = Field(description="one choice's new text; [] in the last usage chunk")
+    usage: Optional[Usage] = None
+    outrider: Optional[dict[str, Any]] = Field(None, description="with a choice's finish_reason")
+
+
+class Delta(_Strict):
+    role: Optional[Literal["assistant"]] = None
+    content: Optional[str] = None
+
+
+class ChatChunkChoice(_Strict):
+    index: int
+    delta: Delta
+    logprobs: Optional[ChatLogprobs]
+    finish_reason: Finish
+
+
+class ChatCompletionChunk(_Strict):
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Optional[Usage] = None
+    outrider: Optional[dict[str, Any]] = None
+
+
+CHUNKS = (CompletionChunk, ChatCompletionChunk)
+
+
+class ModelCard(_Strict):
     id: str
     object: Literal["model"]
     created: int
@@ -218,18 +260,24 @@ class ModelCard(BaseModel):
     max_model_len: int
 
 
-class ModelList(BaseModel):
+class ModelList(_Strict):
     object: Literal["list"]
     data: list[ModelCard]
 
 
-class Health(BaseModel):
+class Health(_Strict):
     status: Literal["ok", "draining", "failed"]
     error: Optional[str] = None
 
 
-STREAM = {"text/event-stream": {"schema": {"type": "string", "description": "server-sent events: OpenAI chunks, "
-                                                                             "then data: [DONE]"}}}
+def stream(chunk_model: str) -> dict:
+    """A server-sent event of a stream: an OpenAI chunk (or an error body) as JSON, or the last [DONE]."""
+    payload = {"type": "string", "contentMediaType": "application/json",
+               "contentSchema": {"anyOf": [{"$ref": f"#/components/schemas/{chunk_model}"},
+                                           {"$ref": "#/components/schemas/ErrorResponse"}]}}
+    return {"text/event-stream": {"schema": {
+        "type": "object", "required": ["data"], "description": "one server-sent event; the stream ends with [DONE]",
+        "properties": {"data": {"anyOf": [{"const": "[DONE]"}, payload]}, "event": {"type": "string"}}}}}
 
 
 def errors(*statuses: int) -> dict:
@@ -248,7 +296,7 @@ def request_body(name: str) -> dict:
 def add_request_schemas(openapi: dict, vocab: int, api_key: bool) -> dict:
     """Put the request models (and, with a key, bearer auth) into a FastAPI-generated schema."""
     components = openapi.setdefault("components", {}).setdefault("schemas", {})
-    for model in request_models(vocab):
+    for model in (*request_models(vocab), *CHUNKS):
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(schema.pop("$defs", {}))
         components[model.__name__] = schema

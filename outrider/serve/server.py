@@ -10,6 +10,7 @@ restarts the server rather than keep a live process that refuses everything.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -112,6 +113,7 @@ def serve(options: ServeOptions, log=print) -> int:
 
     exit_code = 0
     server = None
+    aborted = False
 
     def on_fatal(message: str) -> None:
         nonlocal exit_code
@@ -128,6 +130,8 @@ def serve(options: ServeOptions, log=print) -> int:
         def handle_exit(self, sig, frame):
             if state.worker.draining:
                 if sig == signal.SIGINT:  # a second Ctrl-C: 503 to everyone in flight, stop now
+                    nonlocal aborted
+                    aborted = True
                     log("stopping now: answering the requests in flight with 503", file=sys.stderr)
                     state.worker.abort("the server stopped before this request finished (a second Ctrl-C): "
                                        "retry on another replica")
@@ -154,4 +158,8 @@ def serve(options: ServeOptions, log=print) -> int:
         server.run()
     finally:
         state.worker.stop(timeout=1)  # the step in progress (daemon thread: never blocks the exit)
+    if aborted:  # everyone has had an answer; the interpreter's teardown (torch, transformers) takes
+        sys.stdout.flush()  # seconds, which "stop now" should not
+        sys.stderr.flush()
+        os._exit(exit_code)
     return exit_code
