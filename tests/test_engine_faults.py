@@ -85,6 +85,15 @@ def test_a_faulty_drafter_fails_its_request_alone(target, where):
             assert d.finish_reason == "length" and d.token_ids == alone(target, p).token_ids, i
 
 
+def test_a_faulty_request_alone_in_its_round(target):
+    """Every sequence of the round fails to propose: the round verifies none and the engine goes on."""
+    spec = speculator(FaultyNgram(PROMPTS[BAD][0], "propose"))
+    done = generate_ids(target, [Request(list(PROMPTS[BAD]), 16)], set(), speculation=spec)[0]
+    assert done.finish_reason == "error" and "injected fault in propose" in done.error
+    again = generate_ids(target, [Request(list(PROMPTS[0]), 16)], set(), speculation=spec)[0]
+    assert again.token_ids == alone(target, PROMPTS[0]).token_ids
+
+
 def test_non_finite_logits_fail_their_request_alone(target, monkeypatch):
     """NaN in the logits of one slot's rows: that request fails, the others' outputs are unchanged."""
     forward = target.forward

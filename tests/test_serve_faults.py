@@ -199,9 +199,6 @@ def test_a_second_ctrl_c_answers_everyone_with_503_within_2_s(tiny):
             proc.wait()
 
 
-@pytest.mark.xfail(strict=True, reason="engine: a round in which every sequence failed to propose reaches "
-                                       "run_round with none (round.py: share = 1.0 / len(seqs), ZeroDivisionError) "
-                                       "and the step raises: fatal for the server; found by scripts/fuzz_serve.py")
 def test_a_faulty_request_alone_in_its_round_fails_alone(tiny, monkeypatch):
     srv = LiveServer(tiny, drafter="ngram", controller="fixed:3", max_running=2)
     try:

@@ -257,15 +257,15 @@ class EngineLoop:
         drafted = time.perf_counter()
         taps = spec.hidden_layers if spec is not None else ()
         before = [len(s.output) for s in seqs]
-        live = [b for b in range(len(seqs)) if b not in failed]
+        live = [b for b in range(len(seqs)) if b not in failed]  # may be none: every proposal failed
         outcome = run_round(self.target, self.cache, [seqs[b] for b in live], [trees[b] for b in live], taps,
                             draft_s=drafted - start)
         for i, why in outcome.failed.items():
             failed[live[i]] = why
         results = {live[i]: r for i, r in enumerate(outcome.results) if r is not None}
         hidden = {live[i]: h for i, h in enumerate(outcome.hidden)}
-        if spec is not None:  # the batch's verify cost as it is now, for the cost controller
-            spec.observe_verify_time(len(seqs), max(t.size for t in trees), time.perf_counter() - drafted)
+        if spec is not None and live:  # the batch's verify cost as it is now, for the cost controller
+            spec.observe_verify_time(len(live), max(trees[b].size for b in live), time.perf_counter() - drafted)
         stops = {b: stop_after_round(seqs[b], len(r.tokens), self.eos_ids, self.cache.free_rows(seqs[b].slot))
                  for b, r in results.items()}
         drafting = [b for b in results if seqs[b].speculate]

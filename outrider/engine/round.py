@@ -73,7 +73,7 @@ def run_round(
     if live:
         _verify(target, cache, [seqs[b] for b in live], [trees[b] for b in live], hidden_layers, outcome, live)
     verified = time.perf_counter()
-    share = 1.0 / len(seqs)
+    share = 1.0 / max(len(seqs), 1)
     for seq in seqs:
         seq.stats.draft_s += draft_s * share
         seq.stats.verify_s += (verified - start) * share
