@@ -39,7 +39,8 @@ GROUPS = {
                   ["test_verify_greedy.py", "test_verify_chain.py", "test_verify_tree.py", "test_verify_multidraft.py",
                    "test_verify_registry.py", "test_verify_chisquare.py", "test_verify_random.py",
                    "test_verify_real_rows.py", "test_spec_sampling_exact.py"]),
-    "stopping": (["engine/stopping.py"], ["test_stop_in_round.py"]),
+    "stopping": (["engine/stopping.py"], ["test_stop_in_round.py", "test_stop_at_start.py",
+                                          "test_processing.py::test_stop_token_ids_end_the_output_kept"]),
     "random": (["spec/random.py"], ["test_verify_random.py", "test_verify_chisquare.py", "test_seed_reproducible.py",
                                    "test_spec_sampling_exact.py"]),
     "tree": (["spec/tree.py"], ["test_verify_tree.py", "test_verify_greedy.py", "test_verify_multidraft.py",
@@ -123,7 +124,10 @@ def main(argv=None) -> int:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     summary = [run_group(g, args.minutes, log) for g in (args.groups or GROUPS)]
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "summary.json").write_text(json.dumps(summary, indent=2))
+    path = OUT / "summary.json"  # groups run earlier and not now are kept
+    earlier = json.loads(path.read_text()) if path.is_file() else []
+    ran = {g["group"] for g in summary}
+    path.write_text(json.dumps([g for g in earlier if g["group"] not in ran] + summary, indent=2))
     for g in summary:
         bound = "" if g["finished"] else f" (stopped at the {args.minutes:g}-minute bound)"
         print(f"{g['group']}: {g['minutes']} min{bound}")
