@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import socket
 import subprocess
@@ -403,7 +402,8 @@ def run_schemathesis(server: Server, examples: int, seed: int, seconds: float, p
     log("schemathesis: " + " ".join(cmd[1:]))
     env = {**os.environ, "NO_COLOR": "1", "SCHEMATHESIS_TELEMETRY": "false"}
     try:  # not st's --max-time: its fuzzing repeats until that time is spent
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=max(10.0, seconds))
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=max(10.0, seconds),
+                              cwd=out_dir)  # its .schemathesis cache goes there, not into the checkout
     except subprocess.TimeoutExpired as err:
         proc = subprocess.CompletedProcess(cmd, 1, (err.stdout or b"").decode(errors="replace"),
                                            f"schemathesis did not finish within {seconds:.0f} s")

@@ -365,3 +365,15 @@ def test_a_client_that_disconnects_frees_its_slot_within_a_round(tmp_path_factor
         assert metric(srv, "outrider:generation_tokens_total") < 4000
     finally:
         srv.close()
+
+
+def test_docs_list_every_field():
+    """docs/serving.md's table of OpenAI parameters names every field protocol.py knows."""
+    from pathlib import Path
+
+    from outrider.serve.protocol import FIELDS
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "serving.md").read_text()
+    table = text[text.index("## OpenAI parameters"):text.index("## Options")]
+    missing = [name for name in FIELDS if f"`{name}`" not in table]
+    assert not missing, missing
