@@ -37,6 +37,7 @@ from ..models.decoder import Decoder
 from ..sampling import SamplingParams, warp_probs
 from ..spec.random import PositionalRandom
 from ..spec.shapes import TreeShape
+from ..spec.tree import children as children_of
 from ..spec.types import DraftTree, VerifyResult
 from .base import Budget, ancestors_kept
 from .capabilities import Capabilities, Drafts
@@ -53,6 +54,7 @@ class _State:
     base: int = 0  # len(tokens) - 1 at the last proposal: row of the root
     fed: set[int] = field(default_factory=set)  # tree nodes whose K/V this round wrote
     proposed: bool = False  # a proposal since the last update (a round may skip the drafter)
+    tree: tuple[list[int], list[int]] = ((), ())  # the proposed tree's tokens and parents
 
 
 class ModelDrafter:
@@ -159,7 +161,10 @@ class ModelDrafter:
         def forward(indices: list[int], feeds: list[Feed]) -> list[torch.Tensor]:
             return self._forward([states[i] for i in indices], feeds)
 
-        return (grow_together if self.batched else grow_alone)(growers, forward)
+        trees = (grow_together if self.batched else grow_alone)(growers, forward)
+        for st, tree in zip(states, trees):
+            st.tree = (tree.tokens.tolist(), tree.parents.tolist())
+        return trees
 
     def _fits(self, depth: int, length: int, max_len: int) -> int:
         """The deepest depth <= `depth` whose root and fed nodes fit in rows length - 1 .. max_len - 1."""
@@ -174,9 +179,15 @@ class ModelDrafter:
         st.proposed = False
         if self.target_cache is not None:
             return  # the target's verify forward wrote the accepted path's rows and set the length
+        # the committed tokens walked down this drafter's own tree: the round may have verified
+        # another tree (a grammar prunes drafts or drafts forced tokens: engine/loop.py), and a
+        # node whose token and path are the committed ones holds their K/V whatever was verified
+        tokens, parents = st.tree
+        kids = children_of(list(parents))
         path = [0]
-        for node in result.accepted_nodes:
-            if node not in st.fed:
+        for token in result.tokens[:-1]:
+            node = next((c for c in kids[path[-1]] if tokens[c] == token and c in st.fed), None)
+            if node is None:
                 break
             path.append(node)
         self.cache.compact(st.slot, [st.base + node for node in path], st.base)

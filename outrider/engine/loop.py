@@ -269,7 +269,7 @@ class EngineLoop:
         stops = {b: stop_after_round(seqs[b], len(r.tokens), self.eos_ids, self.cache.free_rows(seqs[b].slot))
                  for b, r in results.items()}
         drafting = [b for b in results if seqs[b].speculate]
-        failed.update(self._follow(seqs, drafting, results, hidden))
+        failed.update(self._follow(seqs, drafting, trees, results, hidden))
         events = []
         for b, seq in enumerate(seqs):
             new = seq.output[before[b]:]
@@ -322,13 +322,14 @@ class EngineLoop:
                 errors[b] = str(err)
         return errors
 
-    def _follow(self, seqs, drafting: list[int], results: dict, hidden: dict) -> dict[int, str]:
+    def _follow(self, seqs, drafting: list[int], trees: list[DraftTree], results: dict, hidden: dict
+                ) -> dict[int, str]:
         """The drafter follows what the drafting sequences committed: the batch indices whose
         drafter state broke, with why (engine/speculator.py)."""
         if not drafting:
             return {}
-        errors = self.speculation.update_batch([seqs[b] for b in drafting], [results[b] for b in drafting],
-                                               [hidden[b] for b in drafting])
+        errors = self.speculation.update_batch([seqs[b] for b in drafting], [trees[b] for b in drafting],
+                                               [results[b] for b in drafting], [hidden[b] for b in drafting])
         return {drafting[i]: _why("the drafter failed to follow the commit", err) for i, err in errors.items()}
 
     def _fail(self, seq: Sequence, why: str, err: Exception | None = None) -> Event:

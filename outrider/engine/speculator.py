@@ -121,7 +121,6 @@ class Speculator:
         self.tree_kind = self.drafts.tree_kind
         self.hidden_layers: tuple[int, ...] = capabilities.needs_hidden  # tapped in prefill and verify
         self.reads_target_cache = capabilities.reads_target_cache  # early exit: drafts over the target's K/V
-        self._trees: dict[int, DraftTree] = {}
         options.check_nodes(self.max_tree_size - 1, controller.max_depth)
 
     # -- construction -------------------------------------------------------------------------
@@ -226,23 +225,23 @@ class Speculator:
             self.controller.observe_draft_time((time.perf_counter() - start) / len(todo), depth)
             for (i, _), tree in zip(todo, drafted):
                 trees[i] = tree
-        for seq, tree in zip(seqs, trees):
-            self._trees[seq.seq_id] = tree
         return trees, failed
 
     def observe_verify_time(self, batch_size: int, width: int, seconds: float) -> None:
         """The round's verify (forward and verifiers) over `batch_size` sequences padded to `width`."""
         self.controller.observe_verify_time(batch_size, width, seconds)
 
-    def update_batch(self, seqs, results: list[VerifyResult], hidden: list[dict[int, torch.Tensor]]
-                     ) -> dict[int, Exception]:
-        """hidden[b]: sequence b's taps on the accepted path (layer -> [1 + num_accepted, E],
-        engine/round.py); the drafter gets them stacked in its declared order, or None. Returns
+    def update_batch(self, seqs, trees: list[DraftTree], results: list[VerifyResult],
+                     hidden: list[dict[int, torch.Tensor]]) -> dict[int, Exception]:
+        """trees[b]: the tree verified for sequence b (the drafter's, or what a grammar made of it:
+        engine/loop.py), results[b] its result; hidden[b]: the taps on the accepted path (layer ->
+        [1 + num_accepted, E], engine/round.py), given to the drafter stacked in its declared
+        order, or None. Returns
         the sequences whose drafter state is broken (index -> exception): for a drafter that
         follows one sequence at a time, those whose update raised; for one with a batched
         `update_batch` that raised, every sequence of the call (what it did is unknown)."""
-        for seq, result in zip(seqs, results):
-            self.controller.observe(seq.seq_id, self._trees.pop(seq.seq_id), result)
+        for seq, tree, result in zip(seqs, trees, results):
+            self.controller.observe(seq.seq_id, tree, result)
         stacked = [self._stack(h) if self.hidden_layers else None for h in hidden]
         ids = [seq.seq_id for seq in seqs]
         if getattr(self.drafter, "update_batch", None) is not None:
@@ -268,6 +267,5 @@ class Speculator:
         return torch.stack([hidden[layer] for layer in self.hidden_layers], dim=1)
 
     def finish(self, seq) -> None:
-        self._trees.pop(seq.seq_id, None)
         self.controller.finish(seq.seq_id)
         self.drafter.finish(seq.seq_id, list(seq.tokens))

@@ -183,6 +183,48 @@ class GrammarState:
                 raise GrammarError(f"the grammar refused a committed token: {self.matcher.get_error()}")
 
 
+# Type names function catalogs use that JSON Schema does not (BFCL writes "dict", "float", "tuple")
+_TYPE_NAMES = {"dict": "object", "float": "number", "tuple": "array", "any": None}
+
+
+def parameters_schema(schema) -> dict:
+    """A function's `parameters` as a JSON schema: foreign type names mapped (`_TYPE_NAMES`;
+    "any" drops the constraint), nested properties, items and alternatives walked."""
+    if not isinstance(schema, dict):
+        return {}
+    out = {}
+    for key, value in schema.items():
+        if key == "type":
+            names = value if isinstance(value, list) else [value]
+            mapped = [_TYPE_NAMES.get(n, n) if isinstance(n, str) else n for n in names]
+            if None in mapped:
+                continue
+            out[key] = mapped if isinstance(value, list) else mapped[0]
+        elif key == "properties" and isinstance(value, dict):
+            out[key] = {name: parameters_schema(sub) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = parameters_schema(value)
+        elif key in ("anyOf", "oneOf", "allOf") and isinstance(value, list):
+            out[key] = [parameters_schema(sub) for sub in value]
+        else:
+            out[key] = value
+    return out
+
+
+def tool_call_schema(functions: list[dict], name: str | None = None) -> dict:
+    """One call of one of `functions` (OpenAI function objects: name, description, parameters),
+    or of the one named `name`, as a JSON schema: {"name": its name, "arguments": its parameters}."""
+    chosen = [f for f in functions if name is None or f.get("name") == name]
+    if not chosen:
+        raise ConfigError(f"no function named {name!r} among the tools: " +
+                          ", ".join(str(f.get("name")) for f in functions))
+    calls = [{"type": "object", "properties": {"name": {"const": f["name"]},
+                                               "arguments": parameters_schema(f.get("parameters") or
+                                                                              {"type": "object"})},
+              "required": ["name", "arguments"], "additionalProperties": False} for f in chosen]
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+
 def _subtree(kids: list[list[int]], node: int) -> list[int]:
     out, stack = [], [node]
     while stack:
