@@ -30,7 +30,7 @@ def test_fuzz_smoke_on_a_tiny_model(tiny_folders, tmp_path):
                        concurrency=8, seconds=120, seed=1, faults=("nan",), server_options=options,
                        out_dir=tmp_path, log=lambda *a: None)
     assert result["ok"], "\n".join(result["failures"])
-    assert result["hypothesis_requests"] == 160 and result["schemathesis"]["generated"] >= 15
+    assert result["hypothesis_requests"] == 160 and result["schemathesis"]["generated"] >= 8
     statuses = result["hypothesis_statuses"]
     assert statuses.get(200, 0) >= 60 and statuses.get(400, 0) >= 15
     assert result["injected_faults_answered"] >= 1

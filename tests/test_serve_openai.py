@@ -337,6 +337,10 @@ def test_time_per_output_token_is_observed_per_token(server):
 def test_max_model_len_above_the_context_is_an_error_at_startup(tiny):
     with pytest.raises(ConfigError, match="above the model's context of 256"):
         build(ServeOptions(model=str(tiny), device="cpu", threads=1, max_model_len=1024))
+    from outrider.serve.server import max_model_len
+
+    assert max_model_len(ServeOptions(), 256) == max_model_len(ServeOptions(max_model_len=2048), 256) == 256
+    assert max_model_len(ServeOptions(), 8192) == 2048 and max_model_len(ServeOptions(max_model_len=64), 256) == 64
 
 
 def test_a_client_that_disconnects_frees_its_slot_within_a_round(tmp_path_factory):
