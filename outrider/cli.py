@@ -158,8 +158,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="sequences decoding at once (K/V slots; default: %(default)s)")
     srv.add_argument("--max-queue", type=int, default=256,
                      help="requests waiting for a slot before 429 (default: %(default)s)")
-    srv.add_argument("--max-model-len", type=int, default=2048,
-                     help="K/V rows per slot: prompt + output (default: %(default)s)")
+    srv.add_argument("--max-model-len", type=int, default=None,
+                     help="K/V rows per slot: prompt + output (default: 2048, or the model's context when shorter; "
+                          "more than the context is refused)")
     srv.add_argument("--max-kv-rows", type=int, default=None,
                      help="K/V rows all running requests may reserve (default: every slot full)")
     srv.add_argument("--chunk-size", type=int, default=512,

@@ -339,7 +339,9 @@ def test_max_model_len_above_the_context_is_an_error_at_startup(tiny):
         build(ServeOptions(model=str(tiny), device="cpu", threads=1, max_model_len=1024))
     from outrider.serve.server import max_model_len
 
-    assert max_model_len(ServeOptions(), 256) == max_model_len(ServeOptions(max_model_len=2048), 256) == 256
+    assert max_model_len(ServeOptions(), 256) == 256
+    with pytest.raises(ConfigError, match="above the model's context of 256"):
+        max_model_len(ServeOptions(max_model_len=2048), 256)  # given, not clamped
     assert max_model_len(ServeOptions(), 8192) == 2048 and max_model_len(ServeOptions(max_model_len=64), 256) == 64
 
 

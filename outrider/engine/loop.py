@@ -124,7 +124,8 @@ class EngineLoop:
         seq = Sequence(rid, request, prompt, len(prompt), params, PositionalRandom(params.seed), verify,
                        speculate=speculate, text=text, rows=rows, processor=processor,
                        grammar=request.grammar.state() if request.grammar is not None else None,
-                       logprobs=[] if request.logprobs is not None else None)
+                       logprobs=[] if request.logprobs is not None else None,
+                       prompt_logprobs=[None] if request.prompt_logprobs is not None else None)
         self.scheduler.add(seq)
         self._seqs[rid] = seq
         return rid
@@ -216,7 +217,6 @@ class EngineLoop:
             if taps and seq.speculate:  # the drafter reads the prompt's hidden states (speculator.start)
                 seq.prompt_hidden.append({layer: h[b, :n] for layer, h in out.hidden.items()})
             if logits:  # row j predicts prompt token prefilled + j + 1 (the first token has none)
-                seq.prompt_logprobs = seq.prompt_logprobs or [None]
                 nxt = seq.tokens[seq.prefilled + 1: seq.prefilled + n + 1]
                 seq.prompt_logprobs += token_logprobs(out.logits[:n], nxt, seq.request.prompt_logprobs)
             seq.prefilled += n

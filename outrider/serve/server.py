@@ -69,10 +69,9 @@ def require_extra() -> None:
 
 
 def max_model_len(options: ServeOptions, context: int) -> int:
-    """Rows per slot: the option, which may not exceed the model's context, or the default (the
-    smaller of DEFAULT_MAX_MODEL_LEN and the context). cli.py passes DEFAULT_MAX_MODEL_LEN when
-    --max-model-len is not given, so that value also reads as the default."""
-    if options.max_model_len in (None, DEFAULT_MAX_MODEL_LEN):
+    """Rows per slot: the option, which may not exceed the model's context, or by default the
+    smaller of DEFAULT_MAX_MODEL_LEN and the context."""
+    if options.max_model_len is None:
         return min(DEFAULT_MAX_MODEL_LEN, context)
     if options.max_model_len > context:
         raise ConfigError(f"--max-model-len {options.max_model_len} is above the model's context of {context} "
