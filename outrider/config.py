@@ -19,6 +19,7 @@ config in force, the CPU's instruction sets, and the kernels that ran (`note_ker
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from contextlib import contextmanager
 import platform
@@ -32,7 +33,13 @@ LINEAR_PATHS = ("auto", "linear", "mm_t", "chunked", "packed")
 SWITCH = ("auto", "on", "off")
 # the CPU features the kernels look at (x86 /proc/cpuinfo names; ARM's asimd for the record)
 ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
-             "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16", "asimd", "sve")
+             "avx512_vnni", "avx512_bf16", "avx512vbmi", "amx_tile", "amx_int8", "amx_bf16", "asimd", "sve")
+# the native library's builds (kernels/native.py), best first, and the x86 CPU flags each needs
+# (x86-64-v3 and -v4 as the compiler's -march takes them); `portable` (plain C) runs on any CPU
+X86_V3 = ("sse4_2", "popcnt", "avx", "avx2", "bmi1", "bmi2", "fma", "f16c", "movbe", "abm")
+X86_V4 = X86_V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+KERNEL_VARIANTS = {"amx": X86_V4 + ("avx512_vnni", "avx512_bf16", "avx512vbmi", "amx_tile", "amx_bf16"),
+                   "avx512-vnni": X86_V4 + ("avx512_vnni",), "avx512": X86_V4, "avx2": X86_V3, "portable": ()}
 
 
 def _default_cache() -> Path:
@@ -68,6 +75,9 @@ class RuntimeConfig:
         "choices": SWITCH})
     lossy_bf16_prefill: bool = field(default=False, metadata={
         "doc": "LOSSY: prompt K/V computed in bfloat16 on AMX (decode and verify rows never are)"})
+    kernel_variant: str = field(default="auto", metadata={
+        "doc": "the C kernels' build: auto (the best this CPU runs) | " + " | ".join(KERNEL_VARIANTS),
+        "choices": ("auto", *KERNEL_VARIANTS)})
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -75,6 +85,9 @@ class RuntimeConfig:
             choices = f.metadata.get("choices")
             if choices and value not in choices:
                 raise ConfigError(f"config {f.name} must be one of {', '.join(choices)}, got {value!r}")
+        if self.kernel_variant != "auto" and self.kernel_variant not in kernel_variants_here():
+            raise ConfigError(f"config kernel_variant={self.kernel_variant} does not run on this CPU "
+                              f"({_lacking(self.kernel_variant)}); it runs: {', '.join(kernel_variants_here())} (or auto)")
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
                                          or self.threads < 1):
             raise ConfigError(f"config threads must be a positive integer, got {self.threads!r}")
@@ -239,6 +252,37 @@ def cpu_info() -> dict[str, Any]:
     return info
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo names them (empty where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("flags", "Features"):
+                return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def _x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+def kernel_variants_here() -> list[str]:
+    """The native library's variants this CPU executes, best first: on x86-64 each whose flags it
+    has (none known without /proc/cpuinfo: portable only); elsewhere (ARM, ...) portable."""
+    flags = cpu_flags() if _x86() else frozenset()
+    return [name for name, need in KERNEL_VARIANTS.items() if (_x86() or not need) and all(f in flags for f in need)]
+
+
+def _lacking(variant: str) -> str:
+    if not _x86():
+        return f"it is built for x86-64, this is {platform.machine()}"
+    missing = [f for f in KERNEL_VARIANTS[variant] if f not in cpu_flags()]
+    return f"no {' '.join(missing)}" if cpu_flags() else "no /proc/cpuinfo to read its flags from"
+
+
 def describe() -> dict[str, Any]:
     """The record of a run: the config in force, the CPU, torch's threads, the kernels that ran."""
     import torch
@@ -253,6 +297,7 @@ def summary_line() -> str:
     default = RuntimeConfig().as_dict()
     changed = [f"{k}={v}" for k, v in d["config"].items() if v != default[k]]
     cpu = d["cpu"]
+    variant = f" (C kernels: {d['kernel_variant']})" if d.get("kernel_variant") else ""
     return (f"config: {' '.join(changed) or 'defaults'}; threads {d['torch_threads']}; "
             f"cpu: {cpu['model'] or cpu['machine']} [{' '.join(cpu['isa']) or '-'}]; "
-            f"kernels: {', '.join(d['kernels']) or 'torch'}")
+            f"kernels: {', '.join(d['kernels']) or 'torch'}{variant}")

@@ -1,33 +1,42 @@
-"""Outrider's own CPU kernel for weights kept in GGUF blocks, built on first use.
+"""Outrider's own CPU kernels for weights kept in GGUF blocks, built on first use, one library per
+instruction set, the best the CPU runs chosen at run time.
 
     from outrider.kernels import native
     if native.available():
         y = native.qmatmul(x, blocks)     # x: float32 [M, in] -> [M, out], blocks: quant.QuantBlocks
+    native.variant()                      # "avx512-vnni", "avx2", "portable", ...
 
-`qmatmul.c` (beside this file) is compiled once per machine with the system C compiler
-(`cc -O3 -march=native -ffp-contract=off -fopenmp`, about a second) into
-`<cache_dir>/kernels/qmatmul-<key>.so`, the key a hash of the source, the flags, the
-compiler and the CPU's flags, so an edited source or another machine builds its own. It is
+The C sources beside this file (csrc/) are compiled with the system C compiler into one library a
+variant (`VARIANT_FLAGS`: `cc -O3 -ffp-contract=off -fopenmp` and the variant's instruction-set
+flags, about 10-30 s of CPU the first time) kept in `<cache_dir>/kernels/qmatmul-<variant>-<key>.so`,
+the key a hash of the sources, the flags, the compiler and the machine, so an edited source
+builds its own. The variants, best first: amx (AVX-512 with VNNI, BF16, VBMI and the AMX tile
+unit), avx512-vnni (the int8-activation kernels of the `-i8` dtypes), avx512 (x86-64-v4), avx2
+(x86-64-v3: AVX2, FMA, F16C) and portable (plain C, any CPU: ARM, older x86). Config
+`kernel_variant` ("auto": the best this CPU executes, config.kernel_variants_here) chooses; a
+variant whose build fails is passed over for the next, its reason kept (`describe()`). Each is
 loaded with ctypes (no Python extension API, no torch headers) after torch, so its OpenMP
 regions run on torch's own libgomp with `torch.get_num_threads()` threads (passed on every call:
 OpenMP's own setting is per calling thread, and a server's worker thread would otherwise get
-every core). Where it cannot be built
-(no compiler, not x86-64 with AVX2/FMA/F16C) or config `native` is off, `available()` is
-False, one line on stderr says why when asked with `reason()`, and quantized weights use the
-torch "blockwise" kernel instead: same values, slower.
+every core). Where none can be built (no compiler) or config `native` is off, `available()` is
+False, `reason()` says why, and quantized weights use the torch "blockwise" kernel instead: same
+values, slower. `use_variant(name)` switches the loaded library within a process (the tests run
+the kernels' tests against every variant the machine executes).
 
 Why a kernel of our own (docs/kernels.md, torch's kernels for quantized weights; measured:
 docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Decoding and quantized weights):
 torch's int4 CPU kernel is fast only with bfloat16 activations, and a bfloat16 model drifts from
 its own autoregressive output under speculation; the float32 path through torch (dequantize
-blocks, then a GEMM) runs at about half float32's speed. This kernel reads the 4-bit blocks once, decodes them in registers for up
-to 8 rows of activations at once, and computes each output element by one fixed sequence of
+blocks, then a GEMM) runs at about half float32's speed. This kernel reads the 4-bit blocks once, decodes them in registers for
+up to 8 rows of activations at once, and computes each output element by one fixed sequence of
 float32 operations: results are bit-identical whatever the number of rows or threads (see the
 C source), so a k-token verify forward gives each row exactly what a 1-token decode step gives.
+Two variants may differ from each other in the last bits (their sums' order).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -40,18 +49,37 @@ from pathlib import Path
 
 import torch
 
-from ..config import cache_dir, current, note_fact
+from ..config import KERNEL_VARIANTS, cache_dir, current, kernel_variants_here, note_fact
 from .blocks import BLOCK, QuantBlocks
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCE = CSRC / "qmatmul.c"
 SOURCES = (SOURCE, *(CSRC / f for f in ("decoder_layer.c", "attention.c", "matmul_amx.c", "qmatmul_i8.c",
                                        "qmatmul_i8_pack.c")))  # one library
-HEADERS = tuple(CSRC / h for h in ("block_kinds.h", "block_decode.h", "qmatmul_i8.h", "attention.h"))  # in its key
-FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
+HEADERS = tuple(CSRC / h for h in ("isa.h", "block_kinds.h", "block_decode.h", "qmatmul_i8.h",
+                                   "attention.h"))  # in its key
+FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-fPIC")  # every variant's, with its own below
+# each variant's instruction sets (the C sources' paths follow them: csrc/isa.h), best first;
+# what each needs of the CPU: config.KERNEL_VARIANTS
+VARIANT_FLAGS = {
+    "amx": ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16", "-mavx512vbmi", "-mamx-tile", "-mamx-bf16"),
+    "avx512-vnni": ("-march=x86-64-v4", "-mavx512vnni"),
+    "avx512": ("-march=x86-64-v4",),
+    "avx2": ("-march=x86-64-v3",),
+    "portable": ("-march=x86-64",),  # the x86-64 baseline (SSE2); elsewhere the compiler's own default
+}
+assert tuple(VARIANT_FLAGS) == tuple(KERNEL_VARIANTS)
+# what each variant runs (describe(), docs/kernels.md)
+VARIANT_RUNS = {"amx": "AVX-512, VNNI and AMX tiles", "avx512-vnni": "AVX-512 and VNNI", "avx512": "AVX-512",
+                "avx2": "AVX2, FMA, F16C", "portable": "plain C"}
 KIND_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q8_16": 3}
 
-_state: dict = {}  # "lib" (ctypes.CDLL) or "reason" (why not), decided once per process
+# the library in use: "lib" (ctypes.CDLL), "path", "variant"; or "reason" (why none); "for": the
+# (config native, variant asked) it was decided for, so a changed config or use_variant() decides again
+_state: dict = {}
+_loaded: dict[str, tuple] = {}  # variant -> (lib, path): every library loaded in this process
+_failed: dict[str, str] = {}  # variant -> why its build or load failed (not tried again in this process)
+_forced: list[str | None] = [None]  # use_variant()'s, over config kernel_variant
 
 
 def _cpu_flags() -> str:
@@ -79,50 +107,79 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def library_path(compiler: str) -> Path:
-    """Where this source, built with these flags by this compiler for this CPU, is kept."""
+def variant_flags(variant: str) -> tuple[str, ...]:
+    """The compiler flags of `variant` on this machine (portable: no -march off x86-64)."""
+    own = VARIANT_FLAGS[variant]
+    if variant == "portable" and platform.machine().lower() not in ("x86_64", "amd64"):
+        own = ()
+    return (*FLAGS, *own)
+
+
+def _link_flags() -> tuple[str, ...]:
+    # -Bsymbolic: a library's calls between its own files (decoder_layer.c -> outrider_qmatmul) stay
+    # in that library when several variants are loaded in one process
+    return ("-shared", "-fopenmp", *(("-Wl,-Bsymbolic",) if platform.system() == "Linux" else ()))
+
+
+def library_path(compiler: str, variant: str = "avx2") -> Path:
+    """Where these sources, built with `variant`'s flags by this compiler for this machine, are kept."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     texts = [s.read_text() for s in (*SOURCES, *HEADERS)]
-    key = hashlib.sha256("\0".join([*texts, " ".join(FLAGS), version, _cpu_flags()]).encode())
-    return cache_dir() / "kernels" / f"qmatmul-{key.hexdigest()[:16]}.so"
+    flags = " ".join((*variant_flags(variant), *_link_flags()))
+    key = hashlib.sha256("\0".join([*texts, flags, version, platform.machine()]).encode())
+    return cache_dir() / "kernels" / f"qmatmul-{variant}-{key.hexdigest()[:16]}.so"
 
 
-def _build(compiler: str, target: Path) -> None:
-    """Compile into a temporary file beside `target`, then move it into place (atomic: test
-    workers building at once each finish with a whole library)."""
+def _build(compiler: str, target: Path, variant: str = "avx2") -> None:
+    """Compile each source (at once, one process each) and link them into a temporary file
+    beside `target`, then move it into place (atomic). A lock file (one for the folder) lets one
+    process build while the others (test workers) wait, then take its library."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".so.tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        done = subprocess.run([compiler, *FLAGS, "-o", tmp, *map(str, SOURCES)], capture_output=True, text=True,
-                              timeout=120)
-        if done.returncode != 0:
-            raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with _locked(target.parent / ".build.lock"):
+        if target.is_file():  # another process built it while this one waited
+            return
+        with tempfile.TemporaryDirectory(prefix=target.stem + ".", dir=target.parent) as tmp:
+            objects = [Path(tmp) / (s.stem + ".o") for s in SOURCES]
+            jobs = [subprocess.Popen([compiler, *variant_flags(variant), "-c", "-o", str(o), str(s)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                    for s, o in zip(SOURCES, objects)]
+            errors = []
+            for job in jobs:
+                try:
+                    _, err = job.communicate(timeout=300)
+                except subprocess.TimeoutExpired:
+                    job.kill()
+                    _, err = job.communicate()
+                    err = (err or "") + "\ntimed out"
+                if job.returncode != 0:
+                    errors.append(err.strip().splitlines()[-1] if err.strip() else "failed")
+            if errors:
+                raise RuntimeError(errors[0])
+            linked = Path(tmp) / "lib.so"
+            done = subprocess.run([compiler, *variant_flags(variant), *_link_flags(), "-o", str(linked),
+                                   *map(str, objects)], capture_output=True, text=True, timeout=120)
+            if done.returncode != 0:
+                raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed")
+            os.replace(linked, target)
 
 
-def _load() -> None:
-    if not current().native:
-        _state["reason"] = "config native is off (OUTRIDER_NATIVE=0)"
-        return
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        _state["reason"] = f"it is written for x86-64 (AVX2), this is {platform.machine()}"
-        return
-    compiler = _compiler()
-    if compiler is None:
-        _state["reason"] = "no C compiler (cc) was found; install gcc to build it"
-        return
+@contextlib.contextmanager
+def _locked(path: Path):
     try:
-        path = library_path(compiler)
-        if not path.is_file():
-            _build(compiler, path)
-        lib = ctypes.CDLL(str(path))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-        _state["reason"] = f"building {SOURCE.name} failed: {err}"
+        import fcntl
+    except ImportError:  # not POSIX: no lock (a concurrent build still ends with a whole library)
+        yield
         return
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _bind(lib) -> None:
+    """The entry points' argument and result types."""
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.outrider_qmatmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int]
     lib.outrider_qmatmul.restype = ctypes.c_int
@@ -138,6 +195,8 @@ def _load() -> None:
     lib.outrider_layers.argtypes = [i64, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ptr, f32, ptr, ptr, i64,
                                     i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     lib.outrider_layers.restype = ctypes.c_int
+    lib.outrider_kv_store.argtypes = [ptr, i64, ptr, i64, ctypes.c_int]
+    lib.outrider_kv_store.restype = None
     lib.outrider_amx_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int, ctypes.c_int]
     lib.outrider_amx_matmul.restype = ctypes.c_int
     lib.outrider_amx_ok.restype = ctypes.c_int
@@ -148,14 +207,76 @@ def _load() -> None:
     lib.outrider_i8_row_bytes.restype = i64
     lib.outrider_i8_pack.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, i64, i64, ptr, ctypes.c_int]
     lib.outrider_i8_pack.restype = ctypes.c_int
-    _state["lib"] = lib
-    _state["path"] = path
+
+
+def _open(variant: str, compiler: str) -> tuple:
+    """`variant`'s library, built if not yet in the cache, loaded once per process: (lib, path)."""
+    if variant not in _loaded:
+        path = library_path(compiler, variant)
+        if not path.is_file():
+            _build(compiler, path, variant)
+        lib = ctypes.CDLL(str(path))
+        _bind(lib)
+        _loaded[variant] = (lib, path)
+    return _loaded[variant]
+
+
+def asked() -> str:
+    """The variant asked for: use_variant()'s, else config kernel_variant ("auto" or a name)."""
+    return _forced[0] or current().kernel_variant
+
+
+def _load(asked_for: str) -> None:
+    _state.clear()
+    _state["for"] = (current().native, asked_for)
+    if not current().native:
+        _state["reason"] = "config native is off (OUTRIDER_NATIVE=0)"
+        return
+    compiler = _compiler()
+    if compiler is None:
+        _state["reason"] = "no C compiler (cc) was found; install gcc to build it"
+        return
+    candidates = kernel_variants_here() if asked_for == "auto" else [asked_for]
+    for variant in candidates:
+        if variant in _failed:
+            continue
+        try:
+            lib, path = _open(variant, compiler)
+        except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as err:
+            _failed[variant] = f"building {SOURCE.name} ({variant}) failed: {err}"
+            continue
+        _state.update(lib=lib, path=path, variant=variant)
+        return
+    _state["reason"] = "; ".join(_failed[v] for v in candidates if v in _failed) or "no variant to build"
 
 
 def _ensure() -> None:
-    if not _state:
-        _load()
+    if _state.get("for") != (current().native, asked()):
+        _load(asked())
         note_fact("native", describe())
+        note_fact("kernel_variant", _state.get("variant", "none"))
+
+
+@contextlib.contextmanager
+def use_variant(name: str):
+    """Within: the library of variant `name` (built on first use; the config's choice is put back
+    after). A ConfigError where this CPU cannot run it, as config kernel_variant gives."""
+    if name != "auto" and name not in kernel_variants_here():
+        current().replace(kernel_variant=name)  # raises the config's one-line refusal
+    before = _forced[0]
+    _forced[0] = name
+    try:
+        _ensure()
+        yield name
+    finally:
+        _forced[0] = before
+        _ensure()
+
+
+def variant() -> str | None:
+    """The variant whose library is in use (None when none is)."""
+    _ensure()
+    return _state.get("variant")
 
 
 def available() -> bool:
@@ -171,7 +292,8 @@ def reason() -> str:
 
 
 def rows_per_block() -> int:
-    """Rows of activations each decoded block serves at once in this build (8 with AVX-512, 2 with AVX2)."""
+    """Rows of activations each decoded block serves at once in this build (8 with AVX-512, 2 with AVX2,
+    4 portable)."""
     _ensure()
     return _state["lib"].outrider_qmatmul_rows() if "lib" in _state else 0
 
@@ -334,10 +456,16 @@ def library():
 
 
 def describe() -> str:
-    """One line: the kernel's state here (`outrider models list` prints it on stderr)."""
+    """One line: the kernel's state here, which variant runs and why (`outrider models list` and
+    `outrider config` print it; serve's startup line names the variant)."""
     if available():
-        i8 = "int8 activations (the -i8 dtypes)" if i8_available() else "no int8 activations (no AVX-512 VNNI)"
-        return f"native kernel {_state['path'].name} ({rows_per_block()} rows a block; {i8})"
+        name = _state["variant"]
+        i8 = "int8 activations (the -i8 dtypes)" if i8_available() else "no int8 activations (they need AVX-512 VNNI)"
+        how = (f"asked for: kernel_variant={asked()}" if asked() != "auto"
+               else f"auto: the best this CPU runs of {', '.join(kernel_variants_here())}")
+        passed = [_failed[v] for v in kernel_variants_here()[:kernel_variants_here().index(name)] if v in _failed]
+        return (f"native kernel {name} ({VARIANT_RUNS[name]}: {rows_per_block()} rows a block; {i8}; "
+                f"{_state['path'].name}; {how})" + "".join(f"; {why}" for why in passed))
     return f"native kernel unavailable: {reason()}"
 
 

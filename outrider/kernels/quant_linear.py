@@ -8,9 +8,10 @@
 
 Kernels (one per weight, chosen when it is built):
 
-- "native" (any kind on an x86-64 CPU with AVX2; the default where it builds): Outrider's own C
-  kernel (`native/qmatmul.c`), float32 activations, reading the blocks as they are and decoding
-  each in registers once for up to 8 rows. Its weight values are the reference's exactly, and
+- "native" (any kind on a CPU where a C compiler is found; the default where it builds): Outrider's
+  own C kernel (`csrc/qmatmul.c`, in the library variant the CPU runs best: AVX-512, AVX2 or plain
+  C; kernels/native.py), float32 activations, reading the blocks as they are and decoding each in
+  registers once for up to 8 rows. Its weight values are the reference's exactly, and
   each output row is bit-identical whatever the number of rows or threads, so a k-token verify
   forward's linears give each row what a 1-token step gives. Faster than float32 weights at one
   row (docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Decoding and

@@ -4,8 +4,9 @@
  * arithmetic is the float32 cache's on the rounded values). K/V rows are written rounded to
  * nearest even, as torch's .half() rounds them, so the torch path (decoder.py) and this one keep
  * the same bits. Every (row, head) is one fixed sequence of operations, whatever the batch, the
- * thread count or the cache type. */
-#include <immintrin.h>
+ * thread count or the cache type. Two paths (isa.h): AVX2 (with AVX-512 parts), and portable C
+ * (the same steps in plain loops, a score's sum in 8 lanes as AVX2's, multiply-adds as a multiply
+ * then an add, so its bits may differ from AVX2's in the last place). */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -16,14 +17,16 @@
 static inline __attribute__((always_inline)) const void *kv_at(const void *base, int64_t at, int half) {
     return half ? (const void *)((const uint16_t *)base + at) : (const void *)((const float *)base + at);
 }
+static inline __attribute__((always_inline)) float kv_load1(const void *base, int64_t at, int half) {
+    return half ? outrider_half_float(((const uint16_t *)base)[at]) : ((const float *)base)[at];
+}
+#if defined(OUTRIDER_AVX2)
 static inline __attribute__((always_inline)) __m256 kv_load8(const void *base, int64_t at, int half) {
     if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + at)));
     return _mm256_loadu_ps((const float *)base + at);
 }
-static inline __attribute__((always_inline)) float kv_load1(const void *base, int64_t at, int half) {
-    return half ? _cvtsh_ss(((const uint16_t *)base)[at]) : ((const float *)base)[at];
-}
-#if defined(__AVX512F__)
+#endif
+#if defined(OUTRIDER_AVX512)
 static inline __attribute__((always_inline)) __m512 kv_load16(const void *base, int64_t at, int half) {
     if (half) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + at)));
     return _mm512_loadu_ps((const float *)base + at);
@@ -37,11 +40,15 @@ void outrider_kv_store(void *cache, int64_t at, const float *src, int64_t D, int
     }
     uint16_t *dst = (uint16_t *)cache + at;
     int64_t i = 0;
+#if defined(OUTRIDER_AVX2)
     for (; i + 8 <= D; i += 8)
         _mm_storeu_si128((__m128i *)(dst + i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    for (; i < D; i++) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#endif
+    for (; i < D; i++) dst[i] = outrider_float_half(src[i]);
 }
+
+#if defined(OUTRIDER_AVX2)
 
 /* The scores of query q against the 8 keys j0..j0+7 (a key past `last` reads key `last`: computed,
  * then ignored by the caller). Each score is one fixed sequence of operations whatever its lane:
@@ -88,7 +95,7 @@ static inline __attribute__((always_inline)) void weigh_values(int nv, const voi
     for (int i = 0; i < nv; i++) _mm256_storeu_ps(out + 8 * i, o[i]);
 }
 
-#if defined(__AVX512F__)
+#if defined(OUTRIDER_AVX512)
 /* weigh_values for nh heads at once (AVX-512; nv vectors of 16 values a head, nh * nv <= 24):
  * each key's value row is loaded once for all nh heads instead of once a head. Head a's weights
  * are p[a * Lp + j], its output out[a * D ..]; each element's operations are weigh_values' own
@@ -205,7 +212,7 @@ static inline __attribute__((always_inline)) void attend_task(const Attention *j
     for (int64_t a = 0; a < per; a++)  /* weights p = e * (1 / sum) */
         for (int64_t j = 0; j <= last; j++) s[a * Lp + j] = s[a * Lp + j] * total[a];
     int64_t done = 0;  /* heads whose p-weighted values are summed */
-#if defined(__AVX512F__)
+#if defined(OUTRIDER_AVX512)
     done = weigh_heads_all(per, values, row_stride, s, Lp, seen, last, out, D, half);
 #endif
     for (int64_t a = done; a < per; a++) {  /* the p-weighted values, a head at a time */
@@ -222,6 +229,65 @@ static inline __attribute__((always_inline)) void attend_task(const Attention *j
         }
     }
 }
+
+#else  /* portable */
+/* The score of query q against the key at k: lane e takes values e, 8 + e, ... of the head (a
+ * multiply, then an add), the lanes added ((0+1)+(2+3)) + ((4+5)+(6+7)) as the AVX2 path's hadd
+ * tree, then the values past the last whole 8 one by one. */
+static inline __attribute__((always_inline)) float dot1(const float *q, const void *keys, int64_t k, int64_t D,
+                                                        int half) {
+    float acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= D; i += 8)
+        for (int e = 0; e < 8; e++) acc[e] = acc[e] + q[i + e] * kv_load1(keys, k + i + e, half);
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < D; i++) s = s + q[i] * kv_load1(keys, k + i, half);
+    return s;
+}
+
+/* One task (as the AVX2 path's attend_task): row r's query heads first..first+per-1 (of kv head g)
+ * over the cache rows it sees; the softmax's sum by rank among the seen keys, in 8 lanes. */
+static inline __attribute__((always_inline)) void attend_task(const Attention *job, int64_t task, int half) {
+    const int64_t R = job->R, G = job->G, H = job->H, D = job->D, L = job->L, Q = (H + 2 * G) * D;
+    const int64_t parts = job->parts, groups = H / G, per = groups / parts;
+    const int64_t slot_stride = job->slot_stride, row_stride = job->row_stride, g_stride = slot_stride / G;
+    const uint8_t *mask = job->mask;
+    int64_t g = task / (R * parts), r = task % (R * parts) / parts, first = g * groups + task % parts * per;
+    const int64_t base = job->slot[r] * slot_stride + g * g_stride;
+    const void *keys = kv_at(job->k_cache, base, half), *values = kv_at(job->v_cache, base, half);
+    const uint8_t *seen = mask ? mask + r * L : 0;
+    const int64_t last = mask ? L - 1 : job->crow[r];
+    const int64_t Lp = (L + 8) / 8 * 8;
+    float *s = job->scores + task * per * Lp;
+    const float *q = job->qkv + r * Q + first * D;
+    float *out = job->att + r * H * D + first * D;
+    for (int64_t a = 0; a < per; a++) {
+        float *sa = s + a * Lp, top = -INFINITY, lanes[8] = {0};
+        for (int64_t j = 0; j <= last; j++) {
+            if (seen && !seen[j]) continue;
+            sa[j] = dot1(q + a * D, keys, j * row_stride, D, half) * job->scale;
+            if (sa[j] > top) top = sa[j];
+        }
+        int64_t rank = 0;
+        for (int64_t j = 0; j <= last; j++) {  /* e^(s - top), summed in lane (rank among the seen) % 8 */
+            if (seen && !seen[j]) continue;
+            sa[j] = outrider_exp1(sa[j] - top);
+            const int l = (int)(rank++ % 8);
+            lanes[l] = lanes[l] + sa[j];
+        }
+        const float total = 1.0f / (((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) +
+                                    ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7])));
+        float *o = out + a * D;
+        for (int64_t i = 0; i < D; i++) o[i] = 0.0f;
+        for (int64_t j = 0; j <= last; j++) {  /* the p-weighted values, p = e * (1 / sum) */
+            if (seen && !seen[j]) continue;
+            const float p = sa[j] * total;
+            const int64_t v = j * row_stride;
+            for (int64_t i = 0; i < D; i++) o[i] = o[i] + p * kv_load1(values, v + i, half);
+        }
+    }
+}
+#endif
 
 void outrider_attend(const Attention *job, int threads) {
     const int64_t tasks = job->R * job->G * job->parts;

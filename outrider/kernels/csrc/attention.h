@@ -1,9 +1,10 @@
 /* What decoder_layer.c hands attention.c: one layer's attention (outrider_attend), the K/V rows' store,
- * and e^x in 8 lanes, which both use. */
+ * and e^x (in 8 lanes, or one at a time in portable builds), which both use. */
 #ifndef OUTRIDER_ATTENTION_H
 #define OUTRIDER_ATTENTION_H
-#include <immintrin.h>
 #include <stdint.h>
+
+#include "isa.h"
 
 typedef struct {
     int64_t R, H, G, D, L;            /* rows, query heads, kv heads, head size, cache rows a row may see */
@@ -23,6 +24,7 @@ void outrider_attend(const Attention *a, int threads);
 /* D values of src into a cache at value `at`, rounded to float16 (nearest, even) where `half`. */
 void outrider_kv_store(void *cache, int64_t at, const float *src, int64_t D, int half);
 
+#if defined(OUTRIDER_AVX2)
 static inline __m256 exp8(__m256 x) {
     /* e^x in 8 lanes (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n), a
      * fixed sequence of operations per lane: about 1 ulp, and no call into libm. x is clamped to
@@ -40,6 +42,27 @@ static inline __m256 exp8(__m256 x) {
     y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* exp8's steps for one value, in plain C (portable builds): each fused multiply-add a multiply then
+ * an add, the floor from a conversion (|x log2 e| < 128 after the clamp), so no call into libm. */
+static inline float outrider_exp1(float x) {
+    x = x < -87.3f ? -87.3f : x;
+    x = x > 88.0f ? 88.0f : x;
+    const float t = x * 1.44269504088896341f + 0.5f;
+    float n = (float)(int32_t)t;  /* toward zero, then down to the floor */
+    if (n > t) n = n - 1.0f;
+    x = x - n * 0.693359375f;
+    x = x - n * -2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * x + 1.3981999507e-3f;
+    y = y * x + 8.3334519073e-3f;
+    y = y * x + 4.1665795894e-2f;
+    y = y * x + 1.6666665459e-1f;
+    y = y * x + 5.0000001201e-1f;
+    y = y * (x * x) + (x + 1.0f);
+    return y * outrider_bits_float((uint32_t)((int32_t)n + 127) << 23);
 }
 
 #endif

@@ -1,7 +1,8 @@
 /* How a weight block of qmatmul.c is read: prefetching ahead, and its 32 values decoded into
- * registers (AVX-512: two vectors of 16; AVX2: four of 8) with the reference's own operations,
- * the scales taken as block_kinds.h says (float16 and factored ones a window of blocks at a time).
- * Included by qmatmul.c only. */
+ * registers (AVX-512: two vectors of 16; AVX2: four of 8; portable: an array of 32 the compiler
+ * vectorizes) with the reference's own operations, the scales taken as block_kinds.h says (float16
+ * and factored ones a window of blocks at a time in AVX-512 builds). Included by qmatmul.c (and
+ * qmatmul_i8.c) only. */
 #ifndef OUTRIDER_BLOCK_DECODE_H
 #define OUTRIDER_BLOCK_DECODE_H
 #include "block_kinds.h"
@@ -12,18 +13,23 @@
  * (Q8_0 blocks are 32 bytes), scales and mins every sixteenth. 8 KB ahead, into L2 (other
  * distances and L1 were no better: docs/experiments.md, The float32 row kernel and the AMX tiles). */
 #define PREFETCH_BYTES 8192
+#if defined(OUTRIDER_AVX2)
+#define PREFETCH_L2(p) _mm_prefetch((const char *)(p), _MM_HINT_T2)
+#else
+#define PREFETCH_L2(p) __builtin_prefetch((const void *)(p), 0, 1)
+#endif
 static inline __attribute__((always_inline)) void prefetch_ahead(int kind, int64_t b, const uint8_t *q,
                                                                  const void *d, const void *m) {
     if (b & 1) return;
-    _mm_prefetch((const char *)(q + PREFETCH_BYTES), _MM_HINT_T2);
+    PREFETCH_L2(q + PREFETCH_BYTES);
     if (b & 15) return;
     const int64_t ahead = PREFETCH_BYTES / 8 * ((kind & HALF) ? 2 : 4);  /* 512 scales ahead, in bytes */
-    _mm_prefetch((const char *)d + ahead, _MM_HINT_T2);
-    if (m) _mm_prefetch((const char *)m + ahead, _MM_HINT_T2);
+    PREFETCH_L2((const char *)d + ahead);
+    if (m) PREFETCH_L2((const char *)m + ahead);
 }
 
 
-#if defined(__AVX512F__)
+#if defined(OUTRIDER_AVX512)
 /* A block's 32 values from its codes at q, its scale dd (dd1: the second 16 values' scale, q8_16)
  * and min mm (q4_1), broadcast. */
 static inline __attribute__((always_inline)) void decode_with(int kind, const uint8_t *q, __m512 dd, __m512 dd1,
@@ -88,7 +94,7 @@ static inline __attribute__((always_inline)) void widen_factored(int kind, const
     *mv = _mm512_xor_ps(low, _mm512_set1_ps(-0.0f));  /* -(Dmin * code), as min_at */
 }
 
-#else
+#elif defined(OUTRIDER_AVX2)
 static inline __attribute__((always_inline)) void decode(int kind, const uint8_t *q, const void *d, const void *m,
                                                          int64_t block, __m256 w[4]) {
     __m256 dd = _mm256_set1_ps(scale_at(kind, d, block * SCALES(kind)));
@@ -116,5 +122,26 @@ static inline __attribute__((always_inline)) void decode(int kind, const uint8_t
                                        : _mm256_add_ps(_mm256_mul_ps(dd, v[i]), mm);
 }
 
+#else
+/* Portable: block `block` of a weight row, its 32 values into w (each as the reference computes
+ * it: d * (q - 8), d * q + m, d * q; no contraction). */
+static inline __attribute__((always_inline)) void decode(int kind, const uint8_t *q, const void *d, const void *m,
+                                                         int64_t block, float w[32]) {
+    const float dd = scale_at(kind, d, block * SCALES(kind));
+    if (BASE(kind) == KIND_Q8_0 || BASE(kind) == KIND_Q8_16) {
+        const float d1 = BASE(kind) == KIND_Q8_16 ? scale_at(kind, d, 2 * block + 1) : dd;
+        for (int i = 0; i < 16; i++) w[i] = dd * (float)(int8_t)q[i];
+        for (int i = 16; i < 32; i++) w[i] = d1 * (float)(int8_t)q[i];
+        return;
+    }
+    if (BASE(kind) == KIND_Q4_0) {
+        for (int j = 0; j < 16; j++) w[j] = dd * ((float)(q[j] & 15) - 8.0f);
+        for (int j = 0; j < 16; j++) w[j + 16] = dd * ((float)(q[j] >> 4) - 8.0f);
+        return;
+    }
+    const float mm = min_at(kind, m, block);
+    for (int j = 0; j < 16; j++) w[j] = dd * (float)(q[j] & 15) + mm;
+    for (int j = 0; j < 16; j++) w[j + 16] = dd * (float)(q[j] >> 4) + mm;
+}
 #endif
 #endif

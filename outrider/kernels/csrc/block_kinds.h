@@ -12,9 +12,10 @@
  */
 #ifndef OUTRIDER_BLOCK_KINDS_H
 #define OUTRIDER_BLOCK_KINDS_H
-#include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "isa.h"
 
 enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2, KIND_Q8_16 = 3 };
 #define HALF 4                      /* float16 scales and mins (Q8_0, Q4_0, Q4_1 as GGUF keeps them) */
@@ -45,7 +46,7 @@ static inline int64_t min_row_bytes(int kind, int64_t blocks) {
 static inline __attribute__((always_inline)) float half_at(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
+    return outrider_half_float(h);
 }
 
 /* Scale i (a block's; for q8_16 a 16-value group's) of a weight row whose scales start at p. */
@@ -56,7 +57,7 @@ static inline __attribute__((always_inline)) float scale_at(int kind, const void
         const float code = BASE(kind) == KIND_Q4_1 ? (float)s[4 + i % per] : (float)(int8_t)s[2 + i % per];
         return half_at(s) * code;
     }
-    return (kind & HALF) ? _cvtsh_ss(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+    return (kind & HALF) ? outrider_half_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
 /* Min i (q4_1) of a weight row whose mins start at p. */

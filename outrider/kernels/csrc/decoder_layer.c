@@ -27,7 +27,6 @@
  * row has few kv heads), the threads splitting the tasks when there is work enough; which thread
  * runs a task changes nothing in its result.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -144,6 +143,7 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
         const float *gate = gu + r * 2 * I, *up = gate + I;
         float *a = act + r * I;
         int64_t i = 0;
+#if defined(OUTRIDER_AVX2)
         for (; i + 8 <= I; i += 8) {
             __m256 gv = _mm256_loadu_ps(gate + i);
             __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
@@ -151,6 +151,9 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
                                                   _mm256_loadu_ps(up + i)));
         }
         for (; i < I; i++) a[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+#else  /* portable: exp8's steps one value at a time (attention.h) */
+        for (; i < I; i++) a[i] = gate[i] / (1.0f + outrider_exp1(0.0f - gate[i])) * up[i];
+#endif
     }
     if (matmul(&w[3], act, R, h, threads, fill)) return -1;
 #pragma omp parallel for num_threads(threads) schedule(static) if (many)

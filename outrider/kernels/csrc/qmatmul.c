@@ -1,8 +1,9 @@
 /* y[M, N] = x[M, K] . W[N, K]^T for a weight W kept in GGUF blocks (Q8_0, Q4_0, Q4_1), float32.
  *
- * Built at first use by native/__init__.py (cc -O3 -march=native -ffp-contract=off -fopenmp);
- * x86 with AVX2 or AVX-512 only: elsewhere the build stops at the #error below and Outrider keeps
- * the torch "blockwise" kernel.
+ * Built at first use by kernels/native.py (cc -O3 -ffp-contract=off -fopenmp and one variant's
+ * instruction-set flags), once per variant: an AVX-512 path, an AVX2 path (FMA, F16C), and a
+ * portable one in plain C (any CPU: ARM, older x86) that the compiler vectorizes for its target's
+ * baseline (isa.h says which a build compiles).
  *
  * Layout (as quant.QuantBlocks holds it): 32 values a block along K.
  *   q8_0: q int8 [N, K]                     w = d * q
@@ -27,16 +28,14 @@
  * and decoded in registers once for up to ROWS rows of x (a Q4 block as a lookup of its 16 possible
  * values), and each 16 values of x are loaded once for up to COLS weight rows (a register tile of
  * 16 accumulators); threads split N (OpenMP: torch's own libgomp, with torch's thread count).
+ * The three paths sum a row's products in different orders (AVX-512: 16 lanes; AVX2: 32; portable:
+ * 32, reduced by halves), so their results may differ in the last bits; within one library every row is the same bits.
  * Measured (a k-token verify against a 1-token step): docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md,
  * Verify cost.
  */
 #include <stdint.h>
 
-#if !defined(__x86_64__) || !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
-#error "qmatmul.c needs x86-64 with AVX2, FMA and F16C"
-#endif
-#include <immintrin.h>
-
+#include "isa.h"
 #include "block_kinds.h"
 
 #define QK 32             /* values per block */
@@ -44,7 +43,7 @@
 
 #include "block_decode.h"
 
-#if defined(__AVX512F__)
+#if defined(OUTRIDER_AVX512)
 /* ---- AVX-512: a block is two vectors of 16 values; two accumulators per row ---------------- */
 #define ROWS 8
 #define COLS 4  /* weight rows a register tile takes at most */
@@ -113,7 +112,7 @@ static inline __attribute__((always_inline)) void dot_tile(int kind, int rows, i
         for (int c = 0; c < cols; c++) y[r * ystride + c] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
-#else
+#elif defined(OUTRIDER_AVX2)
 /* ---- AVX2: a block is four vectors of 8 values; four accumulators per row ------------------ */
 #define ROWS 2
 
@@ -146,6 +145,41 @@ static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, c
         y[r * ystride] = hsum256(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]),
                                                _mm256_add_ps(acc[r][2], acc[r][3])));
 }
+#else
+/* ---- portable: a block is 32 floats; 32 lanes of accumulators per row ----------------------- */
+#define ROWS 4
+
+/* y[r * ystride] = x[r] . W for r < rows: lane i takes the products of value i of each block in
+ * turn (a multiply, then an add), then the 32 lanes are added by a fixed tree (halves, then
+ * halves of those). Plain loops over the lanes, which the compiler turns into its target's
+ * vectors (SSE2, NEON). */
+static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, const float *x, int64_t K,
+                                                           const uint8_t *q, int64_t qstride,
+                                                           const void *d, const void *m,
+                                                           float *y, int64_t ystride) {
+    float acc[ROWS][QK];
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < QK; i++) acc[r][i] = 0.0f;
+    const int64_t blocks = K / QK;
+    for (int64_t b = 0; b < blocks; b++) {
+        float w[QK];
+        prefetch_ahead(kind, b, q + b * qstride, (const uint8_t *)d + scale_offset(kind, b),
+                       m ? (const uint8_t *)m + min_offset(kind, b) : 0);
+        decode(kind, q + b * qstride, d, m, b, w);
+        const float *xb = x + b * QK;
+        for (int r = 0; r < rows; r++) {
+            const float *xr = xb + r * K;
+            float *a = acc[r];
+            for (int i = 0; i < QK; i++) a[i] = a[i] + w[i] * xr[i];
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        float *a = acc[r];
+        for (int n = QK / 2; n > 0; n /= 2)
+            for (int i = 0; i < n; i++) a[i] = a[i] + a[i + n];
+        y[r * ystride] = a[0];
+    }
+}
 #endif
 
 /* out[n - n0] = weight row n's values, n0 <= n < n1 (what decode gives, stored): for a caller
@@ -153,15 +187,17 @@ static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, c
 static inline __attribute__((always_inline)) void decode_row(int kind, int64_t K, const uint8_t *q, int64_t qstride,
                                                              const void *d, const void *m, float *out) {
     for (int64_t b = 0; b < K / QK; b++) {
-#if defined(__AVX512F__)
+#if defined(OUTRIDER_AVX512)
         __m512 w0, w1;
         decode(kind, q + b * qstride, d, m, b, &w0, &w1);
         _mm512_storeu_ps(out + b * QK, w0);
         _mm512_storeu_ps(out + b * QK + 16, w1);
-#else
+#elif defined(OUTRIDER_AVX2)
         __m256 w[4];
         decode(kind, q + b * qstride, d, m, b, w);
         for (int i = 0; i < 4; i++) _mm256_storeu_ps(out + b * QK + 8 * i, w[i]);
+#else
+        decode(kind, q + b * qstride, d, m, b, out + b * QK);
 #endif
     }
 }
@@ -182,7 +218,7 @@ static inline __attribute__((always_inline)) void decode_row(int kind, int64_t K
 /* The same values rounded to bfloat16 (to nearest, ties to even: torch's float -> bfloat16), two
  * bytes each, for a bfloat16 GEMM (a prefill on a CPU with AMX): half the bytes written, no
  * float32 copy. AVX-512 builds only (every CPU with AMX has it). */
-#if defined(__AVX512F__)
+#if defined(OUTRIDER_AVX512)
 static inline __attribute__((always_inline)) __m256i bf16_of(__m512 v) {
     __m512i u = _mm512_castps_si512(v);
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
@@ -213,7 +249,7 @@ static inline __attribute__((always_inline)) __m256i bf16_of(__m512 v) {
 #endif
 
 
-#if defined(__AVX512F__)
+#if defined(OUTRIDER_AVX512)
 /* Rows r..r+rows of x against weight rows n..n+cols (rows <= ROWS, cols <= COLS): each pair its
  * own constant-size copy of dot_tile, so the accumulators stay in registers (16 at most). */
 #define TILE(R, C) case R * 8 + C: dot_tile(kind, R, C, x, K, q, qrow, qstride, d, drow, m, mrow, y, N); break;
@@ -239,6 +275,10 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
                                                             int64_t mrow, float *y, int64_t N) {
     (void)cols; (void)qrow; (void)drow; (void)mrow;
     switch (rows) {
+#if ROWS > 2
+        case 4: dot_rows(kind, 4, x, K, q, qstride, d, m, y, N); break;
+        case 3: dot_rows(kind, 3, x, K, q, qstride, d, m, y, N); break;
+#endif
         case 2: dot_rows(kind, 2, x, K, q, qstride, d, m, y, N); break;
         case 1: dot_rows(kind, 1, x, K, q, qstride, d, m, y, N); break;
         default: break;
@@ -280,7 +320,7 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
                  X(q8_0h, (KIND_Q8_0 + HALF)) X(q4_0h, (KIND_Q4_0 + HALF)) X(q4_1h, (KIND_Q4_1 + HALF)) \
                  X(q4_1f, (KIND_Q4_1 + FACTORED)) X(q8_16f, (KIND_Q8_16 + FACTORED))
 #define DEFINE(NAME, KIND) MATMUL(matmul_##NAME, KIND) DEQUANTIZE(dequantize_##NAME, KIND) DEFINE_BF16(NAME, KIND)
-#if defined(__AVX512F__)
+#if defined(OUTRIDER_AVX512)
 #define DEFINE_BF16(NAME, KIND) DEQUANTIZE_BF16(dequantize_bf16_##NAME, KIND)
 #else
 #define DEFINE_BF16(NAME, KIND)
@@ -323,7 +363,7 @@ int outrider_dequantize(int kind, int64_t K, const void *q, const void *d, const
  * AVX-512. */
 int outrider_dequantize_bf16(int kind, int64_t K, const void *q, const void *d, const void *m, int64_t n0,
                              int64_t n1, uint16_t *out, int threads) {
-#if defined(__AVX512F__)
+#if defined(OUTRIDER_AVX512)
     if (known(kind, m, K) || n0 < 0 || n1 < n0 || threads < 1) return -1;
 #define CALL(NAME, KIND) case KIND: dequantize_bf16_##NAME(K, q, d, m, n0, n1, out, threads); return 0;
     switch (kind) { KINDS(CALL) default: return -1; }
