@@ -5,6 +5,8 @@ output still equals the model's own greedy output with it."""
 import pytest
 import torch
 
+from kernel_variants import TWO, variant  # noqa: F401  (variant: the fixture)
+
 pytestmark = pytest.mark.model
 
 PROMPTS = ["Monday, Tuesday, Wednesday,", "def fibonacci(n):\n    "]
@@ -35,10 +37,12 @@ def test_the_cache_is_float16_and_half_the_bytes(q4_kv16, smollm2_path):
     assert 2 * half.k[0].numel() * half.k[0].element_size() == full.k[0].numel() * full.k[0].element_size()
 
 
-def test_native_and_torch_layers_agree(q4_kv16, runtime, smollm2_path, smollm2_tokenizer):
+@pytest.mark.parametrize("variant", TWO, indirect=True)
+def test_native_and_torch_layers_agree(q4_kv16, runtime, smollm2_path, smollm2_tokenizer, variant):
     """Both round K/V to nearest even; they differ as their float32 arithmetic differs (a K value
     one float16 step apart where float32 rounding moves it across a boundary: measured 0.015 of
-    logits up to ~30, against 8e-5 with a float32 cache), so: close, and the same argmax."""
+    logits up to ~30, against 8e-5 with a float32 cache), so: close, and the same argmax. On the
+    default variant of the C kernels and the portable one (its own float16 conversions)."""
     from outrider.weights.loader import load_decoder
 
     tokens = smollm2_tokenizer("The quick brown fox jumps over the lazy dog. The quick")["input_ids"]

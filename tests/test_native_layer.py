@@ -2,7 +2,8 @@
 replaces for forwards that ask for logits: the same logits, hidden states and K/V up to float
 rounding for each family (Llama, Qwen2 with q/k/v biases, Qwen3 with q/k norms), ragged batches,
 slots out of order and tree masks; each row's result bit-identical whatever the other rows; and
-greedy speculative output equal to autoregressive output with it."""
+greedy speculative output equal to autoregressive output with it. On every variant of the library
+this machine executes (kernel_variants.py; greedy speculation on the default and portable)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from outrider.models.batch import pack
 from outrider.weights.loader import load_decoder
 from outrider.sampling import SamplingParams
 from outrider.engine.speculator import SpecOptions, Speculator
+from kernel_variants import ALL, I8, TWO, variant  # noqa: F401  (variant: the fixture)
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=f"native kernel: {native.reason()}")
 
@@ -81,7 +83,8 @@ STEPS = [
 ]
 
 
-def test_native_layer_matches_the_torch_layer(model):
+@pytest.mark.parametrize("variant", ALL, indirect=True)
+def test_native_layer_matches_the_torch_layer(model, variant):
     m, _ = model
     fast, cache_fast = run(m, True, STEPS)
     assert m._native is not None  # every projection is a native QuantLinear: the path is taken
@@ -110,7 +113,8 @@ def test_one_call_for_the_layers_between_taps_equals_a_call_a_layer(model, monke
         assert torch.equal(cache_spans.v[layer], cache_ones.v[layer])
 
 
-def test_a_rows_result_does_not_depend_on_the_others(model):
+@pytest.mark.parametrize("variant", ALL, indirect=True)
+def test_a_rows_result_does_not_depend_on_the_others(model, variant):
     """Four tokens verified in one forward (beside another slot's rows) give each row the logits
     four one-token steps give, bit for bit: the premise of lossless speculation here."""
     m, _ = model
@@ -121,9 +125,10 @@ def test_a_rows_result_does_not_depend_on_the_others(model):
         assert torch.equal(together[0][0][0, i], alone[i][0][0, 0])
 
 
-@pytest.mark.parametrize("dtype", ["q4", pytest.param("q4-i8", marks=pytest.mark.skipif(
-    not native.i8_available(), reason="int8-activation kernel: no AVX-512 VNNI here"))])
-def test_a_tree_node_gets_what_its_path_decoded_a_token_a_step_gets(model, dtype):
+@pytest.mark.parametrize("dtype,variant", [pytest.param("q4", v.values[0], id=f"q4-{v.id}") for v in ALL]
+                         + [pytest.param("q4-i8", *v.values, id=f"q4-i8-{v.id}", marks=v.marks) for v in I8],
+                         indirect=["variant"])
+def test_a_tree_node_gets_what_its_path_decoded_a_token_a_step_gets(model, dtype, variant):
     """A tree verified in one forward gives each node, bit for bit, the logits its root-to-node
     path gets decoded one token a step: its ancestors' keys sit at cache rows with gaps between
     them, and attention must sum over them as over consecutive rows. (With int8 activations a
@@ -153,7 +158,8 @@ def test_a_tree_node_gets_what_its_path_decoded_a_token_a_step_gets(model, dtype
         assert torch.equal(step, tree[node]), (node, path)
 
 
-def test_greedy_speculative_equals_autoregressive(model):
+@pytest.mark.parametrize("variant", TWO, indirect=True)
+def test_greedy_speculative_equals_autoregressive(model, variant):
     m, folder = model
     requests = [Request([3, 9, 4, 3, 9, 4, 3, 9], 24, SamplingParams(0.0)), Request([7, 8, 7, 8, 7], 24, SamplingParams(0.0))]
     plain = [f.token_ids for f in generate_ids(m, requests, set())]

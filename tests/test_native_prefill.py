@@ -1,7 +1,8 @@
 """Prefills through the native layer (where the CPU has the AMX tile unit, their products on
 matmul_amx.c's tiles) against the torch layers, greedy speculation after a long prompt, and projections
 stacked from parts of different kinds (a GGUF's Q and K in one kind, V in another) in the native
-layer."""
+layer. The last two on every variant of the library this machine executes (kernel_variants.py),
+the tiles' tests where the CPU has them."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from outrider.weights.quant_load import RowStack
 from outrider.sampling import SamplingParams
 from outrider.engine.speculator import SpecOptions, Speculator
 from test_native_layer import make_family
+from kernel_variants import ALL, TWO, variant  # noqa: F401  (variant: the fixture)
 
-pytestmark = pytest.mark.skipif(not native.amx_available(), reason="no AMX tile unit here (or not granted)")
+needs_tiles = pytest.mark.skipif(not native.amx_available(), reason="no AMX tile unit here (or not granted)")
 
 PROMPT = [3, 9, 4, 11, 7, 8, 20, 5] * 5  # 40 tokens: past quant_linear.TILE_ROWS
 
@@ -43,6 +45,7 @@ def prefill(m, native_on: bool, tokens=PROMPT):
     return step.logits, cache
 
 
+@needs_tiles
 def test_a_long_prefill_runs_natively_on_the_tiles(folder, monkeypatch):
     m = load_decoder(folder, "cpu", "q4")
     fills = []
@@ -57,6 +60,7 @@ def test_a_long_prefill_runs_natively_on_the_tiles(folder, monkeypatch):
         assert torch.allclose(cache_fast.v[layer], cache_slow.v[layer], rtol=1e-4, atol=1e-5)
 
 
+@needs_tiles
 def test_a_drafters_long_prefill_takes_the_one_part_form(folder, monkeypatch):
     m = load_decoder(folder, "cpu", "q4")
     m.drafter_prefill_bf16 = True
@@ -67,7 +71,8 @@ def test_a_drafters_long_prefill_takes_the_one_part_form(folder, monkeypatch):
     assert fills[1] == 1
 
 
-def test_short_or_huge_prefills(folder, monkeypatch):
+@needs_tiles
+def test_short_or_huge_prefills(folder, monkeypatch, runtime):
     """Fewer than TILE_ROWS rows: the native layer with the row kernel (0); a workspace past
     NATIVE_FILL_FLOATS, or no tile unit: the torch layers (None)."""
     from outrider.models import decoder as decoder_module
@@ -83,7 +88,8 @@ def test_short_or_huge_prefills(folder, monkeypatch):
     assert m._native_fill(long) is None
 
 
-def test_greedy_speculative_equals_autoregressive_after_a_long_prompt(folder):
+@pytest.mark.parametrize("variant", TWO, indirect=True)
+def test_greedy_speculative_equals_autoregressive_after_a_long_prompt(folder, variant):
     m = load_decoder(folder, "cpu", "q4")
     requests = [Request(PROMPT, 24, SamplingParams(0.0)), Request(PROMPT[::-1][:30], 24, SamplingParams(0.0))]
     plain = [f.token_ids for f in generate_ids(m, requests, set())]
@@ -92,7 +98,8 @@ def test_greedy_speculative_equals_autoregressive_after_a_long_prompt(folder):
     assert [f.token_ids for f in fast] == plain
 
 
-def test_stacked_projections_run_in_the_native_layer(folder):
+@pytest.mark.parametrize("variant", ALL, indirect=True)
+def test_stacked_projections_run_in_the_native_layer(folder, variant):
     """A qkv stacked from Q and K in Q4_1 and V in Q8_0 (quant_load.RowStack) runs natively,
     each part through the kernel: the torch layer's logits up to float rounding, and each row's
     result bit-identical whatever the other rows."""

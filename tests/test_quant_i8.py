@@ -1,6 +1,7 @@
 """Int8 activations (the `-i8` dtypes): native/qmatmul_i8.c against its torch reference (kernels/qmatmul_i8_reference.py),
-rows bit-identical whatever the batch and the threads, the rounding of x as documented, and the
-refusal where the kernel cannot run. Greedy speculative == autoregressive on `q4-i8` / `q8_0-i8`
+rows bit-identical whatever the batch and the threads, the rounding of x as documented (on each
+variant of the library that has the kernel: avx512-vnni, amx), and the refusal where the kernel
+cannot run (the variants without it). Greedy speculative == autoregressive on `q4-i8` / `q8_0-i8`
 models: test_quant_model.py's `quantized` fixture and test_quant_smollm2.py run it.
 
 Tolerance against `reference_linear_i8` (the exact integer block sums, their scales applied in
@@ -23,6 +24,7 @@ from outrider.kernels.qmatmul_i8_reference import quantize_activations, referenc
 from test_quant import random_blocks
 from test_quant_convert import random_raw
 from test_quant_native import assert_rows_bit_identical
+from kernel_variants import HERE, I8, variant  # noqa: F401  (variant: the fixture)
 
 needs_lanes = pytest.mark.skipif(not native.i8_available(),
                                  reason=f"int8-activation kernel: {native.reason() or 'no AVX-512 VNNI'}")
@@ -64,7 +66,8 @@ def test_activations_round_as_documented():
 
 @needs_lanes
 @pytest.mark.parametrize("cols", [32, 96, 448, 512, 576, 800, 768, 1280, 896])  # tails of 1, 3, 14, 0, 2, 9, 8, 8, 12 blocks
-def test_kernel_equals_the_reference(cols):
+@pytest.mark.parametrize("variant", I8, indirect=True)
+def test_kernel_equals_the_reference(cols, variant):
     """Every kind and scale form, whole groups of 16 blocks and every shape of tail (dense below
     8 blocks, a short group from 8), 1 to 13 rows."""
     x = torch.randn(13, cols, generator=torch.Generator().manual_seed(cols))
@@ -84,7 +87,8 @@ def weight_bytes(blocks) -> int:
 
 
 @needs_lanes
-def test_a_wrong_term_is_caught():
+@pytest.mark.parametrize("variant", I8, indirect=True)
+def test_a_wrong_term_is_caught(variant):
     """Negative controls: one weight code changed, or x's rounding a code off, exceed the bound."""
     blocks = random_blocks("q4_1", 8, 576, seed=1)
     x = torch.randn(3, 576, generator=torch.Generator().manual_seed(2))
@@ -100,7 +104,8 @@ def test_a_wrong_term_is_caught():
 
 @needs_lanes
 @pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_1", "q4_1 float32 scales", "Q4_K", "Q6_K", "Q5_0"])
-def test_rows_are_bit_identical_whatever_the_batch_and_threads(name):
+@pytest.mark.parametrize("variant", I8, indirect=True)
+def test_rows_are_bit_identical_whatever_the_batch_and_threads(name, variant):
     """A row's result is the same bits alone, among up to 19 rows (tiles of 8 rows share a weight
     row's unpacked codes), at any offset, with 1 or 2 threads: what makes a k-token verify equal
     k one-token steps."""
@@ -113,7 +118,8 @@ def test_rows_are_bit_identical_whatever_the_batch_and_threads(name):
 
 @needs_lanes
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
-def test_factored_scales_give_the_same_bits(type_name):
+@pytest.mark.parametrize("variant", I8, indirect=True)
+def test_factored_scales_give_the_same_bits(type_name, variant):
     """A K-quant's scales kept factored in the lanes records (fewer bytes) multiply to the same
     values as widened ones: the same products, bit for bit."""
     blocks = gguf_blocks(random_raw(type_name, 24, 1280, seed=6), type_name)
@@ -125,7 +131,8 @@ def test_factored_scales_give_the_same_bits(type_name):
 
 
 @needs_lanes
-def test_close_to_the_float_product_within_the_rounding_of_x():
+@pytest.mark.parametrize("variant", I8, indirect=True)
+def test_close_to_the_float_product_within_the_rounding_of_x(variant):
     """Against x . W with x unrounded: off by at most what rounding x to its codes moves, half a
     code a value, sum over values of |w| * d_x / 2 (plus float32's share)."""
     w = torch.randn(300, 576, generator=torch.Generator().manual_seed(7)) * 0.05
@@ -155,6 +162,22 @@ def test_the_quantized_linear_and_the_native_layer_take_it(tmp_path):
     assert model.lm_head.kernel == "i8" and model.lm_head.nbytes() == 96 * 2 * 34  # Q8_0: 34 bytes a block
     layers = NativeLayers.of(model)
     assert layers is not None and layers.lanes
+
+
+NO_I8 = [pytest.param(v, id=v) for v in HERE if v not in ("amx", "avx512-vnni")]
+
+
+@pytest.mark.parametrize("variant", NO_I8, indirect=True)
+def test_a_variant_without_the_kernel_refuses_the_i8_dtypes(variant, tiny_folders):
+    """avx512, avx2, portable: no int8-activation kernel, so no lanes layout and `-i8` refused."""
+    from outrider.weights.loader import load_decoder
+
+    assert not native.i8_available() and "no int8 activations" in native.describe()
+    with pytest.raises(RuntimeError, match="int8-activation kernel needs AVX-512 with VNNI"):
+        native.NativeWeight.packed(random_blocks("q4_0", 16, 64))
+    with pytest.raises(ModelError, match="--dtype q4-i8 needs Outrider's int8-activation kernel") as err:
+        load_decoder(tiny_folders["llama"], "cpu", "q4-i8")
+    assert "\n" not in str(err.value)
 
 
 def test_refused_in_one_line_where_the_kernel_does_not_run(tiny_folders, monkeypatch):

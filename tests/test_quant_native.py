@@ -1,6 +1,8 @@
 """Outrider's own quantized kernel (kernels/native.py): bit-identical rows whatever the batch, the
-reference's values (test_quant.py bounds it against the reference with the other kernels), and a
-clear fallback where it cannot be built."""
+reference's values (test_quant.py bounds it against the reference with the other kernels), on
+every variant of the library this machine executes (kernel_variants.py); the variant chosen at
+run time, forced by config, refused where the CPU cannot run it; and a clear fallback where it
+cannot be built."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 from outrider.kernels import native
 from outrider.kernels.blocks import quantize
 from outrider.kernels.quant_linear import QuantLinear, choose_kernel, reference_linear
+from kernel_variants import ALL, HERE, variant  # noqa: F401  (variant: the fixture)
 from test_quant import random_blocks
 
 needs_native = pytest.mark.skipif(not native.available(), reason=f"native kernel: {native.reason()}")
@@ -26,8 +29,9 @@ def widened(blocks):
 
 
 @needs_native
+@pytest.mark.parametrize("variant", ALL, indirect=True)
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1", "q4_1 float32 scales", "q8_0 float32 scales"])
-def test_rows_are_bit_identical_whatever_the_batch_and_threads(kind):
+def test_rows_are_bit_identical_whatever_the_batch_and_threads(kind, variant):
     """Each output row is the same bits alone, among 2..17 rows (groups of 8 rows share a decoded
     block, the last group smaller), at any offset, and with 1 or 2 threads: what makes a k-token
     verify forward equal k one-token steps. Scales as GGUF keeps them (float16) or widened."""
@@ -54,7 +58,8 @@ def assert_rows_bit_identical(weight, x, subsets):
 
 
 @needs_native
-def test_weights_are_the_references_values():
+@pytest.mark.parametrize("variant", ALL, indirect=True)
+def test_weights_are_the_references_values(variant):
     """With one-hot rows of x the product reads single weights: exactly dequantize's values (the
     kernel forms each weight with the reference's own multiply and add, no fused rounding)."""
     for kind in ("q8_0", "q4_0", "q4_1"):
@@ -65,11 +70,12 @@ def test_weights_are_the_references_values():
 
 
 @needs_native
-def test_real_weights_close_to_reference():
+@pytest.mark.parametrize("variant", ALL, indirect=True)
+def test_real_weights_close_to_reference(variant):
     """Quantized gaussian weights as a model has them; relative error at float32 rounding."""
     w = torch.randn(300, 576, generator=torch.Generator().manual_seed(2)) * 0.05
     x = torch.randn(3, 576, generator=torch.Generator().manual_seed(3))
-    for kind in ("q8_0", "q4_1"):
+    for kind in ("q8_0", "q4_0", "q4_1"):
         blocks = quantize(w, kind)
         ref = reference_linear(x, blocks)
         got = QuantLinear(blocks, kernel="native").linear(x)
@@ -89,9 +95,105 @@ def test_the_exact_default_is_native():
 
 
 @needs_native
-def test_library_is_kept_in_the_cache_by_source_and_machine():
+@pytest.mark.parametrize("variant", ALL, indirect=True)
+def test_library_is_kept_in_the_cache_by_variant_source_and_machine(variant):
     path = native._state["path"]
-    assert path.parent.name == "kernels" and path.name.startswith("qmatmul-") and path.is_file()
+    assert path.parent.name == "kernels" and path.name.startswith(f"qmatmul-{variant}-") and path.is_file()
+    assert native.variant() == variant and native.describe().startswith(f"native kernel {variant} ")
+    compiler = native._compiler()
+    assert path == native.library_path(compiler, variant)
+    assert len({native.library_path(compiler, v) for v in HERE}) == len(HERE)  # a file a variant
+
+
+@needs_native
+def test_auto_takes_the_best_variant_this_cpu_runs(runtime):
+    """Config kernel_variant auto: the first of kernel_variants_here that builds; a name: that one;
+    one this CPU cannot run: refused in one line that names what it lacks and what runs here."""
+    from outrider.config import KERNEL_VARIANTS, ConfigError
+
+    runtime(kernel_variant="auto")
+    chosen = native.variant()
+    built = [v for v in HERE if v not in native._failed]  # (an old compiler may not build amx)
+    assert chosen == built[0] and f"auto: the best this CPU runs of {', '.join(HERE)}" in native.describe()
+    runtime(kernel_variant=HERE[-1])
+    assert native.variant() == HERE[-1] and f"kernel_variant={HERE[-1]}" in native.describe()
+    assert HERE[-1] == "portable"  # plain C runs everywhere
+    for name in KERNEL_VARIANTS:
+        if name not in HERE:
+            with pytest.raises(ConfigError, match=f"config kernel_variant={name} does not run on this CPU .*; "
+                                                  f"it runs: {', '.join(HERE)}") as err:
+                runtime(kernel_variant=name)
+            assert "\n" not in str(err.value)
+            with pytest.raises(ConfigError):
+                with native.use_variant(name):
+                    pass
+    runtime(kernel_variant=None)
+    assert native.variant() == built[0]
+
+
+def test_which_variants_a_cpu_runs(monkeypatch):
+    """By the CPU's flags, best first: AVX2 without AVX-512 runs avx2 and portable; an ARM CPU (or
+    an x86 one whose flags cannot be read) portable only."""
+    from outrider import config
+
+    v3 = set(config.X86_V3)
+    for flags, want in [(v3, ["avx2", "portable"]), (v3 - {"f16c"}, ["portable"]),
+                        (set(config.X86_V4), ["avx512", "avx2", "portable"]),
+                        (set(config.KERNEL_VARIANTS["amx"]), ["amx", "avx512-vnni", "avx512", "avx2", "portable"]),
+                        (set(), ["portable"])]:
+        monkeypatch.setattr(config, "cpu_flags", lambda flags=flags: frozenset(flags))
+        monkeypatch.setattr(config.platform, "machine", lambda: "x86_64")
+        assert config.kernel_variants_here() == want, flags
+        monkeypatch.setattr(config.platform, "machine", lambda: "aarch64")
+        assert config.kernel_variants_here() == ["portable"]
+    with pytest.raises(config.ConfigError, match="kernel_variant=avx2 does not run on this CPU .*built for x86-64, "
+                                                 "this is aarch64.*it runs: portable"):
+        config.RuntimeConfig(kernel_variant="avx2")
+    monkeypatch.setattr(native.platform, "machine", lambda: "aarch64")
+    assert "-march" not in " ".join(native.variant_flags("portable"))  # the compiler's own target
+    assert native.variant_flags("portable")[:4] == ("-O3", "-ffp-contract=off", "-fopenmp", "-fPIC")
+
+
+@needs_native
+def test_a_variant_that_fails_to_build_passes_to_the_next(monkeypatch, runtime):
+    """auto: a variant whose build fails is passed over for the next best, its reason kept in
+    describe(); asked for by name, its failure is the reason the kernel is unavailable."""
+    built = [v for v in HERE if v not in native._failed]
+    best = built[0]
+    opened = native._open
+
+    def failing(name, compiler):
+        if name == best:
+            raise RuntimeError("error: unrecognized command-line option (a test's)")
+        return opened(name, compiler)
+
+    monkeypatch.setattr(native, "_open", failing)
+    monkeypatch.setattr(native, "_failed", {})
+    native._state.clear()  # decided again below, and again after the test (with the real _open)
+    try:
+        runtime(kernel_variant="auto")
+        if len(built) > 1:
+            assert native.available() and native.variant() == built[1]
+            assert f"building qmatmul.c ({best}) failed: error: unrecognized command-line option" in native.describe()
+        runtime(kernel_variant=best)
+        assert not native.available() and f"({best}) failed" in native.reason()
+    finally:
+        native._state.clear()
+
+
+@pytest.mark.parametrize("variant", ALL, indirect=True)
+def test_a_float16_cache_row_is_rounded_as_torch_rounds(variant):
+    """attention.c's K/V store into a float16 cache (F16C, or the portable conversion): to
+    nearest, ties to even, overflow to inf and subnormals as torch's .half()."""
+    special = [0.0, -0.0, 1.0, -2.5, 65504.0, 65519.99, 65520.0, -65520.0, 1e9, float("inf"), -float("inf"),
+               6.103515625e-05, 6.1e-05, 5.960464477539063e-08, 2.9802322387695312e-08, 2.98023259e-08,
+               8.940696716308594e-08, 1e-10, -1e-30, 1.00048828125, 1.00146484375, 2049.0, 2051.0]
+    g = torch.Generator().manual_seed(9)
+    values = torch.cat([torch.tensor(special), torch.randn(2000, generator=g) * 300,
+                        torch.randn(2000, generator=g) * 1e-5, torch.randn(3, generator=g)]).float()  # a tail of 3
+    got = torch.full((len(values),), 7.0, dtype=torch.float16)
+    native.library().outrider_kv_store(got.data_ptr(), 0, values.data_ptr(), len(values), 1)
+    assert torch.equal(got.view(torch.int16), values.half().view(torch.int16))
 
 
 def _probe(env: dict) -> list[str]:
@@ -218,7 +320,8 @@ def test_bf16_prefill_is_off_unless_asked(monkeypatch, runtime):
 
 
 @needs_native
-def test_bf16_rows_are_the_float_rows_rounded():
+@pytest.mark.parametrize("variant", ALL, indirect=True)
+def test_bf16_rows_are_the_float_rows_rounded(variant):
     for kind in ("q8_0", "q4_0", "q4_1"):
         blocks = quantize(torch.randn(40, 128, generator=torch.Generator().manual_seed(6)), kind)
         w = native.NativeWeight.of(blocks)
@@ -242,7 +345,7 @@ def test_the_kernel_runs_on_torchs_thread_count_in_any_thread(monkeypatch):
     core although torch.set_num_threads(1) was called. The kernel gets torch's count each call."""
     import threading
 
-    lib, seen = native._state["lib"], []
+    lib, seen = native.library(), []
 
     class Recording:
         def __getattr__(self, name):
