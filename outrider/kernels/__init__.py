@@ -2,8 +2,11 @@
 
     csrc/                   the C sources: qmatmul.c (quantized x float rows), qmatmul_i8.c
                             (quantized x int8 rows, VNNI), matmul_amx.c (prefill on AMX tiles),
-                            decoder_layer.c (a whole layer in one call), attention.c
-    native.py               builds csrc/ once per machine and wraps it (ctypes)
+                            decoder_layer.c (a whole layer in one call), attention.c; isa.h
+                            (which paths a build compiles: AVX-512, AVX2, or plain C)
+    native.py               builds csrc/ once per machine and instruction-set variant, loads the
+                            best the CPU runs, and wraps it (ctypes)
+    variant_bench.py        the variants against each other: a decode step and a prefill
     blocks.py               the GGUF block formats in memory, with plain-torch quantize/dequantize
     quant_linear.py         a projection kept quantized: which kernel runs it, and the product
     cpu_linear.py           the float product x @ W.T, its path measured once per shape
