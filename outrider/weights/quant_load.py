@@ -128,7 +128,8 @@ class QuantTensors:
             from ..kernels import native
 
             if not native.i8_available():
-                why = native.reason() or "this CPU has no AVX-512 VNNI"
+                why = native.reason() or (f"the {native.variant()} kernel variant has no int8 activations: they need "
+                                          "the avx512-vnni (or amx) variant, an AVX-512 VNNI CPU")
                 raise ModelError(f"--dtype {dtype_name} needs Outrider's int8-activation kernel, which does not run "
                                  f"here ({why}); use --dtype {self.name}")
         self.floats = floats  # loader._Tensors over the folder's safetensors
