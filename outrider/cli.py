@@ -14,11 +14,14 @@ from .errors import OutriderError
 
 KV_HELP = ("the K/V cache's values: float32 or float16 (half the bytes attention reads at long contexts, "
            "llama.cpp's default; a model of its own, exact under speculation; default: the compute dtype)")
-DTYPE_HELP = ("float32, bfloat16, float16; q8_0, q4 or gguf (weights kept quantized, float32 activations, "
-              "exact); q4_0 (every weight, head included, re-quantized to Q4_0 at load: the smallest, "
-              "e.g. for a drafter); q8_0-bf16-lossy or q4-bf16-lossy (torch's int4 kernel, not lossless). Default: on a CPU "
-              "a GGUF-sourced model's own quantization where Outrider's kernel builds (`models list` says "
-              "which), else float32; bfloat16 on CUDA")
+DTYPE_HELP = ("q8_0, q4 or gguf (weights kept quantized, float32 activations; exact: each row bit-identical "
+              "whatever the rows verified with it); q4_0 (every weight, head included, re-quantized to Q4_0 at "
+              "load: the smallest, e.g. for a drafter); their -i8 forms (int8 activations, AVX-512 VNNI; exact); "
+              "float32, bfloat16, float16 (torch's GEMMs: a k-row verify and a one-row step may sum in another "
+              "order, so speculative output equals autoregressive output up to a near-tie of the top two "
+              "logits: README, What lossless means); q8_0-bf16-lossy or q4-bf16-lossy (torch's int4 kernel, "
+              "not lossless). Default: on a CPU a GGUF-sourced model's own quantization where Outrider's kernel "
+              "builds (`models list` says which), else float32; bfloat16 on CUDA (exact up to near-ties too)")
 
 QUICK_TIME = "1-3 min on 2 cores"  # the quick preset's wall time; its file (bench/presets/quick.toml) says the same
 TREE_DEFAULT = "chain"
