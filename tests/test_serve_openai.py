@@ -265,9 +265,10 @@ def test_streamed_logprobs_and_usage_equal_the_whole_response(server, chat):
     (False, {"min_tokens": 3}, "min_tokens"),
     (False, {"messages": []}, "messages"),
     (False, {"guided_json": {}}, "guided_json"),
-    (True, {"response_format": {"type": "json_object"}}, "response_format"),
-    (True, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    (True, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),  # "auto", as vLLM
     (True, {"tool_choice": "auto"}, "tool_choice"),
+    (True, {"tools": [], "tool_choice": "none"}, "tools"),  # as vLLM and OpenAI
+    (True, {"functions": [{"name": "f"}]}, "functions"),
     (True, {"echo": True}, "echo"),
     (True, {"store": True}, "store"),
     (True, {"audio": {"voice": "x"}}, "audio"),
@@ -280,10 +281,26 @@ def test_unsupported_parameters_are_refused_not_ignored(server, chat, extra, par
     assert_error(post(server, {**base, "max_tokens": 2, **extra}, chat=chat), 400, param)
 
 
+def test_structured_outputs_where_llguidance_cannot_read_the_tokenizer_are_refused(server):
+    """The tiny models' word-level tokenizer has no llguidance form: response_format and tool
+    calls are a 400 naming the field, saying why (tests/test_serve_structured.py: SmolLM2)."""
+    pytest.importorskip("llguidance")
+    user = [{"role": "user", "content": "w5 w6"}]
+    tool = {"type": "function", "function": {"name": "f"}}
+    json_object = {"response_format": {"type": "json_object"}}
+    for chat, body, param in ((True, {"messages": user, **json_object}, "response_format"),
+                              (False, {"prompt": "w5", **json_object}, "response_format"),
+                              (True, {"messages": user, "tools": [tool], "tool_choice": "required"}, "tools")):
+        error = assert_error(post(server, {**body, "max_tokens": 2}, chat=chat), 400, param)
+        assert error["code"] == "structured_outputs_unavailable" and "leave" in error["message"]
+    assert healthy(server)
+
+
 def test_neutral_values_and_no_effect_fields_are_accepted(server):
     user = [{"role": "user", "content": "w5 w6", "name": "ann"}]
-    chat = {"messages": user, "max_tokens": 3, "temperature": 0, "response_format": {"type": "text"}, "tools": [],
-            "tool_choice": "none", "store": False, "metadata": {"a": "b"}, "user": "u", "service_tier": "auto",
+    chat = {"messages": user, "max_tokens": 3, "temperature": 0, "response_format": {"type": "text"},
+            "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none", "store": False,
+            "metadata": {"a": "b"}, "user": "u", "service_tier": "auto",
             "parallel_tool_calls": True, "modalities": ["text"], "skip_special_tokens": True}
     assert post(server, chat, chat=True).status_code == 200
     completion = {"prompt": "w5 w6", "max_tokens": 3, "temperature": 0, "best_of": 1, "suffix": None, "echo": False,

@@ -12,7 +12,8 @@ With an API key every route but /health and /openapi.json needs `Authorization: 
 draining or restarting. A request is checked whole before it is queued (protocol.py; token ids
 in the vocabulary, prompt + max_tokens within --max-model-len). A handler never waits for the
 engine except by awaiting its job's queue, and a non-streaming handler watches for its client's
-disconnect at the same time, cancelling its job at once.
+disconnect at the same time, cancelling its job at once. `response_format` and tool calls (their
+grammar, the tools in the prompt, OpenAI's tool_calls shape) are tools.py's.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..engine.request import Request
 from .metrics import Metrics
 from .protocol import ApiError, Parsed, parse_chat, parse_completion
-from .responses import (chat_logprobs, choice, chunk, completion_logprobs, extensions, new_id, response,
+from .responses import (chat_logprobs, chunk, completion_logprobs, extensions, new_id, response,
                         usage)
 from .schema import (ChatCompletionResponse, CompletionResponse, Health, ModelList, add_request_schemas, errors,
                      request_body, stream)
+from . import tools
 from .worker import EngineWorker, Job
 
 GOLDEN = 0x9E3779B97F4A7C15  # seeds of n samples: seed + i * GOLDEN (mod 2**64), distinct and spread
@@ -54,6 +56,11 @@ class ServerState:
     # encode (HTTP) and decode (the engine's text streams) share the tokenizer
     tokenizer_lock: threading.Lock = field(default_factory=threading.Lock)
     _token_texts: dict[int, str] = field(default_factory=dict)
+    structured: tools.Structured | None = None  # grammars of response_format and tool calls (tools.py)
+
+    def __post_init__(self):
+        if self.structured is None:
+            self.structured = tools.Structured(self.llm, self.tokenizer_lock)
 
     @property
     def vocab(self) -> int:
@@ -68,7 +75,10 @@ class ServerState:
             if not getattr(tok, "chat_template", None):
                 raise ApiError(400, f"model '{self.model_name}' has no chat template: use /v1/completions")
             try:
-                text = tok.apply_chat_template(parsed.messages, add_generation_prompt=True, tokenize=False)
+                native = (parsed.tools or any(m["role"] == "tool" or "tool_calls" in m for m in parsed.messages)) \
+                    and self.structured.native_tools()
+                messages, extra = tools.template_input(parsed.messages, parsed.tools, native)
+                text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
             except Exception as err:  # the template refuses this conversation (jinja raise_exception)
                 raise ApiError(400, f"the model's chat template refused these messages: {err}", "messages") from None
             return [tok(text, add_special_tokens=False)["input_ids"]]
@@ -232,7 +242,8 @@ async def _generate(state: ServerState, http: HttpRequest, chat: bool):
         if parsed.model is not None and parsed.model != state.model_name:
             raise ApiError(404, f"the model '{parsed.model}' does not exist: this server serves "
                                 f"'{state.model_name}'", "model", code="model_not_found")
-        plan = _plan(state, parsed)
+        grammar = await state.structured.grammar(parsed)
+        plan = _plan(state, parsed, grammar)
         state.worker.submit(plan.job)
     except ApiError as err:
         return _error(err)
@@ -242,7 +253,7 @@ async def _generate(state: ServerState, http: HttpRequest, chat: bool):
     return await _whole(state, http, plan, rid, chat)
 
 
-def _plan(state: ServerState, parsed: Parsed) -> Plan:
+def _plan(state: ServerState, parsed: Parsed, grammar=None) -> Plan:
     """Tokenize, check lengths against the context and the K/V rows, and make one Request a choice."""
     engine, vocab = state.worker.engine, state.vocab
     prompts = state.encode(parsed)
@@ -271,7 +282,8 @@ def _plan(state: ServerState, parsed: Parsed) -> Plan:
             prompt_logprobs = parsed.logprobs if parsed.echo and s == 0 else None
             req = Request(list(ids), max(max_tokens, 1), params, parsed.stops, parsed.speculate,
                           parsed.max_draft_tokens, parsed.ignore_eos, stop_token_ids=parsed.stop_token_ids,
-                          logprobs=None if echo_only else parsed.logprobs, prompt_logprobs=prompt_logprobs)
+                          logprobs=None if echo_only else parsed.logprobs, prompt_logprobs=prompt_logprobs,
+                          grammar=grammar, grammar_drafting=parsed.grammar_drafting)
             try:
                 engine.check(req)
             except ValueError as err:
@@ -332,7 +344,7 @@ async def _whole(state: ServerState, http: HttpRequest, plan: Plan, rid: str, ch
             logprobs = _logprobs(state, plan, i, c, completions, echo_only)
         except ApiError as err:
             return _error(err)
-        choices.append(choice(i, chat, text, c.finish_reason, logprobs))
+        choices.append(tools.answer(plan.parsed, i, chat, text, c.finish_reason, logprobs))
     use = usage(sum(len(ids) for ids in plan.prompt_ids), out_tokens)
     return response(rid, state.model_name, chat, choices, use, extensions(completions))
 
@@ -414,6 +426,8 @@ async def _stream(state: ServerState, plan: Plan, rid: str, chat: bool):
                 if echo_only:
                     continue
                 produced[item.index] += item.tokens
+                if parsed.tool_call:  # a tool call is sent whole when its choice ends
+                    continue
                 entries = item.logprobs or []
                 sent_logprobs[item.index] += len(entries)
                 logprobs = lp_payload(item.index, entries)
@@ -430,6 +444,12 @@ async def _stream(state: ServerState, plan: Plan, rid: str, chat: bool):
                 yield _sse(_missing_logprobs().body())
                 break
             done[index] = completion
+            if parsed.tool_call:
+                logprobs = lp_payload(index, completion.logprobs or [])
+                for payload in tools.stream_end(parsed, rid, model, index, completion, logprobs, running_usage(),
+                                                extensions([completion])):
+                    yield _sse(payload)
+                continue
             rest = None if echo_only or parsed.logprobs is None else \
                 lp_payload(index, completion.logprobs[sent_logprobs[index]:])
             out = emit(chunk(rid, model, chat, index, None if chat else "", completion.finish_reason, logprobs=rest,

@@ -8,8 +8,9 @@ know at all is refused too (docs/serving.md has the table, `FIELDS` below is its
 Ranges are OpenAI's and vLLM's (temperature in [0, 2], penalties in [-2, 2], logit_bias values
 in [-100, 100], at most 20 logprobs); token ids must lie in the model's vocabulary.
 
-Outrider's own fields: `speculate` (bool), `max_draft_tokens` (int >= 0), and vLLM's
-`ignore_eos`, `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`.
+Outrider's own fields: `speculate` (bool), `max_draft_tokens` (int >= 0), `grammar_drafting`
+(bool), and vLLM's `ignore_eos`, `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`.
+`response_format`, `tools` and `tool_choice` are checked by tools.py.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class Parsed:
     """One request, checked: the prompt(s) (text, token ids or chat messages) and how to generate."""
 
     prompts: list[str | list[int]] | None  # completions: one entry per prompt
-    messages: list[dict] | None  # chat: [{"role", "content": str, "name"?}]
+    messages: list[dict] | None  # chat: [{"role", "content": str, "name"?, "tool_calls"?, "tool_call_id"?}]
     max_tokens: int | None  # None: what the context holds (chat's default)
     params: SamplingParams
     n: int = 1
@@ -63,6 +64,11 @@ class Parsed:
     model: str | None = None
     ignore_eos: bool = False
     max_key: str = "max_tokens"  # the field max_tokens came from (chat: max_completion_tokens too)
+    response_format: dict | None = None  # json_object / json_schema (None: text)
+    tools: list[dict] | None = None  # the function objects offered to the model (tool_choice not "none")
+    tool_call: bool = False  # the output is one call of one of `tools` (tool_choice "required" or named)
+    tool_name: str | None = None  # the function named by tool_choice
+    grammar_drafting: bool = True
 
     @property
     def prompt_param(self) -> str:
@@ -112,10 +118,12 @@ FIELDS: dict[str, tuple[str, str, str]] = {
     "store": ("h", NEUTRAL, "false or null: nothing is stored"),
     "prompt_cache_key": ("h", IGNORED, "a string; a routing hint"),
     "safety_identifier": ("h", IGNORED, "a string; does not change the output"),
-    "response_format": ("h", NEUTRAL, "{\"type\": \"text\"} only until structured outputs land (issue 25 item 3)"),
-    "tools": ("h", NEUTRAL, "null or [] until tool calls land (issue 25 item 3)"),
-    "tool_choice": ("h", NEUTRAL, "null or \"none\" until tool calls land"),
-    "parallel_tool_calls": ("h", IGNORED, "true/false; there are no tools yet"),
+    "response_format": ("ch", HONOURED, "text, json_object, json_schema {name, schema, strict?}: the output "
+                                        "follows the grammar (llguidance), speculative or not"),
+    "tools": ("h", HONOURED, "function tools {type: function, function: {name, description?, parameters?}}"),
+    "tool_choice": ("h", HONOURED, "\"none\", \"required\" or a named function: one call under a grammar; "
+                                   "\"auto\" (the default with tools) refused as vLLM without a tool parser"),
+    "parallel_tool_calls": ("h", IGNORED, "true/false; one call is produced"),
     "functions": ("h", NEUTRAL, "null only (deprecated by OpenAI for tools)"),
     "function_call": ("h", NEUTRAL, "null only (deprecated by OpenAI for tool_choice)"),
     "modalities": ("h", NEUTRAL, "[\"text\"] only"),
@@ -127,6 +135,8 @@ FIELDS: dict[str, tuple[str, str, str]] = {
     "ignore_eos": ("ch", HONOURED, "vLLM extension: run past end-of-sequence tokens"),
     "speculate": ("ch", HONOURED, "Outrider: false decodes this request without drafts"),
     "max_draft_tokens": ("ch", HONOURED, "Outrider: at most this many draft tokens a round (0: none)"),
+    "grammar_drafting": ("ch", HONOURED, "Outrider: false: the grammar only masks the target (no pruned "
+                                         "drafts, no forced tokens)"),
     "min_tokens": ("ch", NEUTRAL, "vLLM extension: 0 only"),
     "include_stop_str_in_output": ("ch", NEUTRAL, "vLLM extension: false only"),
     "skip_special_tokens": ("ch", NEUTRAL, "vLLM extension: true only"),
@@ -141,10 +151,9 @@ FIELDS: dict[str, tuple[str, str, str]] = {
 }
 # the neutral values (a field in NEUTRAL whose value equals one of these is accepted)
 NEUTRAL_VALUES: dict[str, tuple] = {
-    "best_of": (None,), "suffix": (None,), "store": (None, False), "tools": (None, []),
-    "tool_choice": (None, "none"), "functions": (None,), "function_call": (None,),
+    "best_of": (None,), "suffix": (None,), "store": (None, False), "functions": (None,), "function_call": (None,),
     "modalities": (None, ["text"]), "audio": (None,), "prediction": (None,), "reasoning_effort": (None,),
-    "verbosity": (None,), "web_search_options": (None,), "response_format": (None, {"type": "text"}),
+    "verbosity": (None,), "web_search_options": (None,),
     "min_tokens": (None, 0), "include_stop_str_in_output": (None, False), "skip_special_tokens": (None, True),
     "spaces_between_special_tokens": (None, True),
     "use_beam_search": (None, False), "length_penalty": (None, 1, 1.0),
@@ -154,11 +163,8 @@ WHY = {
     "best_of": "best_of must be null or equal to n: ranking samples server-side is not supported (vLLM V1 "
                "refuses it too); use n",
     "suffix": "suffix is not supported (vLLM refuses it too): send the text before the gap as prompt",
-    "response_format": "response_format other than {\"type\": \"text\"} is not supported yet: leave it out",
-    "tools": "tools are not supported yet: leave tools out",
-    "tool_choice": "tool_choice is not supported yet: leave it out or send \"none\"",
-    "functions": "functions are not supported: leave them out",
-    "function_call": "function_call is not supported: leave it out",
+    "functions": "functions are not supported (deprecated by OpenAI): send tools",
+    "function_call": "function_call is not supported (deprecated by OpenAI): send tool_choice",
     "store": "store is not supported (nothing is stored): leave it out or send false",
     "modalities": "modalities other than [\"text\"] are not supported: this server serves text",
     "audio": "audio output is not supported: leave audio out",
@@ -208,8 +214,16 @@ def parse_chat(body, vocab: int) -> Parsed:
     if tier is not None and not isinstance(tier, str):
         raise bad("service_tier must be a string", "service_tier")
     b.boolean("parallel_tool_calls", True)
-    return _common(b, vocab, prompts=None, messages=messages, max_tokens=max_tokens, n=n,
-                   logprobs=(top or 0) if wants else None, echo=False, max_key=key)
+    from .tools import tools_and_choice
+
+    tools, call, name = tools_and_choice(b.take("tools"), b.take("tool_choice"))
+    parsed = _common(b, vocab, prompts=None, messages=messages, max_tokens=max_tokens, n=n,
+                     logprobs=(top or 0) if wants else None, echo=False, max_key=key)
+    if call and parsed.response_format is not None:
+        raise bad("response_format cannot be combined with a tool call (tool_choice \"required\" or a named "
+                  "function), as vLLM refuses structured outputs with tools: send one of them", "response_format")
+    parsed.tools, parsed.tool_call, parsed.tool_name = tools, call, name
+    return parsed
 
 
 def _common(b: "_Body", vocab: int, *, prompts, messages, max_tokens, n, logprobs, echo,
@@ -232,6 +246,9 @@ def _common(b: "_Body", vocab: int, *, prompts, messages, max_tokens, n, logprob
     except (ConfigError, TypeError) as err:
         message = str(err)
         raise bad(message, message.split(" ")[0].split("[")[0]) from None
+    from .tools import response_format
+
+    fmt = response_format(b.take("response_format"))
     stops = _stops(b.take("stop"))
     stop_ids = tuple(_token_ids(b.take("stop_token_ids"), vocab, "stop_token_ids", allow_empty=True) or ())
     stream = b.boolean("stream", False)
@@ -256,7 +273,7 @@ def _common(b: "_Body", vocab: int, *, prompts, messages, max_tokens, n, logprob
     parsed = Parsed(prompts, messages, max_tokens, params, n, stops, stop_ids, logprobs, echo, stream,
                     include_usage, continuous, b.boolean("speculate", True),
                     b.integer("max_draft_tokens", None, 0, INT64 - 1), model, b.boolean("ignore_eos", False),
-                    max_key)
+                    max_key, fmt, grammar_drafting=b.boolean("grammar_drafting", True))
     b.finish()
     return parsed
 
@@ -431,10 +448,12 @@ def _stops(stop) -> tuple[str, ...]:
     return tuple(dict.fromkeys(stops))
 
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def _messages(messages) -> list[dict]:
+    from .tools import assistant_calls, tool_message
+
     if not isinstance(messages, list) or not messages:
         raise bad("messages is required: a non-empty list of {role, content}", "messages")
     checked = []
@@ -442,15 +461,20 @@ def _messages(messages) -> list[dict]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad(f"messages[{i}] must be an object with a string role", "messages")
         role = m["role"]
-        if role in ("tool", "function") or m.get("tool_calls") is not None or m.get("function_call") is not None:
-            raise bad(f"messages[{i}]: tool calls and tool results are not supported yet: send text messages",
-                      "messages")
+        if role == "function" or m.get("function_call") is not None:
+            raise bad(f"messages[{i}]: function_call and role function are deprecated by OpenAI and not supported: "
+                      "send tool_calls and role tool", "messages")
         if role not in ROLES:
             raise bad(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {_show(role)}", "messages")
-        unknown = set(m) - {"role", "content", "name", "tool_calls", "function_call"}
-        if unknown:
-            raise bad(f"messages[{i}] has unknown field(s) {sorted(unknown)}: role, content and name are "
-                      "known", "messages")
+        calls = m.get("tool_calls")
+        if calls is not None and role != "assistant":
+            raise bad(f"messages[{i}]: only assistant messages hold tool_calls", "messages")
+        calls = assistant_calls(i, calls) if calls is not None else None
+        if role != "tool":
+            unknown = set(m) - {"role", "content", "name", "tool_calls", "function_call"}
+            if unknown:
+                raise bad(f"messages[{i}] has unknown field(s) {sorted(unknown)}: role, content, name and "
+                          "tool_calls are known (tool_call_id with role tool)", "messages")
         content = m.get("content")
         if isinstance(content, list):  # content parts: text only
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
@@ -458,12 +482,19 @@ def _messages(messages) -> list[dict]:
                 raise bad(f"messages[{i}].content parts must be {{type: text, text: string}}: this server "
                           "serves text", "messages")
             content = "".join(p["text"] for p in content)
+        if content is None and calls:  # an assistant's tool calls need no text
+            content = ""
         if not isinstance(content, str):
             raise bad(f"messages[{i}].content must be a string or a list of text parts", "messages")
+        if role == "tool":
+            checked.append(tool_message(i, m, content))
+            continue
         out = {"role": role, "content": content}
         if m.get("name") is not None:
             if not isinstance(m["name"], str):
                 raise bad(f"messages[{i}].name must be a string", "messages")
             out["name"] = m["name"]
+        if calls:
+            out["tool_calls"] = calls
         checked.append(out)
     return checked

@@ -15,7 +15,7 @@ import uuid
 from typing import Callable
 
 OPENAI_REASON = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "abort",
-                 "error": "error"}
+                 "error": "error", "tool_calls": "tool_calls"}
 FLOOR = -9999.0
 
 TokenText = Callable[[int], str]  # a token id's text (the tokenizer's decode of that one id)
@@ -94,9 +94,9 @@ def response(rid: str, model: str, chat: bool, choices: list[dict], use: dict, e
 
 def chunk(rid: str, model: str, chat: bool, index: int | None, text: str | None, reason: str | None = None, *,
           first: bool = False, logprobs: dict | None = None, use: dict | None = None,
-          ext: dict | None = None) -> dict:
-    """One server-sent event's payload: choice `index`'s new text; `index` None with `use` is the
-    final usage chunk (no choices)."""
+          ext: dict | None = None, delta: dict | None = None) -> dict:
+    """One server-sent event's payload: choice `index`'s new text (chat: or `delta`, a tool
+    call); `index` None with `use` is the final usage chunk (no choices)."""
     out = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
            "created": int(time.time()), "model": model}
     if index is None:
@@ -104,7 +104,8 @@ def chunk(rid: str, model: str, chat: bool, index: int | None, text: str | None,
     else:
         finish = OPENAI_REASON[reason] if reason else None
         if chat:
-            delta = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
+            if delta is None:
+                delta = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
             out["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
         else:
             out["choices"] = [{"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]

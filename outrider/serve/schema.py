@@ -38,16 +38,69 @@ class TextPart(_Strict):
     text: str
 
 
+class CalledFunction(_Strict):
+    name: str
+    arguments: str = Field(description="the arguments as a JSON string")
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Union[str, list[TextPart]]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Union[str, list[TextPart]]] = Field(
+        None, description="required, but for an assistant message with tool_calls")
     name: Optional[str] = None
-    tool_calls: None = Field(None, description="tool calls are not supported yet")
+    tool_calls: Optional[list[ToolCall]] = Field(None, description="an assistant's earlier calls")
+    tool_call_id: Optional[str] = Field(None, description="role tool: the call this result answers (required)")
     function_call: None = None
 
 
 class ResponseFormatText(_Strict):
     type: Literal["text"]
+
+
+class ResponseFormatJsonObject(_Strict):
+    type: Literal["json_object"]
+
+
+class JsonSchemaSpec(_Strict):
+    name: Annotated[str, Field(min_length=1)]
+    schema_: dict[str, Any] = Field(alias="schema", description="a JSON schema llguidance can compile")
+    strict: Optional[bool] = None
+    description: Optional[str] = None
+
+
+class ResponseFormatJsonSchema(_Strict):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Union[ResponseFormatText, ResponseFormatJsonObject, ResponseFormatJsonSchema]
+
+
+class FunctionDefinition(_Strict):
+    name: Annotated[str, Field(min_length=1)] = Field(description="unique among the tools")
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = Field(None, description="a JSON schema of the arguments")
+    strict: Optional[bool] = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 def request_models(vocab: int) -> tuple[type[BaseModel], type[BaseModel]]:
@@ -76,6 +129,9 @@ def request_models(vocab: int) -> tuple[type[BaseModel], type[BaseModel]]:
         ignore_eos: Optional[bool] = None
         speculate: Optional[bool] = Field(None, description="Outrider: false decodes without drafts")
         max_draft_tokens: Optional[Annotated[int, Field(ge=0)]] = Field(None, description="Outrider")
+        grammar_drafting: Optional[bool] = Field(None, description="Outrider: false: the grammar only masks "
+                                                 "the target's distribution")
+        response_format: Optional[ResponseFormat] = None
         min_tokens: Optional[Literal[0]] = None
         include_stop_str_in_output: Optional[Literal[False]] = None
         skip_special_tokens: Optional[Literal[True]] = None
@@ -110,9 +166,10 @@ def request_models(vocab: int) -> tuple[type[BaseModel], type[BaseModel]]:
         store: Optional[Literal[False]] = None
         prompt_cache_key: Optional[str] = None
         safety_identifier: Optional[str] = None
-        response_format: Optional[ResponseFormatText] = None
-        tools: Optional[Annotated[list[Any], Field(max_length=0)]] = None
-        tool_choice: Optional[Literal["none"]] = None
+        tools: Optional[Annotated[list[Tool], Field(min_length=1)]] = Field(
+            None, description="with tools, tool_choice must be \"required\" or a named function (\"auto\", the "
+                              "default, is refused as vLLM refuses it without a tool-call parser)")
+        tool_choice: Optional[Union[Literal["none", "required"], NamedToolChoice]] = None
         parallel_tool_calls: Optional[bool] = None
         functions: None = None
         function_call: None = None
@@ -147,7 +204,7 @@ class Usage(_Strict):
     total_tokens: int
 
 
-Finish = Optional[Literal["stop", "length", "abort"]]
+Finish = Optional[Literal["stop", "length", "abort", "tool_calls"]]
 
 
 class CompletionLogprobs(_Strict):
@@ -190,7 +247,8 @@ class ChatLogprobs(_Strict):
 
 class AssistantMessage(_Strict):
     role: Literal["assistant"]
-    content: str
+    content: Optional[str] = Field(description="null when the reply is a tool call")
+    tool_calls: Optional[list[ToolCall]] = Field(None, description="one call (finish_reason tool_calls)")
 
 
 class ChatChoice(_Strict):
@@ -227,9 +285,14 @@ class CompletionChunk(_Strict):
     outrider: Optional[dict[str, Any]] = Field(None, description="with a choice's finish_reason")
 
 
+class ToolCallDelta(ToolCall):
+    index: int
+
+
 class Delta(_Strict):
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
+    tool_calls: Optional[list[ToolCallDelta]] = Field(None, description="a tool call, whole, when it is complete")
 
 
 class ChatChunkChoice(_Strict):
