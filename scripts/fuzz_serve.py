@@ -407,7 +407,8 @@ def run_schemathesis(server: Server, examples: int, seed: int, seconds: float, p
     except subprocess.TimeoutExpired as err:
         proc = subprocess.CompletedProcess(cmd, 1, (err.stdout or b"").decode(errors="replace"),
                                            f"schemathesis did not finish within {seconds:.0f} s")
-    data = json.loads(report.read_text()) if report.exists() else {}
+    text = report.read_text().strip() if report.exists() else ""
+    data = json.loads(text) if text else {}  # schemathesis stopped by a timeout leaves an empty report
     cases = data.get("test_cases", {})
     result = {"exit_code": proc.returncode, "generated": cases.get("generated", 0),
               "unique_failures": cases.get("unique_failures", 0), "errored": cases.get("errored", 0),

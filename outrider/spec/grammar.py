@@ -100,7 +100,8 @@ class GrammarCompiler:
     def _checked(self, text: str, what: str) -> "Grammar":
         error = self._matcher.validate_grammar(text, self.tokenizer)
         if error:
-            raise ConfigError(f"the {what} cannot be used: {error.splitlines()[0]}")
+            lines = [line.strip() for line in error.splitlines() if line.strip()]
+            raise ConfigError(f"the {what} cannot be used: {' '.join(lines)[:300]}")
         return Grammar(text, self)
 
 
