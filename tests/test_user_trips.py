@@ -65,7 +65,7 @@ def test_serve_help_shows_every_default(capsys, monkeypatch):
     for action in options:
         assert "default" in action.help.lower(), action.option_strings
     text = help_of(capsys, monkeypatch, "serve")
-    for shown in ("(default: 8000)", "(default: 127.0.0.1", "default: 16)", "(default: 256)", "(default: 2048)",
+    for shown in ("(default: 8000)", "(default: 127.0.0.1", "default: 16)", "(default: 256)", "(default: 2048,",
                   "(default: 512)", "default: chain", "default: cost"):
         assert shown in text, shown
 

@@ -33,7 +33,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.request import Request
 from .metrics import Metrics
-from .protocol import ApiError, Parsed, parse_chat, parse_completion
+from .errors import ApiError
+from .protocol import Parsed, parse_chat, parse_completion
 from .responses import (chat_logprobs, chunk, completion_logprobs, extensions, new_id, response,
                         usage)
 from .schema import (ChatCompletionResponse, CompletionResponse, Health, ModelList, add_request_schemas, errors,

@@ -21,26 +21,12 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..sampling import SamplingParams
+from .errors import ApiError, bad, show
 
 MAX_LOGPROBS = 20  # vLLM's --max-logprobs default; OpenAI's top_logprobs limit
 MAX_N = 128  # choices per request (n x prompts)
 INT64 = 2**63
 SEED_RANGE = 2**64  # SamplingParams seeds are in [0, 2**64): an int64 seed is taken modulo this
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 code: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
-def bad(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, param)
 
 
 @dataclass
@@ -303,7 +289,7 @@ class _Body:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             if isinstance(value, float) and value.is_integer() and low <= value <= high:
                 return int(value)  # 16.0 is 16, as Python's and pydantic's lax mode read it
-            raise bad(f"{name} must be an integer, got {_show(value)}", name)
+            raise bad(f"{name} must be an integer, got {show(value)}", name)
         if not low <= value <= high:
             raise bad(f"{name} must be in [{low}, {_bound(high)}], got {value}", name)
         return int(value)
@@ -314,7 +300,7 @@ class _Body:
             return default
         name = self.prefix + key
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise bad(f"{name} must be a number, got {_show(value)}", name)
+            raise bad(f"{name} must be a number, got {show(value)}", name)
         value = float(value)
         if not (math.isfinite(value) and (low < value if low_open else low <= value) and value <= high):
             interval = f"{'(' if low_open else '['}{_bound(low)}, {_bound(high)}{')' if high == math.inf else ']'}"
@@ -326,13 +312,13 @@ class _Body:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise bad(f"{self.prefix + key} must be true or false, got {_show(value)}", self.prefix + key)
+            raise bad(f"{self.prefix + key} must be true or false, got {show(value)}", self.prefix + key)
         return value
 
     def string(self, key: str) -> str | None:
         value = self.take(key)
         if value is not None and not isinstance(value, str):
-            raise bad(f"{key} must be a string, got {_show(value)}", key)
+            raise bad(f"{key} must be a string, got {show(value)}", key)
         return value
 
     def neutral(self, key: str, allowed: tuple, why: str) -> None:
@@ -363,11 +349,6 @@ def _same(value, allowed) -> bool:
     if isinstance(value, numbers.Real) and isinstance(allowed, numbers.Real):
         return value == allowed
     return type(value) is type(allowed) and value == allowed
-
-
-def _show(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _bound(x) -> str:
@@ -410,7 +391,7 @@ def _token_ids(ids, vocab: int, name: str, allow_empty: bool = False) -> list[in
         if isinstance(t, float) and t.is_integer():
             t = int(t)  # 55.0 is the integer 55 (JSON Schema's and pydantic's reading)
         if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-            raise bad(f"{name} must hold integer token ids, got {_show(t)}", name)
+            raise bad(f"{name} must hold integer token ids, got {show(t)}", name)
         if not 0 <= t < vocab:
             raise bad(f"{name} holds the token id {t}, outside the model's vocabulary [0, {vocab})", name)
         out.append(int(t))
@@ -427,13 +408,13 @@ def _logit_bias(bias, vocab: int) -> list[tuple[int, float]]:
     for key, value in bias.items():
         text = str(key)
         if not (text.isascii() and text.isdigit()):
-            raise bad(f"logit_bias keys must be token ids written as decimal strings, got {_show(key)}", "logit_bias")
+            raise bad(f"logit_bias keys must be token ids written as decimal strings, got {show(key)}", "logit_bias")
         token = int(text)
         if not 0 <= token < vocab:
             raise bad(f"logit_bias names the token id {token}, outside the model's vocabulary [0, {vocab})",
                       "logit_bias")
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not -100 <= value <= 100:
-            raise bad(f"logit_bias values must be numbers in [-100, 100], got {_show(value)} for {token}",
+            raise bad(f"logit_bias values must be numbers in [-100, 100], got {show(value)} for {token}",
                       "logit_bias")
         out.append((token, float(value)))
     return out
@@ -465,7 +446,7 @@ def _messages(messages) -> list[dict]:
             raise bad(f"messages[{i}]: function_call and role function are deprecated by OpenAI and not supported: "
                       "send tool_calls and role tool", "messages")
         if role not in ROLES:
-            raise bad(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {_show(role)}", "messages")
+            raise bad(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {show(role)}", "messages")
         calls = m.get("tool_calls")
         if calls is not None and role != "assistant":
             raise bad(f"messages[{i}]: only assistant messages hold tool_calls", "messages")

@@ -30,7 +30,7 @@ import threading
 import uuid
 from collections import OrderedDict
 
-from .protocol import ApiError, _show, bad
+from .errors import ApiError, bad, show
 from .responses import choice, chunk
 
 AUTO = ('"auto" tool choice (OpenAI\'s default when tools are given) requires --enable-auto-tool-choice and '
@@ -52,7 +52,7 @@ def response_format(value) -> dict | None:
     kind = value["type"]
     fields = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}.get(kind)
     if fields is None:
-        raise bad(f'response_format.type must be "text", "json_object" or "json_schema", got {_show(kind)}', p)
+        raise bad(f'response_format.type must be "text", "json_object" or "json_schema", got {show(kind)}', p)
     _known(value, fields, f"response_format of type {kind}", p)
     if kind == "text":
         return None
@@ -90,7 +90,7 @@ def tools_and_choice(tools, tool_choice) -> tuple[list[dict] | None, bool, str |
         return functions, True, None
     usage = '{"type": "function", "function": {"name": NAME}}'
     if not isinstance(tool_choice, dict):
-        raise bad(f'tool_choice must be "none", "required" or {usage}, got {_show(tool_choice)}', "tool_choice")
+        raise bad(f'tool_choice must be "none", "required" or {usage}, got {show(tool_choice)}', "tool_choice")
     _known(tool_choice, {"type", "function"}, "tool_choice", "tool_choice")
     function = tool_choice.get("function")
     if tool_choice.get("type") != "function" or not isinstance(function, dict) or set(function) != {"name"} \
@@ -98,7 +98,7 @@ def tools_and_choice(tools, tool_choice) -> tuple[list[dict] | None, bool, str |
         raise bad(f"a named tool_choice must be {usage}", "tool_choice")
     names = [f["name"] for f in functions]
     if function["name"] not in names:
-        raise bad(f"tool_choice names the function {_show(function['name'])}, which is not among the tools "
+        raise bad(f"tool_choice names the function {show(function['name'])}, which is not among the tools "
                   f"({', '.join(names)}): name one of them", "tool_choice")
     return functions, True, function["name"]
 
@@ -125,7 +125,7 @@ def _tools(tools) -> list[dict] | None:
         if not isinstance(name, str) or not name:
             raise bad(f"{where}.function.name must be a non-empty string", p)
         if name in seen:
-            raise bad(f"tools name the function {_show(name)} twice: give each function once", p)
+            raise bad(f"tools name the function {show(name)} twice: give each function once", p)
         seen.add(name)
         _optional(function, "description", str, "a string", p, f"{where}.function.")
         _optional(function, "parameters", dict, "a JSON schema object", p, f"{where}.function.")
@@ -170,7 +170,7 @@ def _known(value: dict, fields: set, where: str, param: str) -> None:
 def _optional(value: dict, key: str, kind: type, what: str, param: str, prefix: str) -> None:
     v = value.get(key)
     if v is not None and (not isinstance(v, kind) or (kind is not bool and isinstance(v, bool))):
-        raise bad(f"{prefix}{key} must be {what}, got {_show(v)}", param)
+        raise bad(f"{prefix}{key} must be {what}, got {show(v)}", param)
 
 
 # -- the prompt ------------------------------------------------------------------------------------

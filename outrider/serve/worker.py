@@ -31,7 +31,7 @@ from ..engine.loop import EngineLoop
 from ..engine.request import Request
 from ..errors import ConfigError
 from .metrics import Metrics
-from .protocol import ApiError
+from .errors import ApiError
 
 
 @dataclasses.dataclass
