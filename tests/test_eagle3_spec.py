@@ -135,6 +135,25 @@ def test_the_drafter_gets_the_targets_hidden_states(setup, engine):
         assert torch.allclose(got, want, atol=1e-4)
 
 
+def test_a_shared_prompt_is_prefilled_again_for_a_drafter_that_reads_hidden_states(setup):
+    """prefill_from copies K/V rows, not the prompt's hidden states: a drafter that declares
+    needs_hidden gets the request prefilled (and its taps) anyway."""
+    _, target, _ = setup
+    plain = outputs(run(target, None))[0]
+    recorder = Recorder({0: PROMPTS[0] + plain, 1: PROMPTS[0] + plain})
+    spec = Speculator(SpecOptions("recorder", "chain"), recorder, FixedController(3), parse_shape("chain"))
+    engine = EngineLoop(target, set(), spec, max_running=2, max_len=64)
+    first = engine.add(Request(list(PROMPTS[0]), 16))
+    engine.step()  # the first decodes: its prompt is in the cache
+    second = engine.add(Request(list(PROMPTS[0]), 16, prefill_from=first))
+    done = {}
+    while engine.has_work:
+        done.update({e.request_id: e.completion for e in engine.step() if e.completion is not None})
+    for rid in (first, second):
+        assert (done[rid].token_ids, done[rid].error) == (plain, None)
+        assert recorder.seen[rid][0].shape == (len(PROMPTS[0]) - 1, 2, 64)  # the prompt's taps at start
+
+
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0", pytest.param("q4_0-i8", marks=pytest.mark.skipif(
     not native.i8_available(), reason="int8-activation kernel: no AVX-512 VNNI here"))])
 @pytest.mark.parametrize("tree", ["chain", "dynamic:3,8"])

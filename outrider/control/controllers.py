@@ -17,11 +17,18 @@ controller is lossless.
 
 Another controller is a class with the `Controller` methods (`PerSequence` gives the batch hooks
 of one whose depth is each sequence's own business) and one `register_controller(NAME, factory)`
-call, after which `--controller NAME[:ARGUMENT]` builds it (docs/adding-a-method.md).
+call, after which `--controller NAME[:ARGUMENT]` builds it (docs/adding-a-method.md). The
+package's own registered controllers live in the modules of `REGISTERED_BUILT_IN`, imported before
+the first registration or look-up:
+
+    libraspec[:MAX]      LibraSpec (libraspec.py): drafts up to MAX deep, then verifies a drafted
+                         node only while its confidence pays for its share of the verify cost
+    threshold:T[,MAX]    the plain confidence threshold beside it: verifies nodes of confidence >= T
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -56,6 +63,12 @@ class Controller(Protocol):
 
     def finish(self, seq_id: int) -> None:
         """The sequence ended: forget its state (a server sees an unbounded stream of them)."""
+
+    # Optional (the speculator calls it where it exists):
+    # def trim(self, seq_ids: list[int], trees: list[DraftTree], batch_size: int) -> list[DraftTree]:
+    #     """The drafter's trees for these sequences -> the trees to verify, each a subtree of its own
+    #     (parents before children; draft_probs and confidence rows kept with their nodes). Called
+    #     after every proposal, before verification, for a round of `batch_size` sequences."""
 
 
 class PerSequence:
@@ -382,22 +395,38 @@ class CostController:
 
 
 BUILT_IN = ("fixed", "adaptive", "cost")  # parsed by parse_controller itself
-_REGISTERED: dict[str, tuple[str, Callable[[str], Controller]]] = {}  # name -> (usage, factory)
+REGISTERED_BUILT_IN = ("libraspec",)  # modules of this package that call register_controller
+_REGISTERED: dict[str, tuple[str, Callable[..., Controller], bool]] = {}  # name -> (usage, factory, profiles)
+_LOADED = [False]
 
 
-def register_controller(name: str, factory: Callable[[str], Controller], usage: str | None = None) -> None:
+def _load_built_in() -> None:
+    """Import the package's registering modules once, before any other registration (so their
+    names come first in messages and cannot be taken)."""
+    if not _LOADED[0]:
+        _LOADED[0] = True
+        for module in REGISTERED_BUILT_IN:
+            importlib.import_module(f"{__package__}.{module}")
+
+
+def register_controller(name: str, factory: Callable[..., Controller], usage: str | None = None,
+                        profiles: bool = False) -> None:
     """Make `--controller NAME[:ARGUMENT]` build `factory(ARGUMENT)` ("" when there is no colon).
 
     The factory parses its argument and raises ConfigError saying what to pass (parse_controller
     prefixes "--controller 'TEXT': "); `usage` spells the name for messages, e.g. "aimd[:MAX]"
-    (default: `name`). The module that defines the controller calls this when it is imported.
+    (default: `name`). With `profiles`, the factory is called as
+    `factory(ARGUMENT, profile_factory, batch_profile_factory)` (parse_controller's; either may be
+    None, and the profile one may return None when options are only being checked: call them when
+    first needed). The module that defines the controller calls this when it is imported.
     ValueError if another controller, built-in or registered, has the name."""
+    _load_built_in()
     if not name or ":" in name or name != name.strip():
         raise ValueError(f"a controller name is a non-empty word without ':', got {name!r}")
     old = _REGISTERED.get(name)
     if name in BUILT_IN or (old is not None and old[1] is not factory):
         raise ValueError(f"a controller called {name!r} is already registered; pick another name")
-    _REGISTERED[name] = (usage or name, factory)
+    _REGISTERED[name] = (usage or name, factory, profiles)
 
 
 def unregister_controller(name: str) -> None:
@@ -409,10 +438,12 @@ def parse_controller(text: str, profile_factory=None, batch_profile_factory=None
     """`fixed:N`, `adaptive[:MAX]`, `cost[:MAX]` or a registered `NAME[:ARGUMENT]`;
     `profile_factory()` gives the cost profile, `batch_profile_factory(max_batch)` the batch one
     (batch_cost.py) when a batch first needs it."""
+    _load_built_in()
     kind, _, arg = text.partition(":")
     if kind in _REGISTERED:
+        _, factory, profiles = _REGISTERED[kind]
         try:
-            return _REGISTERED[kind][1](arg)
+            return factory(arg, profile_factory, batch_profile_factory) if profiles else factory(arg)
         except ConfigError as err:
             raise ConfigError(f"--controller {text!r}: {err}") from None
     try:
@@ -427,5 +458,5 @@ def parse_controller(text: str, profile_factory=None, batch_profile_factory=None
         if profile_factory is None:
             raise ConfigError("--controller cost needs the target's verify-cost profile")
         return CostController(profile_factory(), max_depth=number or 12, batch_profile=batch_profile_factory)
-    usages = ["fixed:N (0-64)", "adaptive[:MAX]", "cost[:MAX]"] + [usage for usage, _ in _REGISTERED.values()]
+    usages = ["fixed:N (0-64)", "adaptive[:MAX]", "cost[:MAX]"] + [usage for usage, _, _ in _REGISTERED.values()]
     raise ConfigError(f"--controller {text!r}: use {', '.join(usages[:-1])} or {usages[-1]}")

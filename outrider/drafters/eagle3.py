@@ -32,7 +32,8 @@ the trees verified by the greedy or tree-walk verifier.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -147,8 +148,8 @@ class Eagle3Drafter:
         if st.rows == 0 or depth < 1 or budget.nodes < 1:  # a one-token prompt: no feature yet
             return done(DraftTree.root_only(tokens[-1]))
         if self.shape.is_chain:
-            return self._chain(st, tokens, min(depth, budget.nodes))
-        return self._tree(st, tokens[-1], depth, budget.nodes)
+            return self._chain(st, tokens, min(depth, budget.nodes), budget.min_confidence)
+        return self._tree(st, tokens[-1], depth, budget.nodes, budget.min_confidence)
 
     # -- the head's forward -------------------------------------------------------------------
     def _forward(self, slots: list[int], starts: list[int], feeds: list[Feed],
@@ -200,34 +201,44 @@ class Eagle3Drafter:
             st.last_hidden, st.last_logits = hidden[-1], logits[-1]
 
     # -- drafting, one sequence (a grower: yields the nodes to feed, grow.py) -------------------
-    def _chain(self, st: _State, tokens: list[int], k: int) -> Grower:
+    def _chain(self, st: _State, tokens: list[int], k: int, min_confidence: float = 0.0) -> Grower:
+        """Up to k drafts; after the first whose path confidence falls below `min_confidence`
+        no deeper one is drafted (that one is kept: dropping a sampled draft for its own
+        probability would bias the drafts the verifier sees as draws from q)."""
         sampling = not st.params.greedy
         rng = st.rng.at(len(tokens))  # offset d - 1: the token at depth d
         logits, hidden = st.last_logits, st.last_hidden
-        drafts, qs = [], []
+        drafts, qs, confidence = [], [], [1.0]
         for d in range(1, k + 1):
             if sampling:
                 q = warp_probs(self.head.target_logits(logits), st.params)  # over [V]
                 token = rng.categorical(q, offset=d - 1)
                 qs.append(q)
+                confidence.append(confidence[-1] * float(q[token]))
             else:
                 token = self.head.greedy_token(logits)
+                share = torch.exp(logits.float().max() - logits.float().logsumexp(-1))  # its softmax share
+                confidence.append(confidence[-1] * float(share))
             drafts.append(token)
-            if d < k:
+            if d < k and confidence[-1] >= min_confidence:
                 out_logits, out_hidden = yield Feed([token], list(range(-1, d)), d, hidden.unsqueeze(0))
                 logits, hidden = out_logits[0], out_hidden[0]
+            else:
+                break
         probs = None
         if sampling:
-            probs = torch.zeros(k + 1, self.vocab)
-            probs[:k] = torch.stack(qs).cpu()
-        return DraftTree.chain(tokens[-1], drafts, probs)
+            probs = torch.zeros(len(drafts) + 1, self.vocab)
+            probs[: len(drafts)] = torch.stack(qs).cpu()
+        return replace(DraftTree.chain(tokens[-1], drafts, probs), confidence=torch.tensor(confidence))
 
-    def _tree(self, st: _State, root: int, depth: int, max_nodes: int) -> Grower:
-        """Static (top-b of every node) or dynamic (EAGLE-2) trees, grown one depth per forward.
+    def _tree(self, st: _State, root: int, depth: int, max_nodes: int, min_confidence: float = 0.0) -> Grower:
+        """Static (top-b of every node) or dynamic (EAGLE-2) trees, grown one depth per forward;
+        a node whose path confidence is below `min_confidence` is not expanded.
 
         cand[i] = (target token, parent cand id, cumulative log q); cand 0 is the root. Expanded
         candidates are fed to the head as a tree of their own (`fed`, node 0 the root's row)."""
         dynamic = self.shape.kind == "dynamic"
+        floor = math.log(min_confidence) if min_confidence > 0 else -math.inf
         if dynamic:
             max_nodes = min(max_nodes, self.shape.max_nodes)
         cand: list[tuple[int, int, float]] = [(root, -1, 0.0)]
@@ -248,6 +259,7 @@ class Eagle3Drafter:
                     cand.append((token, cid, cand[cid][2] + lp))
                     children.append(len(cand) - 1)
             expand = heapq.nlargest(self.shape.top_k, children, key=lambda c: cand[c][2]) if dynamic else children
+            expand = [c for c in expand if cand[c][2] >= floor]
             if d == depth - 1 or not expand:
                 break
             first = len(fed_tokens)
@@ -268,7 +280,8 @@ class Eagle3Drafter:
             index[c] = len(tokens)
             tokens.append(cand[c][0])
             parents.append(index[cand[c][1]])
-        return DraftTree(torch.tensor(tokens), torch.tensor(parents))
+        confidence = torch.tensor([0.0] + [cand[c][2] for c in chosen]).exp()  # cumulative log q -> path probability
+        return DraftTree(torch.tensor(tokens), torch.tensor(parents), confidence=confidence)
 
 
 # -- registration ---------------------------------------------------------------------------------

@@ -134,7 +134,7 @@ class HybridDrafter:
             others = propose_batch(self.other, [seq_ids[i] for i in rest], [tokens[i] for i in rest],
                                    [self._other_budget(budgets[i]) for i in rest])
             for i, tree in zip(rest, others):
-                trees[i] = DraftTree(tree.tokens, tree.parents)  # drafts only: see the module's notes
+                trees[i] = DraftTree(tree.tokens, tree.parents, confidence=tree.confidence)  # no q: module notes
         return trees
 
     def update(self, seq_id: int, result: VerifyResult, hidden: torch.Tensor | None = None) -> None:

@@ -28,6 +28,7 @@ Drafting by shape (spec/shapes.py):
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -231,10 +232,10 @@ class ModelDrafter:
         if depth < 1 or budget.nodes < 1:
             return done(DraftTree.root_only(root))
         if self.shape.is_chain:
-            return self._chain(st, root, q_root, min(depth, budget.nodes))
+            return self._chain(st, root, q_root, min(depth, budget.nodes), budget.min_confidence)
         if self.shape.kind == "static":
-            return self._static(st, root, q_root, depth, budget.nodes)
-        return self._dynamic(st, root, q_root, depth, min(budget.nodes, self.shape.max_nodes))
+            return self._static(st, root, q_root, depth, budget.nodes, budget.min_confidence)
+        return self._dynamic(st, root, q_root, depth, min(budget.nodes, self.shape.max_nodes), budget.min_confidence)
 
     def _q(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         """The drafter's distribution over the target's vocabulary: [..., target_vocab] (zero
@@ -256,50 +257,71 @@ class ModelDrafter:
         """Column indices of `_columns` -> token ids (nested lists as `tolist` gives)."""
         return (columns if self.ids is None else self.ids[columns.cpu()]).tolist()
 
-    def _chain(self, st: _State, root: int, q_root: torch.Tensor, k: int) -> Grower:
+    def _chain(self, st: _State, root: int, q_root: torch.Tensor, k: int, min_confidence: float = 0.0) -> Grower:
+        """Up to k drafts; after the first whose path confidence falls below `min_confidence`
+        no deeper one is drafted (that one is kept: dropping a sampled draft for its own
+        probability would bias the drafts the verifier sees as draws from q)."""
         sampling = not st.params.greedy
-        drafts, qs = [], []
+        drafts, qs, confidence = [], [], [1.0]
         logits = q_root
         rng = st.rng.at(st.base + 1)  # offset d - 1: the token at depth d (position base + d)
         for d in range(1, k + 1):
             q = self._q(logits, st.params)
-            token = rng.categorical(q, offset=d - 1) if sampling else self._tokens(self._columns(logits).argmax())
+            if sampling:
+                token = rng.categorical(q, offset=d - 1)
+                confidence.append(confidence[-1] * float(q[token]))
+            else:
+                columns = self._columns(logits).float()
+                best = columns.argmax()
+                token = self._tokens(best)
+                confidence.append(confidence[-1] * float(torch.exp(columns[best] - columns.logsumexp(-1))))
             drafts.append(token)
             qs.append(q)
-            if d < k:
+            if d < k and confidence[-1] >= min_confidence:
                 logits = (yield Feed([token], list(range(-1, d)), d))[0]
                 st.fed.add(d)
+            else:
+                break
         probs = None
         if sampling:
-            probs = torch.zeros(k + 1, self.target_vocab)
-            probs[:k] = torch.stack(qs).cpu()
-        return DraftTree.chain(root, drafts, probs)
+            probs = torch.zeros(len(drafts) + 1, self.target_vocab)
+            probs[: len(drafts)] = torch.stack(qs).cpu()
+        return replace(DraftTree.chain(root, drafts, probs), confidence=torch.tensor(confidence))
 
-    def _static(self, st: _State, root: int, q_root: torch.Tensor, depth: int, max_nodes: int) -> Grower:
-        tokens, parents = [root], [-1]
+    def _static(self, st: _State, root: int, q_root: torch.Tensor, depth: int, max_nodes: int,
+                min_confidence: float = 0.0) -> Grower:
+        """Top-b children per node; a node whose path confidence is below `min_confidence` gets none."""
+        tokens, parents, confidence = [root], [-1], [1.0]
         frontier, frontier_logits = [0], q_root.unsqueeze(0)  # [f, vocab]
         for d in range(depth):
             width = self.shape.branching[d]
-            top = self._tokens(self._columns(frontier_logits).topk(width, dim=-1).indices)
+            columns = self._columns(frontier_logits).float()  # [f, columns]
+            top = columns.topk(width, dim=-1).indices  # [f, width]
+            shares = torch.exp(columns.gather(-1, top) - columns.logsumexp(-1, keepdim=True)).tolist()
             new = []
-            for node, children in zip(frontier, top):
-                for token in children:
+            for node, children, share in zip(frontier, self._tokens(top), shares):
+                for token, p in zip(children, share):
                     if len(tokens) - 1 >= max_nodes:
                         break
                     tokens.append(token)
                     parents.append(node)
+                    confidence.append(confidence[node] * p)
                     new.append(len(tokens) - 1)
-            if not new or d == depth - 1:
+            if not new or d == depth - 1 or max(confidence[i] for i in new) < min_confidence:
                 break
             first = new[0]
             frontier_logits = yield Feed(tokens[first:], list(parents), first)
             st.fed.update(new)
-            frontier = new
-        return DraftTree(torch.tensor(tokens), torch.tensor(parents))
+            frontier = [i for i in new if confidence[i] >= min_confidence]
+            frontier_logits = frontier_logits[[i - first for i in frontier]]
+        return DraftTree(torch.tensor(tokens), torch.tensor(parents), confidence=torch.tensor(confidence))
 
-    def _dynamic(self, st: _State, root: int, q_root: torch.Tensor, depth: int, max_nodes: int) -> Grower:
-        """EAGLE-2 style: expand the K best nodes per depth, then keep the N best of all."""
+    def _dynamic(self, st: _State, root: int, q_root: torch.Tensor, depth: int, max_nodes: int,
+                 min_confidence: float = 0.0) -> Grower:
+        """EAGLE-2 style: expand the K best nodes per depth, then keep the N best of all; nodes
+        whose path confidence is below `min_confidence` are not expanded."""
         k = self.shape.top_k
+        floor = math.log(min_confidence) if min_confidence > 0 else -math.inf
         # candidates: (score, node id in `cand`); cand[i] = (token, parent cand id, score)
         cand: list[tuple[int, int, float]] = [(root, -1, 0.0)]
         written = {0: 0}  # cand id -> tree node index in the drafter cache this round
@@ -313,8 +335,8 @@ class ModelDrafter:
                 for lp, token in zip(top.values[row].tolist(), self._tokens(top.indices[row])):
                     cand.append((token, cid, cand[cid][2] + lp))
                     scored.append(len(cand) - 1)
-            best = heapq.nlargest(k, scored, key=lambda c: cand[c][2])
-            if d == depth - 1:
+            best = [c for c in heapq.nlargest(k, scored, key=lambda c: cand[c][2]) if cand[c][2] >= floor]
+            if d == depth - 1 or not best:
                 break
             first = len(tokens)
             for cid in best:  # write the expanded nodes in the cache as tree nodes
@@ -348,4 +370,5 @@ def _tree_from_candidates(cand, chosen: list[int], written: dict[int, int], st: 
         parents.append(index[cand[c][1]])
     # node numbers changed: keep as 'fed' only nodes whose cache row number is unchanged
     st.fed = {0} | {index[c] for c in chosen if written.get(c) == index[c]}
-    return DraftTree(torch.tensor(tokens), torch.tensor(parents))
+    confidence = torch.tensor([0.0] + [cand[c][2] for c in chosen]).exp()  # cumulative log q -> path probability
+    return DraftTree(torch.tensor(tokens), torch.tensor(parents), confidence=confidence)

@@ -208,6 +208,7 @@ class SuffixDrafter:
         return DraftTree(
             torch.tensor([tokens[-1], *spec.tokens], dtype=torch.long),  # [n]
             torch.tensor([-1, *spec.parents], dtype=torch.long),  # [n]
+            confidence=torch.tensor([1.0, *spec.scores], dtype=torch.float64),  # [n] path probabilities
         ), spec.score
 
     def update(self, seq_id: int, result: VerifyResult, hidden: torch.Tensor | None = None) -> None:

@@ -8,7 +8,10 @@ the drafter declares (drafters/capabilities.py); nothing here knows a drafter by
 
     drafters    the registered ones: ngram | suffix | draft-model:NAME | early-exit:K | ...
     trees       chain | static:B1,B2,... | dynamic:K,N     (the shape of a model drafter's tree)
-    controllers fixed:N | adaptive[:MAX] | cost[:MAX]
+    controllers fixed:N | adaptive[:MAX] | cost[:MAX] | the registered ones (libraspec[:MAX], ...)
+
+A controller with a `trim` method gets every proposal before it is verified and returns the trees
+to verify, each a subtree of the drafter's (control/libraspec.py).
 """
 
 from __future__ import annotations
@@ -223,6 +226,9 @@ class Speculator:
             # sequence's verify cost), and its depth
             depth = max(b.depth for _, b in todo)
             self.controller.observe_draft_time((time.perf_counter() - start) / len(todo), depth)
+            trim = getattr(self.controller, "trim", None)  # a controller may keep fewer drafts to verify
+            if trim is not None:
+                drafted = trim([seqs[i].seq_id for i, _ in todo], drafted, batch_size or len(seqs))
             for (i, _), tree in zip(todo, drafted):
                 trees[i] = tree
         return trees, failed

@@ -13,6 +13,12 @@ Worked example (root `r`, two candidates for the first draft, one continuation o
 
 `draft_probs[i]` (optional) is the drafter's distribution over the token that follows node i:
 the children of node i were drawn from it. Exact sampling verifiers need it; greedy does not.
+
+`confidence[i]` (optional) is the drafter's own probability that node i's path is right: the
+product along the path of the probability it gave each token (its q for a model or head, the
+count share for suffix trees), so `confidence[0] == 1` and a child never exceeds its parent. In
+the example, with q(a) = 0.6, q(b) = 0.3 and q(c | a) = 0.5: confidence = [1, 0.6, 0.3, 0.3].
+Only speculation-length controllers read it (control/libraspec.py); verifiers never do.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ class DraftTree:
     tokens: torch.Tensor  # [n] long; tokens[0] is the root
     parents: torch.Tensor  # [n] long; parents[0] == -1, parents[i] < i
     draft_probs: torch.Tensor | None = None  # [n, vocab] float, row i: q(. | path to node i)
+    confidence: torch.Tensor | None = None  # [n] float, the drafter's probability of each node's path
 
     @property
     def size(self) -> int:
