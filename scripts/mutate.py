@@ -32,7 +32,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "build" / "mutate"
 
-# group -> (modules to mutate, the tests that exercise them); fast tests only (no packaged model)
+
+def stop_in_round(kinds=("eos", "length", "stop string", "context"), places=("first", "middle", "last draft", "bonus"),
+                  shapes=("chain", "static:2,2,1,1", "dynamic"), samplings=("greedy", "seeded")) -> list[str]:
+    """Cases of test_stop_in_round.py's main test (4 x 4 x 3 x 2 = 96 of them, ~0.2 s each): a
+    group that needs only some of them runs those."""
+    return [f"test_stop_in_round.py::test_stop_inside_a_round_equals_plain_decoding[{k}-{p}-{s}-{m}]"
+            for k in kinds for p in places for s in shapes for m in samplings]
+
+
+STOP_IN_ROUND_OTHERS = ["test_stop_in_round.py::test_streamed_text_and_stop_through_llm_generate",
+                        "test_stop_in_round.py::test_eos_at_the_length_limit_is_eos",
+                        "test_stop_in_round.py::test_ignore_eos_runs_on_through_a_round",
+                        "test_stop_in_round.py::test_without_a_tokenizer_there_is_no_text"]
+
+# group -> (modules to mutate, the tests that exercise them); fast tests only (no packaged model).
+# A mutant that survives runs every selected test that calls the mutated function, so the slow
+# and redundant ones are left out: each group must finish within 20 minutes on 2 busy cores.
 GROUPS = {
     "verifiers": (["spec/verify_greedy.py", "spec/verify_chain.py", "spec/verify_tree.py", "spec/verify_multidraft.py",
                    "spec/verifiers.py"],
@@ -43,13 +59,34 @@ GROUPS = {
                                           "test_processing.py::test_stop_token_ids_end_the_output_kept"]),
     "random": (["spec/random.py"], ["test_verify_random.py", "test_verify_chisquare.py", "test_seed_reproducible.py",
                                    "test_spec_sampling_exact.py"]),
-    "tree": (["spec/tree.py"], ["test_verify_tree.py", "test_verify_greedy.py", "test_verify_multidraft.py",
-                               "test_runtime_tree_cache.py", "test_stop_in_round.py"]),
+    "tree": (["spec/tree.py"], ["test_tree.py", "test_verify_tree.py", "test_verify_greedy.py",
+                               "test_verify_multidraft.py", "test_runtime_tree_cache.py",
+                               "test_spec_limits.py::test_tree_problem_names_each_defect",
+                               *stop_in_round(kinds=("eos",), places=("middle",))]),
     "round": (["engine/round.py", "models/kv_cache.py"],
-              ["test_runtime_tree_cache.py", "test_serve_kv_views.py", "test_stop_in_round.py",
-               "test_spec_greedy_equal.py"]),
-    "text": (["engine/text_stream.py"], ["test_text.py", "test_stop_in_round.py"]),
-    "loop": (["engine/loop.py"], ["test_serve_engine.py", "test_stop_in_round.py"]),
+              ["test_round.py", "test_runtime_tree_cache.py", "test_serve_kv_views.py",
+               "test_spec_greedy_equal.py::test_early_exit", "test_spec_greedy_equal.py::test_self_draft_accepts_everything",
+               "test_spec_greedy_equal.py::test_early_exit_over_the_target_cache[static:2,2,1]",
+               "test_spec_greedy_equal.py::test_independent_draft_model",
+               "test_spec_greedy_equal.py::test_controllers_keep_output", "test_serve_engine.py",
+               "test_processing.py::test_logprobs_are_the_targets_and_equal_under_speculation",
+               "test_processing.py::test_logprobs_match_a_plain_forward",
+               "test_processing.py::test_seeded_sampling_with_processing_is_the_plain_sample",
+               "test_seed_reproducible.py::test_sampled_chain_repeats_itself_whatever_the_batch",
+               "test_eagle3_spec.py::test_the_drafter_gets_the_targets_hidden_states", "test_engine_faults.py",
+               *stop_in_round(places=("middle",), shapes=("static:2,2,1,1",)), "test_stop_at_start.py"]),
+    "text": (["engine/text_stream.py"], ["test_text.py", *stop_in_round(kinds=("stop string",), shapes=("chain",)),
+                                        "test_stop_in_round.py::test_streamed_text_and_stop_through_llm_generate",
+                                        "test_stop_at_start.py"]),
+    "loop": (["engine/loop.py"], ["test_loop.py", "test_grammar_tiny.py", "test_serve_engine.py", "test_engine_faults.py",
+                                  "test_processing.py::test_logprobs_match_a_plain_forward",
+                                  "test_processing.py::test_prompt_logprobs_and_a_shared_prefill",
+                                  "test_processing.py::test_token_ids_outside_the_vocabulary_are_refused",
+                                  "test_eagle3_spec.py::test_the_drafter_gets_the_targets_hidden_states",
+                                  "test_eagle3_spec.py::"
+                                  "test_a_shared_prompt_is_prefilled_again_for_a_drafter_that_reads_hidden_states",
+                                  *stop_in_round(places=("middle",), shapes=("dynamic",)),
+                                  *STOP_IN_ROUND_OTHERS, "test_stop_at_start.py"]),
 }
 
 STATUS = re.compile(r"^\s*(outrider\.\S+): (\S.*)$")
@@ -78,6 +115,8 @@ def run_group(name: str, minutes: float, log) -> dict:
     start = time.monotonic()
     log(f"[{name}] mutating {', '.join(modules)} against {len(tests)} test files (at most {minutes:g} min)")
     env = dict(os.environ)
+    env["OUTRIDER_TEST_TINY_CACHE"] = str(work / "tiny-models")  # tests/tiny.py: built once, not per mutant
+    (work / "tiny-models").mkdir()
     try:
         subprocess.run([str(mutmut), "run", "--max-children", str(os.cpu_count() or 1)], cwd=work, env=env,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=minutes * 60)

@@ -7,7 +7,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny import FAMILIES, add_tokenizer, make_tiny  # noqa: E402
+from tiny import CACHE, FAMILIES, add_tokenizer, make_tiny  # noqa: E402
+
+if CACHE:  # under scripts/mutate.py: import what the fixtures use once, before mutmut forks a process per mutant
+    import transformers  # noqa: E402, F401
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast  # noqa: E402, F401
 
 
 def pytest_configure(config):

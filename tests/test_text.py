@@ -210,3 +210,42 @@ def test_smollm2_random_token_sequences_match_the_reference():
                    for _ in range(rng.randrange(1, 50))]
         stops = random_stops(rng, decode(ids), ["の", "é", "😀", "fibonacci(n - 1)", "\n    "])
         run_stream(decode, ids, stops, random_chunks(rng, len(ids)))
+
+
+# -- contracts a mutant broke without a test noticing (mutation testing, issue 29) -----------------
+
+def test_add_after_finish_is_refused_and_kept_tokens_is_none_until_known():
+    stream = TextStream(byte_decode, ["fib"])
+    assert stream.add([1, 8]) == "Hia" and stream.kept_tokens is None and not stream.stopped
+    assert stream.finish() == "" and stream.kept_tokens == 2 and stream.finish() == ""
+    with pytest.raises(RuntimeError) as err:
+        stream.add([1])
+    assert str(err.value) == "TextStream.add after finish()"
+
+
+@pytest.mark.parametrize("stops", [["X"], ["XHi"], ["XX", "X"], ["\nHi"]])
+def test_a_stop_string_never_matches_before_the_output(stops):
+    """Nothing precedes the output's first character, not even for a one-character stop string."""
+    for chunks in ([1] * 6, [6]):
+        stream, shown, at = TextStream(byte_decode, stops), "", 0
+        for size in chunks:
+            shown += stream.add([1, 8, 1, 13, 8, 1][at: at + size])
+            at += size
+        assert not stream.stopped and shown + stream.finish() == "HiaHi\naHi" == stream.text
+
+
+def test_reference_text_refuses_a_decoder_whose_text_shrinks():
+    with pytest.raises(AssertionError) as err:
+        reference_text(lambda ids: "abc"[: 3 - len(ids)], [5, 6])
+    assert str(err.value) == "stable text must only grow"
+
+
+@pytest.mark.parametrize("text, found", [
+    ("a\udc80", "byte 0x80 at character 1"), ("ab\udcff", "byte 0xff at character 2"),
+    ("\udc7f", "lone surrogate U+DC7F at character 0"), ("x\udd00", "lone surrogate U+DD00 at character 1"),
+    ("\ud800y", "lone surrogate U+D800 at character 0"), ("日\udbff", "lone surrogate U+DBFF at character 1"),
+])
+def test_check_text_names_each_bad_character_word_for_word(text, found):
+    with pytest.raises(ConfigError) as err:
+        check_text(text, "the stop string")
+    assert str(err.value) == f"the stop string is not valid UTF-8 text ({found}): pass UTF-8 text"

@@ -129,3 +129,85 @@ def test_no_two_consulted_draws_share_a_key():
             contexts = node_contexts([0, 1], tree.tokens.tolist(), tree.parents.tolist())
             logits = torch.stack([target.logits(c) for c in contexts])
             verify(tree, logits, params, Recording(seed, set()))
+
+
+# -- the exact keys and thresholds behind each draw (mutation testing, issue 29) -------------------
+import math  # noqa: E402
+
+import pytest  # noqa: E402
+
+from outrider.spec.random import ACCEPT, DRAFTING, MAX_SEED, TOKEN, _signed  # noqa: E402
+
+
+def test_signed_gives_the_int64_with_the_same_bits():
+    """The mixing constants go into int64 tensors as their bits (not rely on torch wrapping a
+    Python int past 2**63 - 1, which a torch version may refuse)."""
+    assert [_signed(c) for c in (0, 5, 2**63 - 1, 2**63, 2**64 - 1)] == [0, 5, 2**63 - 1, -2**63, -1]
+    assert _signed(0x9E3779B97F4A7C15) == 0x9E3779B97F4A7C15 - 2**64
+
+
+def test_seeds_are_the_integers_below_two_to_the_64():
+    for seed in (0, 1, MAX_SEED - 1):
+        assert PositionalRandom(seed).seed == seed
+    for bad in (-1, MAX_SEED, 1.0, "3", None):
+        with pytest.raises(ValueError) as err:
+            PositionalRandom(bad)
+        assert str(err.value) == f"seed must be an integer in [0, 2**64), got {bad!r}"
+
+
+def just_above(x: float) -> float:
+    return math.nextafter(x, 2.0)
+
+
+@pytest.mark.parametrize("view, stream_base, first", [
+    (lambda r: r, 0, 0), (lambda r: r.at(9), 0, 9), (lambda r: r.drafting(), DRAFTING, 0),
+    (lambda r: r.at(4).drafting(), DRAFTING, 4), (lambda r: r.drafting().at(4), DRAFTING, 4)])
+def test_each_draw_is_u_below_its_threshold_at_its_own_key(view, stream_base, first):
+    """uniform_below(prob, offset, index) is u < prob with u = uniform_reference(seed, first +
+    offset, stream_base + ACCEPT, index): False at prob == u (so prob 0 never accepts), True just
+    above. The defaults are offset 0 and index 0; the rows form the same, index 0."""
+    seed = 123
+    rng = view(PositionalRandom(seed))
+    u = lambda offset, stream, index=0: uniform_reference(seed, first + offset, stream_base + stream, index)  # noqa: E731
+    assert not rng.uniform_below(u(0, ACCEPT)) and rng.uniform_below(just_above(u(0, ACCEPT)))
+    for offset, index in ((0, 1), (3, 0), (5, 2)):
+        at = u(offset, ACCEPT, index)
+        assert not rng.uniform_below(at, offset=offset, index=index)
+        assert rng.uniform_below(just_above(at), offset=offset, index=index)
+    offsets = torch.tensor([0, 1, 2, 7])
+    exact = torch.tensor([u(o, ACCEPT) for o in offsets.tolist()], dtype=torch.float64)
+    assert not rng.uniform_below_rows(exact, offsets).any()
+    assert rng.uniform_below_rows(torch.tensor([just_above(x) for x in exact.tolist()], dtype=torch.float64),
+                                  offsets).all()
+
+
+def test_categorical_draws_with_the_whole_float64_uniform():
+    """A token boundary between u and u rounded to float32 separates them: categorical and
+    categorical_rows (plain sampling and the tree walk use one each) both take the float64 u."""
+    seed, found = 11, 0
+    for position in range(64):
+        u = uniform_reference(seed, position, TOKEN, 0)
+        u32 = float(torch.tensor(u, dtype=torch.float32))
+        if not 0.5 <= u < 1.0 or u32 == u:
+            continue
+        b = (u + u32) / 2  # strictly between; in [0.5, 1), so 1 - b is exact and the total is 1
+        probs = torch.tensor([b, 1.0 - b], dtype=torch.float64)
+        want = 0 if u < b else 1
+        assert PositionalRandom(seed).categorical(probs, offset=position) == want
+        assert PositionalRandom(seed).at(position).categorical(probs) == want
+        assert PositionalRandom(seed).categorical_rows(probs[None], torch.tensor([position])).tolist() == [want]
+        # the drafter's samples: the same positions on its own token stream (of [1/2, 1/2]: token 1 iff u >= 1/2)
+        ud = uniform_reference(seed, position, DRAFTING + TOKEN, 0)
+        assert PositionalRandom(seed).drafting().categorical(torch.tensor([0.5, 0.5]), offset=position) == int(ud >= 0.5)
+        found += 1
+    assert found >= 10
+
+
+def test_a_total_rounded_past_the_last_bucket_goes_to_the_last_positive_token():
+    """u * total can round up to total (the last cdf entry) on a device whose cumsum is not
+    sequential: the draw then goes to the last token with positive probability, never past it
+    to a zero-probability one. u = 1 stands for that case here."""
+    probs = torch.tensor([[0.2, 0.3, 0.5, 0.0, 0.0], [2.0, 0.0, 3.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.7],
+                          [0.0, 4.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    assert categorical_from_uniform(probs, torch.ones(4, dtype=torch.float64)).tolist() == [2, 2, 4, 1]
+    assert categorical_from_uniform(probs.float(), torch.ones(4, dtype=torch.float64)).tolist() == [2, 2, 4, 1]

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
+
+# A folder where each tiny model is built once and then copied from (scripts/mutate.py sets it: a
+# mutant's tests run in a fresh process, and building the models there cost seconds a mutant).
+CACHE = os.environ.get("OUTRIDER_TEST_TINY_CACHE")
+RNG = "torch-rng-state.safetensors"
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 
@@ -12,6 +20,11 @@ FAMILIES = ("llama", "qwen2", "qwen3")
 def make_tiny(family: str, folder: Path, vocab: int = 96, seed: int = 0, layers: int = 3, tied: bool = False,
               max_positions: int = 256) -> Path:
     """Save a tiny random `family` model to `folder`; returns the folder."""
+    key = f"{family}-v{vocab}-s{seed}-l{layers}-{'tied' if tied else 'untied'}-p{max_positions}"
+    if CACHE and (Path(CACHE) / key).is_dir():
+        shutil.copytree(Path(CACHE) / key, folder, dirs_exist_ok=True, ignore=shutil.ignore_patterns(RNG))
+        torch.set_rng_state(load_file(Path(CACHE) / key / RNG)["state"])  # as building it leaves torch's generator
+        return Path(folder)
     import transformers as tf
 
     common = dict(
@@ -39,6 +52,14 @@ def make_tiny(family: str, folder: Path, vocab: int = 96, seed: int = 0, layers:
             if name.endswith("bias"):
                 p.normal_(0, 0.5)
     model.save_pretrained(folder)
+    if CACHE:  # built whole under a name of its own, then renamed: a reader never sees half of it
+        part = Path(CACHE) / f"{key}.{os.getpid()}.part"
+        shutil.copytree(folder, part, dirs_exist_ok=True)
+        save_file({"state": torch.get_rng_state()}, part / RNG)
+        try:
+            part.rename(Path(CACHE) / key)
+        except OSError:  # another process got there first
+            shutil.rmtree(part, ignore_errors=True)
     return Path(folder)
 
 

@@ -1,0 +1,156 @@
+"""engine/round.py called directly: what one round commits, writes to the K/V cache and counts
+(mutation testing, issue 29: the counters and time shares the bench and the controllers read)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from enumerate_law import one_thread
+
+from outrider.engine.generate import generate_ids
+from outrider.engine.loop import EngineLoop
+from outrider.engine.request import Request
+from outrider.engine.round import run_round
+from outrider.models.batch import pack
+from outrider.spec.types import DraftTree
+from outrider.weights.loader import load_decoder
+
+PROMPTS = [[5, 9, 14, 5, 9], [20, 21, 22]]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    with one_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def target(tiny_folders):
+    return load_decoder(tiny_folders["llama"], "cpu")
+
+
+def started(target, prompts=PROMPTS):
+    """An engine whose requests have their prompts in the cache and are ready for a round, and
+    each prompt's greedy continuation."""
+    refs = [generate_ids(target, [Request(p, 12)], set())[0].token_ids for p in prompts]
+    engine = EngineLoop(target, set(), max_running=len(prompts), max_len=64)
+    for p in prompts:
+        engine.add(Request(p, 12))
+    engine.scheduler.admit()
+    for seq in engine.scheduler.running:
+        engine.cache.set_length(seq.slot, 0)
+    engine._prefill()
+    seqs = list(engine.scheduler.running)
+    assert all(s.decoding for s in seqs)
+    return engine, seqs, refs
+
+
+def test_a_round_shares_its_time_among_its_sequences(target):
+    """draft_s (the proposal's time, passed in) and the round's own time are split evenly."""
+    engine, seqs, _ = started(target)
+    for s in seqs:
+        s.stats.draft_s, s.stats.verify_s = 1.0, 2.0
+    trees = [DraftTree.root_only(s.tokens[-1]) for s in seqs]
+    begin = time.perf_counter()
+    run_round(target, engine.cache, seqs, trees, draft_s=0.5)
+    wall = time.perf_counter() - begin
+    spent = [s.stats.verify_s - 2.0 for s in seqs]
+    assert [s.stats.draft_s for s in seqs] == [1.25, 1.25]
+    assert spent[0] == spent[1] and 0.0 < sum(spent) <= wall
+    run_round(target, engine.cache, seqs[:1], trees[:1])  # no proposal time given: none counted
+    assert seqs[0].stats.draft_s == 1.25
+    one = time.perf_counter()
+    run_round(target, engine.cache, seqs[1:], [DraftTree.root_only(seqs[1].tokens[-1])], draft_s=0.5)
+    assert seqs[1].stats.draft_s == 1.75 and 0.0 < seqs[1].stats.verify_s - 2.0 - spent[1] <= time.perf_counter() - one
+
+
+def test_a_round_commits_counts_and_keeps_the_cache_in_step(target):
+    """Sequence 0 drafts a static tree whose accepted path is not contiguous, sequence 1 a chain
+    rejected at once: the tokens, the cache lengths and every counter of RoundStats."""
+    engine, seqs, refs = started(target)
+    a, b = seqs
+    lens = [engine.cache.lengths[s.slot] for s in seqs]
+    assert lens == [len(p) - 1 for p in PROMPTS]
+    wrong = (refs[1][0] + 1) % 96
+    tree_a = DraftTree(torch.tensor([a.tokens[-1], (refs[0][0] + 1) % 96, refs[0][0], refs[0][1], refs[0][2]]),
+                       torch.tensor([-1, 0, 0, 2, 3]))  # node 1 a wrong sibling: the path is 0, 2, 3, 4
+    tree_b = DraftTree.chain(b.tokens[-1], [wrong, 7])
+    outcome = run_round(target, engine.cache, seqs, [tree_a, tree_b])
+    assert outcome.failed == {} and [r.accepted_nodes for r in outcome.results] == [[2, 3, 4], []]
+    assert a.output == refs[0][:4] and b.output == refs[1][:1]
+    assert [engine.cache.lengths[s.slot] for s in seqs] == [lens[0] + 4, lens[1] + 1]
+    for s, want in ((a, dict(rounds=1, committed=4, drafted=4, accepted_by_position=[1, 1, 1],
+                             proposed_by_position=[1, 1, 1], accepted_length_hist=[0, 0, 0, 1],
+                             committed_by_round=[4])),
+                    (b, dict(rounds=1, committed=1, drafted=2, accepted_by_position=[0, 0],
+                             proposed_by_position=[1, 1], accepted_length_hist=[1], committed_by_round=[1]))):
+        assert {k: getattr(s.stats, k) for k in want} == want
+    # a second round: root-only for a (nothing drafted), a one-draft chain accepted for b
+    outcome = run_round(target, engine.cache, seqs, [DraftTree.root_only(a.tokens[-1]),
+                                                     DraftTree.chain(b.tokens[-1], [refs[1][1]])])
+    assert a.output == refs[0][:5] and b.output == refs[1][:3]
+    assert (a.stats.rounds, a.stats.committed, a.stats.drafted, a.stats.committed_by_round) == (2, 5, 4, [4, 1])
+    assert (a.stats.accepted_length_hist, a.stats.proposed_by_position) == ([1, 0, 0, 1], [1, 1, 1])
+    assert (b.stats.accepted_by_position, b.stats.proposed_by_position, b.stats.accepted_length_hist) == \
+        ([1, 0], [2, 1], [1, 1])
+    # a third: a one-draft chain accepted for a, root-only for b (counts that grow past 1)
+    run_round(target, engine.cache, seqs, [DraftTree.chain(a.tokens[-1], [refs[0][5]]),
+                                           DraftTree.root_only(b.tokens[-1])])
+    assert a.output == refs[0][:7] and b.output == refs[1][:4]
+    assert (a.stats.accepted_by_position, a.stats.proposed_by_position, a.stats.accepted_length_hist) == \
+        ([2, 1, 1], [2, 1, 1], [1, 1, 0, 1])
+    assert (b.stats.rounds, b.stats.accepted_length_hist, b.stats.committed_by_round) == (3, [2, 1], [1, 2, 1])
+    # what the cache holds is what a fresh prefill of the committed tokens writes (the compacted rows)
+    for s in seqs:
+        n = engine.cache.lengths[s.slot]
+        fresh = target.new_cache(1, 64)
+        target.forward(pack([0], [0], [torch.tensor(s.tokens[:n])], logits="none", scratch_row=fresh.scratch_row),
+                       fresh)
+        for mine, theirs in zip((*engine.cache.k, *engine.cache.v), (*fresh.k, *fresh.v)):
+            torch.testing.assert_close(mine[s.slot, :, :n], theirs[0, :, :n], atol=1e-5, rtol=1e-5)
+
+
+def test_the_round_applies_the_processing_and_the_grammar_to_the_target_logits(target):
+    """A logit bias (spec/processing.py) and a grammar's allowed tokens (spec/grammar.py; a stand-in
+    state here) decide what a round commits; the grammar follows the committed tokens, and its
+    error fails that sequence alone."""
+    from outrider.sampling import SamplingParams
+    from outrider.spec.grammar import GrammarError
+
+    refs = [generate_ids(target, [Request(p, 4)], set())[0].token_ids for p in PROMPTS]
+    engine = EngineLoop(target, set(), max_running=2, max_len=64)
+    biased = (refs[0][0] + 3) % 96
+    engine.add(Request(PROMPTS[0], 4, SamplingParams(logit_bias={biased: 100.0})))
+    engine.add(Request(PROMPTS[1], 4))
+    engine.scheduler.admit()
+    for seq in engine.scheduler.running:
+        engine.cache.set_length(seq.slot, 0)
+    engine._prefill()
+    a, b = engine.scheduler.running
+    assert a.processor is not None and b.processor is None
+
+    class Grammar:  # allows one token at each node, and remembers what was committed
+        def __init__(self, fail=False):
+            self.committed, self.fail = [], fail
+
+        def commit(self, tokens):
+            self.committed.append(list(tokens))
+            if self.fail:
+                raise GrammarError("the grammar refused a committed token: for the test")
+
+    forced = (refs[1][0] + 5) % 96
+    b.grammar, b.allowed = Grammar(), torch.zeros(2, 96, dtype=torch.bool)
+    b.allowed[0, forced] = True  # the root's row: only `forced`; node 1 (a wrong draft) allows all
+    b.allowed[1] = True
+    trees = [DraftTree.root_only(a.tokens[-1]), DraftTree.chain(b.tokens[-1], [(forced + 1) % 96])]
+    outcome = run_round(target, engine.cache, [a, b], trees)
+    assert outcome.failed == {} and a.output == [biased] and b.output == [forced]
+    assert b.grammar.committed == [[forced]] and b.allowed is None  # the masks were this round's only
+    b.grammar.fail = True
+    outcome = run_round(target, engine.cache, [a, b], [DraftTree.root_only(a.tokens[-1]),
+                                                     DraftTree.root_only(b.tokens[-1])])
+    assert outcome.failed == {1: "the grammar refused a committed token: for the test"}
+    assert a.output == [biased, biased] and outcome.results[0] is not None
