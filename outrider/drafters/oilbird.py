@@ -1,0 +1,434 @@
+"""`--drafter oilbird[:K[,SIM[,MB]]]`: suffix decoding with a second, semantic key over the same pool.
+
+Lexical pool drafters (suffix trees, n-grams) find a continuation only where the last tokens
+match the pool exactly. Right after a token the pool has never seen in that place (a freshly
+minted id, a new number in a repeated tool call) the longest match is a token or two, and the
+suffix drafter drafts little or nothing, although the rest of the call is in the pool.
+
+Oilbird (issue 26, item 1) keys the same pool a second time, by the target's hidden state at each
+pool position, which the verify forward computes anyway (the drafter declares the target's last
+layer in `needs_hidden`: no extra pass). A key is the last layer's output at a position, scaled as
+the target's final norm scales it, cut to `DIMS` dimensions by a fixed random projection, made a
+unit vector and stored in float16, with the token that followed it:
+
+    position p:  key(p) = unit(P @ (rmsnorm(h_p) * w_norm))      next(p) = token p + 1
+
+Each round, the query is the key of the last position with a hidden state: the one that predicted
+the root (the root's own state comes with this round's verify). The K stored keys nearest to it in
+cosine, among those at least SIM alike whose next token *is* the root (a neighbour that predicted
+what the target just committed), give their continuations, the tokens after their next token,
+up to the round's depth. The continuations make a small trie in which a node's score is the share
+of the neighbours passing through it; the suffix drafter's speculation (suffix.py, its scores
+the count shares along each path) and that trie are merged into one tree of at most the round's
+node budget, best score first (a node both propose keeps the higher score; scores never grow along
+a path, so a parent is always taken before its children). The scores become the tree's confidence.
+
+The pool is the suffix drafter's: per request, the prompt and output so far (the prompt's keys
+come from the prefill forward); across requests, the outputs of finished ones (as suffix.py's
+global tree). Its keys hold at most MB megabytes in all (2 * DIMS + 4 bytes a position): the
+oldest finished output is evicted first, then a running request's oldest positions.
+`memory_bytes()` and `stats()` report it, with the rounds where the suffix speculation missed
+(its tree held no node for the token the target committed at the first position it did not
+accept, within the round's depth) and, of those, the ones where the semantic lookup had proposed
+that token on the committed path: the share of suffix misses that were in the pool.
+
+The drafts are chosen from the pool and the target's own states and verified like any suffix
+tree (greedy: the greedy tree verifier; sampling: the tree walk), so the output is the target's
+whatever is drafted.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..errors import ConfigError
+from ..sampling import SamplingParams
+from ..spec.types import DraftTree, VerifyResult
+from .base import Budget
+from .capabilities import Capabilities
+from .registry import DrafterEntry, register
+from .suffix import Speculation, SuffixDrafter
+
+DIMS = 64  # key dimensions after the random projection
+K, SIM, MB = 4, 0.7, 16.0  # defaults: neighbours, cosine floor, pool bound in megabytes
+PROJECTION_SEED = 0x0171B12D
+
+
+@dataclass(frozen=True)
+class OilbirdArgument:
+    k: int = K
+    sim: float = SIM
+    mb: float = MB
+
+    def __str__(self) -> str:
+        return f"{self.k},{self.sim:g},{self.mb:g}"
+
+
+def parse_argument(text: str) -> OilbirdArgument:
+    """`K[,SIM[,MB]]`: neighbours (1 to 64), cosine floor (0 < SIM <= 1), pool bound in MB (> 0)."""
+    if not text:
+        return OilbirdArgument()
+    parts = text.split(",")
+    usage = "oilbird:K[,SIM[,MB]] takes K neighbours (1 to 64), a cosine floor SIM in (0, 1] and a pool bound MB > 0"
+    if len(parts) > 3:
+        raise ConfigError(usage)
+    try:
+        k = int(parts[0])
+        sim = float(parts[1]) if len(parts) > 1 else SIM
+        mb = float(parts[2]) if len(parts) > 2 else MB
+    except ValueError:
+        raise ConfigError(usage) from None
+    if not (1 <= k <= 64 and 0.0 < sim <= 1.0 and mb > 0 and mb == mb and mb != float("inf")):
+        raise ConfigError(usage)
+    return OilbirdArgument(k, sim, mb)
+
+
+class KeyRows:
+    """Keys of consecutive pool positions: row r holds the key of a position and the token that
+    followed it (`nexts[r]`), so the continuation after that token is nexts[r + 1:]."""
+
+    def __init__(self, dims: int):
+        self.keys = torch.empty(0, dims, dtype=torch.float16)  # [n, D] unit vectors
+        self.nexts = torch.empty(0, dtype=torch.int32)  # [n]
+
+    @property
+    def rows(self) -> int:
+        return self.nexts.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nelement() * self.keys.element_size() + self.nexts.nelement() * self.nexts.element_size()
+
+    def append(self, keys: torch.Tensor, nexts: list[int]) -> None:
+        self.keys = torch.cat((self.keys, keys))
+        self.nexts = torch.cat((self.nexts, torch.tensor(nexts, dtype=torch.int32)))
+
+    def drop_front(self, n: int) -> None:
+        self.keys, self.nexts = self.keys[n:].clone(), self.nexts[n:].clone()  # clone: free the old rows
+
+
+@dataclass
+class Own:
+    """One request's keys: row r is position first + r; rows == len(tokens) - 1 - first in step."""
+
+    rows: KeyRows
+    first: int = 0
+    prompt_len: int = 0
+    suffix_paths: set = field(default_factory=set)  # this round's proposals, for stats
+    semantic_paths: set = field(default_factory=set)
+    depth: int = 0
+
+
+@dataclass
+class Stats:
+    rounds: int = 0
+    lookups: int = 0  # rounds whose lookup found at least one neighbour
+    suffix_misses: int = 0  # rounds where the suffix tree lacked the target's token (within the depth)
+    semantic_present: int = 0  # ... and the semantic lookup had proposed it
+    semantic_drafted: int = 0  # draft nodes that came from the semantic trie alone
+    semantic_accepted: int = 0  # accepted tokens beyond what the suffix tree alone held
+
+
+class OilbirdDrafter(SuffixDrafter):
+    """The suffix drafter, its speculation merged with the continuations of the nearest hidden states."""
+
+    name = "oilbird"
+    trees = SuffixDrafter.capabilities.trees
+
+    def __init__(self, layer: int, k: int = K, sim: float = SIM, mb: float = MB, hidden_size: int | None = None,
+                 norm_weight: torch.Tensor | None = None, eps: float = 1e-5, dims: int = DIMS, **suffix):
+        """layer: the target layer whose output keys a position (declared in needs_hidden);
+        norm_weight, eps: the target's final norm, applied before the projection (None: none);
+        hidden_size: the target's (None: taken from the first states seen, projected when above dims)."""
+        super().__init__(**suffix)
+        if not 1 <= k <= 64 or not 0.0 < sim <= 1.0 or not mb > 0:
+            raise ConfigError(f"oilbird takes 1 <= k <= 64, 0 < sim <= 1 and mb > 0, got {k}, {sim}, {mb}")
+        self.capabilities = Capabilities(trees=self.trees, needs_hidden=(layer,))
+        self.layer, self.k, self.sim = layer, k, sim
+        self.max_bytes = int(mb * 2**20)
+        self.dims = dims
+        self.norm_weight = None if norm_weight is None else norm_weight.detach().float().cpu()
+        self.eps = eps
+        self._projection: torch.Tensor | None = None  # [E, D] or None for E <= D
+        if hidden_size is not None:
+            self._projection_for(hidden_size)
+        self.global_rows = KeyRows(dims)
+        self.global_ends: list[int] = []  # cumulative row ends of the finished outputs, oldest first
+        self.global_lengths: deque[int] = deque()
+        self.global_valid = torch.empty(0, dtype=torch.bool)  # rows with a continuation in their output
+        self.counts = Stats()
+        self._own: dict[int, Own] = {}
+
+    # -- keys -------------------------------------------------------------------------------------
+    def _projection_for(self, size: int) -> torch.Tensor | None:
+        if self._projection is None and size > self.dims:
+            generator = torch.Generator().manual_seed(PROJECTION_SEED)
+            self._projection = torch.randn(size, self.dims, generator=generator) / self.dims**0.5
+        return self._projection
+
+    def keys(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, E] (or [n, 1, E]) target states -> [n, D] float16 unit keys."""
+        h = hidden.reshape(hidden.shape[0], -1).float().cpu()
+        if self.norm_weight is not None:
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_weight
+        projection = self._projection_for(h.shape[1])
+        if projection is not None:
+            h = h @ projection
+        elif h.shape[1] < self.dims:
+            h = torch.nn.functional.pad(h, (0, self.dims - h.shape[1]))
+        return torch.nn.functional.normalize(h, dim=-1).to(torch.float16)
+
+    def _zeros(self, n: int) -> torch.Tensor:
+        return torch.zeros(n, self.dims, dtype=torch.float16)  # never within a positive floor
+
+    # -- protocol -----------------------------------------------------------------------------
+    def start(self, seq_id: int, prompt: list[int], params: SamplingParams | None = None,
+              hidden: torch.Tensor | None = None) -> None:
+        """hidden: [len(prompt) - 1, 1, E] the prompt's states at the declared layer (None: no keys
+        for the prompt, as for a one-token prompt or a state rebuilt from tokens alone)."""
+        super().start(seq_id, prompt, params)
+        own = Own(KeyRows(self.dims), prompt_len=len(prompt))
+        n = len(prompt) - 1
+        if n > 0:
+            keys = self.keys(hidden) if hidden is not None and hidden.shape[0] == n else self._zeros(n)
+            own.rows.append(keys, prompt[1:])
+        self._own[seq_id] = own
+        self._bound(own)
+
+    def update(self, seq_id: int, result: VerifyResult, hidden: torch.Tensor | None = None) -> None:
+        """hidden: [1 + num_accepted, 1, E] the states of the root and the accepted drafts."""
+        state = self._states.get(seq_id)
+        own = self._own.get(seq_id)
+        if state is None or own is None:
+            return
+        self._count(own, result)
+        before = len(state.tokens)
+        super().update(seq_id, result)
+        tokens = state.tokens
+        self._sync(own, tokens[:before])  # positions behind (a round not followed) get blank keys
+        new = tokens[before:]
+        if not new:
+            return
+        keys = self._zeros(len(new))
+        if hidden is not None:
+            got = self.keys(hidden[: len(new)])
+            keys[: got.shape[0]] = got
+        own.rows.append(keys, new)
+        self._bound(own)
+
+    def finish(self, seq_id: int, tokens: list[int]) -> None:
+        """The output's keys join the global pool (from the last prompt position on), oldest evicted."""
+        own = self._own.pop(seq_id, None)
+        prompt_len = own.prompt_len if own is not None else 0
+        super().finish(seq_id, tokens)
+        if own is None or self.global_max_sequences == 0 or self.global_max_tokens == 0:
+            return
+        start = max(prompt_len - 1 - own.first, 0)
+        end = len(tokens) - 1 - own.first  # a round cut by a stop committed fewer tokens than it followed
+        keys, nexts = own.rows.keys[start:end], own.rows.nexts[start:end]
+        if nexts.tolist() != tokens[own.first + start + 1: own.first + end + 1]:
+            return  # not the tokens this request followed
+        n = nexts.shape[0]
+        if n < 2:
+            return
+        rows = self.global_rows
+        rows.keys, rows.nexts = torch.cat((rows.keys, keys)), torch.cat((rows.nexts, nexts))
+        valid = torch.ones(n, dtype=torch.bool)
+        valid[-1] = False  # its next token ends the output: nothing after it
+        self.global_valid = torch.cat((self.global_valid, valid))
+        self.global_lengths.append(n)
+        self._ends()
+        self._bound(None)
+
+    def scored_proposal(self, seq_id: int, tokens: list[int], budget: Budget) -> tuple[DraftTree, float]:
+        state = self._synced_state(seq_id, tokens)
+        own = self._own.get(seq_id)
+        if own is None or own.first + own.rows.rows > len(tokens) - 1:  # rebuilt by the suffix drafter
+            own = self._own[seq_id] = Own(KeyRows(self.dims), prompt_len=state.prompt_len)
+            own.first = len(tokens) - 1
+        self._sync(own, tokens)
+        suffix = self.speculation(state, budget)
+        min_prob = max(self.min_prob, getattr(budget, "min_confidence", 0.0))
+        semantic = self.lookup(own, tokens[-1], budget.depth)
+        spec, from_semantic = merge(suffix, semantic, budget.nodes, min_prob)
+        self.counts.semantic_drafted += from_semantic
+        own.suffix_paths = paths(suffix.tokens, suffix.parents)
+        own.semantic_paths = {path for path, _ in semantic}
+        own.depth = budget.depth
+        if not spec.tokens:
+            return DraftTree.root_only(tokens[-1]), 0.0
+        return DraftTree(
+            torch.tensor([tokens[-1], *spec.tokens], dtype=torch.long),  # [n]
+            torch.tensor([-1, *spec.parents], dtype=torch.long),  # [n]
+            confidence=torch.tensor([1.0, *spec.scores], dtype=torch.float64),  # [n]
+        ), spec.score
+
+    # -- the semantic lookup ----------------------------------------------------------------------
+    def lookup(self, own: Own, root: int, depth: int) -> list[tuple[tuple[int, ...], float]]:
+        """Prefix paths of the continuations of the nearest keys, each with its share of them:
+        [(tokens below the root, share), ...]; [] when nothing is near enough."""
+        rows = own.rows
+        if rows.rows < 1 or depth < 1:
+            return []
+        query = rows.keys[-1]  # the state that predicted the root
+        if not bool(query.any()):
+            return []
+        found: list[tuple[float, torch.Tensor, int, int]] = []  # (sim, nexts, row, end)
+        if rows.rows > 1:
+            found += self._nearest(rows.keys[:-1], rows.nexts[:-1], None, query, root, rows.nexts, rows.rows)
+        if self.global_rows.rows:
+            found += self._nearest(self.global_rows.keys, self.global_rows.nexts, self.global_valid, query, root,
+                                   self.global_rows.nexts, None)
+        found.sort(key=lambda f: -f[0])
+        found = found[: self.k]
+        if not found:
+            return []
+        self.counts.lookups += 1
+        counts: dict[tuple[int, ...], int] = {}
+        for _, nexts, row, end in found:
+            cont = nexts[row + 1: min(row + 1 + depth, end)].tolist()
+            for d in range(1, len(cont) + 1):
+                counts[tuple(cont[:d])] = counts.get(tuple(cont[:d]), 0) + 1
+        return [(path, c / len(found)) for path, c in counts.items()]
+
+    def _nearest(self, keys, nexts, valid, query, root, all_nexts, end):
+        sims = keys @ query  # [n] float16 cosines
+        ok = (nexts == root) & (sims >= self.sim)
+        if valid is not None:
+            ok &= valid
+        idx = ok.nonzero().flatten()
+        if idx.numel() == 0:
+            return []
+        if idx.numel() > self.k:
+            idx = idx[sims[idx].float().topk(self.k).indices]
+        out = []
+        for row in idx.tolist():
+            stop = end if end is not None else self._segment_end(row)
+            out.append((float(sims[row]), all_nexts, row, stop))
+        return out
+
+    def _segment_end(self, row: int) -> int:
+        return self.global_ends[bisect.bisect_right(self.global_ends, row)]
+
+    def _ends(self) -> None:
+        ends, total = [], 0
+        for n in self.global_lengths:
+            total += n
+            ends.append(total)
+        self.global_ends = ends
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+    def _sync(self, own: Own, tokens: list[int]) -> None:
+        """Blank keys for positions the drafter was not given states for (keys lag the tokens)."""
+        missing = len(tokens) - 1 - (own.first + own.rows.rows)
+        if missing > 0:
+            start = own.first + own.rows.rows + 1
+            own.rows.append(self._zeros(missing), tokens[start: start + missing])
+
+    def _bound(self, own: Own | None) -> None:
+        """Keep every key held within max_bytes: the oldest finished output first, then `own`'s
+        oldest positions."""
+        while self.memory_bytes() > self.max_bytes and self.global_lengths:
+            n = self.global_lengths.popleft()
+            self.global_rows.drop_front(n)
+            self.global_valid = self.global_valid[n:].clone()
+            self._ends()
+        over = self.memory_bytes() - self.max_bytes
+        if over > 0 and own is not None and own.rows.rows:
+            per_row = own.rows.nbytes // own.rows.rows
+            drop = min(own.rows.rows, -(-over // per_row))
+            own.rows.drop_front(drop)
+            own.first += drop
+
+    def memory_bytes(self) -> int:
+        """Bytes of keys and next tokens held: the finished outputs' and every running request's."""
+        return (self.global_rows.nbytes + self.global_valid.nelement()
+                + sum(own.rows.nbytes for own in self._own.values()))
+
+    def _count(self, own: Own, result: VerifyResult) -> None:
+        """Was the target's token at the suffix tree's first miss among the semantic proposals?"""
+        self.counts.rounds += 1
+        committed = tuple(result.tokens)
+        m = 0
+        while m < len(committed) and committed[: m + 1] in own.suffix_paths:
+            m += 1
+        self.counts.semantic_accepted += max(0, result.num_accepted - m)
+        if m < len(committed) and m < own.depth:
+            self.counts.suffix_misses += 1
+            self.counts.semantic_present += committed[: m + 1] in own.semantic_paths
+        own.suffix_paths, own.semantic_paths = set(), set()
+
+    def stats(self) -> dict:
+        c = self.counts
+        return {
+            "rounds": c.rounds, "lookups": c.lookups, "suffix_misses": c.suffix_misses,
+            "semantic_present": c.semantic_present,
+            "missed_present_share": c.semantic_present / c.suffix_misses if c.suffix_misses else 0.0,
+            "semantic_drafted": c.semantic_drafted, "semantic_accepted": c.semantic_accepted,
+            "pool_rows": self.global_rows.rows + sum(o.rows.rows for o in self._own.values()),
+            "pool_bytes": self.memory_bytes(), "pool_bound_bytes": self.max_bytes,
+        }
+
+
+def paths(tokens: list[int], parents: list[int]) -> set[tuple[int, ...]]:
+    """Every node's path below the root (node i + 1 is tokens[i], child of tree node parents[i])."""
+    out: list[tuple[int, ...]] = [()]
+    for token, parent in zip(tokens, parents):
+        out.append(out[parent] + (token,))
+    return set(out[1:])
+
+
+def merge(suffix: Speculation, semantic: list[tuple[tuple[int, ...], float]], max_nodes: int,
+          min_prob: float) -> tuple[Speculation, int]:
+    """One tree of at most `max_nodes` drafts from both: every path with its best score (the
+    suffix's count share or the neighbours' share), best first, ties to the suffix tree and then
+    to shallower paths; paths below `min_prob` dropped. Returns it and how many of its nodes the
+    suffix tree did not hold."""
+    score: dict[tuple[int, ...], float] = {}
+    order: dict[tuple[int, ...], int] = {}
+    for path, s in zip(paths_in_order(suffix.tokens, suffix.parents), suffix.scores):
+        score[path], order[path] = s, len(order)
+    own = set(score)
+    for path, s in sorted(semantic, key=lambda ps: len(ps[0])):
+        if s < min_prob:
+            continue
+        if path not in score:
+            order[path] = len(order)
+        score[path] = max(score.get(path, 0.0), s)
+    chosen = sorted(score, key=lambda p: (-score[p], order[p]))[:max_nodes]
+    chosen.sort(key=lambda p: (len(p), order[p]))  # parents first
+    index: dict[tuple[int, ...], int] = {(): 0}
+    spec = Speculation()
+    for path in chosen:
+        if path[:-1] not in index:  # its parent lost to the budget (a tie broken the other way)
+            continue
+        index[path] = len(spec.tokens) + 1
+        spec.tokens.append(path[-1])
+        spec.parents.append(index[path[:-1]])
+        spec.scores.append(score[path])
+    return spec, sum(1 for p in index if p and p not in own)
+
+
+def paths_in_order(tokens: list[int], parents: list[int]) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = [()]
+    for token, parent in zip(tokens, parents):
+        out.append(out[parent] + (token,))
+    return out[1:]
+
+
+# -- registration ---------------------------------------------------------------------------------
+def build(arg: OilbirdArgument, shape, target, target_path: Path) -> OilbirdDrafter:
+    c = target.config
+    drafter = OilbirdDrafter(c.num_layers, arg.k, arg.sim, arg.mb, hidden_size=c.hidden_size,
+                             norm_weight=getattr(target, "norm", None), eps=c.rms_norm_eps)
+    drafter.name = "oilbird" if arg == OilbirdArgument() else f"oilbird:{arg}"
+    return drafter
+
+
+register(DrafterEntry("oilbird", "oilbird[:K[,SIM[,MB]]]", Capabilities(trees=OilbirdDrafter.trees), build=build,
+                      parse_argument=parse_argument))
