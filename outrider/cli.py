@@ -108,10 +108,12 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--kv-dtype", default=None, help=KV_HELP)
     gen.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1 (default: torch's)")
     gen.add_argument("--drafter", default=None, help=f"{DRAFTERS} (default: none, autoregressive)")
-    gen.add_argument("--tree", default=None, help="chain | static:2,2,1 | dynamic:K,N (model drafters; needs "
-                     f"--drafter; default: {TREE_DEFAULT})")
+    gen.add_argument("--tree", default=None, help="chain | static:2,2,1 | sampled:2,2,1 | dynamic:K,N (model "
+                     f"drafters; needs --drafter; sampled: siblings drawn from q, temperature > 0; default: {TREE_DEFAULT})")
     gen.add_argument("--controller", default=None, help="fixed:N | adaptive[:MAX] | cost[:MAX] (needs --drafter; "
                      f"default: {CONTROLLER_DEFAULT['generate']})")
+    gen.add_argument("--verifier", default=None, help="a verifier by name (needs --drafter; default: the best exact "
+                     "one); resispec-lossy is LOSSY (docs/methods.md#resispec)")
     gen.add_argument("--max-tree-nodes", type=int, default=256,
                      help="refuse drafters/trees/controllers whose rounds could hold more draft nodes (default 256)")
     gen.add_argument("--stats", action="store_true", help="print speculation statistics to stderr")
@@ -123,8 +125,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--preset", default=None,
                        help=f"quick (default, {QUICK_TIME}), full, eagle3 (the shipped EAGLE-3 head "
                             "against ngram and suffix), llamacpp (against llama.cpp; the peers extra), "
-                            "qwen-pair (the Qwen2.5-Coder 1.5B / 0.5B draft-model pair) or qwen-pair-i8 (the "
-                            "same with int8 activations)")
+                            "qwen-pair (the Qwen2.5-Coder 1.5B / 0.5B draft-model pair), qwen-pair-i8 (the "
+                            "same with int8 activations) or seeds (the 2026 papers' methods, docs/methods.md)")
     bench.add_argument("--methods", default=None, help="a methods TOML file (see outrider/bench/presets/)")
     bench.add_argument("--model", action="append", default=None, help="target model(s), overriding the file")
     bench.add_argument("--workload", action="append", default=None,
@@ -219,7 +221,7 @@ def _speculation(args) -> tuple[str, str]:
     from .engine.speculator import Default
     from .errors import ConfigError
 
-    given = [f"--{key}" for key in ("tree", "controller") if getattr(args, key) is not None]
+    given = [f"--{key}" for key in ("tree", "controller", "verifier") if getattr(args, key, None) is not None]
     if given and not args.drafter:
         raise ConfigError(f"{' and '.join(given)} shape{'s' if len(given) == 1 else ''} a drafter's rounds but no "
                           f"--drafter is given: add one (e.g. --drafter ngram) or leave {' and '.join(given)} out "
@@ -234,14 +236,18 @@ def _generate(args) -> int:
     from .sampling import SamplingParams
     from .engine.text_stream import check_text
 
+    from .engine.speculator import SpecOptions
+
     tree, controller = _speculation(args)
-    SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)  # refuse bad values before loading
+    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)  # refuse bad values before loading
+    if args.drafter:  # and what these sampling parameters rule out (k sampled siblings when greedy, a --verifier)
+        SpecOptions(args.drafter, tree, controller, args.max_tree_nodes, args.verifier).check().check_sampling(params)
     check_text(args.prompt, "the prompt")
     for i, stop in enumerate(args.stop):
         check_text(stop, f"stop string {i}")
     llm = LLM(args.model, drafter=args.drafter, tree=tree, controller=controller,
               device=args.device, dtype=args.dtype, threads=args.threads, max_tree_nodes=args.max_tree_nodes,
-              kv_dtype=args.kv_dtype)
+              kv_dtype=args.kv_dtype, verifier=args.verifier)
 
     def on_text(index: int, new_text: str) -> None:  # only stable text: it adds up to result.text
         sys.stdout.write(new_text)

@@ -123,3 +123,32 @@ def test_missing_figures_render_as_dashes(tmp_path):
     files = write_report(results, tmp_path)
     assert "tau" in files and files["html"].is_file()
     assert "- " in summary_table(results)
+
+
+def test_decode_only_speedup_and_prefill_columns():
+    """decode = tokens over (seconds - prefill) against the baseline's same figure; prefill = the
+    mean seconds a prompt; a peer without prefill timings shows "-" for both."""
+    from outrider.bench.runner import PromptRun, aggregate
+
+    def runs(seconds, prefill):
+        return [PromptRun(output_ids=[1] * 10, seconds=s, stats={"prefill_s": p}) for s, p in zip(seconds, prefill)]
+
+    base, spec = aggregate(runs([2.0, 3.0], [1.0, 1.5])), aggregate(runs([1.5, 2.0], [1.0, 1.5]))
+    assert base["prefill_s"] == 2.5 and base["decode_tokens_per_s"] == 20 / 2.5
+    assert spec["decode_tokens_per_s"] == 20 / 1.0
+    assert "prefill_s" not in aggregate([PromptRun(output_ids=[1], seconds=1.0, stats={})])
+    results = make_results()
+    for run in results["runs"]:
+        if run["kind"] != "peer":
+            run["summary"].update(base if run["kind"] == "baseline" else spec)
+            run["prompts"] = [{}, {}]
+    table = summary_table(results)
+    header = next(line for line in table.splitlines() if line.startswith("method"))
+    row = {name: next(line for line in table.splitlines() if line.startswith(name))
+           for name in ("autoregressive", "suffix", "transformers")}
+    for name, decode, prefill in (("autoregressive", "1.00x", "1.25s"), ("suffix", "2.50x", "1.25s"),
+                                  ("transformers", "-", "-")):
+        end = header.index("decode") + len("decode")
+        assert row[name][end - len(decode):end] == decode, name
+        end = header.index("prefill") + len("prefill")
+        assert row[name][end - len(prefill):end] == prefill, name

@@ -28,7 +28,8 @@ HOW_TO_READ = [
     "Every figure comes from one process on one machine: the methods ran back to back on the same "
     "prompts, so compare the ratios (speed-ups); absolute tokens/s depend on the machine and its load.",
     "x AR: the method's tokens/s over our autoregressive baseline's on the same workload; x HF: over "
-    "transformers' generate. Above 1.00x is faster.",
+    "transformers' generate. Above 1.00x is faster. decode: x AR with every prompt's prefill left out "
+    "(what speculation changes; every method pays the same prefill); prefill: its mean seconds a prompt.",
     "tau: mean tokens committed per round, bonus token included (as vLLM and SGLang report it); "
     "autoregressive decoding has tau = 1. Peers report none.",
     "Acceptance at draft position d: of the rounds that drafted a token at depth d, the share that "

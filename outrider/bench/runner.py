@@ -63,10 +63,15 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def aggregate(runs: list[PromptRun]) -> dict:
-    """Totals over prompts: tokens/s over the whole run, tau, acceptance by position."""
+    """Totals over prompts: tokens/s over the whole run and over its decoding alone (prefill left
+    out), the prefill seconds, tau, acceptance by position."""
     tokens = sum(len(r.output_ids) for r in runs)
     seconds = sum(r.seconds for r in runs)
     out = {"new_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9)}
+    if runs and all("prefill_s" in r.stats for r in runs):  # ours (peers time the whole call only)
+        prefill = sum(r.stats["prefill_s"] for r in runs)
+        out["prefill_s"] = prefill
+        out["decode_tokens_per_s"] = tokens / max(seconds - prefill, 1e-9)  # the prompts' prefill left out
     if runs and "rounds" in runs[0].stats:
         rounds = sum(r.stats["rounds"] for r in runs)
         committed = sum(r.stats["committed"] for r in runs)

@@ -2,7 +2,8 @@
 
 One table per model: a row per method (our autoregressive baseline first, then ours, then peers)
 and, per workload, tokens/s, the speed-up over our autoregressive baseline ("x AR", measured in
-the same process on the same prompts) and tau (tokens committed per round, bonus included). The
+the same process on the same prompts; "decode": the same with every prompt's prefill left out),
+tau (tokens committed per round, bonus included) and the prefill's seconds a prompt. The
 last column says whether the greedy output equalled the baseline's token for token:
 
     ok              every prompt matched
@@ -80,6 +81,25 @@ def speedup(results: dict, run: dict | None) -> float | None:
     return number(s["tokens_per_s"]) / base_tps if base_tps else None
 
 
+def decode_speedup(results: dict, run: dict | None) -> float | None:
+    """Decode-only tokens/s (each prompt's prefill left out) over our baseline's, same model and
+    workload: what speculation changes, without the prefill every method pays alike."""
+    mine = number(summary_of(run).get("decode_tokens_per_s"))
+    if run is None or mine is None:
+        return None
+    base = next((summary_of(r) for r in results.get("runs", []) if r.get("kind") == "baseline"
+                 and r["model"] == run["model"] and r["workload"] == run["workload"]), {})
+    base_tps = number(base.get("decode_tokens_per_s"))
+    return mine / base_tps if base_tps else None
+
+
+def prefill_per_prompt(run: dict | None) -> float | None:
+    """Mean prefill seconds per prompt."""
+    seconds = number(summary_of(run).get("prefill_s"))
+    prompts = len((run or {}).get("prompts") or [])
+    return seconds / prompts if seconds is not None and prompts else None
+
+
 def tau(run: dict | None) -> float | None:
     return number(summary_of(run).get("mean_accepted_length"))
 
@@ -144,9 +164,10 @@ def summary_grid(results: dict, model: str, vs_transformers: bool = False):
     """The figures of one model's table as text.
 
     Returns (workloads, per_workload_columns, rows); a row is
-    [label, kind, *per workload (tok/s, x AR[, x HF], tau), lossless]."""
+    [label, kind, *per workload (tok/s, x AR[, x HF], decode, tau, prefill), lossless]: decode is the
+    decode-only speed-up over our baseline's (prefill left out), prefill the mean seconds a prompt."""
     loads = workload_names(results, model)
-    per = ["tok/s", "x AR"] + (["x HF"] if vs_transformers else []) + ["tau"]
+    per = ["tok/s", "x AR"] + (["x HF"] if vs_transformers else []) + ["decode", "tau", "prefill"]
     rows = []
     for m in methods(results, model):
         row = [m.label, m.kind]
@@ -156,7 +177,8 @@ def summary_grid(results: dict, model: str, vs_transformers: bool = False):
             row += [fmt_tps(s.get("tokens_per_s")), fmt_ratio(speedup(results, run))]
             if vs_transformers:
                 row.append(fmt_ratio(s.get("speedup_vs_transformers")))
-            row.append(fmt_tau(tau(run)))
+            row += [fmt_ratio(decode_speedup(results, run)), fmt_tau(tau(run)),
+                    fmt(prefill_per_prompt(run), "{:.2f}s")]
         row.append(row_mark(results, model, m.name, loads))
         rows.append(row)
     return loads, per, rows
@@ -190,8 +212,9 @@ def summary_table(results: dict) -> str:
     out = []
     for model in model_names(results):
         loads, per, rows = summary_grid(results, model)
-        out.append(f"{model}: tokens/s, x AR = speed-up over our autoregressive baseline (same run), "
-                   f"tau = tokens per round")
+        out.append(f"{model}: tokens/s and x AR (speed-up over our autoregressive baseline, same run) over "
+                   f"wall time, prefill included; decode = x AR without the prefill; tau = tokens per round; "
+                   f"prefill = seconds a prompt")
         out += _text_table(loads, per, rows) + [""]
     if not out:
         return "no runs"
