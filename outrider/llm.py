@@ -30,17 +30,21 @@ class LLM:
     def __init__(self, model: str | None = None, *, drafter: str | None = None, tree: str = "chain",
                  controller: str = "fixed:4", device: str | None = None, dtype: str | None = None,
                  threads: int | None = None, max_tree_nodes: int = MAX_TREE_NODES, kv_dtype: str | None = None,
-                 config: RuntimeConfig | dict | None = None):
+                 config: RuntimeConfig | dict | None = None, verifier: str | None = None):
         """`drafter`: None (autoregressive), "ngram", "suffix", "draft-model:NAME", "early-exit:K",
-        "eagle3:PATH_OR_NAME" or "hybrid:[K,]DRAFTER"; `tree`: chain, static:B1,B2,... or
-        dynamic:K,N; `controller`: fixed:N, adaptive[:MAX] or cost[:MAX]; `kv_dtype`: the K/V
+        "eagle3:PATH_OR_NAME" or "hybrid:[K,]DRAFTER"; `tree`: chain, static:B1,B2,...,
+        sampled:B1,B2,... (siblings drawn from q; temperature > 0 only) or dynamic:K,N;
+        `controller`: fixed:N, adaptive[:MAX] or cost[:MAX]; `verifier`: a verifier by name
+        (None: the best exact one; "resispec-lossy" is lossy, docs/methods.md); `kv_dtype`: the K/V
         cache's values, "float32" or "float16" (None: the compute dtype); `config`: the runtime
         config (outrider/config.py; a dict changes the current one), put in force for the
         process; `threads` is its `threads`. Bad strings are refused before loading."""
         from .catalog.packages import DEFAULT_MODEL
         from .catalog.resolve import resolve_model
 
-        options = SpecOptions(drafter, tree, controller, max_tree_nodes).check() if drafter else None
+        if verifier is not None and not drafter:
+            raise ConfigError("verifier needs a drafter: autoregressive decoding verifies nothing")
+        options = SpecOptions(drafter, tree, controller, max_tree_nodes, verifier).check() if drafter else None
         torch_dtype = parse_dtype(dtype)
         cache_dtype = parse_kv_dtype(kv_dtype)
         torch_device = resolve_device(device)  # an unknown or absent device is refused here, not mid-load

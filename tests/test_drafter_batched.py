@@ -165,3 +165,18 @@ def test_sampled_chain_same_text_alone_and_in_a_batch(models, kind):
     assert alone == together
     reordered = [f.token_ids for f in run(target, spec, [4, 2, 0, 3, 1], params=params)]
     assert reordered == [together[i] for i in (4, 2, 0, 3, 1)]
+
+
+@pytest.mark.parametrize("kind", ["draft-model", "eagle3"])
+def test_sampled_siblings_same_alone_in_a_batch_and_by_the_reference(models, kind):
+    """`--tree sampled:...`: siblings drawn from q by position, so a sequence drafts (and commits)
+    the same alone, in a batch and with the per-sequence reference drafter."""
+    target, shape = models[0], "sampled:2,2,1"
+    params = SamplingParams(temperature=0.9, seed=7)
+    together = run(target, speculator(drafter_of(kind, models, shape), shape, 3), params=params)
+    assert sum(f.round_stats.accepted_by_position[0] for f in together) > 0, "no draft accepted: nothing exercised"
+    alone = [run(target, speculator(drafter_of(kind, models, shape), shape, 3), [i], params=params)[0]
+             for i in range(len(PROMPTS))]
+    assert summary(alone) == summary(together)
+    slow = drafter_of(kind, models, shape, batched=False)
+    assert summary(run(target, speculator(slow, shape, 3), params=params)) == summary(together)

@@ -58,8 +58,10 @@ EXPECTED = {
     ("early-exit:1", "chain"): ("greedy_chain", "rejection_chain"),
     ("early-exit:1", "static:2,2"): ("greedy_tree", "tree_walk"),
     ("early-exit:1", "dynamic:2,4"): ("greedy_tree", "tree_walk"),
+    ("early-exit:1", "sampled:2,2"): (None, "multidraft_without_replacement"),  # None: refused when greedy
     ("draft-model:DRAFT", "chain"): ("greedy_chain", "rejection_chain"),
     ("draft-model:DRAFT", "static:2,2"): ("greedy_tree", "tree_walk"),
+    ("draft-model:DRAFT", "sampled:2,2"): (None, "multidraft_without_replacement"),
     ("draft-model:DRAFT", "dynamic:2,4"): ("greedy_tree", "tree_walk"),
     ("hybrid:draft-model:DRAFT", "chain"): ("greedy_tree", "tree_walk"),  # suffix trees or the other's, no q
     ("hybrid:draft-model:DRAFT", "static:2,2"): ("greedy_tree", "tree_walk"),
@@ -81,7 +83,11 @@ def test_declared_capabilities_choose_the_verifier(tiny_folders, drafter, tree):
     text = drafter.replace("DRAFT", str(tiny_folders["llama-draft"]))
     spec = Speculator.build(SpecOptions(text, tree, "fixed:2"), target, folder)
     greedy, sampled = EXPECTED[(drafter, tree)]
-    assert spec.verifier_for(GREEDY) is VERIFIERS[greedy].verify
+    if greedy is None:  # siblings drawn from q: nothing to draw when greedy
+        with pytest.raises(ConfigError, match="needs temperature > 0"):
+            spec.verifier_for(GREEDY)
+    else:
+        assert spec.verifier_for(GREEDY) is VERIFIERS[greedy].verify
     assert spec.verifier_for(SAMPLED) is VERIFIERS[sampled].verify
 
 

@@ -12,6 +12,7 @@ seed, with one drafter and tree shape, so that one exact verifier does the work:
     independent draft model, sampled chain       -> rejection_chain
     EAGLE-3 head (random), sampled chain with q  -> rejection_chain
     EAGLE-3 head, dynamic tree (best-first)      -> tree_walk
+    early exit / EAGLE-3, sampled:2,2 siblings   -> multidraft_without_replacement
 
 Drafts are 2 deep and 3 tokens are compared, so the law covers tokens committed by the first
 round and by the next one, after the accepted path was compacted in the target's cache.
@@ -193,6 +194,13 @@ CASES = {
     "eagle3_dynamic_tree": (
         lambda t, d, r: eagle3_speculator(t, "dynamic:2,4", 2),
         SamplingParams(temperature=1.0, top_p=0.95), "tree_walk", 400),
+    "early_exit_sampled_tree": (
+        lambda t, d, r: speculator(ModelDrafter(t, parse_shape("sampled:2,2"), num_layers=1, name="early-exit:1"),
+                                   "sampled:2,2", 2),
+        SamplingParams(temperature=1.0, top_k=6), "multidraft_without_replacement", 400),
+    "eagle3_sampled_tree": (
+        lambda t, d, r: eagle3_speculator(t, "sampled:3,1", 2),
+        SamplingParams(temperature=0.8, top_p=0.95), "multidraft_without_replacement", 400),
 }
 
 

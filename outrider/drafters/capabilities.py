@@ -9,7 +9,9 @@ the layers the drafter reads. The built-in drafters declare:
     suffix                 chain     a tree              no (its trees come from counts)
     draft-model, early-exit chain    a chain             yes: a sampled chain draws each draft from q
                            static    a tree              no: the top-b children of q
+                           sampled   a tree              yes: b children drawn from q without replacement
                            dynamic   a tree              no: the best nodes by cumulative log q
+    eagle3                 as draft-model (chain, static, sampled, dynamic)
     hybrid:[K,]DRAFTER     DRAFTER's a tree              no (suffix trees or DRAFTER's drafts, q dropped)
 
 How `gives_probs` depends on the shape and on sampling: it is declared per `--tree` kind, and it
@@ -51,7 +53,7 @@ class Drafts:
 class Capabilities:
     """Everything a drafter declares.
 
-    trees: the `--tree` kinds it can build ("chain", "static", "dynamic"), each with the drafts
+    trees: the `--tree` kinds it can build ("chain", "static", "sampled", "dynamic"), each with the drafts
         it proposes for that kind;
     needs_hidden: the target layers whose hidden states (the output of layer i) it reads after
         each round; () for drafters that read only tokens;

@@ -26,7 +26,9 @@ empty rows. Drafting by `--tree`:
 chain (greedy: argmax; sampling: each draft drawn from q, the head's warped distribution over the
 target vocabulary, kept for rejection sampling), static:B1,.. (top-b children) and dynamic:K,N
 (EAGLE-2: expand the K best nodes by cumulative log-probability per depth, keep the N best),
-the trees verified by the greedy or tree-walk verifier.
+the trees verified by the greedy or tree-walk verifier; sampled:B1,.. (temperature > 0 only: the
+static widths, each node's children drawn from q without replacement, siblings.py; q kept for
+multi-draft rejection sampling).
 """
 
 from __future__ import annotations
@@ -51,11 +53,13 @@ from .base import Budget, ancestors_kept
 from .capabilities import Capabilities, Drafts
 from .grow import Feed, Grower, done, grow_alone, grow_together
 from .registry import DrafterEntry, register
+from .siblings import draw_siblings
 from .slots import SlotCache
 
 TREES = {
     "chain": Drafts("chain", gives_probs=True),  # sampled: each draft drawn from q, q kept
     "static": Drafts("tree"),  # top-b children: not draws
+    "sampled": Drafts("tree", gives_probs=True, without_replacement=True),  # b draws from q per node
     "dynamic": Drafts("tree"),  # best nodes by cumulative log q: not draws
 }
 
@@ -149,6 +153,8 @@ class Eagle3Drafter:
             return done(DraftTree.root_only(tokens[-1]))
         if self.shape.is_chain:
             return self._chain(st, tokens, min(depth, budget.nodes), budget.min_confidence)
+        if self.shape.kind == "sampled" and not st.params.greedy:
+            return self._sampled(st, tokens, depth, budget.nodes, budget.min_confidence)
         return self._tree(st, tokens[-1], depth, budget.nodes, budget.min_confidence)
 
     # -- the head's forward -------------------------------------------------------------------
@@ -230,6 +236,41 @@ class Eagle3Drafter:
             probs = torch.zeros(len(drafts) + 1, self.vocab)
             probs[: len(drafts)] = torch.stack(qs).cpu()
         return replace(DraftTree.chain(tokens[-1], drafts, probs), confidence=torch.tensor(confidence))
+
+    def _sampled(self, st: _State, committed: list[int], depth: int, max_nodes: int,
+                 min_confidence: float = 0.0) -> Grower:
+        """b children per node drawn from q (the head's warped distribution over the target
+        vocabulary) without replacement (siblings.py), q kept for the verifier; a node whose path
+        confidence is below `min_confidence` gets none (a rule on its own path, never on which of
+        its siblings were drawn)."""
+        rng = st.rng.at(len(committed))  # offset d: the tokens at depth d + 1
+        tokens, parents, confidence, qs = [committed[-1]], [-1], [1.0], {}
+        frontier = [0]
+        logits, hidden = st.last_logits.unsqueeze(0), st.last_hidden.unsqueeze(0)  # [f, Vd], [f, H]
+        for d in range(depth):
+            new, inputs = [], []
+            for row, node in enumerate(frontier):
+                if len(tokens) - 1 >= max_nodes:
+                    break
+                q = warp_probs(self.head.target_logits(logits[row]), st.params)  # [V]
+                qs[node] = q
+                for token, share in draw_siblings(q, min(self.shape.branching[d], max_nodes - len(tokens) + 1), rng, d):
+                    tokens.append(token)
+                    parents.append(node)
+                    confidence.append(confidence[node] * share)
+                    new.append(len(tokens) - 1)
+                    inputs.append(row)
+            if not new or d == depth - 1 or max(confidence[i] for i in new) < min_confidence:
+                break
+            first = new[0]
+            out_logits, out_hidden = yield Feed(tokens[first:], list(parents), first, hidden[inputs])
+            keep = [j for j, i in enumerate(new) if confidence[i] >= min_confidence]
+            frontier = [new[j] for j in keep]
+            logits, hidden = out_logits[keep], out_hidden[keep]
+        probs = torch.zeros(len(tokens), self.vocab)
+        for node, q in qs.items():
+            probs[node] = q.cpu()
+        return DraftTree(torch.tensor(tokens), torch.tensor(parents), probs, torch.tensor(confidence))
 
     def _tree(self, st: _State, root: int, depth: int, max_nodes: int, min_confidence: float = 0.0) -> Grower:
         """Static (top-b of every node) or dynamic (EAGLE-2) trees, grown one depth per forward;

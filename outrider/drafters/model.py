@@ -22,7 +22,10 @@ Drafting by shape (spec/shapes.py):
 - chain: one forward per depth; greedy takes the argmax, sampling draws from the drafter's
   warped distribution q and keeps q in `draft_probs` (exact rejection sampling needs it);
 - static / dynamic trees: the top children of q at each node (deterministic), grown one depth
-  per forward with the tree's ancestor mask; verified by the greedy or tree-walk verifier.
+  per forward with the tree's ancestor mask; verified by the greedy or tree-walk verifier;
+- sampled trees (`sampled:B1,B2,...`, temperature > 0 only): the static tree's widths, each
+  node's children drawn from q without replacement (siblings.py), q kept in `draft_probs`;
+  verified by multi-draft rejection sampling.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from ..spec.types import DraftTree, VerifyResult
 from .base import Budget, ancestors_kept
 from .capabilities import Capabilities, Drafts
 from .grow import Feed, Grower, done, grow_alone, grow_together
+from .siblings import draw_siblings
 from .slots import SlotCache
 
 
@@ -67,6 +71,7 @@ class ModelDrafter:
     capabilities = Capabilities(trees={
         "chain": Drafts("chain", gives_probs=True),  # sampled: each draft drawn from q, q kept
         "static": Drafts("tree"),  # top-b children of q: not draws
+        "sampled": Drafts("tree", gives_probs=True, without_replacement=True),  # b draws from q per node
         "dynamic": Drafts("tree"),  # best nodes by cumulative log q: not draws
     })
 
@@ -233,8 +238,10 @@ class ModelDrafter:
             return done(DraftTree.root_only(root))
         if self.shape.is_chain:
             return self._chain(st, root, q_root, min(depth, budget.nodes), budget.min_confidence)
-        if self.shape.kind == "static":
+        if self.shape.kind == "static" or (self.shape.kind == "sampled" and st.params.greedy):
             return self._static(st, root, q_root, depth, budget.nodes, budget.min_confidence)
+        if self.shape.kind == "sampled":
+            return self._sampled(st, root, q_root, depth, budget.nodes, budget.min_confidence)
         return self._dynamic(st, root, q_root, depth, min(budget.nodes, self.shape.max_nodes), budget.min_confidence)
 
     def _q(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -315,6 +322,40 @@ class ModelDrafter:
             frontier = [i for i in new if confidence[i] >= min_confidence]
             frontier_logits = frontier_logits[[i - first for i in frontier]]
         return DraftTree(torch.tensor(tokens), torch.tensor(parents), confidence=torch.tensor(confidence))
+
+    def _sampled(self, st: _State, root: int, q_root: torch.Tensor, depth: int, max_nodes: int,
+                 min_confidence: float = 0.0) -> Grower:
+        """b children per node drawn from q without replacement (siblings.py), q kept for the
+        verifier; a node whose path confidence is below `min_confidence` gets none (a rule on a
+        node's own path, never on which of its siblings were drawn: the siblings kept are always
+        the first ones drawn)."""
+        tokens, parents, confidence, qs = [root], [-1], [1.0], {}
+        frontier, frontier_logits = [0], q_root.unsqueeze(0)  # [f, vocab]
+        rng = st.rng.at(st.base + 1)  # offset d: the tokens at depth d + 1
+        for d in range(depth):
+            width = self.shape.branching[d]
+            new = []
+            for node, logits in zip(frontier, frontier_logits):
+                if len(tokens) - 1 >= max_nodes:
+                    break
+                q = self._q(logits, st.params)  # [target_vocab]
+                qs[node] = q
+                for token, share in draw_siblings(q, min(width, max_nodes - len(tokens) + 1), rng, d):
+                    tokens.append(token)
+                    parents.append(node)
+                    confidence.append(confidence[node] * share)
+                    new.append(len(tokens) - 1)
+            if not new or d == depth - 1 or max(confidence[i] for i in new) < min_confidence:
+                break
+            first = new[0]
+            frontier_logits = yield Feed(tokens[first:], list(parents), first)
+            st.fed.update(new)
+            frontier = [i for i in new if confidence[i] >= min_confidence]
+            frontier_logits = frontier_logits[[i - first for i in frontier]]
+        probs = torch.zeros(len(tokens), self.target_vocab)
+        for node, q in qs.items():
+            probs[node] = q.cpu()
+        return DraftTree(torch.tensor(tokens), torch.tensor(parents), probs, torch.tensor(confidence))
 
     def _dynamic(self, st: _State, root: int, q_root: torch.Tensor, depth: int, max_nodes: int,
                  min_confidence: float = 0.0) -> Grower:

@@ -1,14 +1,18 @@
 """A speculation configuration: drafter + tree shape + controller + verifier, checked up front.
 
-`SpecOptions` parses the user's strings (`--drafter`, `--tree`, `--controller`) without loading
-anything, so a bad string or an unsupported combination is refused at once with its reason.
+`SpecOptions` parses the user's strings (`--drafter`, `--tree`, `--controller`, `--verifier`)
+without loading anything, so a bad string or an unsupported combination is refused at once with
+its reason; `check_sampling(params)` refuses what depends on the sampling parameters too (k
+sampled siblings when greedy, a named verifier that does not fit), before loading where the
+parameters are known up front (the CLI) and at each request otherwise.
 `Speculator.build` then asks the drafter's registry entry (drafters/registry.py) whether it fits
 the target (tokenizer, layer count), builds it, and chooses the verifier from the capabilities
 the drafter declares (drafters/capabilities.py); nothing here knows a drafter by its name.
 
     drafters    the registered ones: ngram | suffix | draft-model:NAME | early-exit:K | ...
-    trees       chain | static:B1,B2,... | dynamic:K,N     (the shape of a model drafter's tree)
+    trees       chain | static:B1,B2,... | sampled:B1,B2,... | dynamic:K,N   (a model drafter's tree)
     controllers fixed:N | adaptive[:MAX] | cost[:MAX] | the registered ones (libraspec[:MAX], ...)
+    verifiers   None: the best exact one (spec/verifiers.choose_verifier) | a registered name
 
 A controller with a `trim` method gets every proposal before it is verified and returns the trees
 to verify, each a subtree of the drafter's (control/libraspec.py).
@@ -31,7 +35,7 @@ from ..models.decoder import Decoder
 from ..sampling import SamplingParams
 from ..spec.shapes import TreeShape, parse_shape
 from ..spec.types import DraftTree, VerifyResult
-from ..spec.verifiers import choose_verifier
+from ..spec.verifiers import VERIFIERS, choose_verifier
 
 MAX_TREE_NODES = 256  # draft nodes per sequence per round, unless the user raises it
 
@@ -51,6 +55,7 @@ class SpecOptions:
     tree: str = Default("chain")
     controller: str = Default("fixed:4")
     max_tree_nodes: int = MAX_TREE_NODES  # refuse shapes whose rounds could draft or feed more
+    verifier: str | None = None  # a verifier by name (spec/verifiers.py); None: the best exact one
 
     @property
     def kind(self) -> str:
@@ -83,7 +88,35 @@ class SpecOptions:
             raise ConfigError(f"max_tree_nodes must be a positive integer, got {self.max_tree_nodes!r}")
         depth = parse_controller(self.controller, profile_factory=lambda: None).max_depth
         self.check_nodes(max(shape.max_drafts(depth), shape.fed_nodes(depth)), depth)
+        if self.verifier is not None:
+            if self.verifier not in VERIFIERS:
+                raise ConfigError(f"--verifier {self.verifier!r}: no such verifier; known: {', '.join(VERIFIERS)}")
+            tree_kind = entry.capabilities.drafts(shape.kind).tree_kind
+            if tree_kind not in VERIFIERS[self.verifier].kinds:
+                raise ConfigError(f"--verifier {self.verifier} verifies only a {' or a '.join(VERIFIERS[self.verifier].kinds)}; "
+                                  f"{_named('--tree', self.tree)} of the {entry.name} drafter gives a {tree_kind}")
         return self
+
+    def check_sampling(self, params: SamplingParams, drafts: Drafts | None = None) -> None:
+        """Refuse, with a one-line ConfigError, what these sampling parameters make impossible:
+        k sampled siblings when greedy (there is nothing to sample), or a `--verifier` that does
+        not fit the drafts (`drafts`: what the built drafter declares; default: its registry entry)."""
+        shape = self.shape
+        if shape.kind == "sampled" and params.greedy:
+            static = "static:" + ",".join(map(str, shape.branching))
+            raise ConfigError(f"--tree {self.tree} draws siblings from q, which needs temperature > 0; "
+                              f"greedy decoding drafts the same widths with --tree {static}")
+        if self.verifier is not None:
+            self.verifier_choice(params, drafts)
+
+    def verifier_choice(self, params: SamplingParams, drafts: Drafts | None = None):
+        """The verifier for these parameters: the named one, or the best exact one; ConfigError if none fits."""
+        drafts = drafts or self.entry()[0].capabilities.drafts(self.shape.kind)
+        choice = choose_verifier(drafts.tree_kind, drafts.gives_probs, params,
+                                 without_replacement=drafts.without_replacement, name=self.verifier)
+        if not choice.ok:
+            raise ConfigError(f"{self.label()}: {choice.reason}")
+        return choice
 
     def models_needed(self) -> tuple[str, ...]:
         """Models (catalog names or folders) the drafter loads, to pull before checking fits."""
@@ -104,7 +137,8 @@ class SpecOptions:
                 f"smaller tree or a lower depth, or raise the limit with --max-tree-nodes")
 
     def label(self) -> str:
-        return f"{self.drafter} {self.tree} {self.controller}"
+        verifier = f" --verifier {self.verifier}" if self.verifier is not None else ""
+        return f"{self.drafter} {self.tree} {self.controller}{verifier}"
 
 
 class Speculator:
@@ -154,11 +188,8 @@ class Speculator:
         return Speculator(options, drafter, controller, shape)
 
     def verifier_for(self, params: SamplingParams):
-        choice = choose_verifier(self.tree_kind, self.drafts.gives_probs, params,
-                                 without_replacement=self.drafts.without_replacement)
-        if not choice.ok:
-            raise ConfigError(f"{self.options.label()}: {choice.reason}")
-        return choice.verifier
+        self.options.check_sampling(params, self.drafts)
+        return self.options.verifier_choice(params, self.drafts).verifier
 
     @property
     def max_tree_size(self) -> int:

@@ -3,6 +3,9 @@
     chain           one token per depth; sampled from q when sampling (exact rejection sampling)
     static:2,2,1    branching per depth: the root gets 2 children, each of those 2, then 1 each
                     (top-b of q at each node: deterministic, verified by the tree walk)
+    sampled:2,2,1   the same widths, but each node's children are drawn at random from q without
+                    replacement (k sampled siblings; sampling only, temperature > 0; verified by
+                    multi-draft rejection sampling, spec/verify_multidraft.py)
     dynamic:K,N     best-first (EAGLE-2 style): at each depth expand the K nodes with the highest
                     cumulative draft log-probability, then keep the best N nodes of all
 
@@ -18,8 +21,8 @@ from ..errors import ConfigError
 
 @dataclass(frozen=True)
 class TreeShape:
-    kind: str  # "chain", "static" or "dynamic"
-    branching: tuple[int, ...] = ()  # static: children per node at each depth
+    kind: str  # "chain", "static", "sampled" or "dynamic"
+    branching: tuple[int, ...] = ()  # static and sampled: children per node at each depth
     top_k: int = 0  # dynamic: nodes expanded per depth (and children tried per node)
     max_nodes: int = 0  # dynamic: drafted nodes kept
 
@@ -31,7 +34,7 @@ class TreeShape:
         """Most draft nodes (root excluded) this shape makes when `depth` deep."""
         if self.kind == "chain":
             return depth
-        if self.kind == "static":
+        if self.kind in ("static", "sampled"):
             total, width = 0, 1
             for b in self.branching[:depth]:
                 width *= b
@@ -45,16 +48,16 @@ class TreeShape:
         Dynamic trees feed the K expanded nodes per depth, which can exceed the N they keep."""
         if self.kind == "chain":
             return max(depth - 1, 0)
-        if self.kind == "static":
+        if self.kind in ("static", "sampled"):
             return self.max_drafts(self.max_depth(depth) - 1)
         return self.top_k * max(depth - 1, 0)
 
     def max_depth(self, depth: int) -> int:
-        return min(depth, len(self.branching)) if self.kind == "static" else depth
+        return min(depth, len(self.branching)) if self.kind in ("static", "sampled") else depth
 
     def __str__(self) -> str:
-        if self.kind == "static":
-            return "static:" + ",".join(map(str, self.branching))
+        if self.kind in ("static", "sampled"):
+            return f"{self.kind}:" + ",".join(map(str, self.branching))
         if self.kind == "dynamic":
             return f"dynamic:{self.top_k},{self.max_nodes}"
         return "chain"
@@ -68,10 +71,11 @@ def parse_shape(text: str) -> TreeShape:
         raise ConfigError(f"--tree {text!r}: numbers expected after ':' (e.g. static:2,2,1 or dynamic:4,16)") from None
     if kind == "chain" and not numbers:
         return TreeShape("chain")
-    if kind == "static" and numbers and all(1 <= n <= 16 for n in numbers):
-        return TreeShape("static", branching=numbers)
+    if kind in ("static", "sampled") and numbers and all(1 <= n <= 16 for n in numbers):
+        return TreeShape(kind, branching=numbers)
     if kind == "dynamic" and len(numbers) == 2 and 1 <= numbers[0] <= 16 and numbers[1] >= 1:
         return TreeShape("dynamic", top_k=numbers[0], max_nodes=numbers[1])
     raise ConfigError(
-        f"--tree {text!r} is not a tree shape: use chain, static:B1,B2,... (1-16 per depth) or dynamic:K,N"
+        f"--tree {text!r} is not a tree shape: use chain, static:B1,B2,... or sampled:B1,B2,... (1-16 per depth) "
+        f"or dynamic:K,N"
     )

@@ -14,6 +14,9 @@ Every verifier has the signature `verify(tree, target_logits [n, vocab], params,
     sampling, none           chain -> chain_walk            tree -> tree_walk
 
 A combination that cannot be verified exactly is refused with a reason, never run lossy.
+
+Lossy verifiers (`lossy=True`, named so: `resispec-lossy`, spec/verify_resispec.py) are never
+chosen by default; only by name (`--verifier NAME`), and the lossless tests leave them out.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from .types import DraftTree, VerifyResult
 from .verify_chain import verify_chain, verify_chain_reference
 from .verify_greedy import verify_greedy_chain, verify_greedy_reference, verify_greedy_tree
 from .verify_multidraft import MultiDraftVerifier
+from .verify_resispec import ResiSpecVerifier
 from .verify_tree import verify_chain_walk, verify_tree_walk, verify_tree_walk_reference
 
 Verifier = Callable[[DraftTree, torch.Tensor, SamplingParams, object], VerifyResult]
@@ -42,6 +46,7 @@ class Entry:
     needs_probs: bool  # needs children drawn from draft_probs
     greedy_only: bool  # exact at temperature 0 only
     without_replacement: bool | None = None  # the sibling mode it assumes on trees (None: any)
+    lossy: bool = False  # not exact: chosen only by name, never by default
 
 
 VERIFIERS: dict[str, Entry] = {
@@ -55,7 +60,14 @@ VERIFIERS: dict[str, Entry] = {
     "tree_walk_reference": Entry(verify_tree_walk_reference, TREE_KINDS, False, False),
     "multidraft": Entry(MultiDraftVerifier(without_replacement=False), TREE_KINDS, True, False, False),
     "multidraft_without_replacement": Entry(MultiDraftVerifier(without_replacement=True), TREE_KINDS, True, False, True),
+    # lossy (docs/methods.md#resispec): siblings drawn without replacement, as `--tree sampled:...` draws them
+    "resispec-lossy": Entry(ResiSpecVerifier(without_replacement=True), ("tree",), True, False, True, lossy=True),
 }
+
+
+def lossless_names() -> tuple[str, ...]:
+    """The exact verifiers (the lossless tests run these)."""
+    return tuple(name for name, entry in VERIFIERS.items() if not entry.lossy)
 
 
 @dataclass(frozen=True)
@@ -90,7 +102,8 @@ def choose_verifier(
     refusal = _refusal(name, entry, tree_kind, gives_probs, sampling, without_replacement)
     if refusal:
         return VerifierChoice(name, None, refusal)
-    return VerifierChoice(name, entry.verify, f"{name}: exact for a {tree_kind}{_facts(gives_probs, sampling)}")
+    exact = "LOSSY (not exact)" if entry.lossy else "exact"
+    return VerifierChoice(name, entry.verify, f"{name}: {exact} for a {tree_kind}{_facts(gives_probs, sampling)}")
 
 
 def _default(tree_kind: str, gives_probs: bool, sampling: SamplingParams, without_replacement: bool) -> str:

@@ -73,10 +73,15 @@ class MultiDraftVerifier:
             x = tokens[child]
             if rng.uniform_below(accept_probability(p, q, x), offset=offset, index=j):
                 return child, p
-            p = residual(p, q)
-            if self.without_replacement:
-                q = _without(q, x)
+            q_next = _without(q, x) if self.without_replacement else q
+            p, q = self._residual(p, q, q_next), q_next
         return None, p
+
+    def _residual(self, p: torch.Tensor, q: torch.Tensor, q_next: torch.Tensor) -> torch.Tensor:
+        """What the remaining siblings (drawn from q_next) must produce after a rejection of a draw
+        from q: norm(max(p - q, 0)), the choice that keeps the position's law p
+        (spec/verify_resispec.py reshapes it, lossy). All [vocab]."""
+        return residual(p, q)
 
 
 def _without(q: torch.Tensor, x: int) -> torch.Tensor:
