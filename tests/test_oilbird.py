@@ -152,6 +152,21 @@ def test_greedy_output_is_autoregressive_on_tiny_models(targets, family, option)
         assert spec.drafter.stats()["lookups"] > 0
 
 
+def test_seeded_sampling_equals_plain_sampling(targets):
+    """Sampling: the trees are verified by the tree walk, so a seeded run commits what plain
+    sampling with that seed commits, whatever was drafted."""
+    from outrider.sampling import SamplingParams
+
+    folder, target = targets["llama"]
+    params = SamplingParams(temperature=0.8, seed=17)
+    spec = Speculator.build(SpecOptions("oilbird:4,0.2", "chain", "fixed:4"), target, folder)
+    with one_thread():
+        plain = [f.token_ids for f in generate_ids(target, [Request(list(p), 20, params) for p in PROMPTS], set())]
+        ours = [f.token_ids for f in generate_ids(target, [Request(list(p), 20, params) for p in PROMPTS], set(),
+                                                 speculation=spec)]
+    assert ours == plain
+
+
 def test_the_keys_are_the_targets_own_states(targets):
     folder, target = targets["llama"]
     spec = Speculator.build(SpecOptions("oilbird", "chain", "fixed:3"), target, folder)
