@@ -26,13 +26,13 @@ def test_fuzz_smoke_on_a_tiny_model(tiny_folders, tmp_path):
     # a short context and queue bound what one generated request may cost (n up to 64 of 48 tokens)
     options = dict(drafter="ngram", controller="fixed:3", max_running=16, max_model_len=48, max_queue=64,
                    chunk_size=16, device="cpu", threads=1)
-    result = fuzz.fuzz(str(tiny_folders["llama"]), requests=160, examples=8, phases="examples,fuzzing",
+    result = fuzz.fuzz(str(tiny_folders["llama"]), requests=96, examples=6, phases="examples,fuzzing",
                        concurrency=8, seconds=120, seed=1, faults=("nan",), server_options=options,
                        out_dir=tmp_path, log=lambda *a: None)
     assert result["ok"], "\n".join(result["failures"])
-    assert result["hypothesis_requests"] == 160 and result["schemathesis"]["generated"] >= 8
+    assert result["hypothesis_requests"] == 96 and result["schemathesis"]["generated"] >= 6
     statuses = result["hypothesis_statuses"]
-    assert statuses.get(200, 0) >= 60 and statuses.get(400, 0) >= 15
+    assert statuses.get(200, 0) >= 30 and statuses.get(400, 0) >= 8
     assert result["injected_faults_answered"] >= 1
 
 
