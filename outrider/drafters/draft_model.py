@@ -18,6 +18,10 @@ common tokens, as FR-Spec found) and the tokenizer's added tokens (end of turn, 
 It then proposes no other token; the target still verifies each and adds its own bonus, so the
 output is unchanged. On the Qwen pair (151,936 tokens, 896 wide) the 0.5B `@q4_0` step reads 77
 MB less of its 278 per draft token.
+
+`draft-model:NAME[@DTYPE][,vocab=N],window=W[,sink=S]` (Windowed-MTP, window.py): the draft
+model attends to the first S positions and the last W only, and keeps only those rows of K/V;
+the options come in any order after the name.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from ..errors import ConfigError
 from ..weights.loader import DTYPE_NAMES
 from .model import ModelDrafter
 from .registry import DrafterEntry, register
+from .window import Window, parse_options, window_misfit, window_of
+
+USAGE = "draft-model:NAME[@DTYPE][,vocab=N][,window=W[,sink=S]]"
 
 
 @dataclass(frozen=True)
@@ -39,21 +46,26 @@ class DraftModel:
     name: str  # catalog name or folder
     dtype: str | None = None  # its own --dtype (None: the target's)
     vocab: int | None = None  # the head's first token ids kept (None: all)
+    window: Window | None = None  # attend to a sink and the last W positions only (None: all)
 
     def __str__(self) -> str:
         text = self.name if self.dtype is None else f"{self.name}@{self.dtype}"
-        return text if self.vocab is None else f"{text},vocab={self.vocab}"
+        text = text if self.vocab is None else f"{text},vocab={self.vocab}"
+        return text if self.window is None else f"{text},{self.window}"
 
 
 def parse_argument(text: str) -> DraftModel:
     if not text:
         raise ConfigError("draft-model:NAME needs a model name or folder after the colon")
-    text, comma, option = text.partition(",vocab=")
-    if comma:
-        if not option.isdigit() or int(option) < 1:
-            raise ConfigError(f"vocab={option!r}: give a positive number of token ids, as in "
+    if not Path(text).exists():
+        text, options = parse_options(text, ("vocab", "window", "sink"))
+        window = window_of(options, "draft-model:NAME")
+        vocab = options.get("vocab")
+        if vocab is not None and (not vocab.isdigit() or int(vocab) < 1):
+            raise ConfigError(f"vocab={vocab!r}: give a positive number of token ids, as in "
                               "draft-model:NAME,vocab=65536")
-        return replace(parse_argument(text), vocab=int(option))
+        if options:
+            return replace(parse_argument(text), vocab=None if vocab is None else int(vocab), window=window)
     name, at, dtype = text.rpartition("@")
     if not at or Path(text).exists():
         return DraftModel(text)
@@ -71,7 +83,7 @@ def models_needed(arg: DraftModel) -> tuple[str, ...]:
 def check_fits(arg: DraftModel, target_config, target_path: Path) -> str | None:
     from ..catalog.resolve import resolve_model
 
-    return tokenizer_mismatch(target_path, resolve_model(arg.name))
+    return window_misfit(arg.window, target_config) or tokenizer_mismatch(target_path, resolve_model(arg.name))
 
 
 def build(arg: DraftModel, shape, target, target_path: Path) -> ModelDrafter:
@@ -95,7 +107,8 @@ def build(arg: DraftModel, shape, target, target_path: Path) -> ModelDrafter:
     draft = load_decoder(path, target.device, dtype, head_ids=ids)
     draft.drafter_prefill_bf16 = True  # the prompt in bfloat16 where the CPU has AMX: proposals only
     draft.kv_dtype = target.kv_dtype  # the target's K/V cache type (--kv-dtype): proposals only, too
-    return ModelDrafter(draft, shape, name=f"draft-model:{arg}", target_vocab=target.config.vocab_size)
+    return ModelDrafter(draft, shape, name=f"draft-model:{arg}", target_vocab=target.config.vocab_size,
+                        window=arg.window)
 
 
 def draft_vocab_ids(folder: Path, n: int, limit: int) -> torch.Tensor:
@@ -129,5 +142,5 @@ def tokenizer_mismatch(target_path: Path, draft_path: Path) -> str | None:
     return None
 
 
-register(DrafterEntry("draft-model", "draft-model:NAME[@DTYPE][,vocab=N]", ModelDrafter.capabilities, build=build,
-                      parse_argument=parse_argument, models_needed=models_needed, check_fits=check_fits))
+register(DrafterEntry("draft-model", USAGE, ModelDrafter.capabilities, build=build, parse_argument=parse_argument,
+                      models_needed=models_needed, check_fits=check_fits, windowed=True))

@@ -29,6 +29,11 @@ target vocabulary, kept for rejection sampling), static:B1,.. (top-b children) a
 the trees verified by the greedy or tree-walk verifier; sampled:B1,.. (temperature > 0 only: the
 static widths, each node's children drawn from q without replacement, siblings.py; q kept for
 multi-draft rejection sampling).
+
+`eagle3:PATH_OR_NAME[@DTYPE],window=W[,sink=S]` (Windowed-MTP, window.py): the head attends to
+its first S rows and its last W only (a query at position p: positions < S and p - W + 1 .. p),
+and its cache keeps only those rows; a long prompt's rows are written in chunks. A sequence's
+positions (`rows`) are its cache rows plus `shift` past the sink.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from .grow import Feed, Grower, done, grow_alone, grow_together
 from .registry import DrafterEntry, register
 from .siblings import draw_siblings
 from .slots import SlotCache
+from .window import Window, parse_options, reclaim, window_misfit, window_of
 
 TREES = {
     "chain": Drafts("chain", gives_probs=True),  # sampled: each draft drawn from q, q kept
@@ -73,6 +79,7 @@ class _State:
     rows: int = 0  # committed head rows in the cache
     last_hidden: torch.Tensor | None = None  # [H] output hidden of row rows-1
     last_logits: torch.Tensor | None = None  # [Vd] its logits
+    shift: int = 0  # positions minus cache rows past the sink (a window reclaimed the rows between)
 
 
 class Eagle3Drafter:
@@ -80,7 +87,8 @@ class Eagle3Drafter:
     batched=False drafts each sequence with forwards of its own (the slow reference, grow.py)."""
 
     def __init__(self, head: Eagle3Head, shape: TreeShape, taps: tuple[int, ...], name: str = "eagle3",
-                 batched: bool = True):
+                 batched: bool = True, window: Window | None = None):
+        self.window = window
         self.head = head
         self.shape = shape
         self.name = name
@@ -93,6 +101,11 @@ class Eagle3Drafter:
     @property
     def cache(self):
         return self.slots.cache
+
+    @property
+    def cache_rows(self) -> int:
+        """Rows a slot of the head's cache holds (grown by doubling)."""
+        return self.slots.cache.max_len
 
     # -- protocol -----------------------------------------------------------------------------
     def max_nodes(self, depth: int) -> int:
@@ -113,7 +126,18 @@ class Eagle3Drafter:
         pending = self.head.fuse(hidden) if rows else self.head.w.norm.new_zeros(0, self.head.config.hidden_size)
         st = _State(self.slots.take(), params, PositionalRandom(seed).drafting(), pending)
         self._states[seq_id] = st
-        self.slots.ensure_rows(len(prompt) + 1)
+        if self.window is None:
+            self.slots.ensure_rows(len(prompt) + 1)
+            self._catch_up([st], [prompt])
+            return
+        chunk = self.window.chunk  # in chunks, the dead rows reclaimed between
+        for upto in range(min(chunk, rows), rows, chunk):
+            st.pending = pending[st.rows : upto]
+            self.slots.ensure_rows(st.rows - st.shift + chunk + 1)
+            self._catch_up([st], [prompt[: upto + 1]])
+            self._reclaim(st)
+        st.pending = pending[st.rows :]
+        self.slots.ensure_rows(st.rows - st.shift + st.pending.shape[0] + 1)
         self._catch_up([st], [prompt])
 
     def update(self, seq_id: int, result: VerifyResult, hidden: torch.Tensor | None = None) -> None:
@@ -137,14 +161,18 @@ class Eagle3Drafter:
         """A tree per sequence: one catch-up forward, then one forward per draft depth for all."""
         states = [self._states[s] for s in seq_ids]
         depths = [self.shape.max_depth(b.depth) for b in budgets]
-        self.slots.ensure_rows(max(len(t) + self.shape.fed_nodes(d) + 1 for t, d in zip(tokens, depths)))
+        for st in states:
+            self._reclaim(st)
+        self.slots.ensure_rows(max(len(t) - st.shift + self.shape.fed_nodes(d) + 1
+                                   for st, t, d in zip(states, tokens, depths)))
         self._catch_up(states, tokens)
         growers = [self._grower(st, toks, depth, budget)
                    for st, toks, depth, budget in zip(states, tokens, depths, budgets)]
 
         def forward(indices: list[int], feeds: list[Feed]) -> list[tuple[torch.Tensor, torch.Tensor]]:
             chosen = [states[i] for i in indices]
-            return self._forward([st.slot for st in chosen], [st.rows - 1 for st in chosen], feeds)
+            return self._forward([st.slot for st in chosen], [st.rows - 1 for st in chosen], feeds,
+                                 shifts=[st.shift for st in chosen])
 
         return (grow_together if self.batched else grow_alone)(growers, forward)
 
@@ -158,22 +186,26 @@ class Eagle3Drafter:
         return self._tree(st, tokens[-1], depth, budget.nodes, budget.min_confidence)
 
     # -- the head's forward -------------------------------------------------------------------
-    def _forward(self, slots: list[int], starts: list[int], feeds: list[Feed],
-                 last_only: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """One head forward: feeds[b]'s nodes at rows starts[b] + node of slot slots[b] (a tree's
-        node 0 is row starts[b]; parents None: causal rows). The head takes the span of slots in
-        order, so slots between that do not feed come as empty rows. Returns (logits [n, Vd],
-        hidden [n, H]) per feed; with `last_only`, of its last node alone ([1, Vd], [1, H])."""
+    def _forward(self, slots: list[int], starts: list[int], feeds: list[Feed], last_only: bool = False,
+                 shifts: list[int] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One head forward: feeds[b]'s nodes at positions starts[b] + node of slot slots[b] (a
+        tree's node 0 is position starts[b]; parents None: causal rows), at cache rows less
+        shifts[b] (a window's). The head takes the span of slots in order, so slots between that
+        do not feed come as empty rows. Returns (logits [n, Vd], hidden [n, H]) per feed; with
+        `last_only`, of its last node alone ([1, Vd], [1, H])."""
         lo, hi = min(slots), max(slots)
         at = {slot: b for b, slot in enumerate(slots)}
         span = range(lo, hi + 1)
         empty = Feed([], None, 0, None)
         rows = [feeds[at[s]] if s in at else empty for s in span]
-        batch = pack(list(span), [starts[at[s]] if s in at else 0 for s in span],
+        shifts = shifts or [0] * len(slots)
+        span_shifts = [shifts[at[s]] if s in at else 0 for s in span]
+        window = {} if self.window is None else {"shifts": span_shifts, "window": self.window.mask_args()}
+        batch = pack(list(span), [starts[at[s]] - shifts[at[s]] if s in at else 0 for s in span],
                      [torch.tensor(f.tokens, dtype=torch.long) for f in rows],
                      [None if f.parents is None else torch.tensor(f.parents) for f in rows],
                      scratch_row=self.cache.scratch_row, device=self.head.device,
-                     first_nodes=[f.first for f in rows])
+                     first_nodes=[f.first for f in rows], **window)
         inputs = self.head.w.norm.new_zeros(len(span), batch.tokens.shape[1], self.head.config.hidden_size)  # [S, T, H]
         for i, f in enumerate(rows):
             if f.tokens:
@@ -199,12 +231,17 @@ class Eagle3Drafter:
         if not todo:
             return
         outs = self._forward([st.slot for st, _ in todo], [st.rows for st, _ in todo], [f for _, f in todo],
-                             last_only=True)
+                             last_only=True, shifts=[st.shift for st, _ in todo])
         for (st, feed), (logits, hidden) in zip(todo, outs):
             st.rows += len(feed.tokens)
-            self.cache.set_length(st.slot, st.rows)
+            self.cache.set_length(st.slot, st.rows - st.shift)
             st.pending = st.pending[:0]
             st.last_hidden, st.last_logits = hidden[-1], logits[-1]
+
+    def _reclaim(self, st: _State) -> None:
+        """A window's dead rows of this sequence, dropped once there are enough (window.py)."""
+        if self.window is not None:
+            _, st.shift = reclaim(self.window, self.cache, st.slot, st.rows - st.shift, st.shift)
 
     # -- drafting, one sequence (a grower: yields the nodes to feed, grow.py) -------------------
     def _chain(self, st: _State, tokens: list[int], k: int, min_confidence: float = 0.0) -> Grower:
@@ -329,23 +366,39 @@ class Eagle3Drafter:
 HEAD_DTYPES = HEAD_QUANTS + ("float",)  # `eagle3:PATH@DTYPE`: float = the target's own float dtype
 
 
+USAGE = "eagle3:PATH_OR_NAME[@DTYPE][,window=W[,sink=S]]"
+
+
 def parse_argument(text: str) -> str:
-    """`PATH_OR_NAME[@DTYPE]`: a head folder, or a shipped head by its target's catalog name
-    (heads/catalog.py); DTYPE one of HEAD_DTYPES (default: see `head_dtype`). Returns the folder,
-    with the @DTYPE kept when given."""
+    """`PATH_OR_NAME[@DTYPE][,window=W[,sink=S]]`: a head folder, or a shipped head by its
+    target's catalog name (heads/catalog.py); DTYPE one of HEAD_DTYPES (default: see
+    `head_dtype`). Returns the folder, with the @DTYPE kept when given, then the window's options."""
+    options = {}
+    if not Path(text).expanduser().is_dir():
+        text, options = parse_options(text, ("window", "sink"))
+    window = window_of(options, "eagle3:NAME")
     name, at, dtype = text.rpartition("@") if "@" in text and not Path(text).expanduser().is_dir() else (text, "", "")
     if at and dtype not in HEAD_DTYPES:
         raise ConfigError(f"eagle3:{text}: the head's dtype after '@' must be one of {', '.join(HEAD_DTYPES)}")
     if not name:
         raise ConfigError("eagle3:PATH needs the folder of an EAGLE-3 head (config.json + model.safetensors) "
                           "or the name of a shipped head")
-    return str(resolve_head(name)) + (f"@{dtype}" if at else "")
+    return str(resolve_head(name)) + (f"@{dtype}" if at else "") + (f",{window}" if window else "")
 
 
 def _split(argument: str) -> tuple[str, str | None]:
-    """parse_argument's result -> (folder, dtype or None); a folder whose own name holds '@' stays whole."""
+    """parse_argument's result less its window -> (folder, dtype or None); a folder whose own name
+    holds '@' stays whole."""
     path, at, dtype = argument.rpartition("@")
     return (path, dtype) if at and dtype in HEAD_DTYPES and not Path(argument).is_dir() else (argument, None)
+
+
+def _window(argument: str) -> tuple[str, Window | None]:
+    """parse_argument's result -> (the rest, its window or None)."""
+    if Path(argument).is_dir():
+        return argument, None
+    rest, options = parse_options(argument, ("window", "sink"))
+    return rest, window_of(options, "eagle3:NAME")
 
 
 def head_dtype(asked: str | None, target) -> str | None:
@@ -364,16 +417,20 @@ def head_dtype(asked: str | None, target) -> str | None:
 
 
 def check_fits(path: str, target_config, target_path: Path) -> str | None:
-    return misfit(read_config(_split(path)[0]), target_config, has_embed=True, has_lm_head=True)  # tensors: at load
+    path, window = _window(path)
+    return window_misfit(window, target_config) or misfit(read_config(_split(path)[0]), target_config,
+                                                          has_embed=True, has_lm_head=True)  # tensors: at load
 
 
 def build(path: str, shape: TreeShape, target, target_path: Path) -> Eagle3Drafter:
+    path, window = _window(path)
     folder, asked = _split(path)
     dtype = head_dtype(asked, target)
     head = load_eagle3(folder, target, quantize=dtype)
     return Eagle3Drafter(head, shape, head.config.taps(target.config.num_layers),
-                         name=f"eagle3:{folder}" + (f"@{dtype}" if dtype else ""))
+                         name=f"eagle3:{folder}" + (f"@{dtype}" if dtype else "") + (f",{window}" if window else ""),
+                         window=window)
 
 
-register(DrafterEntry("eagle3", "eagle3:PATH_OR_NAME", Capabilities(trees=TREES), build=build,
-                      parse_argument=parse_argument, check_fits=check_fits))
+register(DrafterEntry("eagle3", USAGE, Capabilities(trees=TREES), build=build,
+                      parse_argument=parse_argument, check_fits=check_fits, windowed=True))

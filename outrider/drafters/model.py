@@ -26,6 +26,10 @@ Drafting by shape (spec/shapes.py):
 - sampled trees (`sampled:B1,B2,...`, temperature > 0 only): the static tree's widths, each
   node's children drawn from q without replacement (siblings.py), q kept in `draft_probs`;
   verified by multi-draft rejection sampling.
+
+With a `window` (window.py, `draft-model:NAME,window=W,sink=S`) the draft model attends to its
+sink and its last W positions only, and its own cache keeps only those rows: a sequence's
+positions (st.cached, st.base: token counts) are its cache rows plus `st.shift` past the sink.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from .capabilities import Capabilities, Drafts
 from .grow import Feed, Grower, done, grow_alone, grow_together
 from .siblings import draw_siblings
 from .slots import SlotCache
+from .window import Window, reclaim
 
 
 @dataclass
@@ -60,6 +65,7 @@ class _State:
     fed: set[int] = field(default_factory=set)  # tree nodes whose K/V this round wrote
     proposed: bool = False  # a proposal since the last update (a round may skip the drafter)
     tree: tuple[list[int], list[int]] = ((), ())  # the proposed tree's tokens and parents
+    shift: int = 0  # positions minus cache rows past the sink (a window reclaimed the rows between)
 
 
 class ModelDrafter:
@@ -77,9 +83,13 @@ class ModelDrafter:
 
     def __init__(self, decoder: Decoder, shape: TreeShape, *, num_layers: int | None = None,
                  name: str = "draft-model", target_vocab: int | None = None, batched: bool = True,
-                 share_target_cache: bool = False):
+                 share_target_cache: bool = False, window: Window | None = None):
         """share_target_cache: `decoder` is the target and drafts over the target's cache once
-        the engine attaches it (early exit; see the module's notes)."""
+        the engine attaches it (early exit; see the module's notes). window: attend to a sink and
+        the last W positions only, in a bounded cache of its own (window.py)."""
+        if window is not None and share_target_cache:
+            raise ValueError(f"{name}: a window needs a cache of the drafter's own, not the target's")
+        self.window = window
         self.decoder = decoder
         self.shape = shape
         self.num_layers = num_layers
@@ -136,7 +146,18 @@ class ModelDrafter:
             return
         st = _State(self.slots.take(), params, rng)
         self._states[seq_id] = st
-        if len(prompt) > 1:
+        if len(prompt) > 1 and self.window is not None:  # in chunks, the dead rows reclaimed between
+            for at in range(0, len(prompt) - 1, self.window.chunk):
+                part = prompt[at : min(at + self.window.chunk, len(prompt) - 1)]
+                self.slots.ensure_rows(st.cached - st.shift + len(part) + 1)
+                batch = pack([st.slot], [st.cached - st.shift], [torch.tensor(part)], logits="none",
+                             scratch_row=self.cache.scratch_row, device=self.decoder.device,
+                             shifts=[st.shift], window=self.window.mask_args())
+                self.decoder.forward(batch, self.cache, num_layers=self.num_layers)
+                st.cached += len(part)
+                self.cache.set_length(st.slot, st.cached - st.shift)
+                self._reclaim(st)
+        elif len(prompt) > 1:
             self.slots.ensure_rows(len(prompt))
             batch = pack([st.slot], [0], [torch.tensor(prompt[:-1])], logits="none",
                          scratch_row=self.cache.scratch_row, device=self.decoder.device)
@@ -152,7 +173,10 @@ class ModelDrafter:
         states = [self._states[s] for s in seq_ids]
         depths = [self.shape.max_depth(b.depth) for b in budgets]
         if self.target_cache is None:
-            self.slots.ensure_rows(max(len(t) + self.shape.fed_nodes(d) for t, d in zip(tokens, depths)))
+            for st in states:
+                self._reclaim(st)
+            self.slots.ensure_rows(max(len(t) - st.shift + self.shape.fed_nodes(d)
+                                       for st, t, d in zip(states, tokens, depths)))
         else:  # the target's slots do not grow: draft no deeper than the rows past the prefix allow
             limit = self.target_cache.max_len
             depths = [self._fits(d, len(t), limit) for t, d in zip(tokens, depths)]
@@ -196,9 +220,10 @@ class ModelDrafter:
             if node is None:
                 break
             path.append(node)
-        self.cache.compact(st.slot, [st.base + node for node in path], st.base)
+        base = st.base - st.shift  # the root's cache row
+        self.cache.compact(st.slot, [base + node for node in path], base)
         st.cached = st.base + len(path)
-        self.cache.set_length(st.slot, st.cached)
+        self.cache.set_length(st.slot, st.cached - st.shift)
 
     def update_batch(self, seq_ids: list[int], results: list[VerifyResult], hidden: list) -> None:
         for seq_id, result in zip(seq_ids, results):  # host bookkeeping and row moves: no forward
@@ -210,12 +235,28 @@ class ModelDrafter:
             self.slots.give(st.slot)
 
     # -- the forwards -------------------------------------------------------------------------
+    def _reclaim(self, st: _State) -> None:
+        """A window's dead rows of this sequence, dropped once there are enough (window.py)."""
+        if self.window is not None:
+            rows, st.shift = reclaim(self.window, self.cache, st.slot, st.cached - st.shift, st.shift)
+
+    def _windowed(self, states: list[_State]) -> dict:
+        """pack's window arguments for these sequences (none without a window)."""
+        if self.window is None:
+            return {}
+        return {"shifts": [st.shift for st in states], "window": self.window.mask_args()}
+
+    @property
+    def cache_rows(self) -> int:
+        """Rows a slot of the drafter's own cache holds (grown by doubling; 0 over the target's)."""
+        return 0 if self.target_cache is not None or self._slots is None else self._slots.cache.max_len
+
     def _forward(self, states: list[_State], feeds: list[Feed]) -> list[torch.Tensor]:
         """One forward writing each sequence's fed tree nodes; returns their logits [n_b, vocab]."""
-        batch = pack([st.slot for st in states], [st.base for st in states],
+        batch = pack([st.slot for st in states], [st.base - st.shift for st in states],
                      [torch.tensor(f.tokens) for f in feeds], [torch.tensor(f.parents) for f in feeds],
                      logits="real", scratch_row=self.cache.scratch_row, device=self.decoder.device,
-                     first_nodes=[f.first for f in feeds])
+                     first_nodes=[f.first for f in feeds], **self._windowed(states))
         logits = self.decoder.forward(batch, self.cache, num_layers=self.num_layers).logits  # [sum n_b, vocab]
         return list(logits.split([len(f.tokens) for f in feeds]))
 
@@ -223,13 +264,13 @@ class ModelDrafter:
         """Feed every sequence's committed tokens its cache lacks (the root at least), in one
         forward; returns the logits after each root [B, vocab]."""
         pending = [torch.tensor(toks[st.cached:]) for st, toks in zip(states, tokens)]
-        batch = pack([st.slot for st in states], [st.cached for st in states], pending, logits="last",
-                     scratch_row=self.cache.scratch_row, device=self.decoder.device)
+        batch = pack([st.slot for st in states], [st.cached - st.shift for st in states], pending, logits="last",
+                     scratch_row=self.cache.scratch_row, device=self.decoder.device, **self._windowed(states))
         logits = self.decoder.forward(batch, self.cache, num_layers=self.num_layers).logits[:, 0]  # [B, vocab]
         for st in states:
             st.cached = st.base  # the root's row belongs to this round's tree (node 0)
             if self.target_cache is None:  # the target's lengths are the engine's
-                self.cache.set_length(st.slot, st.cached)
+                self.cache.set_length(st.slot, st.cached - st.shift)
         return logits
 
     # -- drafting, one sequence (a grower: yields the nodes to feed, grow.py) -------------------

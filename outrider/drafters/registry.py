@@ -21,6 +21,7 @@ by the tree walk, greedy decoding by the greedy tree verifier.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +57,9 @@ class DrafterEntry:
         the bench);
     check_fits(argument, target_config, target_path) -> reason or None: can it serve this target
         (layers, tokenizer), decided before the target's weights or the drafter load;
-    build(argument, shape, target, target_path) -> Drafter.
+    build(argument, shape, target, target_path) -> Drafter;
+    windowed: it takes Windowed-MTP's `window=W,sink=S` (drafters/window.py): a drafter with an
+        attention and a K/V cache of its own; any other is refused those options in one line.
     """
 
     name: str
@@ -66,6 +69,7 @@ class DrafterEntry:
     parse_argument: Callable[[str], object] = no_argument
     models_needed: Callable[[object], tuple[str, ...]] = no_models
     check_fits: Callable[[object, object, Path], str | None] = fits_any
+    windowed: bool = False
 
     def __post_init__(self):
         if not self.name or ":" in self.name or self.name != self.name.strip():
@@ -122,6 +126,10 @@ def parse_drafter(text: str) -> tuple[DrafterEntry, object]:
     if entry is None:
         known = ", ".join(e.usage for e in entries().values())
         raise ConfigError(f"--drafter {text!r}: unknown drafter; use one of the registered drafters: {known}")
+    if not entry.windowed and ":" not in argument and re.search(r"(^|,)(window|sink)=", argument):
+        takers = ", ".join(sorted(e.name for e in entries().values() if e.windowed))
+        raise ConfigError(f"--drafter {text!r}: window=/sink= restrict a drafter's own attention, and {name} "
+                          f"has none of its own to restrict; they apply to {takers}")
     try:
         return entry, entry.parse_argument(argument)
     except ConfigError as err:

@@ -14,6 +14,11 @@ Slots need not be contiguous nor in order: the forward attends over the **span**
 `span_place[b]` is batch row b's place in the span (None when the slots are exactly the span,
 in order). Span slots that are not in the batch (holes) get a query of zeros that sees one row,
 and their output is dropped. Example: slots [5, 2] -> span 2..5, span_place [3, 0], holes 3, 4.
+
+A windowed drafter (drafters/window.py) passes `window=(S, W)` and per-slot `shifts`: its cache
+row r holds position r (r < S) or r + shift (rows past the sink were reclaimed), new tokens get
+positions shifted the same way, and each query at position p sees only keys at positions < S or
+> p - W, on top of the usual causal / tree rule.
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ def pack(
     scratch_row: int = -1,
     device: torch.device | str = "cpu",
     first_nodes: list[int] | None = None,
+    shifts: list[int] | None = None,
+    window: tuple[int, int] | None = None,
 ) -> ForwardBatch:
     """Build a ForwardBatch from host-side lengths and per-slot tokens (and trees).
 
@@ -72,7 +79,14 @@ def pack(
     first_nodes[b] (default 0): the new tokens are nodes first..first+n_b-1 of the tree
     `parents[b]`; its earlier nodes were written by an earlier forward at rows
     cache_len + node (a drafter growing its tree one depth at a time).
+    shifts[b] (default 0): positions minus cache rows past the sink; window (S, W): a query at
+    position p sees keys at positions < S or > p - W only (module notes).
     """
+    if shifts is not None or window is not None:
+        if any(shifts or ()) and window is None:
+            raise ValueError("shifts come with a window: rows past the sink were reclaimed by it")
+        return _pack(slot_ids, cache_lens, new_tokens, parents, logits, hidden_layers, scratch_row, device,
+                     first_nodes, shifts or [0] * len(slot_ids), window)
     if len(slot_ids) == 1 and not (first_nodes and first_nodes[0]) and isinstance(logits, str):
         tree = parents[0] if parents is not None else None
         n = int(new_tokens[0].shape[0])
@@ -83,8 +97,8 @@ def pack(
 
 
 def _pack(slot_ids, cache_lens, new_tokens, parents, logits, hidden_layers, scratch_row, device,
-          first_nodes) -> ForwardBatch:
-    """pack's general case (any slots, tokens and trees)."""
+          first_nodes, shifts=None, window=None) -> ForwardBatch:
+    """pack's general case (any slots, tokens and trees; a window)."""
     B = len(slot_ids)
     counts = [int(t.shape[0]) for t in new_tokens]
     firsts = first_nodes or [0] * B
@@ -94,6 +108,7 @@ def _pack(slot_ids, cache_lens, new_tokens, parents, logits, hidden_layers, scra
     positions = torch.zeros(B, T, dtype=torch.long)
     rows = torch.full((B, T), scratch_row, dtype=torch.long)
     tree = torch.zeros(B, T, width, dtype=torch.bool)
+    node_pos = torch.zeros(B, width, dtype=torch.long)  # each visible tree node's position less its slot's shift
     for b, (n, start, first) in enumerate(zip(counts, cache_lens, firsts)):
         tokens[b, :n] = new_tokens[b].cpu()
         rows[b, :n] = torch.arange(start + first, start + first + n)
@@ -101,13 +116,23 @@ def _pack(slot_ids, cache_lens, new_tokens, parents, logits, hidden_layers, scra
         if tree_parents is None:
             positions[b, :n] = torch.arange(start + first, start + first + n)
             tree[b, :n, : first + n] = torch.ones(first + n, first + n, dtype=torch.bool).tril()[first:]
+            node_pos[b, : first + n] = torch.arange(start, start + first + n)
         else:
             tree_parents = tree_parents.cpu()
-            positions[b, :n] = start + depths(tree_parents)[first : first + n]
+            node_depths = depths(tree_parents)
+            positions[b, :n] = start + node_depths[first : first + n]
             tree[b, :n, : first + n] = ancestor_mask(tree_parents)[first : first + n, : first + n]
+            node_pos[b, : first + n] = start + node_depths[: first + n]
     kv_len = max(start + f + n for start, f, n in zip(cache_lens, firsts, counts))
     simple = B == 1 and (parents is None or parents[0] is None) and firsts[0] == 0
     attn_mask = None if (simple and (T == 1 or cache_lens[0] == 0)) else _mask(cache_lens, tree, kv_len)
+    if window is not None:
+        shift = torch.tensor(shifts, dtype=torch.long).view(B, 1)
+        real = torch.arange(T).view(1, T) < torch.tensor(counts).view(B, 1)
+        positions = torch.where(real, positions + shift, positions)
+        if attn_mask is None:
+            attn_mask = _mask(cache_lens, tree, kv_len)
+        attn_mask = _windowed(attn_mask, cache_lens, node_pos, shifts, positions, real, window)
     logits_flat = None
     if logits == "all":
         logits_rows = None
@@ -194,6 +219,32 @@ def _one_chain(slot: int, cache_len: int, tokens: torch.Tensor, tree: bool, logi
         attn_mask=to(mask), kv_len=L, logits_rows=to(logits_rows), hidden_layers=tuple(hidden_layers),
         span_first=slot, span_size=1, span_place=None, logits_flat=to(logits_flat),
     )
+
+
+def key_positions(cache_lens: list[int], node_pos: torch.Tensor, shifts: list[int], sink: int,
+                  kv_len: int) -> torch.Tensor:
+    """The position of every cache row a forward reads: [B, kv_len] long. Committed row r holds
+    position r (r < sink) or r + shift; row cache_len + i holds tree node i (node_pos[b, i] + shift)."""
+    B, width = node_pos.shape
+    cols = torch.arange(kv_len).view(1, kv_len)
+    lens = torch.tensor(cache_lens).view(B, 1)
+    shift = torch.tensor(shifts, dtype=torch.long).view(B, 1)
+    committed = torch.where(cols < sink, cols, cols + shift)
+    rel = (cols - lens).clamp(0, max(width - 1, 0))
+    nodes = torch.gather(node_pos, 1, rel) + shift if width else committed
+    return torch.where(cols < lens, committed, nodes)
+
+
+def _windowed(mask: torch.Tensor, cache_lens, node_pos, shifts, positions, real, window) -> torch.Tensor:
+    """mask [B, 1, T, L] and'ed with the window: query at p sees keys at positions < S or > p - W.
+    A padded row keeps row 0 (as _mask leaves it)."""
+    sink, width = window
+    B, _, T, L = mask.shape
+    keys = key_positions(cache_lens, node_pos, shifts, sink, L).view(B, 1, 1, L)
+    queries = positions.view(B, 1, T, 1)
+    mask = mask & ((keys < sink) | (keys > queries - width))
+    mask[..., 0] |= ~mask.any(-1)  # padded rows, and nothing else: a real row always sees itself
+    return mask
 
 
 def _mask(cache_lens: list[int], tree: torch.Tensor, kv_len: int) -> torch.Tensor:
