@@ -1,7 +1,8 @@
 """Int8 activations (the `-i8` dtypes): native/qmatmul_i8.c against its torch reference (kernels/qmatmul_i8_reference.py),
 rows bit-identical whatever the batch and the threads, the rounding of x as documented (on each
-variant of the library that has the kernel: avx512-vnni, amx), and the refusal where the kernel
-cannot run (the variants without it). Greedy speculative == autoregressive on `q4-i8` / `q8_0-i8`
+variant of the library that has the kernel: qmatmul_i8.c in avx512-vnni and amx, qmatmul_i8_avx2.c in
+avx2 and avx512), the AVX2 kernel's bits equal to the VNNI kernel's, and the refusal where no kernel
+runs (portable). Greedy speculative == autoregressive on `q4-i8` / `q8_0-i8`
 models: test_quant_model.py's `quantized` fixture and test_quant_smollm2.py run it.
 
 Tolerance against `reference_linear_i8` (the exact integer block sums, their scales applied in
@@ -27,7 +28,7 @@ from test_quant_native import assert_rows_bit_identical
 from kernel_variants import HERE, I8, variant  # noqa: F401  (variant: the fixture)
 
 needs_lanes = pytest.mark.skipif(not native.i8_available(),
-                                 reason=f"int8-activation kernel: {native.reason() or 'no AVX-512 VNNI'}")
+                                 reason=f"int8-activation kernel: {native.reason() or 'no AVX2'}")
 
 
 def widened(blocks):
@@ -164,20 +165,44 @@ def test_the_quantized_linear_and_the_native_layer_take_it(tmp_path):
     assert layers is not None and layers.lanes
 
 
-NO_I8 = [pytest.param(v, id=v) for v in HERE if v not in ("amx", "avx512-vnni")]
+NO_I8 = [pytest.param(v, id=v) for v in HERE if v == "portable"]
+VNNI = [v for v in HERE if v in ("amx", "avx512-vnni")]
+AVX2_ONLY = [pytest.param(v, id=v) for v in HERE if v in ("avx512", "avx2")]
+
+
+@pytest.mark.skipif(not VNNI, reason="no AVX-512 VNNI here: nothing to compare the AVX2 kernel's bits with")
+@pytest.mark.parametrize("variant", AVX2_ONLY, indirect=True)
+def test_the_avx2_kernel_gives_the_vnni_kernels_bits(variant):
+    """qmatmul_i8_avx2.c (vpmaddubsw) and qmatmul_i8.c (vpdpbusd): the same integer sums and the same
+    float32 operations lane by lane, so the same bits for every kind, scale form and tail shape, at
+    any row count; and the same packed bytes."""
+    for cols in (32, 96, 448, 512, 576, 800, 768, 1280):  # tails of 1, 3, 14, 0, 2, 9, 8, 8 blocks
+        x = torch.randn(11, cols, generator=torch.Generator().manual_seed(cols + 1))
+        x[3, : min(cols, 64)] = 0  # an all-zero block of x: scale 0
+        x[4] *= 1e3
+        for name, blocks in all_kinds(cols, seed=cols + 2).items():
+            weight = native.NativeWeight.packed(blocks)
+            got = {rows: native.qmatmul(x[:rows], weight) for rows in (1, 3, 8, 11)}
+            with native.use_variant(VNNI[0]):
+                other = native.NativeWeight.packed(blocks)
+                assert torch.equal(weight.q, other.q), (name, cols)
+                want = {rows: native.qmatmul(x[:rows], other) for rows in got}
+            for rows in got:
+                assert torch.equal(got[rows], want[rows]), (name, cols, rows)
 
 
 @pytest.mark.parametrize("variant", NO_I8, indirect=True)
 def test_a_variant_without_the_kernel_refuses_the_i8_dtypes(variant, tiny_folders):
-    """avx512, avx2, portable: no int8-activation kernel, so no lanes layout and `-i8` refused."""
+    """portable: no int8-activation kernel, so no lanes layout and `-i8` refused, in one line."""
     from outrider.weights.loader import load_decoder
 
     assert not native.i8_available() and "no int8 activations" in native.describe()
-    with pytest.raises(RuntimeError, match="int8-activation kernel needs AVX-512 with VNNI"):
+    with pytest.raises(RuntimeError, match="int8-activation kernel needs AVX2"):
         native.NativeWeight.packed(random_blocks("q4_0", 16, 64))
     with pytest.raises(ModelError, match="--dtype q4-i8 needs Outrider's int8-activation kernel") as err:
         load_decoder(tiny_folders["llama"], "cpu", "q4-i8")
     assert "\n" not in str(err.value)
+    assert "the portable kernel variant has no int8 activations: they need AVX2" in str(err.value)
 
 
 def test_refused_in_one_line_where_the_kernel_does_not_run(tiny_folders, monkeypatch):
@@ -202,3 +227,52 @@ def test_a_draft_model_multiplies_with_int8_activations_by_default(tmp_path):
         target = load_decoder(folder, "cpu", target_dtype)
         drafter = build(DraftModel(str(folder), asked), parse_shape("chain"), target, folder)
         assert drafter.decoder.quantization == got, (target_dtype, asked)
+
+
+AVX2 = [pytest.param("avx2", id="avx2")] if "avx2" in HERE else [
+    pytest.param("none", id="no-avx2", marks=pytest.mark.skip(reason="no AVX2 here"))]
+
+
+@pytest.mark.parametrize("dtype", ["q4-i8", "q8_0-i8"])
+@pytest.mark.parametrize("variant", AVX2, indirect=True)
+def test_greedy_speculative_equals_autoregressive_on_the_avx2_kernel(variant, dtype, tmp_path):
+    """The avx2 variant (qmatmul_i8_avx2.c, what an AVX2-only CPU runs): an `-i8` model's greedy
+    speculative output, chain and tree, is its autoregressive output, token for token."""
+    from outrider.engine.generate import generate_ids
+    from outrider.engine.request import Request
+    from outrider.engine.speculator import SpecOptions, Speculator
+    from outrider.sampling import SamplingParams
+    from outrider.weights.loader import load_decoder
+    from test_native_layer import make_family
+
+    folder = make_family("qwen2", tmp_path / "qwen2")
+    m = load_decoder(folder, "cpu", dtype)
+    assert native.variant() == "avx2" and m.lm_head.kernel == "i8"
+    requests = lambda: [Request([3, 9, 4, 3, 9, 4, 3, 9], 24, SamplingParams(0.0)),  # noqa: E731
+                        Request([7, 8, 7, 8, 7], 24, SamplingParams(0.0))]
+    plain = [f.token_ids for f in generate_ids(m, requests(), set())]
+    for drafter, shape in (("ngram", "chain"), ("early-exit:2", "static:2,1,1")):  # a chain, a tree
+        spec = Speculator.build(SpecOptions(drafter, shape, "fixed:4"), m, folder)
+        fast = generate_ids(m, requests(), set(), speculation=spec)
+        assert [f.token_ids for f in fast] == plain, drafter
+        assert sum(f.round_stats.committed for f in fast) > sum(f.round_stats.rounds for f in fast), drafter
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("variant", AVX2, indirect=True)
+def test_smollm2_q4_i8_on_the_avx2_kernel_speculates_exactly(variant, smollm2_path, smollm2_tokenizer):
+    """The packaged SmolLM2 `q4-i8` on the avx2 variant: greedy speculative == autoregressive."""
+    from outrider.engine.generate import generate_ids
+    from outrider.engine.request import Request
+    from outrider.engine.speculator import SpecOptions, Speculator
+    from outrider.weights.loader import load_decoder
+
+    target = load_decoder(smollm2_path, "cpu", "q4-i8")
+    assert native.variant() == "avx2" and target.layers[0].qkv.kernel == "i8"
+    spec = Speculator.build(SpecOptions("ngram", "chain", "fixed:4"), target, smollm2_path)
+    prompts = ["Monday, Tuesday, Wednesday,", "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"]
+    requests = lambda: [Request(smollm2_tokenizer(p)["input_ids"], 16) for p in prompts]  # noqa: E731
+    plain = [f.token_ids for f in generate_ids(target, requests(), set())]
+    outs = generate_ids(target, requests(), set(), speculation=spec)
+    assert [f.token_ids for f in outs] == plain
+    assert sum(f.round_stats.committed for f in outs) > sum(f.round_stats.rounds for f in outs)

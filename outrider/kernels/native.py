@@ -11,8 +11,9 @@ variant (`VARIANT_FLAGS`: `cc -O3 -ffp-contract=off -fopenmp` and the variant's 
 flags, about 10-30 s of CPU the first time) kept in `<cache_dir>/kernels/qmatmul-<variant>-<key>.so`,
 the key a hash of the sources, the flags, the compiler and the machine, so an edited source
 builds its own. The variants, best first: amx (AVX-512 with VNNI, BF16, VBMI and the AMX tile
-unit), avx512-vnni (the int8-activation kernels of the `-i8` dtypes), avx512 (x86-64-v4), avx2
-(x86-64-v3: AVX2, FMA, F16C) and portable (plain C, any CPU: ARM, older x86). Config
+unit), avx512-vnni (the int8-activation kernel of the `-i8` dtypes on vpdpbusd), avx512 (x86-64-v4),
+avx2 (x86-64-v3: AVX2, FMA, F16C; the `-i8` dtypes on vpmaddubsw, as avx512 too) and portable (plain
+C, any CPU: ARM, older x86; no `-i8`). Config
 `kernel_variant` ("auto": the best this CPU executes, config.kernel_variants_here) chooses; a
 variant whose build fails is passed over for the next, its reason kept (`describe()`). Each is
 loaded with ctypes (no Python extension API, no torch headers) after torch, so its OpenMP
@@ -55,7 +56,7 @@ from .blocks import BLOCK, QuantBlocks
 CSRC = Path(__file__).with_name("csrc")
 SOURCE = CSRC / "qmatmul.c"
 SOURCES = (SOURCE, *(CSRC / f for f in ("decoder_layer.c", "attention.c", "matmul_amx.c", "qmatmul_i8.c",
-                                       "qmatmul_i8_pack.c")))  # one library
+                                       "qmatmul_i8_avx2.c", "qmatmul_i8_pack.c")))  # one library
 HEADERS = tuple(CSRC / h for h in ("isa.h", "block_kinds.h", "block_decode.h", "qmatmul_i8.h",
                                    "attention.h"))  # in its key
 FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-fPIC")  # every variant's, with its own below
@@ -308,7 +309,8 @@ LANES = 16  # added to a kind code: the weight packed for int8 activations (qmat
 
 
 def i8_available() -> bool:
-    """Whether qmatmul_i8.c's int8-activation kernel is built here (AVX-512 with VNNI): the `-i8` dtypes."""
+    """Whether an int8-activation kernel is built here: the `-i8` dtypes (qmatmul_i8.c with AVX-512 VNNI,
+    qmatmul_i8_avx2.c with AVX2: every variant but portable)."""
     lib = library()
     return lib is not None and bool(lib.outrider_i8_ok())
 
@@ -346,7 +348,8 @@ class NativeWeight:
         """The blocks in qmatmul_i8.c's layout (the same codes and scales, regrouped: as many bytes),
         for the int8-activation kernel; needs `i8_available()`."""
         if not i8_available():
-            raise RuntimeError("the int8-activation kernel needs AVX-512 with VNNI, which this CPU or build lacks")
+            raise RuntimeError("the int8-activation kernel needs AVX2 (the avx2 kernel variant or better), "
+                               "which this CPU or build lacks")
         w = cls.of(blocks)
         out_features, in_features = w.shape
         lib = _state["lib"]
@@ -460,7 +463,7 @@ def describe() -> str:
     `outrider config` print it; serve's startup line names the variant)."""
     if available():
         name = _state["variant"]
-        i8 = "int8 activations (the -i8 dtypes)" if i8_available() else "no int8 activations (they need AVX-512 VNNI)"
+        i8 = "int8 activations (the -i8 dtypes)" if i8_available() else "no int8 activations (they need AVX2)"
         how = (f"asked for: kernel_variant={asked()}" if asked() != "auto"
                else f"auto: the best this CPU runs of {', '.join(kernel_variants_here())}")
         passed = [_failed[v] for v in kernel_variants_here()[:kernel_variants_here().index(name)] if v in _failed]

@@ -23,7 +23,8 @@ safetensors, quantized at load. `load_decoder(folder, dtype="q4" | "q8_0")` read
                    decoding (quant_linear.py says why); q4 and q8_0 compute in float32 and are.
     --dtype q4-i8, q8_0-i8, q4_0-i8, gguf-i8: the same weights as without "-i8", multiplied as
                    llama.cpp multiplies them: each 32 activations rounded to 8-bit codes and a
-                   scale, integer dot products (native/qmatmul_i8.c, AVX-512 VNNI; kernels/qmatmul_i8_reference.py). A
+                   scale, integer dot products (native/qmatmul_i8.c, AVX-512 VNNI, or qmatmul_i8_avx2.c, AVX2:
+                   the same bits; kernels/qmatmul_i8_reference.py). A
                    model of its own (its output differs from q4's as llama.cpp's does), exact
                    under speculation like every dtype here: a k-token verify gives each row what
                    a 1-token step gives, bit for bit. What a verify costs in one-token steps,
@@ -129,7 +130,7 @@ class QuantTensors:
 
             if not native.i8_available():
                 why = native.reason() or (f"the {native.variant()} kernel variant has no int8 activations: they need "
-                                          "the avx512-vnni (or amx) variant, an AVX-512 VNNI CPU")
+                                          "AVX2, the avx2 variant or better")
                 raise ModelError(f"--dtype {dtype_name} needs Outrider's int8-activation kernel, which does not run "
                                  f"here ({why}); use --dtype {self.name}")
         self.floats = floats  # loader._Tensors over the folder's safetensors

@@ -4,6 +4,8 @@
  *   OUTRIDER_AVX2     x86-64 with AVX2, FMA and F16C (x86-64-v3: the `avx2` variant, and under
  *                     the AVX-512 paths of every AVX-512 variant)
  *   OUTRIDER_AVX512   and AVX-512 F, BW and VL (x86-64-v4: `avx512`, `avx512-vnni`, `amx`)
+ *   OUTRIDER_VNNI512  and AVX-512 VNNI (`avx512-vnni`, `amx`): qmatmul_i8.c's int8 kernel; the other
+ *                     AVX2 builds (`avx2`, `avx512`) take qmatmul_i8_avx2.c's
  *   neither           the `portable` variant: plain C, no intrinsics (ARM, older x86): the
  *                     compiler vectorizes its lane loops for the baseline of its target
  *
@@ -21,6 +23,9 @@
 #include <immintrin.h>
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define OUTRIDER_AVX512 1
+#if defined(__AVX512VNNI__)
+#define OUTRIDER_VNNI512 1   /* qmatmul_i8.c's vpdpbusd kernel; AVX2 builds without it: qmatmul_i8_avx2.c */
+#endif
 #endif
 #endif
 

@@ -52,20 +52,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "isa.h"
+
 int outrider_i8_ok(void);
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(OUTRIDER_VNNI512)
 #include <immintrin.h>
 
 #include "qmatmul_i8.h"
 #include "block_decode.h"
 
-#define XREC 768          /* bytes of one row's group of x: 8 units of 64, d[16], sum[16], first-half sum[16], d * sum[16] */
-/* a tail of nb blocks: vectors of codes (Q4: lanes of 4 bytes, 4 blocks a vector; Q8: 2 blocks) */
-#define TAIL_VECTORS(kind, nb) (q8(kind) ? ((nb) + 1) / 2 : ((nb) + 3) / 4)
-/* x's tail record: per code vector, x's partners (Q4: low and high nibbles' values: 2 vectors),
- * then each lane's d, sum of its values' codes, and d * sum (a vector each) */
-#define XTAIL(kind, nb) (TAIL_VECTORS(kind, nb) * 64 * (q8(kind) ? 4 : 5))
 #define RMAX 8            /* rows of x a tile takes */
 #define TILE_N 16         /* weight rows a thread takes at a time */
 
@@ -89,18 +85,12 @@ int outrider_i8_peak(int64_t rounds, int threads) {
     return sink;
 }
 
-/* Bytes of a row of x's records for a weight of `kind` (the tail's layout follows the codes'). */
-static int64_t x_row_bytes(int kind, int64_t K) {
-    const int64_t B = K / QK, tail = B % GROUP;
-    return B / GROUP * XREC + (tail ? (short_group(tail) ? XREC : XTAIL(kind, tail)) : 0);
-}
-
 /* ---- activations --------------------------------------------------------------------------------- */
 
 /* Row x [K] into its records for a weight of `kind`: the groups' (XREC bytes each), then the
  * tail's (XTAIL: lanes past its blocks zero). */
 static void quantize_row(int kind, const float *x, int64_t K, uint8_t *rec) {
-    const int64_t B = K / QK, full = B / GROUP, nb = B % GROUP, tv = TAIL_VECTORS(kind, nb);
+    const int64_t B = K / QK;
     memset(rec, 0, x_row_bytes(kind, K));
     for (int64_t b = 0; b < B; b++) {
         const __m512 x0 = _mm512_loadu_ps(x + b * QK), x1 = _mm512_loadu_ps(x + b * QK + 16);
@@ -109,42 +99,10 @@ static void quantize_row(int kind, const float *x, int64_t K, uint8_t *rec) {
         const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(id)));  /* to nearest, even */
         const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(id)));
         const int32_t s0 = _mm512_reduce_add_epi32(q0), s1 = _mm512_reduce_add_epi32(q1);
-        uint32_t w0[4], w1[4];
-        const __m128i b0 = _mm512_cvtsepi32_epi8(q0), b1 = _mm512_cvtsepi32_epi8(q1);
-        memcpy(w0, &b0, 16);
-        memcpy(w1, &b1, 16);
-        if (b >= full * GROUP && !short_group(nb)) {  /* a dense tail: lane e = dword e of its codes (TAIL_VECTORS) */
-            uint8_t *t = rec + full * XREC;
-            const int64_t i = b - full * GROUP;
-            const int8_t *c0 = (const int8_t *)&b0, *c1 = (const int8_t *)&b1;
-            for (int j = 0; j < (q8(kind) ? 8 : 4); j++) {
-                const int64_t e = (q8(kind) ? 8 : 4) * i + j, v = e / 16, lane = e % 16;
-                /* each lane: its scale group's sum of codes (q8_16: the block's half; else the block) */
-                const int32_t sum = BASE(kind) == KIND_Q8_16 ? (j < 4 ? s0 : s1) : s0 + s1;
-                if (q8(kind)) {  /* values 4j..4j+3, in order */
-                    memcpy(t + v * 64 + 4 * lane, j < 4 ? c0 + 4 * j : c1 + 4 * (j - 4), 4);
-                } else {  /* low nibbles' partners 4j..4j+3, high nibbles' 16+4j..16+4j+3 */
-                    memcpy(t + v * 64 + 4 * lane, c0 + 4 * j, 4);
-                    memcpy(t + (tv + v) * 64 + 4 * lane, c1 + 4 * j, 4);
-                }
-                uint8_t *lanes = t + (q8(kind) ? tv : 2 * tv) * 64 + v * 64 + 4 * lane;  /* d, then sum, then d * sum */
-                memcpy(lanes, &d, 4);
-                memcpy(lanes + tv * 64, &sum, 4);
-                const float ds = d * (float)sum;
-                memcpy(lanes + 2 * tv * 64, &ds, 4);
-            }
-            continue;
-        }
-        uint8_t *g = rec + (b / GROUP) * XREC;
-        const int64_t l = b % GROUP;
-        for (int p = 0; p < 4; p++) {
-            memcpy(g + (2 * p) * 64 + 4 * l, &w0[p], 4);
-            memcpy(g + (2 * p + 1) * 64 + 4 * l, &w1[p], 4);
-        }
-        ((float *)(g + 512))[l] = d;
-        ((int32_t *)(g + 576))[l] = s0 + s1;
-        ((int32_t *)(g + 640))[l] = s0;
-        ((float *)(g + 704))[l] = d * (float)(s0 + s1);
+        int8_t c[32];
+        _mm_storeu_si128((__m128i *)c, _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(c + 16), _mm512_cvtsepi32_epi8(q1));
+        store_x_block(kind, rec, B, b, c, d, s0, s1);
     }
 }
 
@@ -293,7 +251,9 @@ static inline __attribute__((always_inline)) void dot_rows(int kind, int R, cons
             }
         }
     }
-    for (int r = 0; r < R; r++) y[r * ystride] = _mm512_reduce_add_ps(acc[r]);
+    for (int r = 0; r < R; r++)  /* qmatmul_i8.h sum16: the AVX2 kernel's order too */
+        y[r * ystride] = sum16(_mm512_castps512_ps256(acc[r]),
+                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r]), 1)));
 }
 
 /* Threads split the weight rows in tiles of TILE_N; each weight row of a tile passes over up to
@@ -354,7 +314,8 @@ int outrider_i8_matmul(int kind, const float *x, int64_t M, int64_t K, const voi
     return 0;
 }
 
-#else  /* no AVX-512 VNNI in this build: the -i8 dtypes are refused (native.i8_available) */
+#elif !defined(OUTRIDER_AVX2)  /* portable: no int8 kernel, the -i8 dtypes are refused (native.i8_available);
+                                 AVX2 builds without AVX-512 VNNI: qmatmul_i8_avx2.c */
 int outrider_i8_ok(void) { return 0; }
 int outrider_i8_peak(int64_t rounds, int threads) {
     (void)rounds; (void)threads;

@@ -3,11 +3,13 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "isa.h"
+
 int64_t outrider_i8_row_bytes(int kind, int64_t K);
 int outrider_i8_pack(int kind, int64_t K, const void *q, const void *d, const void *m, int64_t n0, int64_t n1,
                         void *out, int threads);
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(OUTRIDER_AVX2)  /* the builds with an int8 kernel: qmatmul_i8.c (AVX-512 VNNI) or qmatmul_i8_avx2.c */
 #include "qmatmul_i8.h"
 
 int64_t outrider_i8_row_bytes(int kind, int64_t K) {
@@ -71,7 +73,7 @@ int outrider_i8_pack(int kind, int64_t K, const void *q, const void *d, const vo
     return 0;
 }
 
-#else  /* no AVX-512 VNNI in this build: nothing is packed (native.i8_available) */
+#else  /* portable: no int8 kernel, nothing is packed (native.i8_available) */
 int64_t outrider_i8_row_bytes(int kind, int64_t K) { (void)kind; (void)K; return -1; }
 int outrider_i8_pack(int kind, int64_t K, const void *q, const void *d, const void *m, int64_t n0, int64_t n1,
                         void *out, int threads) {

@@ -1,0 +1,383 @@
+/* The int8-activation kernel of the `-i8` dtypes (qmatmul_i8.c's header gives the numerics and the
+ * layout) with AVX2 alone: the `avx2` variant, and `avx512` (AVX-512 without VNNI). The same weight
+ * records (qmatmul_i8_pack.c), the same records of x (qmatmul_i8.h), the same integer block sums and
+ * the same float32 operations lane by lane as the AVX-512 VNNI kernel, its 16 lanes kept as two
+ * vectors of 8, summed by the same tree (qmatmul_i8.h sum16): every output is the bits qmatmul_i8.c
+ * gives (tests/test_quant_i8.py compares them), whatever the rows and threads.
+ *
+ * The integer sums. AVX2 has no vpdpbusd; its multiply of unsigned by signed bytes, vpmaddubsw,
+ * adds two products into a signed 16-bit lane (saturating), and vpmaddwd with ones adds the two
+ * 16-bit halves of each 32-bit lane: a block's lane gets its 4 products, as vpdpbusd gives them.
+ *   Q4 codes (0..15) times x's codes (-127..127): a 16-bit lane holds at most 2 * 15 * 127 = 3810,
+ *   so a group's 8 vpmaddubsw for a half (4 units, low and high nibbles: 16 products a 16-bit
+ *   lane, at most 30480) add as 16-bit integers and are widened once: per 256 values of a row, 8
+ *   vpmaddubsw, 7 vpaddw and one vpmaddwd.
+ *   Q8 codes (-128..127; the layout keeps c + 128 for vpdpbusd, xored back here) as the unsigned
+ *   operand would overflow it, so, as llama.cpp does, |c| is the unsigned operand and c's sign
+ *   moves onto x (vpsignb): |c| * (sign(c) xq) = c xq, a 16-bit lane at most 2 * 128 * 127 =
+ *   32512, widened at once (vpmaddwd each): the sum of c xq itself, where qmatmul_i8.c sums
+ *   (c + 128) xq and takes 128 * sum xq off: the same integer.
+ * Weights decoded once per group of rows: a group's half (8 blocks) is loaded and unpacked (Q4:
+ * a mask and a shift a unit; Q8: the xor and |c|) once for up to RMAX rows of x.
+ *
+ * The float epilogue per block lane is qmatmul_i8.c's: fma(float(isum), d_w * d_x, acc) (and Q4_1's
+ * fma(m_w, d_x * sum xq, acc)), lanes past a short group's blocks given the same zero terms, a
+ * dense tail's terms into the same lanes; so the bits agree with the avx512-vnni variant's.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "isa.h"
+
+#if defined(OUTRIDER_AVX2) && !defined(OUTRIDER_VNNI512)
+#include "qmatmul_i8.h"
+#include "block_decode.h"
+
+#define RMAX 8            /* rows of x a weight row's decoded half serves */
+#define TILE_N 16         /* weight rows a thread takes at a time */
+#define AI static inline __attribute__((always_inline))
+
+int outrider_i8_ok(void) { return 1; }
+
+/* The CPU's own bound on the products as this kernel makes them: `rounds` x 48 vpmaddubsw (32
+ * multiply-adds each: 24 x 64 a round, as qmatmul_i8.c's peak counts) each added into one of 12
+ * 16-bit accumulators (the Q4 path's vpmaddubsw + vpaddw), on each of `threads` threads, nothing
+ * loaded. Returns a value of the sums so that none is dropped. */
+int outrider_i8_peak(int64_t rounds, int threads) {
+    int sink = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+        __m256i a[12], b = _mm256_set1_epi8(1);
+        const __m256i c = _mm256_set1_epi8(2);
+        for (int i = 0; i < 12; i++) a[i] = _mm256_set1_epi16((short)i);
+        for (int64_t r = 0; r < rounds; r++)
+            for (int j = 0; j < 4; j++)
+                for (int i = 0; i < 12; i++) {
+                    __asm__ volatile("" : "+x"(b));  /* a product of its own each time: not folded */
+                    a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(b, c));
+                }
+        for (int i = 0; i < 12; i++) {
+            const __m256i w = _mm256_madd_epi16(a[i], _mm256_set1_epi16(1));
+            int32_t v[8];
+            _mm256_storeu_si256((__m256i *)v, w);
+            for (int k = 0; k < 8; k++) sink += v[k];
+        }
+    }
+    return sink;
+}
+
+/* ---- activations --------------------------------------------------------------------------------- */
+
+/* Row x [K] into its records (qmatmul_i8.h), with qmatmul_i8.c's float32 operations: d = amax / 127,
+ * id = 1 / d (0 for d = 0), codes round(x * id) to nearest even (vcvtps2dq), saturated to int8. */
+static void quantize_row(int kind, const float *x, int64_t K, uint8_t *rec) {
+    const int64_t B = K / QK;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    memset(rec, 0, x_row_bytes(kind, K));
+    for (int64_t b = 0; b < B; b++) {
+        __m256 v[4];
+        for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(x + b * QK + 8 * i);
+        __m256 m = _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1]));
+        m = _mm256_max_ps(m, _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+        const float amax = _mm_cvtss_f32(h);  /* a maximum: exact in any order */
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        __m256i q[4];
+        for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
+        /* sums of codes 0..15 and 16..31 (integers: exact) */
+        int32_t t[8];
+        _mm256_storeu_si256((__m256i *)t, _mm256_add_epi32(q[0], q[1]));
+        int32_t s0 = 0, s1 = 0;
+        for (int i = 0; i < 8; i++) s0 += t[i];
+        _mm256_storeu_si256((__m256i *)t, _mm256_add_epi32(q[2], q[3]));
+        for (int i = 0; i < 8; i++) s1 += t[i];
+        /* to int8, saturating as vpmovsdb does: the packs interleave 128-bit lanes, the permute puts
+         * codes 0..31 back in order */
+        const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        int8_t c[32];
+        _mm256_storeu_si256((__m256i *)c, _mm256_permutevar8x32_epi32(w, order));
+        store_x_block(kind, rec, B, b, c, d, s0, s1);
+    }
+}
+
+/* ---- products ------------------------------------------------------------------------------------ */
+
+/* Dword lanes 0..n-1 of a half set (n <= 0: none, n >= 8: all), for vpmaskmov. */
+AI __m256i lane_mask(int64_t n) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 0 ? 0 : n > 8 ? 8 : n)), lane);
+}
+
+/* 8 float16 values at p, lanes past n (< 8) zero. */
+AI __m256 halves(const uint8_t *p, int64_t n) {
+    if (n >= 8) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    uint16_t h[8] = {0};
+    if (n > 0) memcpy(h, p, 2 * n);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+/* 8 float32 values at p, lanes past n zero. */
+AI __m256 floats(const uint8_t *p, int64_t n) {
+    if (n >= 8) return _mm256_loadu_ps((const float *)p);
+    return _mm256_maskload_ps((const float *)p, lane_mask(n));
+}
+
+/* A group's scales (and mins) of nb blocks at s as 16 lanes (two halves of 8), lanes past nb zero,
+ * with qmatmul_i8.c's operations (group_scales there); q8_16: da the first halves', db the second's. */
+AI void group_scales(int kind, const uint8_t *s, int64_t nb, __m256 da[2], __m256 db[2], __m256 mw[2]) {
+    for (int h = 0; h < 2; h++) db[h] = mw[h] = _mm256_setzero_ps();
+    if (kind & FACTORED) {
+        if (BASE(kind) == KIND_Q4_1) {  /* block_decode.h widen_factored: D * code, -(Dmin * code) */
+            for (int h = 0; h < 2; h++) {
+                const int here = h == 0 || nb > 8;
+                const uint8_t *p = s + h * SUPER_BYTES(kind);
+                uint64_t sc = 0, mn = 0;
+                if (here) memcpy(&sc, p + 4, 8), memcpy(&mn, p + 12, 8);
+                const __m256 D = _mm256_set1_ps(here ? half_at(p) : 0.0f), Dm = _mm256_set1_ps(here ? half_at(p + 2) : 0.0f);
+                da[h] = _mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc))));
+                const __m256 low = _mm256_mul_ps(Dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn))));
+                mw[h] = _mm256_xor_ps(low, _mm256_set1_ps(-0.0f));
+            }
+            return;
+        }
+        /* q8_16 from Q6_K: super-block h (blocks 8h..8h+7) is D_h then 16 int8 codes, two a block */
+        const __m128i even = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+        for (int h = 0; h < 2; h++) {
+            da[h] = db[h] = _mm256_setzero_ps();
+            if (h && nb <= 8) continue;  /* qmatmul_i8.c's masked-off lanes: zero */
+            const uint8_t *p = s + h * SUPER_BYTES(kind);
+            const __m128i e = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 2)), even);
+            const __m256 D = _mm256_set1_ps(half_at(p));
+            da[h] = _mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e)));
+            db[h] = _mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(e, e))));
+        }
+        return;
+    }
+    for (int h = 0; h < 2; h++) {
+        const int64_t n = nb - 8 * h;
+        if (kind & HALF) {
+            da[h] = halves(s + 16 * h, n);
+            if (BASE(kind) == KIND_Q4_1) mw[h] = halves(s + 2 * nb + 16 * h, n);
+            continue;
+        }
+        da[h] = floats(s + 32 * h, n);
+        if (BASE(kind) == KIND_Q8_16) db[h] = floats(s + 4 * nb + 32 * h, n);
+        if (BASE(kind) == KIND_Q4_1) mw[h] = floats(s + 4 * nb + 32 * h, n);
+    }
+}
+
+/* 32 bytes at p of which the first n (a multiple of 4; <= 0: none) are there, the rest zero. */
+AI __m256i codes_at(const uint8_t *p, int64_t n) {
+    if (n >= 32) return _mm256_loadu_si256((const __m256i *)p);
+    if (n <= 0) return _mm256_setzero_si256();
+    return _mm256_maskload_epi32((const int *)p, lane_mask(n / 4));
+}
+
+/* acc[r][h] += the row's block terms of one half (lanes 8h..8h+7) of a group, its integer sums
+ * sa (sb: q8_16's second halves) in hand: qmatmul_i8.c group_dot's epilogue, lane for lane. */
+AI void group_terms(int kind, const uint8_t *xg, int h, __m256i a, __m256i b, const __m256 da[2], const __m256 db[2],
+                    const __m256 mw[2], __m256 *acc) {
+    const __m256 dx = _mm256_load_ps((const float *)(xg + 512) + 8 * h);
+    if (BASE(kind) == KIND_Q8_16) {  /* the sums of c xq already: nothing to take off */
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_mul_ps(da[h], dx), *acc);
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), _mm256_mul_ps(db[h], dx), *acc);
+        return;
+    }
+    if (BASE(kind) == KIND_Q4_0) {
+        const __m256i sum = _mm256_load_si256((const __m256i *)(xg + 576) + h);
+        a = _mm256_sub_epi32(a, _mm256_slli_epi32(sum, 3));
+    }
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_mul_ps(da[h], dx), *acc);
+    if (BASE(kind) == KIND_Q4_1) *acc = _mm256_fmadd_ps(mw[h], _mm256_load_ps((const float *)(xg + 704) + 8 * h), *acc);
+}
+
+/* acc[r] += group gi of x's row r (its record at xq + r * xrow + gi * XREC) against the weight's
+ * group of nb blocks at w (nb = GROUP, or a short tail: unit u at w + 4 nb u, lanes past nb absent
+ * from memory and zero here, as in x's record): block l's term into lane l (acc[r][l / 8]). */
+AI void group_dot(int kind, int R, const uint8_t *xq, int64_t xrow, int64_t gi, const uint8_t *w, int64_t nb,
+                  __m256 acc[][2]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+    __m256 da[2], db[2], mw[2];
+    group_scales(kind, w + code_bytes(kind, nb), nb, da, db, mw);
+    for (int h = 0; h < 2; h++) {
+        const int64_t here = 4 * (nb - 8 * h);  /* bytes of this half a unit has */
+        const int64_t unit = nb == GROUP ? 64 : 4 * nb;
+        if (!q8(kind)) {
+            __m256i lo[4], hi[4];
+            for (int u = 0; u < 4; u++) {
+                const __m256i v = codes_at(w + u * unit + 32 * h, here);
+                lo[u] = _mm256_and_si256(v, low4);
+                hi[u] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            }
+            for (int r = 0; r < R; r++) {
+                const uint8_t *xg = xq + r * xrow + gi * XREC;
+                const __m256i *xv = (const __m256i *)xg + h;  /* unit j of x at xv[2 j] */
+                __m256i p = _mm256_maddubs_epi16(lo[0], _mm256_load_si256(xv));
+                p = _mm256_add_epi16(p, _mm256_maddubs_epi16(hi[0], _mm256_load_si256(xv + 2)));
+                for (int u = 1; u < 4; u++) {
+                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(lo[u], _mm256_load_si256(xv + 4 * u)));
+                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(hi[u], _mm256_load_si256(xv + 4 * u + 2)));
+                }
+                group_terms(kind, xg, h, _mm256_madd_epi16(p, ones), _mm256_setzero_si256(), da, db, mw, &acc[r][h]);
+            }
+            continue;
+        }
+        __m256i sa[RMAX], sb[RMAX];
+        for (int r = 0; r < R; r++) sa[r] = sb[r] = _mm256_setzero_si256();
+        for (int u0 = 0; u0 < 8; u0 += 4) {  /* 4 units at a time: c and |c| in 8 registers */
+            __m256i c[4], a[4];
+            for (int i = 0; i < 4; i++) {
+                c[i] = _mm256_xor_si256(codes_at(w + (u0 + i) * unit + 32 * h, here), flip);
+                a[i] = _mm256_abs_epi8(c[i]);
+            }
+            for (int r = 0; r < R; r++) {
+                const __m256i *xv = (const __m256i *)(xq + r * xrow + gi * XREC) + h;
+                for (int i = 0; i < 4; i++) {
+                    const int u = u0 + i;
+                    const __m256i t = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(a[i], _mm256_sign_epi8(_mm256_load_si256(xv + 2 * u), c[i])), ones);
+                    if (BASE(kind) == KIND_Q8_16 && (u & 1)) sb[r] = _mm256_add_epi32(sb[r], t);
+                    else sa[r] = _mm256_add_epi32(sa[r], t);
+                }
+            }
+        }
+        for (int r = 0; r < R; r++)
+            group_terms(kind, xq + r * xrow + gi * XREC, h, sa[r], sb[r], da, db, mw, &acc[r][h]);
+    }
+}
+
+/* A dense tail's code vector v, half h: each dword lane's block (within the tail; q8_16: + 8 for a
+ * block's second half), qmatmul_i8.c tail_blocks' index (< 8 there: a dense tail has < 8 blocks). */
+AI __m256i tail_blocks(int kind, int64_t v, int h) {
+    const __m256i e = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)(16 * v + 8 * h)));
+    return _mm256_srli_epi32(e, q8(kind) ? 3 : 2);
+}
+
+/* acc[r] += the dense tail (nb < SHORT_MIN blocks at w: codes in the GGUF's order, 4 Q4 blocks or 2
+ * Q8 blocks a 64-byte vector) against x's tail records: qmatmul_i8.c dot_rows' tail, lane for lane. */
+AI void tail_dot(int kind, int R, const uint8_t *xt, int64_t xrow, const uint8_t *w, int64_t nb, __m256 acc[][2]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+    const int64_t cb = code_bytes(kind, nb), tv = TAIL_VECTORS(kind, nb);
+    __m256 da[2], db[2], mw[2];
+    group_scales(kind, w + cb, nb, da, db, mw);
+    const int64_t lanes_at = (q8(kind) ? tv : 2 * tv) * 64;  /* x's tail: each lane's d, sum, d * sum */
+    const int first = BASE(kind) == KIND_Q8_0 ? 0x01 : 0x11;   /* a scale group's first lane in a half */
+    for (int64_t v = 0; v < tv; v++)
+        for (int h = 0; h < 2; h++) {
+            const __m256i code = codes_at(w + 64 * v + 32 * h, cb - 64 * v - 32 * h);
+            const __m256i blk = tail_blocks(kind, v, h);
+            __m256 dl = _mm256_permutevar8x32_ps(da[0], blk);
+            if (BASE(kind) == KIND_Q8_16) {  /* dwords 4..7 of a block (bit 2 of the dword): its second half's scale */
+                const __m256i e = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                                   _mm256_set1_epi32((int)(16 * v + 8 * h)));
+                const __m256 second = _mm256_castsi256_ps(_mm256_slli_epi32(e, 29));  /* bit 2 to the sign */
+                dl = _mm256_blendv_ps(dl, _mm256_permutevar8x32_ps(db[0], blk), second);
+            }
+            const __m256 ml = _mm256_permutevar8x32_ps(mw[0], blk);
+            const __m256i lo = q8(kind) ? _mm256_xor_si256(code, flip) : _mm256_and_si256(code, low4);
+            const __m256i hi = q8(kind) ? _mm256_abs_epi8(lo) : _mm256_and_si256(_mm256_srli_epi16(code, 4), low4);
+            for (int r = 0; r < R; r++) {
+                const uint8_t *xg = xt + r * xrow;
+                const __m256i *xv = (const __m256i *)xg + h;
+                __m256i s;
+                if (q8(kind)) {  /* lo: c, hi: |c| */
+                    s = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_sign_epi8(_mm256_load_si256(xv + 2 * v), lo)), ones);
+                } else {
+                    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_load_si256(xv + 2 * v)),
+                                                       _mm256_maddubs_epi16(hi, _mm256_load_si256(xv + 2 * (tv + v))));
+                    s = _mm256_madd_epi16(p, ones);
+                }
+                /* each scale group's lanes summed (integers: exact), its term into its first lane */
+                s = _mm256_add_epi32(s, _mm256_shuffle_epi32(s, 0xB1));  /* lanes 2i, 2i+1 */
+                s = _mm256_add_epi32(s, _mm256_shuffle_epi32(s, 0x4E));  /* 4i .. 4i+3 */
+                if (BASE(kind) == KIND_Q8_0) s = _mm256_add_epi32(s, _mm256_permute2x128_si256(s, s, 0x01));  /* 8 */
+                const float *lanes = (const float *)(xg + lanes_at);
+                const __m256 dx = _mm256_load_ps(lanes + 16 * v + 8 * h);
+                if (BASE(kind) == KIND_Q4_0) {
+                    const __m256i sum = _mm256_load_si256((const __m256i *)(xg + lanes_at + (tv + v) * 64) + h);
+                    s = _mm256_sub_epi32(s, _mm256_slli_epi32(sum, 3));
+                }
+                __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dl, dx), acc[r][h]);
+                t = _mm256_blend_ps(acc[r][h], t, first);
+                if (BASE(kind) == KIND_Q4_1)
+                    t = _mm256_blend_ps(t, _mm256_fmadd_ps(ml, _mm256_load_ps(lanes + 16 * (2 * tv + v) + 8 * h), t), first);
+                acc[r][h] = t;
+            }
+        }
+}
+
+/* y[r * ystride] = x[r] . W for r < R (a constant after inlining): one weight row against R rows
+ * of x (their records xq, xrow bytes apart), each half of a group decoded once for the R rows. */
+AI void dot_rows(int kind, int R, const uint8_t *xq, int64_t xrow, const uint8_t *w, int64_t B, float *y,
+                 int64_t ystride) {
+    __m256 acc[RMAX][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const int64_t full = B / GROUP, nb = B % GROUP, bytes = group_bytes(kind, GROUP);
+    for (int64_t gi = 0; gi < full; gi++) {
+        for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)w + PREFETCH_BYTES + o, _MM_HINT_T2);
+        group_dot(kind, R, xq, xrow, gi, w, GROUP, acc);
+        w += bytes;
+    }
+    if (nb && short_group(nb)) group_dot(kind, R, xq, xrow, full, w, nb, acc);
+    else if (nb) tail_dot(kind, R, xq + full * XREC, xrow, w, nb, acc);
+    for (int r = 0; r < R; r++) y[r * ystride] = sum16(acc[r][0], acc[r][1]);
+}
+
+/* As qmatmul_i8.c: one parallel region a call, the threads round x's rows, then split the weight
+ * rows in tiles of TILE_N, each weight row passing over up to RMAX rows of x at a time. */
+#define ROWS_CASE(KIND, R) case R: dot_rows(KIND, R, xr, xrow, wn, B, yr, N); break;
+#define MATMUL(NAME, KIND)                                                                          \
+    static void NAME(const float *x, uint8_t *xq, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, \
+                     int threads) {                                                                 \
+        const int64_t B = K / QK, xrow = x_row_bytes(KIND, K);                                      \
+        const int64_t wrow = outrider_i8_row_bytes(KIND, K), tiles = (N + TILE_N - 1) / TILE_N;     \
+        _Pragma("omp parallel num_threads(threads)")                                               \
+        {                                                                                           \
+        _Pragma("omp for schedule(static)")                                                        \
+        for (int64_t r = 0; r < M; r++) quantize_row(KIND, x + r * K, K, xq + r * xrow);            \
+        _Pragma("omp for schedule(static)")                                                        \
+        for (int64_t t = 0; t < tiles; t++) {                                                       \
+            const int64_t n1 = (t + 1) * TILE_N < N ? (t + 1) * TILE_N : N;                         \
+            for (int64_t r = 0; r < M; r += RMAX) {                                                 \
+                const int R = M - r < RMAX ? (int)(M - r) : RMAX;                                   \
+                for (int64_t n = t * TILE_N; n < n1; n++) {                                         \
+                    const uint8_t *xr = xq + r * xrow, *wn = w + n * wrow;                          \
+                    float *yr = y + r * N + n;                                                      \
+                    switch (R) {                                                                    \
+                        ROWS_CASE(KIND, 1) ROWS_CASE(KIND, 2) ROWS_CASE(KIND, 3) ROWS_CASE(KIND, 4) \
+                        ROWS_CASE(KIND, 5) ROWS_CASE(KIND, 6) ROWS_CASE(KIND, 7) ROWS_CASE(KIND, 8) \
+                        default: break;                                                             \
+                    }                                                                               \
+                }                                                                                   \
+            }                                                                                       \
+        }                                                                                           \
+        }                                                                                           \
+    }
+
+#define LANE_KINDS(X) X(q8_0, KIND_Q8_0) X(q4_0, KIND_Q4_0) X(q4_1, KIND_Q4_1) X(q8_16, KIND_Q8_16) \
+                      X(q8_0h, (KIND_Q8_0 + HALF)) X(q4_0h, (KIND_Q4_0 + HALF)) X(q4_1h, (KIND_Q4_1 + HALF)) \
+                      X(q4_1f, (KIND_Q4_1 + FACTORED)) X(q8_16f, (KIND_Q8_16 + FACTORED))
+#define DEFINE(NAME, KIND) MATMUL(lanes_##NAME, KIND)
+LANE_KINDS(DEFINE)
+#undef DEFINE
+
+/* As qmatmul_i8.c's: y [M, N] = x [M, K] . W^T for W packed by outrider_i8_pack (kind + LANES). */
+int outrider_i8_matmul(int kind, const float *x, int64_t M, int64_t K, const void *w, int64_t N, float *y,
+                       int threads) {
+    kind &= ~LANES;
+    if (!base_known(kind, K) || M < 0 || N < 0 || threads < 1) return -1;
+    if (M == 0 || N == 0) return 0;
+    const int64_t xrow = x_row_bytes(kind, K);
+    uint8_t *xq = aligned_alloc(64, (size_t)(M * xrow));
+    if (!xq) return -1;
+#define CALL(NAME, KIND) case KIND: lanes_##NAME(x, xq, M, K, (const uint8_t *)w, N, y, threads); break;
+    switch (kind) { LANE_KINDS(CALL) default: free(xq); return -1; }
+#undef CALL
+    free(xq);
+    return 0;
+}
+#endif
