@@ -272,3 +272,10 @@ def test_smollm2_windowed_greedy_output_is_autoregressive(smollm2_decoder, smoll
     assert sp.token_ids == ar.token_ids
     assert sum(sp.round_stats.accepted_by_position) > 0
     assert made.cache.lengths[0] == 0 or made.cache.lengths[0] < 4 + 16 + window.slack + 8
+
+
+def test_the_seeds_preset_runs_a_windowed_head_beside_the_full_one():
+    from outrider.bench.methods import load_config, preset_path
+
+    drafters = {m.spec.drafter for m in load_config(preset_path("seeds")).methods if m.spec}  # each checked
+    assert {"eagle3:smollm2-135m-instruct", "eagle3:smollm2-135m-instruct,window=256,sink=4"} <= drafters
