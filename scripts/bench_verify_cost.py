@@ -4,6 +4,7 @@ autoregressive speed against transformers' generate, in one run.
     .venv/bin/python scripts/bench_verify_cost.py [--model smollm2-135m-instruct] [--dtype float32,q8_0,q4]
     .venv/bin/python scripts/bench_verify_cost.py --linear auto,linear,mm_t,packed   # A/B of the CPU paths
     .venv/bin/python scripts/bench_verify_cost.py --profile 1,4,8,16 --no-generate  # the per-op table
+    .venv/bin/python scripts/bench_verify_cost.py --variant avx2 --dtype q4,q4-i8     # another kernel variant
 
 cost(k) is the median time of a forward over k new tokens (a chain, as control/profile.py
 measures it) after a `--context`-token prompt; printed as cost(k)/cost(1) for k = 1, 2, 4, 8, 16.
@@ -129,8 +130,9 @@ def compute_floor(model, ks=KS, cache_bytes: int = 1 << 20, calls: int = 60) -> 
 
 
 def int8_peak(threads: int, rounds: int = 20_000_000) -> float:
-    """The CPU's int8 multiply-adds a second on `threads` threads: independent vpdpbusd with
-    nothing loaded (qmatmul_i8.c outrider_i8_peak), the fastest of 3; 0.0 without AVX-512 VNNI."""
+    """The CPU's int8 multiply-adds a second on `threads` threads with the kernel variant's own
+    instructions, nothing loaded (outrider_i8_peak: independent vpdpbusd in qmatmul_i8.c, vpmaddubsw
+    + vpaddw in qmatmul_i8_avx2.c), the fastest of 3; 0.0 without an int8 kernel (portable)."""
     from outrider.kernels import native
 
     if not native.i8_available():
@@ -141,6 +143,12 @@ def int8_peak(threads: int, rounds: int = 20_000_000) -> float:
         native.library().outrider_i8_peak(rounds, threads)
         fastest = min(fastest, time.perf_counter() - start)
     return rounds * 24 * 64 * threads / fastest
+
+
+def native_variant() -> str | None:
+    from outrider.kernels import native
+
+    return native.variant()
 
 
 def report_floors(variants: dict, times: dict, summary: dict, threads: int) -> float | None:
@@ -169,7 +177,8 @@ def report_floors(variants: dict, times: dict, summary: dict, threads: int) -> f
     if not lanes:
         return None
     peak = int8_peak(threads)
-    print(f"\nthe CPU's int8 peak ({threads} threads, vpdpbusd alone): {peak / 1e9:.0f} G multiply-adds/s;"
+    how = "vpdpbusd" if "vnni" in (native_variant() or "") or native_variant() == "amx" else "vpmaddubsw + vpaddw"
+    print(f"\nthe CPU's int8 peak ({threads} threads, {how} alone): {peak / 1e9:.0f} G multiply-adds/s;"
           " the products in cache at k rows, G multiply-adds/s (share of that peak):")
     for name, rates in lanes.items():
         print(f"  {name:24s} " + "  ".join(f"k={k}: {rates[k]:.0f} ({1e9 * rates[k] / peak:.0%})" for k in KS))
@@ -247,6 +256,8 @@ def main() -> None:
     ap.add_argument("--linear", default="auto", help="CPU linear paths, comma-separated: auto, linear, mm_t, packed")
     ap.add_argument("--kv-dtype", default="float32", help="the K/V cache's values, comma-separated: float32, float16")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--variant", default=None, help="the native kernels' variant (config kernel_variant): auto, "
+                    "amx, avx512-vnni, avx512, avx2, portable; default: the config's")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--profile", default="", help="k values for the per-op table, e.g. 1,4,8,16")
@@ -268,6 +279,10 @@ def main() -> None:
     from outrider.weights.loader import parse_dtype, parse_kv_dtype
 
     try:  # a wrong name: one line naming the choices, before any model loads
+        if args.variant:
+            from outrider.config import use
+
+            use(kernel_variant=args.variant)  # refused in one line where this CPU cannot run it
         dtypes = {name: parse_dtype(name) for name in args.dtype.split(",")}
         kv_dtypes = {name: parse_kv_dtype(name) for name in args.kv_dtype.split(",")}
     except OutriderError as err:
@@ -276,6 +291,9 @@ def main() -> None:
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__} "
           f"({torch.backends.cpu.get_cpu_capability()}), {args.threads} threads, load average "
           f"{load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}", flush=True)
+    from outrider.kernels import native
+
+    print(native.describe(), flush=True)
     models = {}
     for name, dtype in dtypes.items():
         for kv_name, kv in kv_dtypes.items():  # a model each: the cache's dtype is the model's kv_dtype

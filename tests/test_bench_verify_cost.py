@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from outrider.config import kernel_variants_here
 from outrider.kernels import native
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_verify_cost.py"
@@ -49,9 +50,19 @@ def test_a_float_model_has_no_floor(tmp_path):
     assert bench.native_matrices(model) == [] and bench.compute_floor(model) == {}
 
 
-@pytest.mark.skipif(not native.i8_available(), reason="no AVX-512 VNNI here")
+@pytest.mark.skipif(native.variant() not in ("amx", "avx512-vnni"), reason="no AVX-512 VNNI here")
 def test_the_peak_loop_runs_every_multiply_add():
     """Lane l of chain i starts at i and gains 4 * (1 * 2) a round: the sums say every vpdpbusd ran."""
     rounds, threads = 1000, 2
     assert native.library().outrider_i8_peak(rounds, threads) == threads * 16 * (276 + 8 * 24 * rounds)
     assert script().int8_peak(1, rounds=1000) > 0
+
+
+@pytest.mark.skipif("avx2" not in kernel_variants_here(), reason="no AVX2 here")
+def test_the_avx2_peak_loop_runs_every_multiply_add():
+    """qmatmul_i8_avx2.c's: 16-bit lane of chain i starts at i and gains 4 x (1 * 2 + 1 * 2) a round,
+    its two halves of each 32-bit lane added at the end: the sums say every vpmaddubsw ran."""
+    rounds, threads = 1000, 2
+    with native.use_variant("avx2"):
+        assert native.library().outrider_i8_peak(rounds, threads) == threads * 16 * (66 + 192 * rounds)
+        assert script().int8_peak(1, rounds=1000) > 0

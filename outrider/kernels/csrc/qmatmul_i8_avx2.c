@@ -268,6 +268,13 @@ AI void tail_dot(int kind, int R, const uint8_t *xt, int64_t xrow, const uint8_t
     const int first = BASE(kind) == KIND_Q8_0 ? 0x01 : 0x11;   /* a scale group's first lane in a half */
     for (int64_t v = 0; v < tv; v++)
         for (int h = 0; h < 2; h++) {
+            if (cb - 64 * v - 32 * h <= 0) {
+                /* no codes in this half (SmolLM2's 2-block Q4 tail: lanes 8..15): qmatmul_i8.c's terms
+                 * here are fma(0, 0 * 0, acc) (and Q4_1's fma(+-0, 0, acc)), i.e. acc + 0: the same */
+                for (int r = 0; r < R; r++)
+                    acc[r][h] = _mm256_blend_ps(acc[r][h], _mm256_add_ps(acc[r][h], _mm256_setzero_ps()), first);
+                continue;
+            }
             const __m256i code = codes_at(w + 64 * v + 32 * h, cb - 64 * v - 32 * h);
             const __m256i blk = tail_blocks(kind, v, h);
             __m256 dl = _mm256_permutevar8x32_ps(da[0], blk);
@@ -330,6 +337,11 @@ AI void dot_rows(int kind, int R, const uint8_t *xq, int64_t xrow, const uint8_t
 /* As qmatmul_i8.c: one parallel region a call, the threads round x's rows, then split the weight
  * rows in tiles of TILE_N, each weight row passing over up to RMAX rows of x at a time. */
 #define ROWS_CASE(KIND, R) case R: dot_rows(KIND, R, xr, xrow, wn, B, yr, N); break;
+#if RMAX == 8
+#define ROWS_CASE_HI(KIND) ROWS_CASE(KIND, 5) ROWS_CASE(KIND, 6) ROWS_CASE(KIND, 7) ROWS_CASE(KIND, 8)
+#else
+#define ROWS_CASE_HI(KIND)
+#endif
 #define MATMUL(NAME, KIND)                                                                          \
     static void NAME(const float *x, uint8_t *xq, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, \
                      int threads) {                                                                 \
@@ -349,7 +361,7 @@ AI void dot_rows(int kind, int R, const uint8_t *xq, int64_t xrow, const uint8_t
                     float *yr = y + r * N + n;                                                      \
                     switch (R) {                                                                    \
                         ROWS_CASE(KIND, 1) ROWS_CASE(KIND, 2) ROWS_CASE(KIND, 3) ROWS_CASE(KIND, 4) \
-                        ROWS_CASE(KIND, 5) ROWS_CASE(KIND, 6) ROWS_CASE(KIND, 7) ROWS_CASE(KIND, 8) \
+                        ROWS_CASE_HI(KIND) \
                         default: break;                                                             \
                     }                                                                               \
                 }                                                                                   \
