@@ -41,31 +41,37 @@
 int outrider_i8_ok(void) { return 1; }
 
 /* The CPU's own bound on the products as this kernel makes them: `rounds` x 48 vpmaddubsw (32
- * multiply-adds each: 24 x 64 a round, as qmatmul_i8.c's peak counts) each added into one of 12
- * 16-bit accumulators (the Q4 path's vpmaddubsw + vpaddw), on each of `threads` threads, nothing
- * loaded. Returns a value of the sums so that none is dropped. */
+ * multiply-adds each: 24 x 64 a round, as qmatmul_i8.c's peak counts), each added by vpaddw into one
+ * of 8 16-bit accumulators (the Q4 path's pair), on each of `threads` threads, nothing loaded;
+ * written in assembly (as intrinsics the compiler hoists the products and spills the sums).
+ * Returns a value of the sums so that none is dropped. */
+#define PAIR(T, A) "vpmaddubsw %[c], %[b], %%ymm" #T "\n\tvpaddw %%ymm" #T ", %[" #A "], %[" #A "]\n\t"
+#define EIGHT PAIR(14, a0) PAIR(15, a1) PAIR(14, a2) PAIR(15, a3) PAIR(14, a4) PAIR(15, a5) PAIR(14, a6) PAIR(15, a7)
 int outrider_i8_peak(int64_t rounds, int threads) {
     int sink = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
     {
-        __m256i a[12], b = _mm256_set1_epi8(1);
-        const __m256i c = _mm256_set1_epi8(2);
-        for (int i = 0; i < 12; i++) a[i] = _mm256_set1_epi16((short)i);
+        __m256i a0 = _mm256_set1_epi16(0), a1 = _mm256_set1_epi16(1), a2 = _mm256_set1_epi16(2),
+                a3 = _mm256_set1_epi16(3), a4 = _mm256_set1_epi16(4), a5 = _mm256_set1_epi16(5),
+                a6 = _mm256_set1_epi16(6), a7 = _mm256_set1_epi16(7);
+        const __m256i b = _mm256_set1_epi8(1), c = _mm256_set1_epi8(2);
         for (int64_t r = 0; r < rounds; r++)
-            for (int j = 0; j < 4; j++)
-                for (int i = 0; i < 12; i++) {
-                    __asm__ volatile("" : "+x"(b));  /* a product of its own each time: not folded */
-                    a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(b, c));
-                }
-        for (int i = 0; i < 12; i++) {
-            const __m256i w = _mm256_madd_epi16(a[i], _mm256_set1_epi16(1));
+            __asm__ volatile(EIGHT EIGHT EIGHT EIGHT EIGHT EIGHT
+                             : [a0] "+x"(a0), [a1] "+x"(a1), [a2] "+x"(a2), [a3] "+x"(a3), [a4] "+x"(a4),
+                               [a5] "+x"(a5), [a6] "+x"(a6), [a7] "+x"(a7)
+                             : [b] "x"(b), [c] "x"(c)
+                             : "xmm14", "xmm15");
+        const __m256i all[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+        for (int i = 0; i < 8; i++) {
             int32_t v[8];
-            _mm256_storeu_si256((__m256i *)v, w);
+            _mm256_storeu_si256((__m256i *)v, _mm256_madd_epi16(all[i], _mm256_set1_epi16(1)));
             for (int k = 0; k < 8; k++) sink += v[k];
         }
     }
     return sink;
 }
+#undef EIGHT
+#undef PAIR
 
 /* ---- activations --------------------------------------------------------------------------------- */
 
