@@ -16,7 +16,7 @@ KV_HELP = ("the K/V cache's values: float32 or float16 (half the bytes attention
            "llama.cpp's default; a model of its own, exact under speculation; default: the compute dtype)")
 DTYPE_HELP = ("q8_0, q4 or gguf (weights kept quantized, float32 activations; exact: each row bit-identical "
               "whatever the rows verified with it); q4_0 (every weight, head included, re-quantized to Q4_0 at "
-              "load: the smallest, e.g. for a drafter); their -i8 forms (int8 activations, AVX-512 VNNI; exact); "
+              "load: the smallest, e.g. for a drafter); their -i8 forms (int8 activations, AVX2 or better; exact); "
               "float32, bfloat16, float16 (torch's GEMMs: a k-row verify and a one-row step may sum in another "
               "order, so speculative output equals autoregressive output up to a near-tie of the top two "
               "logits: README, What lossless means); q8_0-bf16-lossy or q4-bf16-lossy (torch's int4 kernel, "

@@ -170,7 +170,7 @@ def speculator(drafter, shape="chain", depth=4):
                       parse_shape(shape))
 
 
-NO_LANES = pytest.mark.skipif(not native.i8_available(), reason="int8-activation kernel: no AVX-512 VNNI here")
+NO_LANES = pytest.mark.skipif(not native.i8_available(), reason="int8-activation kernel: none here (it needs AVX2)")
 
 
 @pytest.fixture(scope="module", params=["q4", "q8_0", pytest.param("q4-i8", marks=NO_LANES),

@@ -23,12 +23,12 @@ def q4(smollm2_path):
 
 @pytest.fixture(scope="module")
 def q4_i8(smollm2_path):
-    """The same blocks with int8 activations (qmatmul_i8.c), where the kernel runs."""
+    """The same blocks with int8 activations (qmatmul_i8.c or qmatmul_i8_avx2.c), where a kernel runs."""
     from outrider.kernels import native
     from outrider.weights.loader import load_decoder
 
     if not native.i8_available():
-        pytest.skip("int8-activation kernel: no AVX-512 VNNI here")
+        pytest.skip("int8-activation kernel: none here (it needs AVX2)")
     return load_decoder(smollm2_path, "cpu", "q4-i8")
 
 

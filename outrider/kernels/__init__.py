@@ -1,7 +1,8 @@
 """CPU kernels: C sources per operation, their build and dispatch, and the linear layers over them.
 
     csrc/                   the C sources: qmatmul.c (quantized x float rows), qmatmul_i8.c
-                            (quantized x int8 rows, VNNI), matmul_amx.c (prefill on AMX tiles),
+                            (quantized x int8 rows, VNNI; qmatmul_i8_avx2.c: the same on AVX2),
+                            matmul_amx.c (prefill on AMX tiles),
                             decoder_layer.c (a whole layer in one call), attention.c; isa.h
                             (which paths a build compiles: AVX-512, AVX2, or plain C)
     native.py               builds csrc/ once per machine and instruction-set variant, loads the
