@@ -24,6 +24,9 @@ the first registration or look-up:
     libraspec[:MAX]      LibraSpec (libraspec.py): drafts up to MAX deep, then verifies a drafted
                          node only while its confidence pays for its share of the verify cost
     threshold:T[,MAX]    the plain confidence threshold beside it: verifies nodes of confidence >= T
+    entropy[:MAX]        (entropy.py) a model drafter's chain stops once, by the drafts' entropies and
+                         the measured step and verify times, one more draft would lower the
+                         expected tokens per second (SparseSpec-L's controller)
 """
 
 from __future__ import annotations
@@ -395,7 +398,7 @@ class CostController:
 
 
 BUILT_IN = ("fixed", "adaptive", "cost")  # parsed by parse_controller itself
-REGISTERED_BUILT_IN = ("libraspec",)  # modules of this package that call register_controller
+REGISTERED_BUILT_IN = ("libraspec", "entropy")  # modules of this package that call register_controller
 _REGISTERED: dict[str, tuple[str, Callable[..., Controller], bool]] = {}  # name -> (usage, factory, profiles)
 _LOADED = [False]
 

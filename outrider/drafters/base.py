@@ -17,6 +17,7 @@ from the drafter's name or type.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,12 +33,16 @@ class Budget:
     """How much to draft this round: at most `depth` tokens deep and `nodes` drafts in all.
 
     A drafter with confidences may stop a path early once its probability (the product of the
-    draft probabilities along it) falls below `min_confidence`.
+    draft probabilities along it) falls below `min_confidence`. A model drafter drafting a chain
+    calls `stop(entropies)` after each draft, with the entropies (nats) of the distributions the
+    drafts so far came from, and drafts no deeper once it says True (`--controller entropy`,
+    control/entropy.py); other drafters and trees ignore it.
     """
 
     depth: int
     nodes: int
     min_confidence: float = 0.0
+    stop: Callable[[list[float]], bool] | None = None
 
 
 class Drafter(Protocol):

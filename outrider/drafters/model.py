@@ -278,7 +278,7 @@ class ModelDrafter:
         if depth < 1 or budget.nodes < 1:
             return done(DraftTree.root_only(root))
         if self.shape.is_chain:
-            return self._chain(st, root, q_root, min(depth, budget.nodes), budget.min_confidence)
+            return self._chain(st, root, q_root, min(depth, budget.nodes), budget.min_confidence, budget.stop)
         if self.shape.kind == "static" or (self.shape.kind == "sampled" and st.params.greedy):
             return self._static(st, root, q_root, depth, budget.nodes, budget.min_confidence)
         if self.shape.kind == "sampled":
@@ -305,12 +305,15 @@ class ModelDrafter:
         """Column indices of `_columns` -> token ids (nested lists as `tolist` gives)."""
         return (columns if self.ids is None else self.ids[columns.cpu()]).tolist()
 
-    def _chain(self, st: _State, root: int, q_root: torch.Tensor, k: int, min_confidence: float = 0.0) -> Grower:
-        """Up to k drafts; after the first whose path confidence falls below `min_confidence`
-        no deeper one is drafted (that one is kept: dropping a sampled draft for its own
-        probability would bias the drafts the verifier sees as draws from q)."""
+    def _chain(self, st: _State, root: int, q_root: torch.Tensor, k: int, min_confidence: float = 0.0,
+               stop=None) -> Grower:
+        """Up to k drafts; after the first whose path confidence falls below `min_confidence`, or
+        after which `stop(entropies)` says so (Budget.stop), no deeper one is drafted (that one
+        is kept: dropping a sampled draft for its own probability would bias the drafts the
+        verifier sees as draws from q; the entropy of the distribution a draft came from does
+        not depend on the draft drawn)."""
         sampling = not st.params.greedy
-        drafts, qs, confidence = [], [], [1.0]
+        drafts, qs, confidence, entropies = [], [], [1.0], []
         logits = q_root
         rng = st.rng.at(st.base + 1)  # offset d - 1: the token at depth d (position base + d)
         for d in range(1, k + 1):
@@ -325,7 +328,12 @@ class ModelDrafter:
                 confidence.append(confidence[-1] * float(torch.exp(columns[best] - columns.logsumexp(-1))))
             drafts.append(token)
             qs.append(q)
-            if d < k and confidence[-1] >= min_confidence:
+            halt = False
+            if stop is not None:  # told every draft's entropy, the last one's too
+                logp = torch.log_softmax(self._columns(logits).float(), dim=-1)
+                entropies.append(float(-(logp.exp() * logp).sum()))
+                halt = stop(entropies)
+            if d < k and confidence[-1] >= min_confidence and not halt:
                 logits = (yield Feed([token], list(range(-1, d)), d))[0]
                 st.fed.add(d)
             else:

@@ -21,7 +21,7 @@ to verify, each a subtree of the drafter's (control/libraspec.py).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -238,7 +238,7 @@ class Speculator:
             if budget.depth < 1 or nodes < 1:
                 trees[i] = DraftTree.root_only(seq.tokens[-1])
             else:
-                todo.append((i, Budget(depth=budget.depth, nodes=nodes, min_confidence=budget.min_confidence)))
+                todo.append((i, replace(budget, nodes=nodes)))
         failed: dict[int, Exception] = {}
         if todo:
             start = time.perf_counter()
