@@ -177,7 +177,10 @@ def report_floors(variants: dict, times: dict, summary: dict, threads: int) -> f
     if not lanes:
         return None
     peak = int8_peak(threads)
-    how = "vpdpbusd" if "vnni" in (native_variant() or "") or native_variant() == "amx" else "vpmaddubsw + vpaddw"
+    from outrider.kernels import native
+
+    how = ("vpdpbusd" if "vnni" in (native_variant() or "") or native_variant() == "amx" else
+           "AVX-VNNI vpdpbusd" if native.i8_avx_vnni() else "vpmaddubsw + vpaddw")
     print(f"\nthe CPU's int8 peak ({threads} threads, {how} alone): {peak / 1e9:.0f} G multiply-adds/s;"
           " the products in cache at k rows, G multiply-adds/s (share of that peak):")
     for name, rates in lanes.items():
@@ -258,6 +261,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--variant", default=None, help="the native kernels' variant (config kernel_variant): auto, "
                     "amx, avx512-vnni, avx512, avx2, portable; default: the config's")
+    ap.add_argument("--no-avx-vnni", action="store_true", help="the AVX2 int8 kernel's sums with vpmaddubsw even "
+                    "where the CPU has AVX-VNNI (as on an AVX2 CPU without it)")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--profile", default="", help="k values for the per-op table, e.g. 1,4,8,16")
@@ -293,6 +298,8 @@ def main() -> None:
           f"{load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}", flush=True)
     from outrider.kernels import native
 
+    if args.no_avx_vnni:
+        native.i8_avx_vnni(False)
     print(native.describe(), flush=True)
     models = {}
     for name, dtype in dtypes.items():

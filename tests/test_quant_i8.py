@@ -17,6 +17,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from outrider.config import cpu_info
 from outrider.errors import ModelError
 from outrider.kernels import native
 from outrider.kernels.blocks import BLOCK, dequantize, quantize
@@ -170,25 +171,59 @@ VNNI = [v for v in HERE if v in ("amx", "avx512-vnni")]
 AVX2_ONLY = [pytest.param(v, id=v) for v in HERE if v in ("avx512", "avx2")]
 
 
+AVX_VNNI = "avx_vnni" in cpu_info()["isa"]
+SUMS = [pytest.param(False, id="vpmaddubsw"),
+        pytest.param(True, id="avx-vnni", marks=pytest.mark.skipif(not AVX_VNNI, reason="no AVX-VNNI here"))]
+
+
 @pytest.mark.skipif(not VNNI, reason="no AVX-512 VNNI here: nothing to compare the AVX2 kernel's bits with")
+@pytest.mark.parametrize("avx_vnni", SUMS)
 @pytest.mark.parametrize("variant", AVX2_ONLY, indirect=True)
-def test_the_avx2_kernel_gives_the_vnni_kernels_bits(variant):
-    """qmatmul_i8_avx2.c (vpmaddubsw) and qmatmul_i8.c (vpdpbusd): the same integer sums and the same
-    float32 operations lane by lane, so the same bits for every kind, scale form and tail shape, at
-    any row count; and the same packed bytes."""
-    for cols in (32, 96, 448, 512, 576, 800, 768, 1280):  # tails of 1, 3, 14, 0, 2, 9, 8, 8 blocks
-        x = torch.randn(11, cols, generator=torch.Generator().manual_seed(cols + 1))
-        x[3, : min(cols, 64)] = 0  # an all-zero block of x: scale 0
-        x[4] *= 1e3
-        for name, blocks in all_kinds(cols, seed=cols + 2).items():
+def test_the_avx2_kernel_gives_the_vnni_kernels_bits(variant, avx_vnni):
+    """qmatmul_i8_avx2.c (vpmaddubsw, or AVX-VNNI's 256-bit vpdpbusd) and qmatmul_i8.c (vpdpbusd on
+    512): the same integer sums and the same float32 operations lane by lane, so the same bits for
+    every kind, scale form and tail shape, at any row count; and the same packed bytes."""
+    assert native.i8_avx_vnni(avx_vnni) == avx_vnni
+    try:
+        for cols in (32, 96, 448, 512, 576, 800, 768, 1280):  # tails of 1, 3, 14, 0, 2, 9, 8, 8 blocks
+            x = torch.randn(11, cols, generator=torch.Generator().manual_seed(cols + 1))
+            x[3, : min(cols, 64)] = 0  # an all-zero block of x: scale 0
+            x[4] *= 1e3
+            for name, blocks in all_kinds(cols, seed=cols + 2).items():
+                weight = native.NativeWeight.packed(blocks)
+                got = {rows: native.qmatmul(x[:rows], weight) for rows in (1, 3, 8, 11)}
+                with native.use_variant(VNNI[0]):
+                    other = native.NativeWeight.packed(blocks)
+                    assert torch.equal(weight.q, other.q), (name, cols)
+                    want = {rows: native.qmatmul(x[:rows], other) for rows in got}
+                for rows in got:
+                    assert torch.equal(got[rows], want[rows]), (name, cols, rows, avx_vnni)
+    finally:
+        native.i8_avx_vnni(True)
+
+
+@pytest.mark.skipif(not AVX_VNNI, reason="no AVX-VNNI here")
+@pytest.mark.parametrize("variant", AVX2_ONLY, indirect=True)
+def test_avx_vnni_and_vpmaddubsw_give_the_same_bits_and_match_the_reference(variant):
+    """Where the CPU has AVX-VNNI the AVX2 kernel takes it by default (and says so); turned off it
+    takes vpmaddubsw: the same outputs, within the reference's bound, bit-identical across rows."""
+    assert native.i8_avx_vnni() and "AVX-VNNI" in native.describe()
+    x = torch.randn(13, 800, generator=torch.Generator().manual_seed(9))
+    try:
+        for name, blocks in [(n, b) for c in (768, 800) for n, b in all_kinds(c, seed=c).items()]:
+            cols = blocks.shape[1]
             weight = native.NativeWeight.packed(blocks)
-            got = {rows: native.qmatmul(x[:rows], weight) for rows in (1, 3, 8, 11)}
-            with native.use_variant(VNNI[0]):
-                other = native.NativeWeight.packed(blocks)
-                assert torch.equal(weight.q, other.q), (name, cols)
-                want = {rows: native.qmatmul(x[:rows], other) for rows in got}
-            for rows in got:
-                assert torch.equal(got[rows], want[rows]), (name, cols, rows)
+            on = native.qmatmul(x[:, :cols], weight)
+            assert ((on.double() - reference_linear_i8(x[:, :cols], blocks)).abs()
+                    <= rounding_bound(x[:, :cols], blocks)).all(), name
+            assert native.i8_avx_vnni(False) is False
+            off = native.qmatmul(x[:, :cols], weight)
+            native.i8_avx_vnni(True)
+            assert torch.equal(on, off), name
+        assert_rows_bit_identical(native.NativeWeight.packed(all_kinds(800, seed=12)["q8_0"]), x,
+                                  [(0, 1), (5, 1), (0, 8), (2, 11)])
+    finally:
+        native.i8_avx_vnni(True)
 
 
 @pytest.mark.parametrize("variant", NO_I8, indirect=True)

@@ -202,6 +202,8 @@ def _bind(lib) -> None:
     lib.outrider_amx_matmul.restype = ctypes.c_int
     lib.outrider_amx_ok.restype = ctypes.c_int
     lib.outrider_i8_ok.restype = ctypes.c_int
+    lib.outrider_i8_avx_vnni.argtypes = [ctypes.c_int]
+    lib.outrider_i8_avx_vnni.restype = ctypes.c_int
     lib.outrider_i8_peak.argtypes = [i64, ctypes.c_int]
     lib.outrider_i8_peak.restype = ctypes.c_int
     lib.outrider_i8_row_bytes.argtypes = [ctypes.c_int, i64]
@@ -313,6 +315,15 @@ def i8_available() -> bool:
     qmatmul_i8_avx2.c with AVX2: every variant but portable)."""
     lib = library()
     return lib is not None and bool(lib.outrider_i8_ok())
+
+
+def i8_avx_vnni(on: bool | None = None) -> bool:
+    """Whether qmatmul_i8_avx2.c's integer sums take AVX-VNNI's 256-bit vpdpbusd (the CPU's `avx_vnni`:
+    on by default where it has it) rather than vpmaddubsw, in the library in use: `on` False turns it
+    off, True back on where the CPU has it, None only asks. The same bits either way; always False in
+    the VNNI-512 and portable builds."""
+    lib = library()
+    return lib is not None and bool(lib.outrider_i8_avx_vnni(-1 if on is None else int(on)))
 
 
 @dataclass(frozen=True)
@@ -463,7 +474,8 @@ def describe() -> str:
     `outrider config` print it; serve's startup line names the variant)."""
     if available():
         name = _state["variant"]
-        i8 = "int8 activations (the -i8 dtypes)" if i8_available() else "no int8 activations (they need AVX2)"
+        i8 = ("no int8 activations (they need AVX2)" if not i8_available() else
+              "int8 activations (the -i8 dtypes; AVX-VNNI)" if i8_avx_vnni() else "int8 activations (the -i8 dtypes)")
         how = (f"asked for: kernel_variant={asked()}" if asked() != "auto"
                else f"auto: the best this CPU runs of {', '.join(kernel_variants_here())}")
         passed = [_failed[v] for v in kernel_variants_here()[:kernel_variants_here().index(name)] if v in _failed]

@@ -66,6 +66,7 @@ int outrider_i8_ok(void);
 #define TILE_N 16         /* weight rows a thread takes at a time */
 
 int outrider_i8_ok(void) { return 1; }
+int outrider_i8_avx_vnni(int mode) { (void)mode; return 0; }  /* qmatmul_i8_avx2.c's choice: none here */
 
 /* The CPU's own bound on the products: `rounds` x 24 independent vpdpbusd (64 multiply-adds
  * each) on each of `threads` threads, nothing loaded (scripts/bench_verify_cost.py times it and
@@ -317,6 +318,7 @@ int outrider_i8_matmul(int kind, const float *x, int64_t M, int64_t K, const voi
 #elif !defined(OUTRIDER_AVX2)  /* portable: no int8 kernel, the -i8 dtypes are refused (native.i8_available);
                                  AVX2 builds without AVX-512 VNNI: qmatmul_i8_avx2.c */
 int outrider_i8_ok(void) { return 0; }
+int outrider_i8_avx_vnni(int mode) { (void)mode; return 0; }
 int outrider_i8_peak(int64_t rounds, int threads) {
     (void)rounds; (void)threads;
     return 0;
