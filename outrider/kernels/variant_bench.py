@@ -8,7 +8,8 @@ hits them alike; the median of the rounds, and each variant's ratio to a referen
 
 Prints one line per variant: milliseconds per decode step and per prefill, and the ratio of each
 to the reference (> 1: slower). The weights are loaded once (their layout is the same for every
-variant but the int8 one, which this does not take).
+variant; an `-i8` dtype's packed layout too, for every variant but portable, which has no int8
+kernel and is refused with one).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     variants = [v for v in args.variants.split(",") if v]
     against = args.against if args.against in variants else variants[0]
+    if args.dtype.endswith("-i8") and "portable" in variants:
+        raise SystemExit(f"error: --dtype {args.dtype} needs an int8 kernel, which the portable variant lacks; "
+                         "leave it out of --variants")
 
     model = load_decoder(resolve_model(args.model), "cpu", args.dtype)
     g = torch.Generator().manual_seed(0)
