@@ -262,3 +262,10 @@ def test_smollm2_sparsespec_greedy_output_is_autoregressive(smollm2_decoder, smo
     assert sp.token_ids == ar.token_ids
     assert sum(sp.round_stats.accepted_by_position) > 0
     assert max(spec.drafter.kept_share) < 0.5
+
+
+def test_the_seeds_preset_runs_sparsespec_fixed_and_with_the_entropy_controller():
+    from outrider.bench.methods import load_config, preset_path
+
+    specs = {(m.spec.drafter, m.spec.controller) for m in load_config(preset_path("seeds")).methods if m.spec}
+    assert {("sparsespec:256,4,32", "fixed:4"), ("sparsespec:256,4,32", "entropy:8")} <= specs

@@ -54,7 +54,7 @@ from .registry import DrafterEntry, register
 
 USAGE = "sparsespec[:BUDGET[,SINK[,RECENT]]]"
 FAR = 1 << 40  # pack's window width that restricts nothing: only the shifted positions are wanted
-QUERY_ROWS = 8  # the last verified rows whose attention picks the keys
+QUERY_ROWS = 4  # the last verified rows whose attention picks the keys (scoring costs grow with them)
 
 
 @dataclass(frozen=True)
