@@ -154,3 +154,49 @@ def test_the_round_applies_the_processing_and_the_grammar_to_the_target_logits(t
                                                      DraftTree.root_only(b.tokens[-1])])
     assert outcome.failed == {1: "the grammar refused a committed token: for the test"}
     assert a.output == [biased, biased] and outcome.results[0] is not None
+
+
+def test_the_processing_and_the_grammar_apply_when_every_sequence_has_them(target):
+    """A round whose sequences all have a processor and no grammar mask, or all a grammar mask and
+    no processor, processes its logits too (the shortcut is for a round with neither)."""
+    from outrider.sampling import SamplingParams
+
+    refs = [generate_ids(target, [Request(p, 4)], set())[0].token_ids for p in PROMPTS]
+    biased, forced = (refs[0][0] + 3) % 96, (refs[1][0] + 5) % 96
+    engine = EngineLoop(target, set(), max_running=2, max_len=64)
+    engine.add(Request(PROMPTS[0], 4, SamplingParams(logit_bias={biased: 100.0})))
+    engine.add(Request(PROMPTS[1], 4))
+    engine.scheduler.admit()
+    for seq in engine.scheduler.running:
+        engine.cache.set_length(seq.slot, 0)
+    engine._prefill()
+    a, b = engine.scheduler.running
+    assert a.processor is not None and a.allowed is None
+    outcome = run_round(target, engine.cache, [a], [DraftTree.root_only(a.tokens[-1])])
+    assert outcome.failed == {} and a.output == [biased]  # the processing alone in its round
+    b.allowed = torch.zeros(1, 96, dtype=torch.bool)
+    b.allowed[0, forced] = True
+    assert b.processor is None
+    outcome = run_round(target, engine.cache, [b], [DraftTree.root_only(b.tokens[-1])])
+    assert outcome.failed == {} and b.output == [forced]  # a grammar's mask alone in its round
+
+
+def test_a_ragged_rounds_padding_writes_the_caches_scratch_row(target, monkeypatch):
+    """Trees of 5 and 3 nodes in one verify forward: the shorter slot's 2 padded tokens write the
+    cache's scratch row (pack's default, row -1, is the same row for torch's indexing, but
+    decoder_layer.c would write row -1 of slot 0 before the cache's memory)."""
+    engine, seqs, refs = started(target)
+    a, b = seqs
+    seen, forward = [], target.forward
+
+    def recording(batch, cache):
+        seen.append(batch.rows.tolist())
+        return forward(batch, cache)
+
+    monkeypatch.setattr(target, "forward", recording)
+    lens = [engine.cache.lengths[s.slot] for s in seqs]
+    run_round(target, engine.cache, seqs, [DraftTree.chain(a.tokens[-1], refs[0][:4]),
+                                           DraftTree.chain(b.tokens[-1], refs[1][:2])])
+    scratch = engine.cache.scratch_row
+    assert scratch == 64 and seen == [[list(range(lens[0], lens[0] + 5)),
+                                       list(range(lens[1], lens[1] + 3)) + [scratch, scratch]]]
