@@ -167,12 +167,21 @@ AI __m256i lane_mask(int64_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 0 ? 0 : n > 8 ? 8 : n)), lane);
 }
 
-/* 8 float16 values at p, lanes past n (< 8) zero. */
+/* 8 float16 values at p, lanes past n (< 8) zero: read by dwords under a mask (and an odd last one
+ * alone), not through a buffer on the stack, whose 16-byte load after narrow stores stalls (the
+ * store cannot be forwarded: a dense tail's scales took a tenth of a 576-wide row's time so). */
 AI __m256 halves(const uint8_t *p, int64_t n) {
     if (n >= 8) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    uint16_t h[8] = {0};
-    if (n > 0) memcpy(h, p, 2 * n);
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+    if (n <= 0) return _mm256_setzero_ps();
+    const __m128i dwords = _mm_cmpgt_epi32(_mm_set1_epi32((int)(n / 2)), _mm_setr_epi32(0, 1, 2, 3));
+    __m128i v = _mm_maskload_epi32((const int *)p, dwords);
+    if (n & 1) {  /* the last value, alone in its dword: into 16-bit lane n - 1 */
+        uint16_t last;
+        memcpy(&last, p + 2 * (n - 1), 2);
+        const __m128i lane = _mm_cmpeq_epi16(_mm_set1_epi16((short)(n - 1)), _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7));
+        v = _mm_or_si128(v, _mm_and_si128(lane, _mm_set1_epi16((short)last)));
+    }
+    return _mm256_cvtph_ps(v);
 }
 
 /* 8 float32 values at p, lanes past n zero. */
