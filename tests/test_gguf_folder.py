@@ -38,9 +38,12 @@ def quiet(line: str) -> None:
 
 
 @pytest.mark.parametrize("arch,qtype", [("llama", "Q4_1"), ("qwen2", "Q8_0")])
-def test_imported_gguf_is_the_pulled_folders_model(tmp_path, cache, arch, qtype):
+def test_imported_gguf_is_the_pulled_folders_model(tmp_path, cache, arch, qtype, runtime):
     """No float copy: float32 dequantizes the GGUF at load to the very values the float folder
-    converted from it holds, and the quantized default reads the same blocks: equal logits both ways."""
+    converted from it holds, and the quantized default reads the same blocks: equal logits both ways.
+    One float product path for both (linear=linear): each folder keeps the path measured for its
+    own shapes (kernels/cpu_linear.py), and on a busy machine two measurements may choose apart."""
+    runtime(linear="linear")
     gguf = tmp_path / f"Tiny {arch} {qtype}.gguf"
     writer.write_tiny_gguf(gguf, arch, qtype, tied=arch == "llama")
     folder = import_gguf(gguf, log=quiet)
