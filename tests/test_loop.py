@@ -185,6 +185,12 @@ def test_defaults_refusals_and_the_rows_a_request_reserves(target):
     plain = EngineLoop(target, set(), max_running=1, max_len=64, max_kv_rows=12)
     assert plain.check(Request([5, 6, 7, 8, 9], 6)) == 12
     assert EngineLoop(target, set(), ngram(), max_running=1, max_len=64).check(Request([5, 6, 7, 8, 9], 6)) == 15
+    two = EngineLoop(target, set(), max_running=2, max_len=64, max_kv_rows=20)
+    ids = [two.add(Request([5, 6, 7, 8, 9], 6)), two.add(Request([9, 8, 7, 6, 5], 6))]  # 12 rows each
+    two.step()
+    assert (two.num_running, two.num_waiting) == (1, 1)  # the rows, not the slots, hold the second back
+    done = drain(two)[0]
+    assert [done[i].token_ids for i in ids] == [alone(target, [5, 6, 7, 8, 9], 6), alone(target, [9, 8, 7, 6, 5], 6)]
     with pytest.raises(ConfigError) as err:
         plain.check(Request([5, 6, 7, 8, 9], 7))
     assert str(err.value) == ("the request needs 13 K/V rows but the engine holds 12: "
@@ -251,6 +257,7 @@ def test_events_carry_every_token_and_logprob(target):
     plain = engine.add(Request([8, 9, 10], 7, logprobs=0, speculate=False))
     done, events = drain(engine)
     assert (done[bad].finish_reason, done[bad].token_ids) == ("error", [])
+    assert done[bad].logprobs is None and done[bad].prompt_logprobs is None  # not asked for
     assert [(e.new_tokens, e.text) for e in events if e.request_id == bad] == [([], "")]
     for rid, prompt, n in ((good, [5, 6, 7, 5, 6, 7, 5], 10), (plain, [8, 9, 10], 7)):
         mine = [e for e in events if e.request_id == rid]
