@@ -250,7 +250,7 @@ CODE = "def is_prime(n):\n    \"\"\"Return True if n is a prime number.\"\"\"\n 
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("controller", ["fixed:4", "entropy:6"])
+@pytest.mark.parametrize("controller", ["entropy:6"])  # fixed depths: the tiny models' tests
 def test_smollm2_sparsespec_greedy_output_is_autoregressive(smollm2_decoder, smollm2_path, smollm2_tokenizer,
                                                             controller):
     target = smollm2_decoder
