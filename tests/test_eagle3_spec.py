@@ -155,7 +155,7 @@ def test_a_shared_prompt_is_prefilled_again_for_a_drafter_that_reads_hidden_stat
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0", pytest.param("q4_0-i8", marks=pytest.mark.skipif(
-    not native.i8_available(), reason="int8-activation kernel: no AVX-512 VNNI here"))])
+    not native.i8_available(), reason="int8-activation kernel: not on this CPU (it needs AVX2)"))])
 @pytest.mark.parametrize("tree", ["chain", "dynamic:3,8"])
 def test_a_quantized_head_drafts_and_changes_no_output(setup, kind, tree):
     """`eagle3:PATH@q8_0`: the head's matrices kept as blocks (drafting reads fewer bytes); its

@@ -218,7 +218,7 @@ def _quantize_matrices(w: Eagle3Weights, kind: str, own_lm_head: bool, dtype: to
         raise ConfigError(f"a head kept in {kind} drafts in float32; this target computes in {dtype}")
     base, _, compute = kind.partition("-")
     if compute and not native.i8_available():
-        raise ConfigError(f"an EAGLE-3 head in {kind} needs the int8-activation kernel (AVX-512 VNNI), which does "
+        raise ConfigError(f"an EAGLE-3 head in {kind} needs the int8-activation kernel (AVX2 or better), which does "
                           f"not run here; use @{base}")
     names = ["fc", "qkv", "o", "gate_up", "down"] + (["lm_head"] if own_lm_head else [])
     for name in names:
