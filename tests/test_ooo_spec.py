@@ -86,7 +86,7 @@ def test_a_finished_request_drops_its_hint():
     d.finish(0, [3, 4, 5])
     gate.set()
     d._queue.join()
-    assert d._hints == {} and d.stats()["hints_ready"] == 0
+    assert d._hints == {} and d.stats()["hints_ready"] == 0 and d.stats()["hints_late"] == 1
 
 
 @pytest.mark.parametrize("text, why", [

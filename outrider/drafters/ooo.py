@@ -30,7 +30,7 @@ Here:
   with `--threads 1` the sidecar and the target each run on one core; with more threads they
   compete for the same cores.
 
-`stats()` reports the hints started and ready, each ready hint's latency (seconds from `start` to
+`stats()` reports the hints started, ready and late (the request ended first), each ready hint's latency (seconds from `start` to
 publication), the draft nodes that came from the hint alone, the accepted tokens beyond what the
 suffix tree alone held, and the requests where the hint gave at least one such token.
 """
@@ -109,6 +109,7 @@ class Stats:
     hint_drafted: int = 0  # draft nodes from the hint alone
     hint_accepted: int = 0  # accepted tokens beyond what the suffix tree alone held
     requests_helped: int = 0  # finished requests with hint_accepted > 0
+    late: int = 0  # requests that finished before their hint was ready (it is then dropped)
 
 
 class OooDrafter(SuffixDrafter):
@@ -243,6 +244,8 @@ class OooDrafter(SuffixDrafter):
             if hint.tokens is not None:
                 self.counts.ready += 1
                 self.counts.latencies.append(hint.latency)
+            else:
+                self.counts.late += 1
             self.counts.requests_helped += hint.gained > 0
         super().finish(seq_id, tokens)
 
@@ -271,7 +274,7 @@ class OooDrafter(SuffixDrafter):
         ready = [h.latency for h in self._hints.values() if h.tokens is not None]
         latencies = c.latencies + ready
         return {
-            "hints": c.hints, "hints_ready": c.ready + len(ready),
+            "hints": c.hints, "hints_ready": c.ready + len(ready), "hints_late": c.late,
             "hint_latency_s": latencies, "hint_latency_mean_s": sum(latencies) / len(latencies) if latencies else None,
             "hint_drafted": c.hint_drafted, "hint_accepted": c.hint_accepted, "requests_helped": c.requests_helped,
             "worker_error": None if self.error is None else f"{type(self.error).__name__}: {self.error}",
