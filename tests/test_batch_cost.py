@@ -8,7 +8,8 @@ import torch
 
 from outrider.control import batch_cost
 from outrider.control.batch_cost import BatchCostProfile, batch_grid, load_or_measure_batch
-from outrider.control.controllers import CostController, FixedController
+from outrider.control.controllers import FixedController
+from outrider.control.cost import CostController
 from outrider.control.profile import VerifyCostProfile
 from outrider.llm import LLM
 from outrider.engine.generate import generate_ids

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from outrider.control.controllers import (AdaptiveController, CostController, FixedController,
-                                          parse_controller)
+from outrider.control.controllers import AdaptiveController, FixedController, parse_controller
+from outrider.control.cost import CostController
 from outrider.control.profile import VerifyCostProfile, load_or_measure, measure
 from outrider.errors import ConfigError
 from outrider.weights.loader import load_decoder
@@ -185,7 +185,7 @@ def test_a_depth_gone_stale_is_tried_again():
     """Depth 2 rejected for a while, so the controller drafts 1 deep and sees depth 2 no more; then
     the drafter is right at every depth: a try one deeper (every EXPLORE_EVERY rounds) and the
     unseen depth's estimate drifting to the drafted ones' rate bring it back to drafting deep."""
-    from outrider.control import controllers
+    from outrider.control import cost
 
     ctl = CostController(QWEN_PAIR, max_depth=8)
     ctl.start(0)
@@ -195,14 +195,14 @@ def test_a_depth_gone_stale_is_tried_again():
         ctl.observe(0, *chain_round(2, 1))  # depth 1 right, depth 2 wrong
     assert ctl.budget(0).depth == 1
     later = depths_chosen(ctl, 300)
-    assert max(later[: 2 * controllers.EXPLORE_EVERY]) >= 2 and min(later[-50:]) >= 6
+    assert max(later[: 2 * cost.EXPLORE_EVERY]) >= 2 and min(later[-50:]) >= 6
 
 
 def test_a_draft_time_from_a_slow_spell_is_tried_again(monkeypatch):
     """Proposals timed in a busy spell (5 target steps a depth) stop drafting; no proposal, no new
     time, so without the tries (the negative control) it never drafts again once the machine is
     quiet and the drafter cheap (0.35 a depth) and right; with them it does, and deep."""
-    from outrider.control import controllers
+    from outrider.control import cost
 
     def after_a_slow_spell():
         ctl = CostController(QWEN_PAIR, max_depth=8)
@@ -213,7 +213,7 @@ def test_a_draft_time_from_a_slow_spell_is_tried_again(monkeypatch):
         return depths_chosen(ctl, 2000)
 
     assert max(after_a_slow_spell()[-100:]) >= 4
-    monkeypatch.setattr(controllers._Exploration, "depth", lambda self, best, most: best)
+    monkeypatch.setattr(cost._Exploration, "depth", lambda self, best, most: best)
     assert max(after_a_slow_spell()) == 0
 
 
@@ -221,7 +221,7 @@ def test_tries_grow_rare_where_drafting_never_pays(monkeypatch):
     """Beside a drafter that is always wrong the tries one deeper back off (16, 32, ... 256 rounds
     apart): over 2,000 rounds they add at most 8 drafting rounds to those the controller makes
     without them (a depth's counts decay towards the prior, so it drafts now and then anyway)."""
-    from outrider.control import controllers
+    from outrider.control import cost
 
     def drafting_rounds() -> int:
         ctl = CostController(QWEN_PAIR, max_depth=8)
@@ -233,7 +233,7 @@ def test_tries_grow_rare_where_drafting_never_pays(monkeypatch):
         return sum(1 for d in chosen if d)
 
     tried = drafting_rounds()
-    monkeypatch.setattr(controllers._Exploration, "depth", lambda self, best, most: best)
+    monkeypatch.setattr(cost._Exploration, "depth", lambda self, best, most: best)
     assert drafting_rounds() <= tried <= drafting_rounds() + 8
 
 

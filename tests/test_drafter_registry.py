@@ -14,7 +14,8 @@ import torch
 from enumerate_law import one_thread
 from tiny import make_tiny
 
-from outrider.control.controllers import AdaptiveController, CostController, FixedController
+from outrider.control.controllers import AdaptiveController, FixedController
+from outrider.control.cost import CostController
 from outrider.control.profile import VerifyCostProfile
 from outrider.drafters import registry
 from outrider.drafters.base import Budget

@@ -4,7 +4,8 @@ drafter and tree shape (tiny random models; the drafts themselves may be good or
 import pytest
 import torch
 
-from outrider.control.controllers import AdaptiveController, CostController, FixedController
+from outrider.control.controllers import AdaptiveController, FixedController
+from outrider.control.cost import CostController
 from outrider.control.profile import VerifyCostProfile
 from outrider.drafters.model import ModelDrafter
 from outrider.engine.generate import generate_ids

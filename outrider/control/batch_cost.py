@@ -5,7 +5,7 @@ so its time is a function of the batch size B and that width T, and on a CPU it 
 a verify of several tokens costs more 1-token forwards for a large batch than for one sequence
 (docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Serving: "The batch's verify cost").
 Speculation that pays for one user can slow a full server down; the cost controller
-(controllers.py) reads this table to back off as the batch grows.
+(cost.py) reads this table to back off as the batch grows.
 
     profile = load_or_measure_batch(model_path, target, folder, max_batch=32)
     profile.cost(16, 3)   # seconds for 16 sequences x 3 new tokens (bilinear between grid points)

@@ -60,7 +60,8 @@ from ..drafters.base import Budget
 from ..errors import ConfigError
 from ..spec.tree import children, depths
 from ..spec.types import DraftTree, VerifyResult
-from .controllers import CostController, register_controller
+from .controllers import register_controller
+from .cost import CostController
 
 DEFAULT_MAX = 8
 
