@@ -52,7 +52,7 @@ from ..spec.types import DraftTree, VerifyResult
 from .base import Budget
 from .capabilities import Capabilities
 from .registry import DrafterEntry, register
-from .suffix import Speculation, SuffixDrafter
+from .suffix import Speculation, SuffixDrafter, spec_tree
 
 DIMS = 64  # key dimensions after the random projection
 K, SIM, MB = 4, 0.7, 16.0  # defaults: neighbours, cosine floor, pool bound in megabytes
@@ -260,13 +260,7 @@ class OilbirdDrafter(SuffixDrafter):
         own.suffix_paths = paths(suffix.tokens, suffix.parents)
         own.semantic_paths = {path for path, _ in semantic}
         own.depth = budget.depth
-        if not spec.tokens:
-            return DraftTree.root_only(tokens[-1]), 0.0
-        return DraftTree(
-            torch.tensor([tokens[-1], *spec.tokens], dtype=torch.long),  # [n]
-            torch.tensor([-1, *spec.parents], dtype=torch.long),  # [n]
-            confidence=torch.tensor([1.0, *spec.scores], dtype=torch.float64),  # [n]
-        ), spec.score
+        return spec_tree(tokens[-1], spec), spec.score
 
     # -- the semantic lookup ----------------------------------------------------------------------
     def lookup(self, own: Own, root: int, depth: int) -> list[tuple[tuple[int, ...], float]]:

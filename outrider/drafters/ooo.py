@@ -53,7 +53,7 @@ from ..spec.types import DraftTree, VerifyResult
 from .base import Budget
 from .oilbird import merge, paths
 from .registry import DrafterEntry, register
-from .suffix import SuffixDrafter
+from .suffix import SuffixDrafter, spec_tree
 from .window import parse_options
 
 USAGE = "ooo:SIDECAR[,tokens=N]"
@@ -215,13 +215,7 @@ class OooDrafter(SuffixDrafter):
         self.counts.hint_drafted += new
         hint.suffix_paths = paths(suffix.tokens, suffix.parents)
         hint.hint_paths = {p for p, _ in from_hint}
-        if not spec.tokens:
-            return DraftTree.root_only(tokens[-1]), 0.0
-        return DraftTree(
-            torch.tensor([tokens[-1], *spec.tokens], dtype=torch.long),  # [n]
-            torch.tensor([-1, *spec.parents], dtype=torch.long),  # [n]
-            confidence=torch.tensor([1.0, *spec.scores], dtype=torch.float64),  # [n]
-        ), spec.score
+        return spec_tree(tokens[-1], spec), spec.score
 
     def update(self, seq_id: int, result: VerifyResult, hidden: torch.Tensor | None = None) -> None:
         hint = self._hints.get(seq_id)

@@ -138,6 +138,17 @@ class SuffixState:
         return self.tree.sequences[LOCAL_KEY]
 
 
+def spec_tree(root: int, spec: Speculation) -> DraftTree:
+    """A speculation below `root` as a draft tree, its scores as the nodes' confidence."""
+    if not spec.tokens:
+        return DraftTree.root_only(root)
+    return DraftTree(
+        torch.tensor([root, *spec.tokens], dtype=torch.long),  # [n]
+        torch.tensor([-1, *spec.parents], dtype=torch.long),  # [n]
+        confidence=torch.tensor([1.0, *spec.scores], dtype=torch.float64),  # [n] path probabilities
+    )
+
+
 class SuffixDrafter:
     """Speculation trees from a per-request and a global suffix tree (training-free)."""
 
@@ -203,13 +214,7 @@ class SuffixDrafter:
         truth (the sum of its node scores; 0 for no drafts)."""
         state = self._synced_state(seq_id, tokens)
         spec = self.speculation(state, budget)
-        if not spec.tokens:
-            return DraftTree.root_only(tokens[-1]), 0.0
-        return DraftTree(
-            torch.tensor([tokens[-1], *spec.tokens], dtype=torch.long),  # [n]
-            torch.tensor([-1, *spec.parents], dtype=torch.long),  # [n]
-            confidence=torch.tensor([1.0, *spec.scores], dtype=torch.float64),  # [n] path probabilities
-        ), spec.score
+        return spec_tree(tokens[-1], spec), spec.score
 
     def update(self, seq_id: int, result: VerifyResult, hidden: torch.Tensor | None = None) -> None:
         state = self._states.get(seq_id)
