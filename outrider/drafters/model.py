@@ -365,12 +365,18 @@ class ModelDrafter:
                     new.append(len(tokens) - 1)
             if not new or d == depth - 1 or max(confidence[i] for i in new) < min_confidence:
                 break
-            first = new[0]
-            frontier_logits = yield Feed(tokens[first:], list(parents), first)
-            st.fed.update(new)
-            frontier = [i for i in new if confidence[i] >= min_confidence]
-            frontier_logits = frontier_logits[[i - first for i in frontier]]
+            frontier, frontier_logits = yield from self._feed(st, tokens, parents, new, confidence, min_confidence)
         return DraftTree(torch.tensor(tokens), torch.tensor(parents), confidence=torch.tensor(confidence))
+
+    def _feed(self, st: _State, tokens: list[int], parents: list[int], new: list[int], confidence: list[float],
+              min_confidence: float) -> Grower:
+        """Feed a depth's new nodes; return the next frontier (those of confidence >= min_confidence)
+        and their rows of the logits: ([f], [f, vocab])."""
+        first = new[0]
+        logits = yield Feed(tokens[first:], list(parents), first)
+        st.fed.update(new)
+        frontier = [i for i in new if confidence[i] >= min_confidence]
+        return frontier, logits[[i - first for i in frontier]]
 
     def _sampled(self, st: _State, root: int, q_root: torch.Tensor, depth: int, max_nodes: int,
                  min_confidence: float = 0.0) -> Grower:
@@ -396,11 +402,7 @@ class ModelDrafter:
                     new.append(len(tokens) - 1)
             if not new or d == depth - 1 or max(confidence[i] for i in new) < min_confidence:
                 break
-            first = new[0]
-            frontier_logits = yield Feed(tokens[first:], list(parents), first)
-            st.fed.update(new)
-            frontier = [i for i in new if confidence[i] >= min_confidence]
-            frontier_logits = frontier_logits[[i - first for i in frontier]]
+            frontier, frontier_logits = yield from self._feed(st, tokens, parents, new, confidence, min_confidence)
         probs = torch.zeros(len(tokens), self.target_vocab)
         for node, q in qs.items():
             probs[node] = q.cpu()
