@@ -1,0 +1,12 @@
+"""Scale-out: replicas of the engine, the router in front of them, scheduling policies, a simulator.
+
+    policy.py      the contract every routing/scheduling policy keeps (real router and simulator alike)
+    policies/      one small file per policy (least-load, sticky, WAR, OUTLETS, BALANCE, TailSieve)
+    replica.py     a Ray actor holding one engine (EngineWorker) and its metrics
+    router.py      picks a replica per request through a policy; retries a dead replica's requests once
+    backend.py     `outrider serve --replicas N`: starts/joins Ray, the actors, one HTTP front end
+    sim/           `outrider simulate`: a discrete-event replay against replicas with measured costs
+
+Ray is an optional extra (`pip install 'outrider[cluster]'`); nothing here imports it at module
+level, so the policies and the simulator run without it.
+"""
