@@ -66,6 +66,7 @@ class DFlashConfig:
     mask_token_id: int
     target_layer_ids: tuple[int, ...] | None = None  # DFlash's convention; None: default_layer_ids
     draft_vocab_size: int | None = None  # Vd; None: V (the target's lm_head)
+    num_target_layers: int | None = None  # N of the target it was made for (z-lab's config records it)
 
     def layer_ids(self, num_target_layers: int) -> tuple[int, ...]:
         ids = self.target_layer_ids
@@ -129,7 +130,7 @@ class DFlashHead:
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """features: [m, n, Ht] (the tapped layers, low to high) -> context rows [m, H]."""
-        flat = features.reshape(features.shape[0], -1).to(self.dtype)
+        flat = features.flatten(1).to(self.dtype)  # [m, n * Ht]
         return rms_norm(linear(flat, self.w.fc), self.w.hidden_norm, self.config.rms_norm_eps)
 
     def _kv(self, layer: DFlashLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):

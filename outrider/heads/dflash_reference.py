@@ -35,7 +35,7 @@ def reference_block(head: DFlashHead, features: torch.Tensor, tokens: torch.Tens
     c, w = head.config, head.w
     eps, nh, G, D = c.rms_norm_eps, c.num_heads, c.num_kv_heads, c.head_dim
     n, B = features.shape[0], tokens.shape[0]
-    ctx = _norm(features.reshape(n, -1).float() @ _dense(w.fc).float().T, w.hidden_norm.float(), eps)  # [n, H]
+    ctx = _norm(features.flatten(1).float() @ _dense(w.fc).float().T, w.hidden_norm.float(), eps)  # [n, H]
     table = _dense(w.embed).float()
     h = table[tokens]  # [B, H]
     pos_ctx, pos_blk = torch.arange(n), torch.arange(n, n + B)

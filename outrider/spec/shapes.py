@@ -8,6 +8,9 @@
                     multi-draft rejection sampling, spec/verify_multidraft.py)
     dynamic:K,N     best-first (EAGLE-2 style): at each depth expand the K nodes with the highest
                     cumulative draft log-probability, then keep the best N nodes of all
+    ddtree:N        DDTree, for block drafters (dflash): the N best prefixes of the block under the
+                    product of its per-position distributions, best-first from a heap (one block
+                    forward, no step per depth; verified by the tree walk)
 
 Parsing is pure and refuses bad strings with a one-line ConfigError.
 """
@@ -21,10 +24,10 @@ from ..errors import ConfigError
 
 @dataclass(frozen=True)
 class TreeShape:
-    kind: str  # "chain", "static", "sampled" or "dynamic"
+    kind: str  # "chain", "static", "sampled", "dynamic" or "ddtree"
     branching: tuple[int, ...] = ()  # static and sampled: children per node at each depth
     top_k: int = 0  # dynamic: nodes expanded per depth (and children tried per node)
-    max_nodes: int = 0  # dynamic: drafted nodes kept
+    max_nodes: int = 0  # dynamic, ddtree: drafted nodes kept
 
     @property
     def is_chain(self) -> bool:
@@ -50,6 +53,8 @@ class TreeShape:
             return max(depth - 1, 0)
         if self.kind in ("static", "sampled"):
             return self.max_drafts(self.max_depth(depth) - 1)
+        if self.kind == "ddtree":
+            return 0  # one block forward, nothing fed per depth
         return self.top_k * max(depth - 1, 0)
 
     def max_depth(self, depth: int) -> int:
@@ -60,6 +65,8 @@ class TreeShape:
             return f"{self.kind}:" + ",".join(map(str, self.branching))
         if self.kind == "dynamic":
             return f"dynamic:{self.top_k},{self.max_nodes}"
+        if self.kind == "ddtree":
+            return f"ddtree:{self.max_nodes}"
         return "chain"
 
 
@@ -75,7 +82,9 @@ def parse_shape(text: str) -> TreeShape:
         return TreeShape(kind, branching=numbers)
     if kind == "dynamic" and len(numbers) == 2 and 1 <= numbers[0] <= 16 and numbers[1] >= 1:
         return TreeShape("dynamic", top_k=numbers[0], max_nodes=numbers[1])
+    if kind == "ddtree" and len(numbers) == 1 and 1 <= numbers[0] <= 1024:
+        return TreeShape("ddtree", max_nodes=numbers[0])
     raise ConfigError(
         f"--tree {text!r} is not a tree shape: use chain, static:B1,B2,... or sampled:B1,B2,... (1-16 per depth) "
-        f"or dynamic:K,N"
+        f"or dynamic:K,N or ddtree:N (block drafters, N <= 1024)"
     )

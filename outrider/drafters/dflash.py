@@ -1,0 +1,223 @@
+"""`--drafter dflash:PATH_OR_NAME`: a DFlash block head (heads/dflash.py) drafts a whole block per forward.
+
+PATH is a head folder in z-lab's DFlash layout (config.json + model.safetensors,
+heads/dflash_format.py); NAME a head shipped for that target (heads/catalog.py). The head reads
+several target layers, declared as `needs_hidden`, so the verify forward of each round returns
+them at no extra target pass.
+
+The head's context K/V follows the committed prefix. With n committed tokens its cache holds the
+context rows of positions 0..n-2 (each written from the target's features of that position,
+`DFlashHead.write_context`: no attention); the features of newly committed positions wait in
+`pending` until the next proposal:
+
+    start(prompt x_0..x_{n-1}, features f_0..f_{n-2})      pending = those n-1 rows
+    propose: write pending rows; one block forward for every sequence: [x_{n-1}, MASK x (B-1)]
+             at positions n-1 .. n+B-2 over its n-1 context rows; position k's logits -> tree
+    update(accepted path a nodes, features f_{n-1}..f_{n-1+a})  pending = those a+1 rows
+
+The block's own K/V is never cached, so a rejection rolls nothing back. Trees (drafters/block.py):
+`--tree chain` (greedy: the block's argmax; sampling: each position's token drawn from its own
+q, q kept for the chain verifier's rejection sampling) and `--tree ddtree:N` (DDTree, verified by
+the tree walk). `dflash:PATH,refine=R1+R2` (or `--refiner R1,R2`) passes the block through block
+refiners (refiners/) into a tree of at most N nodes: they need `--tree ddtree:N`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import ConfigError
+from ..sampling import SamplingParams
+from ..spec.random import PositionalRandom
+from ..spec.shapes import TreeShape
+from ..spec.types import DraftTree, VerifyResult
+from .base import Budget
+from .block import Block, greedy_chain, sampled_chain
+from .capabilities import Capabilities, Drafts
+from .refiners import make_refiner, parse_refiners
+from .registry import DrafterEntry, register
+from .slots import SlotCache
+
+TREES = {
+    "chain": Drafts("chain", gives_probs=True),  # sampled: each position's draft drawn from its own q
+    "ddtree": Drafts("tree"),  # best prefixes by the product of marginals (and refiners' trees): not draws
+}
+
+
+@dataclass
+class _State:
+    slot: int
+    params: SamplingParams
+    rng: PositionalRandom
+    pending: torch.Tensor  # [m, H] context rows of committed positions not yet written
+    rows: int = 0  # context rows in the cache (positions 0 .. rows-1)
+    previous: VerifyResult | None = None
+    previous_tree: DraftTree | None = None
+
+
+class DFlashDrafter:
+    """Drafts with a DFlash head; `refiners` (refiners/) turn each block into the verified tree."""
+
+    def __init__(self, head, shape: TreeShape, taps: tuple[int, ...], refiners: tuple = (), name: str = "dflash"):
+        if refiners and shape.kind != "ddtree":
+            raise ConfigError(f"refiners ({', '.join(r.name for r in refiners)}) build trees: use --tree ddtree:N "
+                              f"(N: the tree's node budget), not --tree {shape}")
+        self.head = head
+        self.shape = shape
+        self.name = name
+        self.refiners = tuple(refiners)
+        if shape.kind == "ddtree" and not self.refiners:
+            self.refiners = (make_refiner("ddtree"),)
+        self.capabilities = Capabilities(trees=TREES, needs_hidden=tuple(taps))
+        self.vocab = head.config.vocab_size
+        self.slots = SlotCache(head.new_cache)
+        self._states: dict[int, _State] = {}
+
+    @property
+    def cache(self):
+        return self.slots.cache
+
+    # -- protocol -----------------------------------------------------------------------------
+    def max_nodes(self, depth: int) -> int:
+        depth = min(depth, self.head.block_size - 1)
+        return depth if self.shape.is_chain else self.shape.max_nodes
+
+    def start(self, seq_id: int, prompt: list[int], params: SamplingParams | None = None,
+              hidden: torch.Tensor | None = None) -> None:
+        """hidden: [len(prompt) - 1, n, Ht] the prompt's features at the declared layers (the
+        last prompt token is the first root); None for a one-token prompt."""
+        params = params or SamplingParams()
+        rows = 0 if hidden is None else hidden.shape[0]
+        if rows != len(prompt) - 1:
+            got = None if hidden is None else tuple(hidden.shape)
+            raise ValueError(f"dflash start needs the prompt's features [{len(prompt) - 1}, n, Ht], got {got}")
+        self.finish(seq_id, prompt)
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**63 - 1, ()))
+        c = self.head.config
+        pending = self.head.fuse(hidden) if rows else self.head.w.norm.new_zeros(0, c.hidden_size)
+        self._states[seq_id] = _State(self.slots.take(), params, PositionalRandom(seed).drafting(), pending)
+
+    def update(self, seq_id: int, result: VerifyResult, hidden: torch.Tensor | None = None) -> None:
+        """hidden: [1 + num_accepted, n, Ht] the target's features of the root and accepted nodes."""
+        if hidden is None or hidden.shape[0] != 1 + result.num_accepted:
+            got = None if hidden is None else tuple(hidden.shape)
+            raise ValueError(f"dflash update needs the accepted path's features [{1 + result.num_accepted}, n, Ht], "
+                             f"got {got}")
+        st = self._states[seq_id]
+        st.pending = torch.cat((st.pending, self.head.fuse(hidden)))
+        st.previous = result
+
+    def finish(self, seq_id: int, tokens: list[int]) -> None:
+        st = self._states.pop(seq_id, None)
+        if st is not None:
+            self.slots.give(st.slot)
+
+    def propose(self, seq_id: int, tokens: list[int], budget: Budget) -> DraftTree:
+        return self.propose_batch([seq_id], [tokens], [budget])[0]
+
+    def propose_batch(self, seq_ids: list[int], tokens: list[list[int]], budgets: list[Budget]) -> list[DraftTree]:
+        """Write each sequence's pending context, then one block forward for all that draft."""
+        states = [self._states[s] for s in seq_ids]
+        self.slots.ensure_rows(max(st.rows + st.pending.shape[0] for st in states) + 1)
+        for st, toks in zip(states, tokens):
+            self._catch_up(st, toks)
+        trees: list[DraftTree | None] = [None] * len(states)
+        drafting = []
+        for i, (st, toks, b) in enumerate(zip(states, tokens, budgets)):
+            if min(b.depth, self.head.block_size - 1) < 1 or b.nodes < 1:
+                trees[i] = DraftTree.root_only(toks[-1])
+            else:
+                drafting.append(i)
+        if drafting:
+            B, mask = self.head.block_size, self.head.config.mask_token_id
+            block_tokens = torch.full((len(drafting), B), mask, dtype=torch.long)  # [S, B]
+            block_tokens[:, 0] = torch.tensor([tokens[i][-1] for i in drafting])
+            logits, hidden = self.head.block(self.cache, [states[i].slot for i in drafting],
+                                             [states[i].rows for i in drafting], block_tokens)  # [S, B-1, Vd], [S, B, H]
+            for j, i in enumerate(drafting):
+                st = states[i]
+                block = Block(tokens[i][-1], st.rows, logits[j], hidden[j], self.vocab, self.head.w.draft_to_target,
+                              tokens[i], st.previous, st.previous_tree)
+                trees[i] = self._tree(st, block, tokens[i], budgets[i])
+        for st, tree in zip(states, trees):
+            st.previous_tree = tree
+        return trees
+
+    def _catch_up(self, st: _State, tokens: list[int]) -> None:
+        m = st.pending.shape[0]
+        if st.rows + m != len(tokens) - 1:
+            raise ValueError(f"dflash drafter out of step: {st.rows} context rows + {m} pending for "
+                             f"{len(tokens)} committed tokens (expected {len(tokens) - 1})")
+        if m:
+            self.head.write_context(self.cache, st.slot, st.rows, st.pending)
+            st.rows += m
+            self.cache.set_length(st.slot, st.rows)
+            st.pending = st.pending[:0]
+
+    def _tree(self, st: _State, block: Block, tokens: list[int], budget: Budget) -> DraftTree:
+        depth = min(budget.depth, block.size)
+        if not self.refiners:
+            if st.params.greedy:
+                return greedy_chain(block, min(depth, budget.nodes), budget.min_confidence, budget.stop)
+            return sampled_chain(block, min(depth, budget.nodes), st.params, st.rng.at(len(tokens)),
+                                 budget.min_confidence, budget.stop)
+        nodes = min(budget.nodes, self.shape.max_nodes)
+        tree = greedy_chain(block, min(depth, nodes))
+        for refiner in self.refiners:
+            tree = refiner.refine(block, tree, depth, nodes, st.params.greedy)
+        return tree
+
+
+# -- registration ---------------------------------------------------------------------------------
+USAGE = "dflash:PATH_OR_NAME[,refine=R1+R2]"
+
+
+def _split(argument: str) -> tuple[str, tuple[str, ...]]:
+    """`FOLDER[,refine=A+B]` -> (folder, refiner names); a folder whose name holds ',' stays whole."""
+    if Path(argument).expanduser().is_dir() or ",refine=" not in argument:
+        return argument, ()
+    folder, _, names = argument.rpartition(",refine=")
+    return folder, parse_refiners(names)
+
+
+def _resolve(name: str) -> Path:
+    from ..heads import catalog
+
+    path = Path(name).expanduser()
+    if path.is_dir() or catalog.looks_like_path(name):
+        return path
+    try:
+        return catalog.resolve_head(name, kind="dflash")
+    except TypeError:  # a catalog without kinds: EAGLE-3 heads only
+        raise ConfigError(f"no DFlash head folder '{name}'; give a head folder (config.json + model.safetensors)") from None
+
+
+def parse_argument(text: str) -> str:
+    folder, refiners = _split(text)
+    if not folder:
+        raise ConfigError("dflash:PATH needs the folder of a DFlash head (config.json + model.safetensors) "
+                          "or the name of a shipped head")
+    return str(_resolve(folder)) + (f",refine={'+'.join(refiners)}" if refiners else "")
+
+
+def check_fits(argument: str, target_config, target_path: Path) -> str | None:
+    from ..heads.dflash_format import misfit, read_config
+
+    return misfit(read_config(_split(argument)[0]), target_config)
+
+
+def build(argument: str, shape: TreeShape, target, target_path: Path) -> DFlashDrafter:
+    from ..heads.dflash_format import load_dflash
+
+    folder, names = _split(argument)
+    head = load_dflash(folder, target)
+    refiners = tuple(make_refiner(n, head) for n in names)
+    label = f"dflash:{folder}" + (f",refine={'+'.join(names)}" if names else "")
+    return DFlashDrafter(head, shape, head.config.taps(target.config.num_layers), refiners, name=label)
+
+
+register(DrafterEntry("dflash", USAGE, Capabilities(trees=TREES), build=build,
+                      parse_argument=parse_argument, check_fits=check_fits))
