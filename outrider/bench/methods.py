@@ -14,6 +14,12 @@
     name = "transformers"
     peer = "transformers"           # transformers | transformers-assisted | transformers-prompt-lookup
                                     # | llama.cpp | llama.cpp-prompt-lookup
+    [[method]]                      # a block drafter's block refiners (`--refiner`): chained in order
+    name = "dflash-cure"
+    drafter = "dflash:smollm2-135m-instruct"
+    refiner = "cure,retrace"
+    tree = "ddtree:12"
+
     [[method]]
     name = "draft-0.5b"
     drafter = "draft-model:qwen2.5-coder-0.5b-instruct"
@@ -35,7 +41,7 @@ from ..engine.speculator import SpecOptions
 
 PEERS = ("transformers", "transformers-assisted", "transformers-prompt-lookup", "llama.cpp",
          "llama.cpp-prompt-lookup")
-METHOD_KEYS = {"name", "drafter", "tree", "controller", "peer", "assistant", "lookup", "models"}
+METHOD_KEYS = {"name", "drafter", "refiner", "tree", "controller", "peer", "assistant", "lookup", "models"}
 TOP_KEYS = {"models", "workloads", "prompts", "max_new_tokens", "threads", "dtype", "kv_dtype", "method"}
 PRESETS = Path(__file__).parent / "presets"
 
@@ -161,7 +167,9 @@ def _method(table: dict, where: str, line: int) -> Method:
     if "drafter" not in table:
         raise ConfigError(f"{where}: method '{name}' needs a drafter = \"...\" or a peer = \"...\"")
     try:
-        spec = SpecOptions(str(table["drafter"]), str(table.get("tree", "chain")),
+        from ..drafters.refiners import with_refiners
+
+        spec = SpecOptions(with_refiners(str(table["drafter"]), table.get("refiner")), str(table.get("tree", "chain")),
                            str(table.get("controller", "fixed:4"))).check()
     except ConfigError as err:
         raise ConfigError(f"{where}: method '{name}': {err}") from None
