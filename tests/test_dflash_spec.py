@@ -28,7 +28,7 @@ from outrider.spec.verifiers import VERIFIERS
 from outrider.weights.loader import load_decoder
 
 PROMPTS = [[3, 4, 5, 3, 4, 5, 3], [6, 7, 3, 6, 7, 3, 6], [5], [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4]]
-REFINED = ["ddtree", "retrace", "cure", "ddtree+retrace"]
+REFINED = ["ddtree", "retrace", "cure", "ddtree+retrace", "dartree", "lilicorr", "cure+lilicorr+dartree"]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -50,11 +50,30 @@ def head_for(target, seed=3, block=5, draft_vocab=None):
                        embed=target.embed, lm_head=target.lm_head, draft_vocab=draft_vocab, mask_token_id=0)
 
 
-def speculator(target, tree="chain", refiners=(), depth=3, **head):
+@pytest.fixture(scope="module")
+def learned(tmp_path_factory):
+    """Random weights for the trained refiners: a DARTree correction head and a LiLiCorr correlator."""
+    from outrider.drafters.refiners.dartree import CorrectionHead
+    from outrider.drafters.refiners.lilicorr import Correlator
+
+    root = tmp_path_factory.mktemp("refiners")
+    g = torch.Generator().manual_seed(7)
+    CorrectionHead(torch.randn(16, 128, generator=g) * 0.3, torch.randn(64, 16, generator=g) * 0.3,
+                   torch.ones(64), torch.ones(64), None).save(root / "dartree")
+    keys = torch.tensor(sorted({a * 8 + b for a, b in torch.randint(0, 8, (20, 2), generator=g).tolist()}))
+    Correlator(keys, torch.randn(keys.numel(), generator=g) * 2, 8, 1.0).save(root / "lilicorr")
+    return root
+
+
+def _spec_name(name, learned):
+    return f"{name}:{learned / name}" if name in ("dartree", "lilicorr") and learned is not None else name
+
+
+def speculator(target, tree="chain", refiners=(), depth=3, learned=None, **head):
     h = head_for(target, **head)
     shape = parse_shape(tree)
     drafter = DFlashDrafter(h, shape, h.config.taps(target.config.num_layers),
-                            tuple(make_refiner(r, h) for r in refiners))
+                            tuple(make_refiner(_spec_name(r, learned), h) for r in refiners))
     return Speculator(SpecOptions("dflash:x", tree, f"fixed:{depth}"), drafter, FixedController(depth), shape)
 
 
@@ -85,8 +104,8 @@ def test_the_block_forward_equals_the_reference_for_every_slot_and_context():
 
 @pytest.mark.parametrize("tree,refiners", [("chain", ()), ("ddtree:6", ())]
                          + [("ddtree:6", tuple(parse_refiners(r))) for r in REFINED])
-def test_greedy_equals_autoregressive_and_drafts_are_accepted(target, tree, refiners):
-    spec = speculator(target, tree, refiners)
+def test_greedy_equals_autoregressive_and_drafts_are_accepted(target, learned, tree, refiners):
+    spec = speculator(target, tree, refiners, learned=learned)
     want = "greedy_chain" if tree == "chain" else "greedy_tree"
     assert spec.verifier_for(SamplingParams()) is VERIFIERS[want].verify
     fast = run(target, spec)
@@ -110,9 +129,9 @@ def test_sampled_chain_is_rejection_sampling_reproducible_per_seed(target):
     assert a != run(target, spec, SamplingParams(temperature=1.0, seed=2))
 
 
-@pytest.mark.parametrize("refiners", [(), ("cure", "retrace")])
-def test_sampled_trees_equal_plain_sampling(target, refiners):
-    spec = speculator(target, "ddtree:6", refiners)
+@pytest.mark.parametrize("refiners", [(), ("cure", "retrace"), ("dartree", "lilicorr")])
+def test_sampled_trees_equal_plain_sampling(target, learned, refiners):
+    spec = speculator(target, "ddtree:6", refiners, learned=learned)
     params = SamplingParams(temperature=1.0, seed=5)
     assert spec.verifier_for(params) is VERIFIERS["tree_walk"].verify
     assert run(target, spec, params) == run(target, None, params)
@@ -201,3 +220,47 @@ def test_cure_branches_only_at_uncertain_positions():
     assert (0, 0, 0) in got and (0, 1, 0) in got and (0, 2, 0) in got  # repairs at position 2, chain tail after
     assert not any(p[0] != 0 for p in got)  # no branching at the sure first position
     assert make_refiner("cure:100").refine(block, chain, 3, 8, True) is chain  # nothing uncertain enough
+
+
+def test_lilicorr_prefers_the_correlated_pair_and_fits_pmi_from_counts():
+    from outrider.drafters.refiners.lilicorr import Correlator, LiLiCorr
+    from outrider.train.lilicorr import fit
+
+    # position 1: tokens 1 and 2 nearly tied; position 2: 3 and 4 tied; C(2, 4) is large
+    block = _block([[0.0, 1.0, 0.9, -5.0, -5.0, -5.0], [0.0, -5.0, -5.0, 1.0, 1.0, -5.0]], root=0)
+    c = Correlator(torch.tensor([2 * 6 + 4]), torch.tensor([3.0]), 6, 1.0)
+    tree = LiLiCorr(c).refine(block, greedy_chain(block, 2), 2, 2, True)
+    assert _paths(tree) == {(2,), (2, 4)}  # a budget of 2: the correlated path, not the marginals' (1, 3)
+    seqs = [[1, 2, 1, 2, 3, 1, 2]] * 30
+    fitted = fit(seqs, 6, min_count=2, weight=1.0)
+    assert float(fitted.pair(torch.tensor([1]), torch.tensor([2]))[0, 0]) > 0  # 1 -> 2 always
+    assert float(fitted.pair(torch.tensor([2]), torch.tensor([2]))[0, 0]) == 0  # never seen
+
+
+def test_dartree_grows_from_corrected_distributions(target, learned):
+    from outrider.drafters.refiners.dartree import CorrectionHead, DARTree
+
+    h = head_for(target, block=4)
+    H = h.config.hidden_size
+    # a correction head whose output pushes hard towards token 5 whatever the parent
+    push = h.w.lm_head[5].float() / h.w.lm_head[5].float().norm() * 200
+    c = CorrectionHead(torch.zeros(1, 2 * H), torch.zeros(H, 1), torch.ones(H), torch.ones(H), h)
+    c.hidden = lambda hh, parents: hh * 0 + push  # noqa: E731
+    block = Block(3, 5, torch.randn(3, 8), torch.randn(4, H), vocab=8)
+    from outrider.spec.types import DraftTree
+
+    tree = DARTree(c).refine(block, DraftTree.root_only(3), 3, 12, True)
+    deep = [t for t, p in zip(tree.tokens.tolist()[1:], tree.parents.tolist()[1:]) if p != 0]
+    assert len(deep) == 8 and all(t == 5 for t in deep)  # 4 + 4 + 4: every node below depth 1 is the pushed 5
+
+
+def test_dartree_training_lowers_the_loss(target):
+    from outrider.train.dartree import train
+
+    h = head_for(target, block=4)
+    seqs = [[(i * 3 + j) % 8 for j in range(14)] for i in range(4)]
+    lines = []
+    train(h, target, seqs, steps=60, hidden=16, anchors=4, lr=3e-2, log=lines.append)
+    first = float(lines[0].split("loss ")[1].split()[0])
+    last = float(lines[-1].split("loss ")[1].split()[0])
+    assert last < first
