@@ -214,7 +214,7 @@ def build(argument: str, shape: TreeShape, target, target_path: Path) -> DFlashD
 
     folder, names = _split(argument)
     head = load_dflash(folder, target)
-    refiners = tuple(make_refiner(n, head) for n in names)
+    refiners = tuple(make_refiner(n, head, folder) for n in names)
     label = f"dflash:{folder}" + (f",refine={'+'.join(names)}" if names else "")
     return DFlashDrafter(head, shape, head.config.taps(target.config.num_layers), refiners, name=label)
 

@@ -51,12 +51,13 @@ def parse_refiners(text: str) -> tuple[str, ...]:
     return names
 
 
-def make_refiner(spec: str, head=None) -> Refiner:
+def make_refiner(spec: str, head=None, folder=None) -> Refiner:
     """One refiner from `NAME[:ARG]`; `head`: the block drafter's head (a trained refiner loads its
-    weights to fit it)."""
+    weights to fit it); `folder`: the head's folder, where a trained refiner's weights are looked
+    for when ARG names none (a shipped head ships its refiners beside it)."""
     name, _, arg = spec.partition(":")
     module = importlib.import_module(f"{__name__}.{REFINERS[name]}")
-    return module.make(arg, head)
+    return module.make(arg, head, folder)
 
 
 def with_refiners(drafter: str | None, refiner: str | None) -> str | None:

@@ -64,7 +64,7 @@ class CURE:
         return build_tree(block.root, scored, nodes, depth)
 
 
-def make(arg: str, head=None) -> CURE:
+def make(arg: str, head=None, folder=None) -> CURE:
     if not arg:
         return CURE()
     try:

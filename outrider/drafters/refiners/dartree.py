@@ -123,9 +123,12 @@ class DARTree:
         return build_tree(block.root, paths_of(keep) + scored, nodes, depth)
 
 
-def make(arg: str, head=None) -> DARTree:
+def make(arg: str, head=None, folder=None) -> DARTree:
+    if not arg and folder is not None and (Path(folder) / FILE).is_file():
+        arg = str(Path(folder) / FILE)  # the one shipped beside the block head
     if not arg:
-        raise ConfigError("dartree needs its correction head: dartree:PATH (from `outrider train dartree`)")
+        raise ConfigError("dartree needs its correction head: dartree:PATH (from `outrider train dartree`); "
+                          "this block head has none beside it")
     if head is None:
         raise ConfigError("dartree refines a block head's hidden states: use it with --drafter dflash:...")
     return DARTree(CorrectionHead.load(arg, head))

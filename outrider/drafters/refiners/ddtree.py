@@ -17,7 +17,7 @@ class DDTree:
         return ddtree(block, depth, nodes)
 
 
-def make(arg: str, head=None) -> DDTree:
+def make(arg: str, head=None, folder=None) -> DDTree:
     from ...errors import ConfigError
 
     if arg:

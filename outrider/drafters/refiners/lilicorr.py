@@ -110,9 +110,12 @@ class LiLiCorr:
         return build_tree(block.root, paths_of(keep) + scored, nodes, depth)
 
 
-def make(arg: str, head=None) -> LiLiCorr:
+def make(arg: str, head=None, folder=None) -> LiLiCorr:
+    if not arg and folder is not None and (Path(folder) / FILE).is_file():
+        arg = str(Path(folder) / FILE)  # the one shipped beside the block head
     if not arg:
-        raise ConfigError("lilicorr needs its correlator: lilicorr:PATH (a folder or file from `outrider train lilicorr`)")
+        raise ConfigError("lilicorr needs its correlator: lilicorr:PATH (from `outrider train lilicorr`); "
+                          "this block head has none beside it")
     c = Correlator.load(arg)
     if head is not None and c.vocab != head.config.vocab_size:
         raise ConfigError(f"lilicorr:{arg} was fitted for a vocabulary of {c.vocab} tokens, this target has "

@@ -75,7 +75,7 @@ class ReTrace:
         return p
 
 
-def make(arg: str, head=None) -> ReTrace:
+def make(arg: str, head=None, folder=None) -> ReTrace:
     if not arg:
         return ReTrace()
     try:
