@@ -6,4 +6,10 @@
     ngram.py, suffix.py (+ suffix_tree.py)       training-free lookups
     model.py          ModelDrafter, the drafting loop of a Decoder; draft_model.py and
                       early_exit.py register it as `draft-model:NAME` and `early-exit:K`
+    eagle3.py         an EAGLE-3 head drafting from the target's features (heads/eagle3.py)
+    dflash.py         a DFlash block head: a whole block per forward (heads/dflash.py)
+    block.py          a drafted block and its trees: argmax and sampled chains, DDTree
+    refiners/         block refiners (ReTrace, CURE, DARTree, LiLiCorr): block -> draft tree
+    hybrid.py, oilbird.py, ooo.py, sparsespec.py, window.py    the other methods (docs/methods.md)
+    grow.py, slots.py, siblings.py                             batched drafting helpers
 """
