@@ -177,6 +177,15 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1 (default: torch's)")
     srv.add_argument("--config", action="append", default=None, metavar="KEY=VALUE",
                      help=CONFIG_HELP + " (default: none)")
+    srv.add_argument("--replicas", type=int, default=None,
+                     help="N engines as Ray actors behind one front end (docs/cluster.md; needs "
+                          "pip install 'outrider[cluster]'; default: this process's one engine, no Ray)")
+    srv.add_argument("--address", default=None,
+                     help="an existing Ray cluster to run the replicas on (auto, or ray://HOST:PORT; default: "
+                          "a local Ray started and stopped with the server)")
+    srv.add_argument("--policy", default="least-load",
+                     help="how replicas are chosen: NAME[:key=value,...], least-load | sticky[:max_skew=N] | war | "
+                          "outlets | balance | tailsieve (default: %(default)s)")
     srv.set_defaults(run=_serve)
 
     cfg = sub.add_parser("config", help="the runtime config in force, the CPU's instruction sets and the kernels")
@@ -338,9 +347,14 @@ def _serve(args) -> int:
     from .serve.server import ServeOptions, serve
 
     keys = ("model", "drafter", "max_tree_nodes", "host", "port", "api_key", "max_running",
-            "max_queue", "max_model_len", "max_kv_rows", "chunk_size", "device", "dtype", "threads", "kv_dtype")
+            "max_queue", "max_model_len", "max_kv_rows", "chunk_size", "device", "dtype", "threads", "kv_dtype",
+            "replicas", "address", "policy")
     options = ServeOptions(**{k: getattr(args, k) for k in keys}, tree=tree, controller=controller)
-    return serve(options.check())
+    if options.check().replicas is None and options.address is None:
+        return serve(options)
+    from .cluster.backend import build as cluster
+
+    return serve(options, builder=cluster)
 
 
 def _config(args) -> int:

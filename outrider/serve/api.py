@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
+import inspect
 import json
 import threading
 from dataclasses import dataclass, field
@@ -144,13 +145,16 @@ def create_app(state: ServerState) -> FastAPI:
             return JSONResponse({"status": "failed", "error": state.worker.failed}, status_code=503)
         if state.worker.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
-        return {"status": "ok"}
+        return {"status": "ok", **getattr(state.worker, "health", dict)()}  # a cluster's: its replicas
 
     @app.get("/metrics", response_class=Response, responses={
         200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text"},
         **errors(401)})
     async def metrics():
-        return Response(state.metrics.exposition(), media_type="text/plain; version=0.0.4")
+        text = state.metrics.exposition()
+        if inspect.isawaitable(text):  # a cluster's: gathered from its replicas
+            text = await text
+        return Response(text, media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models", response_model=ModelList, responses=errors(401))
     async def models():
@@ -245,6 +249,8 @@ async def _generate(state: ServerState, http: HttpRequest, chat: bool):
                                 f"'{state.model_name}'", "model", code="model_not_found")
         grammar = await state.structured.grammar(parsed)
         plan = _plan(state, parsed, grammar)
+        plan.job.stream = parsed.stream
+        plan.job.session = http.headers.get("x-session-id") or (body.get("user") or None)
         state.worker.submit(plan.job)
     except ApiError as err:
         return _error(err)

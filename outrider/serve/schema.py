@@ -331,6 +331,8 @@ class ModelList(_Strict):
 class Health(_Strict):
     status: Literal["ok", "draining", "failed"]
     error: Optional[str] = None
+    replicas: Optional[int] = None  # `--replicas N` (outrider/cluster): how many were started
+    replicas_alive: Optional[int] = None
 
 
 def stream(chunk_model: str) -> dict:

@@ -42,15 +42,21 @@ class ServeOptions:
     dtype: str | None = None
     threads: int | None = None
     kv_dtype: str | None = None
+    # scale-out on Ray (outrider/cluster/backend.py): None runs this process's one engine
+    replicas: int | None = None
+    address: str | None = None  # an existing Ray cluster ("auto", "ray://HOST:PORT"); None: a local one
+    policy: str = "least-load"
 
     def check(self) -> "ServeOptions":
         """Refuse bad values by their flag's name, before anything loads."""
-        for key in ("max_running", "max_queue", "max_model_len", "chunk_size", "max_kv_rows"):
+        for key in ("max_running", "max_queue", "max_model_len", "chunk_size", "max_kv_rows", "replicas"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
         if not (isinstance(self.port, int) and 0 <= self.port <= 65535):
             raise ConfigError(f"--port must be in 0..65535, got {self.port}")
+        if self.replicas is None and self.address is None and self.policy != "least-load":
+            raise ConfigError(f"--policy {self.policy} routes between replicas: give --replicas N too")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("--api-key is empty: give a key or leave the option out")
         from ..weights.loader import parse_kv_dtype
@@ -79,13 +85,10 @@ def max_model_len(options: ServeOptions, context: int) -> int:
     return options.max_model_len
 
 
-def build(options: ServeOptions, log=None, on_fatal=None):
-    """Load the model and return (app, state); the engine thread is not started yet. on_fatal(message):
-    called from the engine thread after an error it cannot recover from."""
-    require_extra()
-    options.check()
+def engine_worker(options: ServeOptions, on_fatal=None):
+    """Load the model and build its engine and worker thread (not started): (llm, worker,
+    metrics, tokenizer lock). `build` serves it over HTTP; a cluster replica holds one each."""
     from ..llm import LLM
-    from .api import ServerState, create_app
     from ..engine.loop import EngineLoop
     from .metrics import Metrics
     from .worker import EngineWorker
@@ -104,11 +107,25 @@ def build(options: ServeOptions, log=None, on_fatal=None):
                         max_kv_rows=options.max_kv_rows, chunk_size=options.chunk_size)
     metrics = Metrics(llm.name)
     worker = EngineWorker(engine, metrics, options.max_queue, on_fatal=on_fatal)
+    return llm, worker, metrics, lock
+
+
+def build(options: ServeOptions, log=None, on_fatal=None):
+    """Load the model and return (app, state); the engine thread is not started yet. on_fatal(message):
+    called from the engine thread after an error it cannot recover from."""
+    require_extra()
+    options.check()
+    from .api import ServerState, create_app
+
+    llm, worker, metrics, lock = engine_worker(options, on_fatal)
     state = ServerState(llm, worker, metrics, llm.name, options.api_key, lock)
     return create_app(state), state
 
 
-def serve(options: ServeOptions, log=print) -> int:
+def serve(options: ServeOptions, log=print, builder=None) -> int:
+    """Run until drained or stopped; the exit code. builder(options, on_fatal=) -> (app, state):
+    `build` (one engine here) or another front end's with the same worker interface
+    (outrider/cluster/backend.py: replicas on Ray)."""
     require_extra()
     import uvicorn
 
@@ -124,7 +141,7 @@ def serve(options: ServeOptions, log=print) -> int:
         if server is not None:
             server.should_exit = True
 
-    app, state = build(options, on_fatal=on_fatal)
+    app, state = (builder or build)(options, on_fatal=on_fatal)
     state.worker.start()
 
     class DrainingServer(uvicorn.Server):
@@ -138,7 +155,7 @@ def serve(options: ServeOptions, log=print) -> int:
                                        "retry on another replica")
                     self.should_exit = True
                 return
-            log(f"draining: finishing {state.worker.engine.num_running + state.worker.queued} requests, "
+            log(f"draining: finishing {state.worker.in_flight} requests, "
                 "refusing new ones", file=sys.stderr)
             state.worker.drain()
 

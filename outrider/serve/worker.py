@@ -59,6 +59,8 @@ class Job:
         self.ids: list[int | None] = [None] * len(requests)  # engine request ids
         self.first_token_at: list[float | None] = [None] * len(requests)
         self.last_token_at: list[float | None] = [None] * len(requests)
+        self.session: str | None = None  # a conversation (X-Session-Id or `user`): cluster routing reads it
+        self.stream = True  # False: the client sees nothing before the end (a replica's death is then retried)
 
     def push(self, kind: str, item) -> None:
         try:
@@ -140,6 +142,11 @@ class EngineWorker:
     def queued(self) -> int:
         with self._cv:
             return sum(len(j.requests) for j in self._inbox) + self._waiting
+
+    @property
+    def in_flight(self) -> int:
+        """Requests running or queued."""
+        return self.engine.num_running + self.queued
 
     # engine thread ---------------------------------------------------------------------------
     def _run(self) -> None:

@@ -1,0 +1,150 @@
+"""One replica: an engine and its worker thread (serve/worker.py) inside a Ray actor.
+
+The actor builds exactly what `outrider serve` builds for its one engine (`serve.server.engine_worker`)
+and runs jobs through the same `EngineWorker`, so a replica's outputs and metrics are the
+single server's. The router (router.py) calls:
+
+    limits()            what the front end checks requests against (rows per slot, K/V rows, ...)
+    run(key, ...)       a streaming generator: lists of the worker's queue items for one job,
+                        ("update", Update), ("done", (index, Completion)) or ("error", dict)
+    cancel(key)         the client went away: free the job's slots at the next step
+    stats()             its ReplicaView fields: running, queued, K/V rows, sessions seen
+    metrics_text()      its Prometheus exposition (serve/metrics.py)
+
+Errors cross the process boundary as `ApiError.__dict__` (an exception with a custom constructor
+does not unpickle), and a grammar as its text: the compiled form holds the tokenizer's llguidance
+object, so the replica puts it back together with its own compiler.
+
+`Replica` is a plain class; `remote_class()` wraps it with `ray.remote` on first use, so this
+module imports without Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import OrderedDict
+
+from ..serve.errors import ApiError
+from ..serve.server import ServeOptions, engine_worker
+from ..serve.worker import Job
+
+MAX_SESSIONS = 4096  # sessions a replica remembers having seen (the oldest are forgotten)
+
+
+@dataclasses.dataclass
+class Limits:
+    """What every request is checked against before it is routed; the same on every replica
+    (they are built from one ServeOptions). `check` applies the rule of `EngineLoop.check`."""
+
+    model_name: str
+    max_len: int  # K/V rows per slot
+    max_kv_rows: int  # rows all running requests may reserve
+    headroom: int  # rows a round's draft tree may add
+    vocab: int
+    max_running: int
+    speculative: bool  # the engine drafts by default
+
+    def check(self, request) -> int:
+        from ..engine.request import check_request
+        from ..errors import ConfigError
+
+        check_request(request, self.max_len, vocab=self.vocab)
+        rows = min(self.max_len, len(request.prompt_ids) + request.max_new_tokens + self.headroom)
+        if rows > self.max_kv_rows:
+            raise ConfigError(f"the request needs {rows} K/V rows but the engine holds {self.max_kv_rows}: "
+                              "ask for fewer tokens or raise the K/V row limit")
+        return rows
+
+
+class Replica:
+    """An engine in a Ray actor (async: `run` is called concurrently, one job each)."""
+
+    def __init__(self, options: ServeOptions, index: int, runtime=None):
+        from .. import config
+
+        if runtime is not None:  # the front end's runtime config (--config, --threads) in this process
+            config.use(runtime)
+        self.index = index
+        self.llm, self.worker, self.metrics, _ = engine_worker(options)
+        self.worker.start()
+        self._jobs: dict[str, Job] = {}
+        self._sessions: OrderedDict[str, None] = OrderedDict()
+
+    def limits(self) -> Limits:
+        e = self.worker.engine
+        return Limits(self.llm.name, e.max_len, e.scheduler.max_kv_rows, e.headroom,
+                      self.llm.target.config.vocab_size, e.scheduler.num_slots, e.speculation is not None)
+
+    async def run(self, key: str, requests: list, prefill_from: list, grammars: list, session: str | None):
+        """Run one job; yields lists of its queue items until every choice is done or it fails."""
+        if grammars and any(grammars):
+            from ..spec.grammar import Grammar
+
+            compiler = self.llm.grammars()
+            requests = [r if g is None else dataclasses.replace(r, grammar=Grammar(g, compiler))
+                        for r, g in zip(requests, grammars)]
+        if session is not None:
+            self._sessions[session] = None
+            self._sessions.move_to_end(session)
+            while len(self._sessions) > MAX_SESSIONS:
+                self._sessions.popitem(last=False)
+        job = Job(requests, asyncio.get_running_loop(), prefill_from)
+        try:
+            self.worker.submit(job)
+        except ApiError as err:
+            yield [("error", err.__dict__)]
+            return
+        self._jobs[key] = job
+        done = 0
+        try:
+            while done < len(requests):
+                items = [await job.queue.get()]
+                while not job.queue.empty():  # what is ready goes in one message
+                    items.append(job.queue.get_nowait())
+                done += sum(kind == "done" for kind, _ in items)
+                failed = any(kind == "error" for kind, _ in items)
+                yield [(kind, item.__dict__ if kind == "error" else item) for kind, item in items]
+                if failed:
+                    return
+        finally:
+            self._jobs.pop(key, None)
+            if done < len(requests):
+                self.worker.cancel(job)
+
+    def cancel(self, key: str) -> None:
+        job = self._jobs.get(key)
+        if job is not None:
+            self.worker.cancel(job)
+
+    def stats(self) -> dict:
+        e = self.worker.engine
+        return {"running": e.num_running, "queued": self.worker.queued, "kv_rows_used": e.kv_rows_used,
+                "kv_rows_total": e.scheduler.max_kv_rows, "sessions": len(self._sessions),
+                "failed": self.worker.failed}
+
+    def metrics_text(self) -> bytes:
+        return self.metrics.exposition()
+
+    def ready(self) -> int:
+        return self.index
+
+
+def api_error(fields: dict) -> ApiError:
+    """An ApiError sent by a replica as its fields."""
+    err = ApiError(fields["status"], fields["message"])
+    err.__dict__.update(fields)
+    return err
+
+
+_REMOTE = None
+
+
+def remote_class(**options):
+    """`Replica` as a Ray actor class (Ray imported here, on first use)."""
+    global _REMOTE
+    if _REMOTE is None:
+        import ray
+
+        _REMOTE = ray.remote(Replica)
+    return _REMOTE.options(**options) if options else _REMOTE

@@ -1,0 +1,353 @@
+"""The router: the HTTP front end's worker when the engines are replicas (Ray actors, replica.py).
+
+serve/api.py checks a request, makes its `Job` and hands it to `state.worker.submit`; here that
+worker is a `Router`, with EngineWorker's interface (submit, cancel, drain, wait_idle, abort,
+stop, failed, draining, queued, engine.max_len / engine.check), so the OpenAI API is the same
+code for one engine and for N. For each job the router
+
+1. asks the policy (policy.py; `--policy`) for a `Decision`, given a `ReplicaView` of every
+   replica: its running and queued sequences (the router's own count of what it sent and has
+   not seen finish), its K/V rows (polled), the sessions it has served, its recent tau;
+2. sends the job to that replica (`Replica.run`, a Ray streaming generator), with
+   `Decision.speculate` put in each engine Request's `speculate` (a client's `speculate: false`
+   stands);
+3. passes what the replica streams back onto the job's queue, as the single server's worker does
+   (a non-streaming job's choices are held until all have ended: its client sees nothing before
+   the end, so it can still be retried);
+4. tells the policy how it went (`observe(Outcome)`).
+
+A replica that dies (its actor gone: ActorDiedError/RayActorError, or its engine failed:
+code engine_failed) is marked dead, logged and counted once. Each of its jobs in flight is sent
+once more, to a live replica the policy picks, if its client has seen no output yet; otherwise
+it fails with a 503 (code replica_died) naming the replica. No job is dropped without an answer.
+When no replica is left, `failed` is set (/health 503) and `on_fatal` is called, as the single
+server does when its engine fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import sys
+import threading
+import time
+from collections import OrderedDict
+
+from ..serve.errors import ApiError
+from .policy import NoReplica, Outcome, ReplicaView, RequestInfo
+from .replica import MAX_SESSIONS, Limits, api_error
+
+POLL_S = 1.0  # how often the replicas' K/V rows are read (and idle replicas checked for life)
+TAU_WEIGHT = 0.2  # ReplicaView.recent_tau: an exponential mean over finished requests
+
+
+class ReplicaDied(Exception):
+    pass
+
+
+@dataclasses.dataclass
+class Flight:
+    """A job between submit and its last answer."""
+
+    job: object  # serve.worker.Job
+    info: RequestInfo
+    key: str
+    replica: int | None = None
+    tried: list[int] = dataclasses.field(default_factory=list)
+    forwarded: bool = False  # its client has been sent something
+    cancelled: bool = False
+    held: list = dataclasses.field(default_factory=list)  # a non-streaming job's ended choices
+    completions: list = dataclasses.field(default_factory=list)
+
+
+class Router:
+    def __init__(self, replicas: list, limits: Limits, policy, metrics, max_queue: int, on_fatal=None,
+                 on_stop=None, log=print, poll_s: float = POLL_S):
+        """replicas: Ray actor handles of `Replica`, by index; metrics: a ClusterMetrics;
+        on_stop(): after `stop` (the backend shuts Ray down or kills its actors)."""
+        self.replicas = replicas
+        self.engine = limits  # api.py reads engine.max_len and engine.check(request)
+        self.policy = policy
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self.on_fatal, self.on_stop, self.log, self.poll_s = on_fatal, on_stop, log, poll_s
+        self.views = [ReplicaView(i, max_running=limits.max_running, kv_rows_total=limits.max_kv_rows,
+                                  speculative=limits.speculative) for i in range(len(replicas))]
+        self.sent = [0] * len(replicas)  # choices sent to each replica and not finished
+        self._sessions = [OrderedDict() for _ in replicas]  # sessions sent to each, the latest last
+        self.draining = False
+        self.failed: str | None = None
+        self._stopped = False
+        self._cv = threading.Condition()
+        self._flights: dict[int, Flight] = {}  # id(job) -> its flight
+        self._tasks: set = set()
+        self._keys = itertools.count()
+        self._clock0 = time.monotonic()
+        self._poller = threading.Thread(target=self._poll, name="outrider-router-poll", daemon=True)
+
+    # the worker interface (serve/worker.py) ------------------------------------------------------
+    def start(self) -> None:
+        self._poller.start()
+
+    def submit(self, job) -> None:
+        """Take a checked job (from the event loop's thread); 503 while draining or with no
+        replica alive, 429 when the replicas' queues are full."""
+        with self._cv:
+            if self.failed:
+                raise ApiError(503, f"{self.failed}; the server is restarting: retry in a moment",
+                               kind="server_error", code="engine_failed")
+            if self.draining or self._stopped:
+                raise ApiError(503, "the server is shutting down: retry on another replica", kind="server_error",
+                               code="shutting_down")
+            live = [v for v in self.views if v.alive]
+            if sum(v.queued for v in live) + len(job.requests) > self.max_queue * len(live):
+                raise ApiError(429, f"the queues are full ({self.max_queue} requests waiting a replica): retry "
+                                    "later", kind="rate_limit_error", headers={"Retry-After": "1"})
+            flight = Flight(job, self._info(job), f"job-{next(self._keys)}")
+            self._flights[id(job)] = flight
+        task = job.loop.create_task(self._fly(flight))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def cancel(self, job) -> None:
+        flight = self._flights.get(id(job))
+        if flight is None or flight.replica is None:
+            return
+        flight.cancelled = True
+        try:
+            self.replicas[flight.replica].cancel.remote(flight.key)
+        except Exception:  # a dead replica has nothing left to cancel
+            pass
+
+    def drain(self) -> None:
+        with self._cv:
+            self.draining = True
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        with self._cv:
+            return self._cv.wait_for(lambda: not self._flights or self._stopped, timeout)
+
+    def abort(self, message: str) -> None:
+        """Answer every job in flight with a 503 now and cancel it on its replica."""
+        with self._cv:
+            self._stopped = True
+            flights, self._flights = list(self._flights.values()), {}
+            self._cv.notify_all()
+        for flight in flights:
+            self.cancel(flight.job)
+            flight.job.push("error", ApiError(503, message, kind="server_error", code="shutting_down"))
+
+    def stop(self, timeout: float = 10) -> None:
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
+            on_stop, self.on_stop = self.on_stop, None
+        if on_stop is not None:
+            on_stop()
+
+    @property
+    def queued(self) -> int:
+        with self._cv:
+            return sum(v.queued for v in self.views if v.alive)
+
+    @property
+    def in_flight(self) -> int:
+        with self._cv:
+            return sum(len(f.job.requests) for f in self._flights.values())
+
+    def health(self) -> dict:
+        return {"replicas": len(self.views), "replicas_alive": sum(v.alive for v in self.views)}
+
+    # one job ---------------------------------------------------------------------------------------
+    def _info(self, job) -> RequestInfo:
+        first = job.requests[0]
+        prompts = [r for r, source in zip(job.requests, job.prefill_from) if source is None]  # n samples: one prefill
+        return RequestInfo(f"{id(job):x}", sum(len(r.prompt_ids) for r in prompts),
+                           sum(r.max_new_tokens for r in job.requests), self._now(), session=job.session,
+                           prompt_ids=tuple(first.prompt_ids))
+
+    def _now(self) -> float:
+        return time.monotonic() - self._clock0
+
+    async def _fly(self, flight: Flight) -> None:
+        """Route, run, retry once after a death; the job always gets its answer."""
+        error = None
+        try:
+            while True:
+                try:
+                    decision = self._route(flight)
+                except NoReplica as err:
+                    message = str(err) if not flight.tried else \
+                        f"replica {flight.tried[-1]} died while running this request and no replica is left to retry it on"
+                    error = self._fail(flight, ApiError(503, message, kind="server_error", code="no_replica"),
+                                       "no_replica")
+                    return
+                try:
+                    await self._run(flight, decision)
+                    return
+                except ReplicaDied as died:
+                    self._died(decision.replica, str(died))
+                    if flight.cancelled:
+                        return
+                    if flight.forwarded or len(flight.tried) > 1:
+                        error = self._fail(flight, self._died_error(flight), "replica_died")
+                        return
+                    self.metrics.retried.inc()
+                    self.log(f"outrider serve: retrying request {flight.key} (nothing streamed yet) on another "
+                             "replica", file=sys.stderr)
+                finally:
+                    self._release(decision.replica, len(flight.job.requests))
+        except Exception as err:  # a bug here must still answer the client
+            error = self._fail(flight, ApiError(500, f"internal error in the router: {type(err).__name__}: {err}",
+                                                kind="server_error", code="internal_error"), "internal_error")
+        finally:
+            with self._cv:
+                self._flights.pop(id(flight.job), None)
+                self._cv.notify_all()
+            if flight.replica is not None:
+                self._observe(flight, error)
+
+    def _route(self, flight: Flight):
+        with self._cv:
+            decision = self.policy.route(flight.info, self.views, self._now())
+            view = self.views[decision.replica]
+            if not view.alive:  # a policy's bug would otherwise send work into a dead actor
+                raise NoReplica(f"the policy chose replica {decision.replica}, which is dead")
+            self.sent[decision.replica] += len(flight.job.requests)
+            self._count(decision.replica)
+            if flight.info.session is not None:
+                seen = self._sessions[decision.replica]
+                seen[flight.info.session] = None
+                seen.move_to_end(flight.info.session)
+                while len(seen) > MAX_SESSIONS:
+                    seen.popitem(last=False)
+                view.sessions = frozenset(seen)
+            flight.replica = decision.replica
+            flight.tried.append(decision.replica)
+        self.metrics.routed.labels(str(decision.replica), decision.reason or self.policy.name).inc()
+        return decision
+
+    def _release(self, replica: int, n: int) -> None:
+        with self._cv:
+            self.sent[replica] -= n
+            self._count(replica)
+
+    def _count(self, replica: int) -> None:
+        view, sent = self.views[replica], self.sent[replica]
+        view.running = min(sent, view.max_running)
+        view.queued = sent - view.running
+
+    async def _run(self, flight: Flight, decision) -> None:
+        import ray
+
+        job = flight.job
+        requests = [r if decision.speculate is None else dataclasses.replace(r, speculate=r.speculate and decision.speculate)
+                    for r in job.requests]
+        grammars = [None if r.grammar is None else r.grammar.text for r in requests]
+        requests = [dataclasses.replace(r, grammar=None) for r in requests]
+        flight.completions = []
+        handle = self.replicas[decision.replica]
+        try:
+            stream = handle.run.options(num_returns="streaming").remote(
+                flight.key, requests, job.prefill_from, grammars, job.session)
+            async for ref in stream:
+                for kind, item in await ref:
+                    if kind == "error":
+                        err = api_error(item)
+                        if err.code == "engine_failed":  # its engine stopped: the replica is gone
+                            raise ReplicaDied(err.message)
+                        self._forward(flight, kind, err)
+                        return
+                    self._forward(flight, kind, item)
+        except ray.exceptions.RayActorError as err:
+            raise ReplicaDied(str(err).splitlines()[0]) from None
+
+    def _forward(self, flight: Flight, kind: str, item) -> None:
+        job = flight.job
+        if kind == "done":
+            flight.completions.append(item[1])
+        if job.stream or kind == "error":
+            job.queue.put_nowait((kind, item))
+            flight.forwarded = flight.forwarded or kind != "update" or bool(item.tokens or item.text)
+        elif kind == "done":  # the whole answer at once: nothing reaches the client before the end
+            flight.held.append(item)
+            if len(flight.held) == len(job.requests):
+                for held in flight.held:
+                    job.queue.put_nowait(("done", held))
+                flight.forwarded = True
+
+    def _fail(self, flight: Flight, err: ApiError, reason: str) -> str:
+        self.metrics.failed.labels(reason).inc()
+        flight.job.queue.put_nowait(("error", err))
+        return err.message
+
+    def _died_error(self, flight: Flight) -> ApiError:
+        first = flight.tried[0]
+        if len(flight.tried) > 1:
+            message = (f"replica {first} died while running this request, and replica {flight.tried[-1]}, where it "
+                       "was retried once, died too: send it again")
+        else:
+            message = (f"replica {first} died while running this request, after part of its output had been "
+                       "streamed (a request whose client has output is not retried): send it again")
+        return ApiError(503, message, kind="server_error", code="replica_died")
+
+    def _observe(self, flight: Flight, error: str | None) -> None:
+        taus = [c.stats.get("mean_accepted_length") for c in flight.completions]
+        taus = [t for t in taus if t is not None]
+        tau = sum(taus) / len(taus) if taus else None
+        view = self.views[flight.replica]
+        if tau is not None and error is None:
+            view.recent_tau = tau if view.recent_tau is None else (1 - TAU_WEIGHT) * view.recent_tau + TAU_WEIGHT * tau
+        speculated = self.engine.speculative and all(r.speculate for r in flight.job.requests)
+        self.policy.observe(Outcome(flight.info, flight.replica, sum(len(c.token_ids) for c in flight.completions),
+                                    self._now(), speculated, tau, error))
+
+    # replicas' life --------------------------------------------------------------------------------
+    def _died(self, index: int, why: str) -> None:
+        """Mark a replica dead (once), report it, and stop the server's work when none is left."""
+        with self._cv:
+            view = self.views[index]
+            if not view.alive or self._stopped:  # once; and Ray going down with the server is no death
+                return
+            view.alive = False
+            live = sum(v.alive for v in self.views)
+            if not live:
+                self.failed = "every replica has died"
+        self.metrics.deaths.labels(str(index)).inc()
+        self.metrics.replicas_now(live, len(self.views) - live)
+        self.log(f"outrider serve: replica {index} died ({why}); {live} of {len(self.views)} alive; its requests "
+                 "in flight are retried once elsewhere when nothing had been streamed, else failed with 503",
+                 file=sys.stderr)
+        try:
+            import ray
+
+            ray.kill(self.replicas[index])  # an engine that failed leaves a live actor: free its memory
+        except Exception:
+            pass
+        if not live and self.on_fatal is not None:
+            self.on_fatal("every replica has died")
+
+    def _poll(self) -> None:
+        """Every poll_s: read each live replica's K/V rows; a replica that cannot answer because it
+        is gone is marked dead even when no request is on it."""
+        import ray
+
+        while True:
+            with self._cv:
+                if self._cv.wait_for(lambda: self._stopped, self.poll_s):
+                    return
+                live = [v.index for v in self.views if v.alive]
+            refs = {i: self.replicas[i].stats.remote() for i in live}
+            for i, ref in refs.items():
+                try:
+                    stats = ray.get(ref, timeout=max(5.0, 5 * self.poll_s))
+                except ray.exceptions.RayActorError as err:
+                    self._died(i, str(err).splitlines()[0])
+                    continue
+                except Exception:  # slow to answer: keep the last figures
+                    continue
+                if stats.get("failed"):
+                    self._died(i, f"its engine failed: {stats['failed']}")
+                    continue
+                with self._cv:
+                    self.views[i].kv_rows_used = stats["kv_rows_used"]
