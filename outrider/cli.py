@@ -122,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
     gen.set_defaults(run=_generate)
 
     bench = sub.add_parser("bench", help="every method side by side on real workloads, with a report")
+    bench.add_argument("mode", nargs="?", choices=("rollout",), default=None,
+                       help="rollout: many samples per prompt at temperature 1 on one engine, speculation off "
+                            "and on; the figure is the batch's makespan (bench/rollout.py)")
     bench.add_argument("--preset", default=None,
                        help=f"quick (default, {QUICK_TIME}), full, eagle3 (the shipped EAGLE-3 head "
                             "against ngram and suffix), llamacpp (against llama.cpp; the peers extra), "
@@ -144,6 +147,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="finish the interrupted run in --out (same settings), skipping its finished prompts")
     bench.add_argument("--no-progress", action="store_true")
     bench.add_argument("--config", action="append", default=None, metavar="KEY=VALUE", help=CONFIG_HELP)
+    roll = bench.add_argument_group("rollout mode")
+    roll.add_argument("--samples", type=int, default=None, help="samples per prompt (default 8)")
+    roll.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1)")
+    roll.add_argument("--drafter", default=None, help="the drafter of the 'on' run (default suffix)")
+    roll.add_argument("--controller", default=None, help="its controller (default fixed:4)")
+    roll.add_argument("--max-running", type=int, default=None, help="engine slots (default: every request at once)")
     bench.set_defaults(run=_bench)
 
     srv = sub.add_parser("serve", help="an OpenAI-compatible server (continuous batching, speculation, metrics)",
@@ -220,6 +229,9 @@ def _parser() -> argparse.ArgumentParser:
     from .heads.cli import add_parsers as add_head_parsers
 
     add_head_parsers(sub)  # outrider export eagle3 ..., outrider check-head ...
+    from .cluster.sim.cli import add_parser as add_simulate_parser
+
+    add_simulate_parser(sub)  # outrider simulate ...
     return parser
 
 
@@ -291,6 +303,11 @@ def _bench(args) -> int:
     from .bench.table import summary_table
     from .errors import ConfigError
 
+    rollout_only = [f"--{k.replace('_', '-')}" for k in ROLLOUT_FLAGS if getattr(args, k) is not None]
+    if args.mode == "rollout":
+        return _bench_rollout(args)
+    if rollout_only:
+        raise ConfigError(f"{', '.join(rollout_only)} belong to `outrider bench rollout`")
     if args.preset and args.methods:
         raise ConfigError("give --preset or --methods, not both")
     if args.resume and not args.out:
@@ -339,6 +356,39 @@ def _bench(args) -> int:
     if needs_exit_failure(results):
         print("error: the lossless audit failed (see the report); this is a bug in a method", file=sys.stderr)
         return 1
+    return 0
+
+
+ROLLOUT_FLAGS = ("samples", "temperature", "drafter", "controller", "max_running")
+
+
+def _bench_rollout(args) -> int:
+    import time
+    from pathlib import Path
+
+    from .bench.rollout import RolloutPlan, run_rollout
+    from .errors import ConfigError
+
+    if args.preset or args.methods or args.resume or args.dtype or args.kv_dtype or args.config:
+        raise ConfigError("`outrider bench rollout` takes --model, --workload, --prompts, --samples, --temperature, "
+                          "--max-new-tokens, --drafter, --controller, --max-running, --threads and --out")
+    given = {"model": (args.model or [None])[0], "workloads": tuple(args.workload) if args.workload else None,
+             "prompts": args.prompts, "samples": args.samples, "temperature": args.temperature,
+             "max_new_tokens": args.max_new_tokens, "drafter": args.drafter, "controller": args.controller,
+             "max_running": args.max_running, "threads": args.threads}
+    plan = RolloutPlan(**{k: v for k, v in given.items() if v is not None}).check()
+    out = Path(args.out or Path("bench-results") / ("rollout-" + time.strftime("%Y%m%d-%H%M%S")))
+    out.mkdir(parents=True, exist_ok=True)
+    results = run_rollout(plan, log=lambda msg: print(msg, file=sys.stderr))
+    results["command"] = "outrider " + " ".join(sys.argv[1:])
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    for mode, fig in results["modes"].items():
+        print(f"speculation {mode}: makespan {fig['makespan_s']:.2f} s, {fig['throughput_tok_s']:.1f} tok/s, "
+              f"tau {fig['tau']:.2f}, output tokens p50 {fig['output_tokens']['p50']:.0f} / max "
+              f"{fig['output_tokens']['max']}")
+    if {"off", "on"} <= set(results["modes"]):
+        print(f"makespan on / off: {results['modes']['on']['makespan_s'] / results['modes']['off']['makespan_s']:.2f}x")
+    print(f"results: {out / 'results.json'}")
     return 0
 
 
