@@ -61,8 +61,10 @@ class Cluster:
             assert time.time() < deadline, "the server did not start"
             time.sleep(0.02)
 
-    def complete(self, prompt: str, max_tokens: int, stream: bool = False, session: str | None = None):
-        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    def complete(self, prompt: str, max_tokens: int, stream: bool = False, session: str | None = None,
+                 user: str | None = None):
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream,
+                **({"user": user} if user else {})}
         headers = {"X-Session-Id": session} if session else {}
         r = httpx.post(self.url + "/v1/completions", json=body, headers=headers, timeout=30)
         if not stream:
@@ -133,12 +135,15 @@ def test_two_replicas_give_one_engines_greedy_tokens_and_share_the_load(cluster,
 
 
 def test_a_session_stays_on_its_replica(cluster):
+    """The session is the X-Session-Id header, or else the OpenAI `user` field."""
     before = cluster.metric("outrider:cluster_requests_routed_total", 'reason="sticky"')
     for _ in range(3):
         assert cluster.complete(words(7), 4, session="alice")[0] == 200
-    assert cluster.metric("outrider:cluster_requests_routed_total", 'reason="sticky"') == before + 2
-    holders = [i for i, v in enumerate(cluster.router.views) if "alice" in v.sessions]
-    assert len(holders) == 1
+    for _ in range(2):
+        assert cluster.complete(words(8), 4, user="bob")[0] == 200
+    assert cluster.metric("outrider:cluster_requests_routed_total", 'reason="sticky"') == before + 3
+    for session in ("alice", "bob"):
+        assert sum(session in v.sessions for v in cluster.router.views) == 1
 
 
 def test_metrics_per_replica_and_summed(cluster):
@@ -149,7 +154,7 @@ def test_metrics_per_replica_and_summed(cluster):
     assert per[0] > 0 and per[1] > 0
     assert cluster.metric(name, summed=True) == sum(per)
     ended = [cluster.metric("outrider:request_success_total", f'replica="{i}"') for i in (0, 1)]
-    assert cluster.metric("outrider:request_success_total", summed=True) == sum(ended) == 10  # 6 + 3 + 1
+    assert cluster.metric("outrider:request_success_total", summed=True) == sum(ended) == 12  # 6 + 5 + 1
     assert cluster.metric("outrider:num_requests_running", summed=True) == 0
     assert cluster.metric("outrider:cluster_replicas", 'state="alive"') == 2
 

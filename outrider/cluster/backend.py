@@ -107,7 +107,8 @@ def _start(ray, options, policy, replicas: int, cpus: int, handles: list, stop, 
         ray.get([h.ready.remote() for h in handles], timeout=START_S)
     except ray.exceptions.GetTimeoutError:
         raise ConfigError(f"the {replicas} replicas did not start within {START_S} s: the Ray cluster needs "
-                          f"{replicas * cpus} free CPUs (`ray status` shows them); lower --replicas or --threads") from None
+                          f"{replicas * cpus} free CPUs (`ray status` shows them); lower --replicas or --threads"
+                          ) from None
     except ray.exceptions.RayActorError as err:  # its __init__ raised: say why in one line
         raise ConfigError(f"a replica failed to start: {_cause(err)}") from None
     limits = ray.get(handles[0].limits.remote())

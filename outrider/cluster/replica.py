@@ -6,7 +6,7 @@ single server's. The router (router.py) calls:
 
     limits()            what the front end checks requests against (rows per slot, K/V rows, ...)
     run(key, ...)       a streaming generator: lists of the worker's queue items for one job,
-                        ("update", Update), ("done", (index, Completion)) or ("error", dict)
+                        ("update", Update) (streams only), ("done", (index, Completion)) or ("error", dict)
     cancel(key)         the client went away: free the job's slots at the next step
     stats()             its ReplicaView fields: running, queued, K/V rows, sessions seen
     metrics_text()      its Prometheus exposition (serve/metrics.py)
@@ -76,8 +76,10 @@ class Replica:
         return Limits(self.llm.name, e.max_len, e.scheduler.max_kv_rows, e.headroom,
                       self.llm.target.config.vocab_size, e.scheduler.num_slots, e.speculation is not None)
 
-    async def run(self, key: str, requests: list, prefill_from: list, grammars: list, session: str | None):
-        """Run one job; yields lists of its queue items until every choice is done or it fails."""
+    async def run(self, key: str, requests: list, prefill_from: list, grammars: list, session: str | None,
+                  stream: bool = True):
+        """Run one job; yields lists of its queue items until every choice is done or it fails
+        (without `stream`, no updates: its client sees only the end)."""
         if grammars and any(grammars):
             from ..spec.grammar import Grammar
 
@@ -104,7 +106,10 @@ class Replica:
                     items.append(job.queue.get_nowait())
                 done += sum(kind == "done" for kind, _ in items)
                 failed = any(kind == "error" for kind, _ in items)
-                yield [(kind, item.__dict__ if kind == "error" else item) for kind, item in items]
+                items = [(kind, item.__dict__ if kind == "error" else item) for kind, item in items
+                         if stream or kind != "update"]
+                if items:
+                    yield items
                 if failed:
                     return
         finally:

@@ -177,8 +177,8 @@ class Router:
                 try:
                     decision = self._route(flight)
                 except NoReplica as err:
-                    message = str(err) if not flight.tried else \
-                        f"replica {flight.tried[-1]} died while running this request and no replica is left to retry it on"
+                    message = str(err) if not flight.tried else (f"replica {flight.tried[-1]} died while running "
+                                                                   "this request and no replica is left to retry it on")
                     error = self._fail(flight, ApiError(503, message, kind="server_error", code="no_replica"),
                                        "no_replica")
                     return
@@ -241,15 +241,16 @@ class Router:
         import ray
 
         job = flight.job
-        requests = [r if decision.speculate is None else dataclasses.replace(r, speculate=r.speculate and decision.speculate)
-                    for r in job.requests]
+        requests = job.requests
+        if decision.speculate is not None:  # the policy's word, but a client's `speculate: false` stands
+            requests = [dataclasses.replace(r, speculate=r.speculate and decision.speculate) for r in requests]
         grammars = [None if r.grammar is None else r.grammar.text for r in requests]
         requests = [dataclasses.replace(r, grammar=None) for r in requests]
         flight.completions = []
         handle = self.replicas[decision.replica]
         try:
             stream = handle.run.options(num_returns="streaming").remote(
-                flight.key, requests, job.prefill_from, grammars, job.session)
+                flight.key, requests, job.prefill_from, grammars, job.session, job.stream)
             async for ref in stream:
                 for kind, item in await ref:
                     if kind == "error":

@@ -1,0 +1,109 @@
+"""Replicas against one engine: `outrider serve` alone, `--replicas 1` and `--replicas N` under the same load.
+
+For each setup the script starts `outrider serve` in a subprocess on a free 127.0.0.1 port
+(`--threads` CPU threads per engine; a cluster starts its own local Ray and stops it on exit),
+sends a few warm-up requests, then runs closed-loop clients (outrider/bench/serve_load.py:
+streaming completions of the bench's HumanEval prompts, greedy, `ignore_eos`, fixed
+`max_tokens`) for `--phase-time` seconds, and stops the server with SIGTERM. It prints and
+writes (`--out`, JSON) output tokens/s, requests/s, TTFT and end-to-end p50/p99, and the
+requests that failed or were lost. Setups run one after another, so on a shared machine their
+figures see different background load: say so next to them.
+
+    .venv/bin/python scripts/bench_cluster.py --replicas 2 --concurrency 4 --phase-time 40 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from outrider.bench.serve_load import Target, closed_loop, summarize
+from outrider.bench.serve_run import free_port, load_prompts, LoadPlan
+
+
+def start(extra: list[str], args, log: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "outrider.cli", "serve", "--port", str(port), "--threads", str(args.threads),
+           "--max-running", str(args.concurrency), "--max-model-len", "1024", "--device", "cpu", *extra]
+    if args.model:
+        cmd += ["--model", args.model]
+    if args.drafter:
+        cmd += ["--drafter", args.drafter]
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 600
+    while True:
+        if proc.poll() is not None:
+            sys.exit(f"outrider serve {' '.join(extra)} exited with {proc.returncode}: see {log}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if time.time() > deadline:
+            proc.kill()
+            sys.exit(f"outrider serve {' '.join(extra)} did not start: see {log}")
+        time.sleep(0.5)
+
+
+def measure(name: str, extra: list[str], args, prompts, chat: bool) -> dict:
+    proc, url = start(extra, args, args.out.with_suffix(f".{name}.log"))
+    try:
+        body = {"ignore_eos": True}
+        warm = Target(url, prompts, chat, args.max_tokens, extra=body)
+        asyncio.run(closed_loop(warm, args.concurrency, args.concurrency, 0.0, args.concurrency))
+        target = Target(url, prompts, chat, args.max_tokens, extra=body, offset=args.concurrency)
+        load = os.getloadavg()[0]
+        records, wall = asyncio.run(closed_loop(target, args.concurrency, 10 ** 6, args.phase_time, 1))
+        summary = summarize(records, wall)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            status = proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            status = proc.wait()
+    summary.update(setup=name, command=" ".join(extra) or "(one engine)", exit_status=status,
+                   load_average_before=load)
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--drafter", default=None, help="as for outrider serve (default: none, autoregressive)")
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--policy", default="least-load")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per engine")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--phase-time", type=float, default=40.0)
+    parser.add_argument("--setups", default="single,one,many", help="single: no Ray; one: --replicas 1; many: N")
+    parser.add_argument("--out", type=Path, default=Path("cluster-bench.json"))
+    args = parser.parse_args()
+    prompts, chat, _ = load_prompts(LoadPlan(model=args.model))
+    setups = {"single": [], "one": ["--replicas", "1", "--policy", args.policy],
+              "many": ["--replicas", str(args.replicas), "--policy", args.policy]}
+    results = []
+    for name in args.setups.split(","):
+        r = measure(name, setups[name], args, prompts, chat)
+        results.append(r)
+        print(f"{name:>6} {r['command']:<32} {r['throughput_tok_s']:7.1f} tok/s  {r['requests_per_s']:.2f} req/s  "
+              f"TTFT p50 {r['ttft_s']['p50']:.2f} s  e2e p50 {r['e2e_s']['p50']:.2f} s  p99 {r['e2e_s']['p99']:.2f} s  "
+              f"ok {r['ok']} errors {r['errors']} lost {r['lost']}  load {r['load_average_before']:.1f}", flush=True)
+    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
+                                   indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
