@@ -1,19 +1,23 @@
-"""`outrider export eagle3 ...` and `outrider check-head ...`: the sub-commands of learned heads.
+"""`outrider export eagle3|dflash ...` and `outrider check-head ...`: the sub-commands of learned heads.
 
 outrider/cli.py registers them with `add_parsers(sub)`; each `run_*` returns the exit status.
 
     outrider export eagle3 HEAD --format eagle|speculators --out DIR [--target NAME] [--dtype bf16]
+    outrider export dflash HEAD --format zlab|vllm|sglang --out DIR [--target NAME] [--dtype bf16]
     outrider check-head DIR [--target NAME_OR_PATH]
 
-HEAD is a head folder or a shipped head's name (heads/catalog.py). --target defaults to the
+HEAD is a head folder or a shipped head's name (heads/catalog.py); check-head takes `dflash:NAME`
+for a shipped DFlash head and tells the kinds apart by config.json. --target defaults to the
 target recorded in the head's outrider_golden.json, else in its train_info.json (a head
-`outrider train eagle3` wrote), else to a shipped head's name.
+`outrider train` wrote), else to a shipped head's name.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+from ..errors import OutriderError
 
 
 def add_parsers(sub) -> None:
@@ -35,10 +39,19 @@ def add_parsers(sub) -> None:
                     "target from (default: the target's folder here, absolute: loads offline; for another machine "
                     "give a Hugging Face id, e.g. HuggingFaceTB/SmolLM2-135M-Instruct)")
     e3.set_defaults(run=run_export)
+    df = kinds.add_parser("dflash", help="a DFlash head: config.json + model.safetensors + golden tau")
+    df.add_argument("head", help="head folder, or the name of a shipped DFlash head (its target's catalog name)")
+    df.add_argument("--format", required=True, help="zlab (z-lab's DFlash), vllm or sglang (heads/dflash_format.py)")
+    df.add_argument("--out", required=True, help="output folder, new or empty")
+    df.add_argument("--target", default=None, help="catalog name or folder of the target (default: the recorded one)")
+    df.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 for the float tensors (default: as stored)")
+    df.add_argument("--max-new-tokens", type=int, default=32, help="tokens per golden prompt (default 32)")
+    df.add_argument("--device", default="cpu", help="where the golden tau is measured (default cpu)")
+    df.set_defaults(run=run_export_dflash)
 
-    check = sub.add_parser("check-head", help="check an EAGLE-3 head folder: config, tensors, vocab map, "
+    check = sub.add_parser("check-head", help="check an EAGLE-3 or DFlash head folder: config, tensors, vocab map, "
                            "layer ids, golden tau")
-    check.add_argument("dir", help="the head folder (or a shipped head's name)")
+    check.add_argument("dir", help="the head folder (or a shipped head's name; dflash:NAME for a shipped DFlash head)")
     check.add_argument("--target", default=None, help="catalog name or folder (default: the one recorded in "
                        "outrider_golden.json or train_info.json)")
     check.add_argument("--device", default=None, help="where to re-measure the golden tau (default: as recorded)")
@@ -46,7 +59,7 @@ def add_parsers(sub) -> None:
     check.set_defaults(run=run_check)
 
 
-def _target_for(head: Path, given: str | None, name: str) -> str:
+def _target_for(head: Path, given: str | None, name: str, kind: str = "eagle3") -> str:
     from ..errors import ConfigError
     from .catalog import shipped_heads
     from .eagle3_golden import read_golden
@@ -62,7 +75,7 @@ def _target_for(head: Path, given: str | None, name: str) -> str:
     trained = _trained_target(head)
     if trained:
         return trained
-    if shipped_heads().get(name) == head:
+    if shipped_heads(kind).get(name) == head:
         return name
     raise ConfigError(f"{head} records no target (no outrider_golden.json or train_info.json): pass --target "
                       "NAME_OR_PATH")
@@ -114,13 +127,40 @@ def run_export(args) -> int:
     return 0
 
 
+def run_export_dflash(args) -> int:
+    from .catalog import resolve_head
+    from .dflash_export import export_dflash
+    from .eagle3_export import check_out
+    from .eagle3_golden import GoldenSettings, read_golden
+
+    check_out(args.out)  # before anything is read
+    head = resolve_head(args.head, "dflash")
+    target = _target_for(head, args.target, args.head, "dflash")
+    settings = GoldenSettings(max_new_tokens=args.max_new_tokens, device=args.device)
+    out = export_dflash(head, args.out, args.format, target, dtype=args.dtype, settings=settings,
+                        log=lambda msg: print(msg, file=sys.stderr))
+    golden = read_golden(out)
+    print(f"wrote {out} ({args.format} layout) for {target}; golden tau {golden['tau']:.3f} "
+          f"over {len(golden['prompts'])} prompts")
+    return 0
+
+
 def run_check(args) -> int:
     from .catalog import resolve_head
+    from .dflash_check import check_dflash
+    from .dflash_format import is_dflash
     from .eagle3_check import check_head
+    from .eagle3_format import read_raw
 
-    head = resolve_head(args.dir)
-    target = _target_for(head, args.target, args.dir)
-    checks = check_head(head, target, device=args.device, golden=not args.no_golden)
+    kind, _, name = args.dir.partition(":") if args.dir.startswith("dflash:") else ("eagle3", "", args.dir)
+    head = resolve_head(name, kind)
+    target = _target_for(head, args.target, name, kind)
+    try:
+        dflash = is_dflash(read_raw(head))
+    except OutriderError:
+        dflash = kind == "dflash"  # the check itself says what is wrong with config.json
+    run = check_dflash if dflash else check_head
+    checks = run(head, target, device=args.device, golden=not args.no_golden)
     for c in checks:
         print(c.line())
     failed = [c for c in checks if c.status == "FAIL"]

@@ -24,14 +24,14 @@ target and the head, so it runs only when every other check passed.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..errors import OutriderError
 from .eagle3_format import WEIGHTS, expected_shapes, layer_prefix, layout, misfit, read_config, read_raw
-from .eagle3_golden import GOLDEN, compare, measure, read_golden, settings_of
+from .checks import FLOATS, Check, golden_check, weights_check
+from .eagle3_golden import measure
 from .eagle3_speculators import class_check, field_problems, schema_problems
 
 EAGLE_FIELDS = (  # what vLLM's and SGLang's LlamaForCausalLMEagle3 read from the EAGLE layout
@@ -52,23 +52,6 @@ EAGLE_FIELDS = (  # what vLLM's and SGLang's LlamaForCausalLMEagle3 read from th
     ("eagle_config", "dict", False),
     ("eagle_aux_hidden_state_layer_ids", "list[int]", False),
 )
-FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I64": torch.int64,
-                      "BOOL": torch.bool, "I32": torch.int32, "F64": torch.float64}
-
-
-@dataclass
-class Check:
-    name: str
-    status: str  # "ok" | "FAIL" | "skipped"
-    detail: str = ""
-
-    def line(self) -> str:
-        if self.status == "ok":
-            return f"{self.name:<18} ok" + (f" ({self.detail})" if self.detail else "")
-        return f"{self.name:<18} {self.status}: {self.detail}"
-
-
 def check_head(folder: str | Path, target: str | Path, *, device: str | None = None,
                golden: bool = True) -> list[Check]:
     """Every check of the module docstring on the head in `folder` for `target` (catalog name or folder)."""
@@ -83,7 +66,7 @@ def check_head(folder: str | Path, target: str | Path, *, device: str | None = N
     kind = layout(raw)
     add("layout", "ok", {"eagle": "eagle: EAGLE / SpecForge, for vLLM and SGLang",
                          "speculators": "speculators: vllm-project/speculators, for vLLM"}[kind])
-    header = _weights_check(folder, add)
+    header = weights_check(folder, add)
     config = _config_check(folder, raw, kind, add)
     _class_check(raw, kind, add)
     target_path, tcfg = _target_check(target, config, header, add)
@@ -135,29 +118,6 @@ def _class_check(raw: dict, kind: str, add) -> None:
     elif status == "FAIL":
         detail = f"speculators refuses config.json: {detail}; fix the field it names or re-export the head"
     add("speculators class", status, detail)
-
-
-def _weights_check(folder: Path, add) -> dict | None:
-    """model.safetensors' header (name -> (shape, dtype)), or None after a FAIL saying the file is
-    missing, truncated or corrupt: that is the problem, not any tensor a later check would miss."""
-    from safetensors import safe_open
-
-    path = folder / WEIGHTS
-    if not path.is_file():
-        add("weights file", "FAIL", f"{path} not found: an EAGLE-3 head keeps its tensors there; copy the whole "
-                                    "folder again or re-export the head")
-        return None
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            header = {n: (tuple(f.get_slice(n).get_shape()), SAFETENSORS_DTYPES.get(f.get_slice(n).get_dtype()))
-                      for n in f.keys()}
-    except Exception as err:  # safetensors' own error for a cut or damaged file  # noqa: BLE001
-        reason = " ".join(str(err).split()) or type(err).__name__
-        add("weights file", "FAIL", f"{path} is truncated or corrupt ({path.stat().st_size} bytes; {reason}): "
-                                    "copy it again or re-export the head")
-        return None
-    add("weights file", "ok", f"{len(header)} tensors, {path.stat().st_size} bytes")
-    return header
 
 
 def _target_check(target, config, header: dict | None, add):
@@ -271,18 +231,4 @@ def _layers_check(config, tcfg, add) -> None:
 
 
 def _golden_check(folder: Path, target_path, device, add) -> None:
-    try:
-        golden = read_golden(folder)
-    except (ValueError, OSError) as err:
-        add("golden tau", "FAIL", f"{GOLDEN} is unreadable ({err}); re-export the head to record it again")
-        return
-    if golden is None:
-        add("golden tau", "skipped", f"no {GOLDEN} (not exported by Outrider); `outrider export eagle3` records one")
-        return
-    try:
-        measured = measure(folder, target_path, settings_of(golden, device), golden["prompts"])
-    except OutriderError as err:
-        add("golden tau", "FAIL", f"the head does not run here: {err}")
-        return
-    ok, message = compare(golden, measured)
-    add("golden tau", "ok" if ok else "FAIL", message)
+    golden_check(folder, target_path, device, add, measure, "outrider export eagle3")

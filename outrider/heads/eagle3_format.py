@@ -44,13 +44,13 @@ from .eagle3_speculators import config_from_speculators, runtime_problems, schem
 WEIGHTS = "model.safetensors"
 
 
-def read_raw(folder: str | Path) -> dict:
+def read_raw(folder: str | Path, what: str = "an EAGLE-3 head") -> dict:
     """The head's config.json as a dict (ModelError when absent or not JSON)."""
     path = Path(folder) / "config.json"
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ModelError(f"{path} not found: an EAGLE-3 head is a folder with config.json and {WEIGHTS}") from None
+        raise ModelError(f"{path} not found: {what} is a folder with config.json and {WEIGHTS}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ModelError(f"{path} is not valid JSON ({err}); re-export the head") from None
     if not isinstance(raw, dict):
@@ -165,7 +165,7 @@ def load_eagle3(folder: str | Path, target, quantize: str | None = None) -> Eagl
     what is committed (the target verifies every draft)."""
     folder = Path(folder)
     config = read_config(folder)
-    tensors = _open(folder)
+    tensors = open_weights(folder)
     names = set(tensors.keys())
     prefix = layer_prefix(names)
     reason = misfit(config, target.config, "embed_tokens.weight" in names, "lm_head.weight" in names)
@@ -183,7 +183,7 @@ def load_eagle3(folder: str | Path, target, quantize: str | None = None) -> Eagl
                              f"says {list(shape)}; the config and the weights disagree: re-export the head")
     maps_needed = "d2t" in expected
     device, dtype = target.device, target.dtype
-    get = lambda name: _read(tensors, folder, name).to(device=device, dtype=dtype)  # noqa: E731
+    get = lambda name: read_weight(tensors, folder, name).to(device=device, dtype=dtype)  # noqa: E731
     attn, mlp = prefix + "self_attn.", prefix + "mlp."
     weights = Eagle3Weights(
         fc=get("fc.weight"),
@@ -200,7 +200,7 @@ def load_eagle3(folder: str | Path, target, quantize: str | None = None) -> Eagl
         draft_to_target=None,
     )
     if maps_needed:
-        weights.draft_to_target = draft_to_target(_read(tensors, folder, "d2t"), _read(tensors, folder, "t2d"),
+        weights.draft_to_target = draft_to_target(read_weight(tensors, folder, "d2t"), read_weight(tensors, folder, "t2d"),
                                                   str(folder)).to(device)
     if quantize is not None:
         _quantize_matrices(weights, quantize, own_lm_head="lm_head.weight" in names, dtype=dtype)
@@ -259,10 +259,10 @@ def read_tensors(folder: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of the head's model.safetensors exactly as stored (dtype and bits), on the
     CPU, with `layers.0.` named `midlayer.` (one naming for both layouts)."""
     folder = Path(folder)
-    tensors = _open(folder)
+    tensors = open_weights(folder)
     names = list(tensors.keys())
     prefix = layer_prefix(names)
-    return {("midlayer." + n[len(prefix):] if n.startswith(prefix) else n): _read(tensors, folder, n)
+    return {("midlayer." + n[len(prefix):] if n.startswith(prefix) else n): read_weight(tensors, folder, n)
             for n in names}
 
 
@@ -284,10 +284,11 @@ def draft_to_target(d2t: torch.Tensor, t2d: torch.Tensor, where: str = "the head
     return ids
 
 
-def _open(folder: Path):
+def open_weights(folder: Path, what: str = "an EAGLE-3 head"):
+    """The folder's model.safetensors, opened (a one-line ModelError when missing or corrupt)."""
     path = folder / WEIGHTS
     if not path.exists():
-        raise ModelError(f"{path} not found: an EAGLE-3 head is a folder with config.json and {WEIGHTS} "
+        raise ModelError(f"{path} not found: {what} is a folder with config.json and {WEIGHTS} "
                          "(safetensors only, never pickles)")
     try:
         return safe_open(str(path), framework="pt")
@@ -295,7 +296,8 @@ def _open(folder: Path):
         raise ModelError(f"{path} is corrupt or truncated ({err}); re-export the head") from None
 
 
-def _read(tensors, folder: Path, name: str) -> torch.Tensor:
+def read_weight(tensors, folder: Path, name: str) -> torch.Tensor:
+    """Tensor `name` of an opened weights file (a one-line ModelError when unreadable)."""
     try:
         return tensors.get_tensor(name)
     except (SafetensorError, OSError) as err:

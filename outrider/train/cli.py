@@ -1,4 +1,4 @@
-"""`outrider train eagle3 ...`: argparse and run code of the training sub-command (train/loop.py)."""
+"""`outrider train eagle3|dflash ...`: argparse and run code of the training sub-commands (train/loop.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,47 @@ from .data import SOURCES
 
 
 def add_parser(sub) -> None:
-    """Register `train` (with its `eagle3` sub-command) on the `outrider` sub-parsers."""
+    """Register `train` (with its `eagle3` and `dflash` sub-commands) on the `outrider` sub-parsers."""
     train = sub.add_parser("train", help="train a learned drafter for a target (online, on this machine)")
     tsub = train.add_subparsers(dest="train_command", required=True)
     p = tsub.add_parser("eagle3", help="train an EAGLE-3 head (fused target features + one decoder layer); "
                         "run under torchrun for data parallelism")
+    _common(p)
+    p.add_argument("--ttt-steps", type=int, default=7, help="unrolled draft steps of the training-time test (default 7)")
+    p.add_argument("--decay", type=float, default=0.8, help="loss weight of unrolled step k is decay**k (default 0.8)")
+    p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size Vd (default 8192)")
+    p.add_argument("--init-from", default=None, metavar="HEAD",
+                   help="start from this head's weights and draft vocabulary (a head folder in the EAGLE or "
+                        "speculators layout, or a shipped head's name), with a new optimizer and schedule")
+    p = tsub.add_parser("dflash", help="train a DFlash block head (target features injected as K/V, a block of "
+                        "masked slots drafted in one forward); run under torchrun for data parallelism")
+    _common(p)
+    p.add_argument("--layers", type=int, default=1, help="draft layers (default 1)")
+    p.add_argument("--block-size", type=int, default=16, help="block size B: the root and B-1 drafted slots "
+                   "(default 16, DFlash's)")
+    p.add_argument("--anchors", type=int, default=32, help="random anchor blocks per sequence and step (default 32; "
+                   "SpecForge uses 512)")
+    p.add_argument("--gamma", type=float, default=7.0, help="slot k's loss weight is exp(-(k-1)/gamma) (default 7)")
+    p.add_argument("--mask-token", type=int, default=None, help="the MASK token id (default: the highest-id special "
+                   "token the tokenizer adds that text never holds; SmolLM2: 16 <empty_output>)")
+    p.add_argument("--target-layers", type=_ids, default=None, metavar="IDS",
+                   help="comma-separated target layers the head reads (DFlash's convention: the output of layer l, "
+                        "0-based; default: DFlash's, one per draft layer spread over 1..N-3, the middle one for 1)")
+    p.add_argument("--draft-vocab", type=int, default=None, help="a reduced draft vocabulary Vd with its own lm_head "
+                   "(only vLLM loads it; default: the target's vocabulary through its own lm_head)")
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _common(p) -> None:
+    """The arguments every head's training shares."""
     p.add_argument("--target", required=True, help="catalog name or model folder of the target")
     p.add_argument("--data", required=True,
                    help=f"comma-separated sources: {', '.join(SOURCES)} (humaneval is the bench workload: "
@@ -32,9 +68,6 @@ def add_parser(sub) -> None:
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     p.add_argument("--warmup-steps", type=int, default=None, help="linear warmup steps (default 5%% of the steps)")
     p.add_argument("--clip", type=float, default=0.5, help="gradient-norm clip (default 0.5)")
-    p.add_argument("--ttt-steps", type=int, default=7, help="unrolled draft steps of the training-time test (default 7)")
-    p.add_argument("--decay", type=float, default=0.8, help="loss weight of unrolled step k is decay**k (default 0.8)")
-    p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size Vd (default 8192)")
     p.add_argument("--vocab-tokens", type=int, default=2_000_000,
                    help="training labels counted to choose the draft vocabulary (default 2,000,000)")
     p.add_argument("--length-group", type=int, default=8, metavar="G",
@@ -42,9 +75,6 @@ def add_parser(sub) -> None:
                         "default 8)")
     p.add_argument("--seed", type=int, default=0, help="initialisation and data order (default 0)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
-    p.add_argument("--init-from", default=None, metavar="HEAD",
-                   help="start from this head's weights and draft vocabulary (a head folder in the EAGLE or "
-                        "speculators layout, or a shipped head's name), with a new optimizer and schedule")
     p.add_argument("--regenerate", action="store_true",
                    help="the target writes the responses of chat/prompt items itself (greedy)")
     p.add_argument("--responses", default=None, metavar="FILE",
@@ -73,10 +103,13 @@ def run(args) -> int:
     from .loop import TrainOptions, train
 
     keys = ("target", "data", "out", "steps", "tokens", "seq_len", "batch_size", "lr", "warmup_steps", "clip",
-            "ttt_steps", "decay", "draft_vocab", "vocab_tokens", "seed", "resume", "regenerate",
+            "draft_vocab", "vocab_tokens", "seed", "resume", "regenerate",
             "max_response_tokens", "checkpoint_every", "threads", "device", "target_dtype", "precision",
-            "snapshot_every", "regenerate_batch", "time_budget", "init_from", "length_group", "code_roots", "responses", "regenerate_only")
-    options = TrainOptions(**{k: getattr(args, k) for k in keys}, progress=not args.no_progress,
-                           command=["outrider"] + sys.argv[1:])
+            "snapshot_every", "regenerate_batch", "time_budget", "length_group", "code_roots", "responses",
+            "regenerate_only")
+    own = {"eagle3": ("ttt_steps", "decay", "init_from"),
+           "dflash": ("layers", "block_size", "anchors", "gamma", "mask_token", "target_layers")}[args.train_command]
+    options = TrainOptions(**{k: getattr(args, k) for k in keys + own}, head=args.train_command,
+                           progress=not args.no_progress, command=["outrider"] + sys.argv[1:])
     train(options)
     return 0

@@ -1,8 +1,8 @@
-"""The online training loop of an EAGLE-3 head (`outrider train eagle3`).
+"""The online training loop of a learned head (`outrider train eagle3|dflash`).
 
 Per step: the next global batch of examples (train/data.py, a pure function of the seed), the
-frozen target's forward over this rank's share (train/target_pass.py), the head's training-time
-test unroll (`Eagle3Trainable.ttt`), AdamW (weight decay 0) under linear warmup then cosine decay,
+frozen target's forward over this rank's share (train/target_pass.py), the head's step
+(train/trainables.py: EAGLE-3's training-time test unroll, DFlash's random anchor blocks), AdamW (weight decay 0) under linear warmup then cosine decay,
 gradients clipped to `clip`. Under torchrun (RANK / WORLD_SIZE set) every rank runs the same loop
 on its contiguous share of each global batch (gloo); the ranks first add up each unrolled step's
 valid rows, each rank's loss is its summed cross-entropy of step s over that global count, and the
@@ -19,11 +19,10 @@ Rank 0 writes the log, checkpoints and the head.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -31,145 +30,13 @@ import torch
 from ..config import current
 from ..errors import ConfigError
 from . import checkpoint
-from .budget import BUDGET_WARMUP, PLAN_AFTER, plan_steps
+from .budget import PLAN_AFTER, plan_steps
 from .init_head import init_head
 from .outputs import export, trim_log, write_head
-from .data import Encoder, Position, Stream, batches, load_corpus, parse_sources
+from .data import Encoder, Position, Stream, batches, load_corpus
 from .target_pass import target_pass
 from .vocab import check_draft_vocab, count_labels, draft_vocab, used_from_maps
-
-# arguments a resumed run must share with the run it continues (the batches depend on them)
-SAME_ON_RESUME = ("target", "data", "seq_len", "batch_size", "seed", "draft_vocab", "regenerate",
-                  "max_response_tokens", "ttt_steps", "decay", "vocab_tokens", "target_dtype", "precision",
-                  "init_from", "length_group", "code_roots")
-OLD_RUNS = {"length_group": 1}  # what a checkpoint written before an option existed ran with
-# arguments that fix the learning-rate schedule (lr_at): a resumed run with others would jump in it
-SCHEDULE = ("steps", "tokens", "warmup_steps", "lr")
-PRECISIONS = ("fp32", "bf16")  # the head's arithmetic: fp32, or bf16 autocast (weights and optimizer fp32)
-TARGET_DTYPES = ("float32", "bfloat16")
-
-
-@dataclass
-class TrainOptions:
-    target: str
-    data: str
-    out: str
-    steps: int | None = None
-    tokens: int | None = None
-    seq_len: int = 512
-    batch_size: int = 4
-    lr: float = 1e-3
-    warmup_steps: int | None = None  # None: 5% of the steps
-    clip: float = 0.5
-    ttt_steps: int = 7
-    decay: float = 0.8
-    draft_vocab: int = 8192
-    seed: int = 0
-    resume: bool = False
-    regenerate: bool = False
-    max_response_tokens: int = 256
-    checkpoint_every: int = 100
-    vocab_tokens: int = 2_000_000  # labels counted to choose the draft vocabulary
-    threads: int | None = None
-    device: str | None = None
-    target_dtype: str = "float32"  # the frozen target's weights (bfloat16: ~2x faster on CPUs with AMX)
-    precision: str = "fp32"
-    snapshot_every: int | None = None  # also write the head to OUT/snapshots/step-N every N steps
-    regenerate_batch: int | None = None  # prompts regenerated together (None: 16 on a CPU, 512 on a GPU)
-    time_budget: float | None = None  # seconds of training steps: the step count is planned from the first ones
-    init_from: str | None = None  # start from this head's weights (a folder or a shipped head's name)
-    length_group: int = 8  # batches whose examples are sorted by length together (1: stream order)
-    code_roots: list[str] | None = None  # folders the code sources read (None: this Python's stdlib)
-    responses: str | None = None  # another run's regenerated.jsonl: responses not generated again
-    regenerate_only: bool = False  # write OUT/regenerated.jsonl and stop (a later run takes it as --responses)
-    progress: bool = True
-    command: list[str] = field(default_factory=list)
-
-    def check(self) -> "TrainOptions":
-        """One-line ConfigErrors for bad values, before anything is loaded."""
-        if sum(x is not None for x in (self.steps, self.tokens, self.time_budget)) > 1:
-            raise ConfigError("give one of --steps, --tokens and --time-budget")
-        if self.time_budget is not None:
-            if not (isinstance(self.time_budget, (int, float)) and self.time_budget > 0
-                    and math.isfinite(self.time_budget)):
-                raise ConfigError(f"--time-budget must be a positive number of seconds, got {self.time_budget}")
-            if self.warmup_steps is None:
-                self.warmup_steps = BUDGET_WARMUP  # 5% of a step count not known yet: a fixed warmup
-            if self.warmup_steps < PLAN_AFTER:
-                raise ConfigError(f"--time-budget plans the step count after {PLAN_AFTER} steps: give "
-                                  f"--warmup-steps >= {PLAN_AFTER} (default {BUDGET_WARMUP})")
-            if self.resume:
-                raise ConfigError("--time-budget plans a new run; resume with the --steps its train_info.json records")
-        elif self.steps is None and self.tokens is None:
-            self.steps = 1000
-        positive = {"steps": self.steps, "tokens": self.tokens, "batch_size": self.batch_size,
-                    "ttt_steps": self.ttt_steps, "draft_vocab": self.draft_vocab, "threads": self.threads,
-                    "max_response_tokens": self.max_response_tokens, "checkpoint_every": self.checkpoint_every,
-                    "vocab_tokens": self.vocab_tokens, "regenerate_batch": self.regenerate_batch,
-                    "length_group": self.length_group}
-        for key, value in positive.items():
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
-        if not isinstance(self.seq_len, int) or self.seq_len < self.ttt_steps + 2:
-            raise ConfigError(f"--seq-len must be at least --ttt-steps + 2 = {self.ttt_steps + 2}, got {self.seq_len}")
-        if self.warmup_steps is not None and self.warmup_steps < 0:
-            raise ConfigError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ConfigError(f"--lr must be a positive number, got {self.lr}")
-        if not (self.clip > 0 and math.isfinite(self.clip)):
-            raise ConfigError(f"--clip must be a positive number, got {self.clip}")
-        if not 0 < self.decay <= 1:
-            raise ConfigError(f"--decay must be in (0, 1], got {self.decay}")
-        if self.target_dtype not in TARGET_DTYPES:
-            raise ConfigError(f"--target-dtype must be one of {', '.join(TARGET_DTYPES)}, got {self.target_dtype!r}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        if self.snapshot_every is not None and (not isinstance(self.snapshot_every, int) or self.snapshot_every < 1):
-            raise ConfigError(f"--snapshot-every must be a positive integer, got {self.snapshot_every}")
-        if self.seed < 0:
-            raise ConfigError(f"--seed must be >= 0, got {self.seed}")
-        parse_sources(self.data)
-        if self.regenerate_only and not self.regenerate:
-            raise ConfigError("--regenerate-only needs --regenerate (it writes the target's responses and stops)")
-        if self.responses is not None and not (self.regenerate and Path(self.responses).is_file()):
-            raise ConfigError(f"--responses {self.responses}: " + ("no such file" if self.regenerate else
-                              "only with --regenerate (the responses stand in for the target's own)"))
-        if self.responses is not None:  # a file that is not a regenerated.jsonl: refused before loading
-            from .regenerate import read_responses
-
-            read_responses(Path(self.responses))
-        for root in self.code_roots or ():
-            if not Path(root).expanduser().is_dir():
-                raise ConfigError(f"--code-root {root}: no such folder; give a folder of .py files")
-        if self.init_from is not None:  # a head that is not there: refused before anything loads
-            from ..heads.catalog import resolve_head
-            from ..heads.eagle3_format import read_config
-
-            read_config(resolve_head(self.init_from))
-        out = Path(self.out)
-        if out.exists() and not out.is_dir():
-            raise ConfigError(f"--out {out} is a file; give a folder")
-        if self.resume and not checkpoint.exists(out):
-            raise ConfigError(f"--resume: {out} holds no checkpoint; run without --resume to start")
-        if not self.resume and out.is_dir() and any(out.iterdir()):
-            raise ConfigError(f"--out {out} is not empty; add --resume to continue its run, or give a new folder")
-        return self
-
-    @property
-    def total_steps(self) -> int:
-        """The planned steps; under --time-budget, before the plan (PLAN_AFTER steps), an upper bound."""
-        if self.steps is None and self.tokens is None:
-            return 10**9
-        return self.steps or math.ceil(self.tokens / (self.batch_size * self.seq_len))
-
-    def lr_at(self, step: int) -> float:
-        """Linear warmup to lr over warmup_steps, then cosine decay to 0 at total_steps."""
-        total = self.total_steps
-        warmup = self.warmup_steps if self.warmup_steps is not None else max(1, total // 20)
-        if step < warmup:
-            return self.lr * (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
-        return self.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+from .options import OLD_RUNS, SAME_ON_RESUME, SCHEDULE, TrainOptions
 
 
 class _Dist:
@@ -208,8 +75,8 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
     from ..catalog.resolve import resolve_model
     from ..models.config import ModelConfig
     from ..weights.loader import load_decoder, resolve_device
-    from .eagle3_model import Eagle3Trainable
     from .regenerate import Regenerator
+    from .trainables import build
 
     o = options.check()
     dist = _Dist()
@@ -224,7 +91,7 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
                          fixtures=current().bench_fixtures)
     path = resolve_model(o.target)
     vocab_size = ModelConfig.load(path).vocab_size
-    check_draft_vocab(o.draft_vocab, vocab_size)
+    check_draft_vocab(o.draft_vocab or vocab_size, vocab_size)
     saved = checkpoint.load(out) if o.resume else None
     if saved is not None:
         before = saved.meta["options"]
@@ -266,7 +133,9 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
         used = _choose_vocab(stream, o, vocab_size, say)
     layer_ids = saved.meta["config"].get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids") \
         if saved is not None else init[1] if init is not None else None
-    model = Eagle3Trainable.for_target(target, used, seed=o.seed, layer_ids=layer_ids).to(device)
+    job = build(o, target, tokenizer, used, layer_ids)
+    model = job.model.to(device)
+    weights = job.weights()
     if saved is not None:
         model.load_state_tensors({k: v.to(device) for k, v in saved.model.items()})
     elif init is not None:
@@ -295,24 +164,21 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
         mine = examples[dist.rank * share:(dist.rank + 1) * share]
         for group in optimizer.param_groups:
             group["lr"] = o.lr_at(step)
-        tb = target_pass(target, mine, taps, used)
+        tb = target_pass(target, mine, taps, used, logits=job.needs_logits)
         if step == 0 and saved is None:  # fc's input scale, from the first batch (all ranks: the same rows)
-            first = target_pass(target, examples, taps, used) if dist.world > 1 else tb
+            first = target_pass(target, examples, taps, used, logits=job.needs_logits) if dist.world > 1 else tb
             model.calibrate(first.features, first.valid, keep_function=init is not None)
         model.train()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=o.precision == "bf16"):
-            result = model.ttt(tb.features, tb.tokens, tb.draft_logits, tb.valid, steps=o.ttt_steps, decay=o.decay)
-        K = o.ttt_steps
-        pad = lambda xs: list(xs) + [0.0] * (K - len(xs))  # noqa: E731 (steps past a short sequence)
-        rows_s = pad(result.step_rows)
-        stats = dist.sum_(torch.tensor([result.rows] + rows_s + pad([float(x.detach()) for x in result.step_sums])
-                                       + pad([r * a for r, a in zip(result.step_rows, result.step_acc)]),
-                                       dtype=torch.float64))
+            result = job.step(tb, step, dist.rank)
+        K = len(weights)
+        stats = dist.sum_(torch.tensor([result.rows[0]] + result.rows + [float(x.detach()) for x in result.sums]
+                                       + result.hits + [result.accepted, result.blocks], dtype=torch.float64))
         total_rows = float(stats[0])
-        global_rows = stats[1:1 + K]  # [K] valid rows of each step over all ranks
-        # the loss of the whole global batch: sum_s decay^s * (its summed CE over all ranks) / its rows
-        loss = sum((o.decay ** s) * part / float(global_rows[s])
-                   for s, part in enumerate(result.step_sums) if float(global_rows[s]) > 0)
+        global_rows = stats[1:1 + K]  # [K] scored rows of each position over all ranks
+        # the loss of the whole global batch: sum_k w_k * (its summed loss over all ranks) / its rows
+        loss = sum(weights[s] * part / float(global_rows[s])
+                   for s, part in enumerate(result.sums) if float(global_rows[s]) > 0)
         if isinstance(loss, torch.Tensor) and loss.requires_grad:
             loss.backward()
         for p in params:
@@ -332,20 +198,23 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
                 plan = plan_steps(o, step, (time.perf_counter() - timed_from) / (step - 2), elapsed)
                 say(f"time budget {o.time_budget:.0f} s: {plan} steps in all "
                     f"({(time.perf_counter() - timed_from) / (step - 2):.3f} s a step)")
-        sums_all, acc_all = stats[1 + K:1 + 2 * K], stats[1 + 2 * K:]
-        global_loss = sum((o.decay ** s) * float(sums_all[s]) / float(global_rows[s])
+        sums_all, acc_all = stats[1 + K:1 + 2 * K], stats[1 + 2 * K:1 + 3 * K]
+        global_loss = sum(weights[s] * float(sums_all[s]) / float(global_rows[s])
                           for s in range(K) if float(global_rows[s]) > 0)
         last = {"step": step, "tokens": tokens_seen, "loss": global_loss,
                 "step_acc": [round(float(acc_all[s]) / max(float(global_rows[s]), 1.0), 5) for s in range(K)],
                 "lr": o.lr_at(step - 1),
                 "elapsed_s": round(elapsed, 3), "rows": int(total_rows)}
+        if o.head == "dflash":  # slot k's accuracy is step_acc[k-1]; mean leading run of right slots per block
+            last["accepted"] = round(float(stats[-2]) / max(float(stats[-1]), 1.0), 5)
         if dist.rank == 0:
             with open(log_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(last) + "\n")
             if bar is not None:
                 rate = (tokens_seen - (m["tokens"] if saved else 0)) / max(1e-9, time.perf_counter() - start)
                 bar.set_postfix_str(f"loss {last['loss']:.3f} " + " ".join(
-                    f"acc{k} {a:.2f}" for k, a in enumerate(last["step_acc"][:4])) + f" {rate:.0f} tok/s")
+                    f"acc{k + job.first} {a:.2f}" for k, a in enumerate(last["step_acc"][:4]))
+                    + (f" acc-len {last['accepted']:.2f}" if "accepted" in last else "") + f" {rate:.0f} tok/s")
                 bar.update(1)
             if step % o.checkpoint_every == 0:
                 _checkpoint(out, o, model, optimizer, step, tokens_seen, position, elapsed)
@@ -392,7 +261,7 @@ def _choose_vocab(stream: Stream, o: TrainOptions, vocab_size: int, say) -> torc
     """Top draft_vocab ids by label count over the first labels of the stream (vocab.py): up to the
     planned labels (at most vocab_tokens), each item counted once (the first epoch: a corpus smaller
     than the budget is not cycled, so the coverage said is over the labels of distinct items)."""
-    if o.draft_vocab == vocab_size:
+    if o.draft_vocab is None or o.draft_vocab == vocab_size:
         return torch.arange(vocab_size)
     planned = o.tokens if o.tokens is not None else o.steps * o.batch_size * o.seq_len if o.steps else o.vocab_tokens
     budget = min(o.vocab_tokens, planned)

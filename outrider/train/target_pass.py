@@ -5,7 +5,7 @@ dumps): the three tapped hidden states at every position, and the target's logit
 the draft vocabulary. Full-vocabulary logits ([rows, V], V = 49152 on SmolLM2) exist only for
 `chunk_rows` rows at a time, long enough to take their argmax and their draft-vocabulary columns.
 
-    features      [B, T, 3, Ht] float32   taps of the head, low to high
+    features      [B, T, n, Ht] float32   the head's n taps (EAGLE-3: 3), low to high
     draft_logits  [B, T, Vd]    float32   target logits at p (predicting x_{p+1}), columns `used`
     in_draft      [B, T]        bool      the target's argmax at p is a draft-vocabulary token
     valid         [B, T]        bool      p predicts a label: x_{p+1} exists and is in the loss
@@ -44,21 +44,30 @@ def padded(examples: list, device="cpu") -> tuple[torch.Tensor, torch.Tensor, li
 
 
 def target_pass(target, examples: list, taps: tuple[int, ...], used: torch.Tensor,
-                chunk_rows: int = 1024) -> TargetBatch:
-    """Run the frozen `target` (a Decoder) over `examples` (data.Example) and keep what TTT needs.
+                chunk_rows: int = 1024, logits: bool = True) -> TargetBatch:
+    """Run the frozen `target` (a Decoder) over `examples` (data.Example) and keep what the head needs.
 
-    taps: three Decoder hidden indices (the head's `taps`); used: [Vd] long sorted target ids."""
+    taps: the Decoder hidden indices the head reads (the head's `taps`); used: [Vd] long sorted
+    target ids. logits=False (a head trained on hard labels, DFlash): the target's output head is
+    not run, nor the layers above the highest tap: draft_logits is [B, T, 0], in_draft all true."""
     device = target.device
     tokens, mask, lengths = padded(examples, device)
     B, T = tokens.shape
     N = target.config.num_layers
-    cache = target.new_cache(B, T)  # fresh: one slot per sequence, scratch row T for padding
-    batch = causal_batch([tokens[b, :n] for b, n in enumerate(lengths)], hidden_layers=tuple(sorted(set(taps) | {N})),
+    depth = N if logits else max(max(taps), 1)  # without logits, the layers up to the highest tap suffice
+    cache = target.new_cache(B, T, depth)  # fresh: one slot per sequence, scratch row T for padding
+    wanted = set(taps) | ({N} if logits else set())
+    batch = causal_batch([tokens[b, :n] for b, n in enumerate(lengths)], hidden_layers=tuple(sorted(wanted)),
                          scratch_row=cache.scratch_row, device=device)
-    out = target.forward(batch, cache)
+    out = target.forward(batch, cache, num_layers=depth)
     del cache
     with torch.no_grad():  # plain tensors from here (inference tensors cannot enter autograd)
-        features = torch.stack([out.hidden[t].float() for t in taps], dim=2)  # [B, T, 3, Ht]
+        features = torch.stack([out.hidden[t].float() for t in taps], dim=2)  # [B, T, n, Ht]
+        valid = torch.zeros(B, T, dtype=torch.bool, device=device)
+        valid[:, :-1] = mask[:, 1:]  # the label of p is x_{p+1}; padding is never in the mask
+        if not logits:
+            every = torch.ones(B, T, dtype=torch.bool, device=device)
+            return TargetBatch(tokens.clone(), features.clone(), features.new_zeros(B, T, 0), every, valid)
         last = out.hidden[N].reshape(B * T, -1)  # [BT, Ht], before the final norm
         used_dev = used.to(device)
         draft, top = [], []
@@ -71,8 +80,6 @@ def target_pass(target, examples: list, taps: tuple[int, ...], used: torch.Tenso
         t2d = torch.zeros(target.config.vocab_size, dtype=torch.bool, device=device)
         t2d[used_dev] = True
         in_draft = t2d[torch.cat(top)].view(B, T)
-        valid = torch.zeros(B, T, dtype=torch.bool, device=device)
-        valid[:, :-1] = mask[:, 1:]  # the label of p is x_{p+1}; padding is never in the mask
         valid &= in_draft
         features = features.clone()
     return TargetBatch(tokens.clone(), features, draft_logits, in_draft, valid)

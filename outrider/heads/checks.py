@@ -1,0 +1,71 @@
+"""What `outrider check-head` does for every kind of head: one `Check` a line, the weights file's
+header read once, the golden tau re-measured (heads/eagle3_check.py, heads/dflash_check.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import OutriderError
+from .eagle3_golden import GOLDEN, compare, read_golden, settings_of
+
+WEIGHTS = "model.safetensors"
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I64": torch.int64,
+                      "BOOL": torch.bool, "I32": torch.int32, "F64": torch.float64}
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # "ok" | "FAIL" | "skipped"
+    detail: str = ""
+
+    def line(self) -> str:
+        if self.status == "ok":
+            return f"{self.name:<18} ok" + (f" ({self.detail})" if self.detail else "")
+        return f"{self.name:<18} {self.status}: {self.detail}"
+
+
+def weights_check(folder: Path, add, what: str = "an EAGLE-3 head") -> dict | None:
+    """model.safetensors' header (name -> (shape, dtype)), or None after a FAIL saying the file is
+    missing, truncated or corrupt: that is the problem, not any tensor a later check would miss."""
+    from safetensors import safe_open
+
+    path = folder / WEIGHTS
+    if not path.is_file():
+        add("weights file", "FAIL", f"{path} not found: {what} keeps its tensors there; copy the whole "
+                                    "folder again or re-export the head")
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = {n: (tuple(f.get_slice(n).get_shape()), SAFETENSORS_DTYPES.get(f.get_slice(n).get_dtype()))
+                      for n in f.keys()}
+    except Exception as err:  # safetensors' own error for a cut or damaged file  # noqa: BLE001
+        reason = " ".join(str(err).split()) or type(err).__name__
+        add("weights file", "FAIL", f"{path} is truncated or corrupt ({path.stat().st_size} bytes; {reason}): "
+                                    "copy it again or re-export the head")
+        return None
+    add("weights file", "ok", f"{len(header)} tensors, {path.stat().st_size} bytes")
+    return header
+
+
+def golden_check(folder: Path, target_path, device, add, measure, export_command: str) -> None:
+    """Re-measure the folder's outrider_golden.json with `measure` (its kind's) and compare."""
+    try:
+        golden = read_golden(folder)
+    except (ValueError, OSError) as err:
+        add("golden tau", "FAIL", f"{GOLDEN} is unreadable ({err}); re-export the head to record it again")
+        return
+    if golden is None:
+        add("golden tau", "skipped", f"no {GOLDEN} (not exported by Outrider); `{export_command}` records one")
+        return
+    try:
+        measured = measure(folder, target_path, settings_of(golden, device), golden["prompts"])
+    except OutriderError as err:
+        add("golden tau", "FAIL", f"the head does not run here: {err}")
+        return
+    ok, message = compare(golden, measured)
+    add("golden tau", "ok" if ok else "FAIL", message)

@@ -1,0 +1,89 @@
+"""Golden tau of a DFlash head: its block drafts replayed on the target's own greedy text.
+
+The record is heads/eagle3_golden.py's (same fields, `compare`, tolerances, `outrider_golden.json`);
+only the measurement differs: for each fixed prompt the target generates greedily (one thread,
+plain F.linear, as there), one target forward over prompt + output gives the tapped hidden states,
+and the DFlash chain is replayed on that text with the runtime head (heads/dflash.py):
+
+    the first generated token comes from the prefill (not counted); then each round, with the last
+    committed token at position a: the block [x_a, MASK...] over the context 0..a-1 drafts B-1
+    tokens, the leading ones equal to the text are accepted, plus the bonus token; a moves on
+
+so `rounds`, `committed` and tau = committed / rounds are what greedy DFlash drafting with a chain
+of B-1 gets on these prompts, without the drafter itself (outrider/drafters/dflash.py runs it).
+The record is written at export and by `outrider train dflash`'s shipped run; `check-head`
+measures again and compares (exact on the same machine, within 5% / 10% elsewhere).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ..config import overriding
+from .eagle3_golden import PROMPTS, GoldenSettings, machine
+
+
+def measure(head_dir: str | Path, target: str | Path, settings: GoldenSettings = GoldenSettings(),
+            prompts=PROMPTS) -> dict:
+    """The record's measured part (heads/eagle3_golden.py's module docstring) for the DFlash
+    head in `head_dir` on `target`; settings.depth is ignored (the chain is the block's B-1)."""
+    from ..llm import LLM
+    from .dflash_format import load_dflash
+
+    threads = torch.get_num_threads()
+    with overriding(linear="linear", threads=1):
+        try:
+            llm = LLM(str(target), device=settings.device, dtype=settings.dtype)
+            head = load_dflash(head_dir, llm.target)
+            chat = settings.chat if settings.chat is not None else bool(getattr(llm.tokenizer, "chat_template", None))
+            results, prompt_ids = [], []
+            for prompt in prompts:
+                ids = llm.encode(prompt, chat)
+                out = list(llm.generate(prompt, settings.max_new_tokens, chat=chat).token_ids)
+                prompt_ids.append(ids)
+                rounds, committed = replay(head, llm.target, ids + out, len(ids))
+                results.append({"rounds": rounds, "committed": committed, "output_ids": out})
+        finally:
+            torch.set_num_threads(threads)
+    rounds, committed = sum(r["rounds"] for r in results), sum(r["committed"] for r in results)
+    resolved = {"temperature": 0.0, "tree": "chain", **asdict(settings), "depth": head.block_size - 1,
+                "chat": chat, "threads": 1, "linear": "linear", "drafting": "dflash blocks replayed on greedy text"}
+    return {"settings": resolved, "prompts": list(prompts), "prompt_ids": prompt_ids, "results": results,
+            "rounds": rounds, "committed": committed, "tau": committed / max(rounds, 1),
+            "measured_on": machine(settings.device)}
+
+
+@torch.inference_mode()
+def replay(head, target, text: list[int], prompt_len: int) -> tuple[int, int]:
+    """(rounds, committed) of greedy DFlash drafting along `text` (prompt, then the target's
+    greedy output) from the second generated token on (module docstring)."""
+    from ..models.batch import causal_batch
+
+    n = len(text)
+    if n - prompt_len < 2:
+        return 0, 0
+    taps = head.config.taps(target.config.num_layers)
+    tokens = torch.tensor(text, device=target.device)
+    cache = target.new_cache(1, n)
+    out = target.forward(causal_batch([tokens], hidden_layers=tuple(sorted(set(taps))), scratch_row=cache.scratch_row,
+                                      device=target.device), cache)
+    features = torch.stack([out.hidden[t][0] for t in taps], dim=1)  # [n, taps, Ht]
+    B = head.block_size
+    own = head.new_cache(1, n + B)
+    head.write_context(own, 0, 0, head.fuse(features))
+    rounds = committed = 0
+    a = prompt_len  # the first generated token, from the prefill: the first round's root
+    while a < n - 1:
+        block = torch.full((1, B), head.config.mask_token_id, dtype=torch.long, device=target.device)
+        block[0, 0] = text[a]
+        logits, _ = head.block(own, [0], [a], block)  # [1, B-1, Vd]
+        draft = head.target_ids(logits[0].argmax(-1)).tolist()
+        accepted = 0
+        while accepted < B - 1 and a + 1 + accepted < n and draft[accepted] == text[a + 1 + accepted]:
+            accepted += 1
+        step = min(accepted + 1, n - 1 - a)  # the bonus token, unless the text ended
+        rounds, committed, a = rounds + 1, committed + step, a + step
+    return rounds, committed
