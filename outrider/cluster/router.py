@@ -58,6 +58,7 @@ class Flight:
     cancelled: bool = False
     held: list = dataclasses.field(default_factory=list)  # a non-streaming job's ended choices
     completions: list = dataclasses.field(default_factory=list)
+    speculated: bool = True  # as last sent: the engine drafts and neither the client nor the policy said no
 
 
 class Router:
@@ -244,6 +245,7 @@ class Router:
         requests = job.requests
         if decision.speculate is not None:  # the policy's word, but a client's `speculate: false` stands
             requests = [dataclasses.replace(r, speculate=r.speculate and decision.speculate) for r in requests]
+        flight.speculated = self.engine.speculative and all(r.speculate for r in requests)
         grammars = [None if r.grammar is None else r.grammar.text for r in requests]
         requests = [dataclasses.replace(r, grammar=None) for r in requests]
         flight.completions = []
@@ -299,9 +301,8 @@ class Router:
         view = self.views[flight.replica]
         if tau is not None and error is None:
             view.recent_tau = tau if view.recent_tau is None else (1 - TAU_WEIGHT) * view.recent_tau + TAU_WEIGHT * tau
-        speculated = self.engine.speculative and all(r.speculate for r in flight.job.requests)
         self.policy.observe(Outcome(flight.info, flight.replica, sum(len(c.token_ids) for c in flight.completions),
-                                    self._now(), speculated, tau, error))
+                                    self._now(), flight.speculated, tau, error))
 
     # replicas' life --------------------------------------------------------------------------------
     def _died(self, index: int, why: str) -> None:
@@ -322,8 +323,9 @@ class Router:
         try:
             import ray
 
-            ray.kill(self.replicas[index])  # an engine that failed leaves a live actor: free its memory
-        except Exception:
+            if ray.is_initialized():  # an engine that failed leaves a live actor: free its memory
+                ray.kill(self.replicas[index])
+        except Exception:  # gone already
             pass
         if not live and self.on_fatal is not None:
             self.on_fatal("every replica has died")

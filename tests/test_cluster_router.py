@@ -1,0 +1,145 @@
+"""The router on fake replicas (no Ray processes): a policy's Decision reaches the engine
+requests, observe() hears the outcome, and a replica dying before or after its client saw output
+is retried once or failed by name; a job is never left without an answer."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from outrider.cluster.metrics import ClusterMetrics  # noqa: E402
+from outrider.cluster.policies import make_policy  # noqa: E402
+from outrider.cluster.policy import Decision, PolicyBase  # noqa: E402
+from outrider.cluster.replica import Limits  # noqa: E402
+from outrider.cluster.router import Router  # noqa: E402
+from outrider.engine.request import Completion, Request  # noqa: E402
+from outrider.serve.worker import Job, Update  # noqa: E402
+
+
+class Died(Exception):
+    pass
+
+
+class FakeReplica:
+    """Answers each job with `script`: "ok" (one update, then done), "dies" (before any output) or
+    "dies-late" (after one update); records the requests it was sent."""
+
+    def __init__(self, script: str):
+        self.script, self.received, self.cancelled = script, [], []
+        replica = self
+
+        class Method:
+            def options(self, **_):
+                return self
+
+            def remote(self, key, requests, prefill_from, grammars, session, stream=True):
+                replica.received.append(requests)
+                return replica.stream(requests)
+
+        class Cancel:
+            def remote(self, key):
+                replica.cancelled.append(key)
+
+        self.run, self.cancel = Method(), Cancel()
+
+    async def stream(self, requests):
+        if self.script == "dies":
+            raise ray.exceptions.ActorDiedError()
+        yield asyncio.sleep(0, result=[("update", Update(0, 1, "w3"))])
+        if self.script == "dies-late":
+            raise ray.exceptions.ActorDiedError()
+        done = Completion("w3 w4", [3, 4], "length", stats={"mean_accepted_length": 2.0})
+        yield asyncio.sleep(0, result=[("done", (i, done)) for i in range(len(requests))])
+
+
+@dataclass
+class PlainOnOne(PolicyBase):
+    """Every request to replica 1, without speculation; remembers what it observed."""
+
+    name: str = "plain-on-one"
+
+    def __post_init__(self):
+        self.outcomes = []
+
+    def route(self, request, replicas, now):
+        return Decision(1, speculate=False, reason="test")
+
+    def observe(self, outcome):
+        self.outcomes.append(outcome)
+
+
+def run_job(scripts: list[str], policy, stream: bool) -> tuple[list, Router, list, list[str]]:
+    """One job through a router over fake replicas; (its queue items, router, replicas, log)."""
+    replicas = [FakeReplica(s) for s in scripts]
+    log: list[str] = []
+    limits = Limits("tiny", 64, 256, 1, 96, 4, speculative=True)
+    metrics = ClusterMetrics(replicas, alive=lambda: [])
+    router = Router(replicas, limits, policy, metrics, max_queue=8, log=lambda *a, **k: log.append(a[0]))
+
+    async def main():
+        job = Job([Request([5, 6, 7], 2)], asyncio.get_running_loop())
+        job.stream, job.session = stream, "s1"
+        router.submit(job)
+        items = []
+        while True:
+            kind, item = await asyncio.wait_for(job.queue.get(), 5)
+            items.append((kind, item))
+            if kind in ("done", "error"):
+                break
+        return items
+
+    return asyncio.run(main()), router, replicas, log
+
+
+def retried(router: Router) -> float:
+    return router.metrics.registry.get_sample_value("outrider:cluster_requests_retried_total")
+
+
+def test_the_decision_reaches_the_engine_and_the_policy_hears_the_outcome():
+    policy = PlainOnOne()
+    items, router, replicas, _ = run_job(["ok", "ok"], policy, stream=True)
+    assert [kind for kind, _ in items] == ["update", "done"]
+    assert replicas[0].received == [] and [r.speculate for r in replicas[1].received[0]] == [False]
+    (outcome,) = policy.outcomes
+    assert (outcome.replica, outcome.output_tokens, outcome.speculated, outcome.tau, outcome.error) == \
+        (1, 2, False, 2.0, None)
+    assert outcome.request.session == "s1" and outcome.request.prompt_ids == (5, 6, 7)
+    assert router.views[1].sessions == {"s1"} and router.views[1].recent_tau == 2.0
+    assert router.sent == [0, 0] and router.in_flight == 0
+
+
+def test_a_replica_dying_before_output_is_retried_once_elsewhere():
+    items, router, replicas, log = run_job(["dies", "ok"], make_policy("least-load"), stream=True)
+    assert [kind for kind, _ in items] == ["update", "done"]
+    assert len(replicas[0].received) == len(replicas[1].received) == 1
+    assert [v.alive for v in router.views] == [False, True]
+    assert retried(router) == 1
+    assert any("replica 0 died" in line for line in log)
+
+
+def test_a_job_without_stream_is_retried_even_after_its_replica_produced_tokens():
+    items, router, _, _ = run_job(["dies-late", "ok"], make_policy("least-load"), stream=False)
+    assert [kind for kind, _ in items] == ["done"]  # held to the end: the client saw nothing
+    assert retried(router) == 1
+
+
+def test_a_stream_with_output_fails_naming_the_dead_replica():
+    items, router, replicas, _ = run_job(["dies-late", "ok"], make_policy("least-load"), stream=True)
+    kind, err = items[-1]
+    assert kind == "error" and (err.status, err.code) == (503, "replica_died")
+    assert "replica 0 died" in err.message and "streamed" in err.message
+    assert replicas[1].received == [] and retried(router) == 0
+
+
+def test_a_retry_that_dies_too_fails_naming_both_and_the_last_death_fails_the_server():
+    items, router, _, _ = run_job(["dies", "dies-late"], make_policy("least-load"), stream=False)
+    kind, err = items[-1]
+    assert kind == "error" and err.code == "replica_died"
+    assert "replica 0 died" in err.message and "replica 1, where it was retried once, died too" in err.message
+    assert router.failed == "every replica has died" and router.health() == {"replicas": 2, "replicas_alive": 0}
+    items, _, _, _ = run_job(["dies"], make_policy("least-load"), stream=False)
+    assert items[-1][1].code == "no_replica" and "replica 0 died" in items[-1][1].message
