@@ -29,7 +29,8 @@ class FakeReplica:
     "dies-late" (after one update); records the requests it was sent."""
 
     def __init__(self, script: str):
-        self.script, self.received, self.cancelled = script, [], []
+        self.script, self.received, self.cancelled, self.sessions = script, [], [], []
+        self.gate: asyncio.Future | None = None  # "gated": its first job waits for this ("ok" or "die")
         replica = self
 
         class Method:
@@ -38,6 +39,7 @@ class FakeReplica:
 
             def remote(self, key, requests, prefill_from, grammars, session, stream=True):
                 replica.received.append(requests)
+                replica.sessions.append(session)
                 return replica.stream(requests)
 
         class Cancel:
@@ -47,7 +49,7 @@ class FakeReplica:
         self.run, self.cancel = Method(), Cancel()
 
     async def stream(self, requests):
-        if self.script == "dies":
+        if self.script == "dies" or (self.script == "gated" and len(self.received) == 1 and await self.gate == "die"):
             raise ray.exceptions.ActorDiedError()
         yield asyncio.sleep(0, result=[("update", Update(0, 1, "w3"))])
         if self.script == "dies-late":
@@ -109,7 +111,7 @@ def test_the_decision_reaches_the_engine_and_the_policy_hears_the_outcome():
         (1, 2, False, 2.0, None)
     assert outcome.request.session == "s1" and outcome.request.prompt_ids == (5, 6, 7)
     assert router.views[1].sessions == {"s1"} and router.views[1].recent_tau == 2.0
-    assert router.sent == [0, 0] and router.in_flight == 0
+    assert router.queues.running == [0, 0] and router.in_flight == 0
 
 
 def test_a_replica_dying_before_output_is_retried_once_elsewhere():
@@ -143,3 +145,53 @@ def test_a_retry_that_dies_too_fails_naming_both_and_the_last_death_fails_the_se
     assert router.failed == "every replica has died" and router.health() == {"replicas": 2, "replicas_alive": 0}
     items, _, _, _ = run_job(["dies"], make_policy("least-load"), stream=False)
     assert items[-1][1].code == "no_replica" and "replica 0 died" in items[-1][1].message
+
+
+@dataclass
+class Ordered(PolicyBase):
+    """Every job to replica 0 while it lives; its queue ordered by the job's session name."""
+
+    name: str = "ordered"
+
+    def route(self, request, replicas, now):
+        return Decision(0 if replicas[0].alive else 1, reason="test")
+
+    def priority(self, request, now):
+        return {"A": 0, "B": 5, "C": 1}[request.session]
+
+
+def run_queued(gate: str) -> tuple[Router, list]:
+    """Jobs A, B, C to a one-slot replica 0 whose first job (A) waits for `gate`; B and C wait
+    at the router. Returns the router and the replicas once every job has its answer."""
+    replicas = [FakeReplica("gated"), FakeReplica("ok")]
+    router = Router(replicas, Limits("tiny", 64, 256, 1, 96, 1, True), Ordered(), ClusterMetrics(replicas, list),
+                    max_queue=8, log=lambda *a, **k: None)
+
+    async def main():
+        replicas[0].gate = asyncio.get_running_loop().create_future()
+        jobs = []
+        for name in "ABC":
+            job = Job([Request([5, 6, 7], 2)], asyncio.get_running_loop())
+            job.session, job.stream = name, False
+            router.submit(job)
+            jobs.append(job)
+            await asyncio.sleep(0.01)
+        assert (router.views[0].running, router.views[0].queued) == (1, 2)
+        replicas[0].gate.set_result(gate)
+        return [await asyncio.wait_for(job.queue.get(), 5) for job in jobs]
+
+    answers = asyncio.run(main())
+    assert [kind for kind, _ in answers] == ["done"] * 3
+    return router, replicas
+
+
+def test_jobs_wait_at_the_router_for_a_slot_lowest_priority_first():
+    router, replicas = run_queued("ok")
+    assert replicas[0].sessions == ["A", "C", "B"] and replicas[1].sessions == []
+    assert router.queues.running == [0, 0] and router.views[0].queued == 0
+
+
+def test_jobs_waiting_for_a_replica_that_dies_go_to_another():
+    router, replicas = run_queued("die")
+    assert replicas[0].sessions == ["A"] and sorted(replicas[1].sessions) == ["A", "B", "C"]
+    assert retried(router) == 3  # A ran there and showed nothing; B and C never reached it

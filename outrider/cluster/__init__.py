@@ -4,6 +4,8 @@
     policies/      one small file per policy (least-load, sticky, WAR, OUTLETS, BALANCE, TailSieve)
     replica.py     a Ray actor holding one engine (EngineWorker) and its metrics
     router.py      picks a replica per request through a policy; retries a dead replica's requests once
+    queues.py      each replica's slots and its queue at the router, ordered by the policy's priority
+    metrics.py     /metrics of the cluster: each replica's series, their sums, the router's own
     backend.py     `outrider serve --replicas N`: starts/joins Ray, the actors, one HTTP front end
     sim/           `outrider simulate`: a discrete-event replay against replicas with measured costs
 

@@ -6,11 +6,12 @@ stop, failed, draining, queued, engine.max_len / engine.check), so the OpenAI AP
 code for one engine and for N. For each job the router
 
 1. asks the policy (policy.py; `--policy`) for a `Decision`, given a `ReplicaView` of every
-   replica: its running and queued sequences (the router's own count of what it sent and has
-   not seen finish), its K/V rows (polled), the sessions it has served, its recent tau;
-2. sends the job to that replica (`Replica.run`, a Ray streaming generator), with
-   `Decision.speculate` put in each engine Request's `speculate` (a client's `speculate: false`
-   stands);
+   replica: its running and queued sequences (the router's own count: sent and not seen to
+   finish, and held for it), its K/V rows (polled), the sessions it has served, its recent tau;
+2. sends the job to that replica (`Replica.run`, a Ray streaming generator) when one of its
+   engine's slots is free, else holds it in that replica's queue here, where the policy's
+   `priority` orders it (queues.py); `Decision.speculate` goes into each engine Request's
+   `speculate` (a client's `speculate: false` stands);
 3. passes what the replica streams back onto the job's queue, as the single server's worker does
    (a non-streaming job's choices are held until all have ended: its client sees nothing before
    the end, so it can still be retried);
@@ -35,6 +36,7 @@ from collections import OrderedDict
 
 from ..serve.errors import ApiError
 from .policy import NoReplica, Outcome, ReplicaView, RequestInfo
+from .queues import ReplicaQueues
 from .replica import MAX_SESSIONS, Limits, api_error
 
 POLL_S = 1.0  # how often the replicas' K/V rows are read (and idle replicas checked for life)
@@ -45,7 +47,7 @@ class ReplicaDied(Exception):
     pass
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # hashed by identity: a key of the replicas' queues
 class Flight:
     """A job between submit and its last answer."""
 
@@ -59,6 +61,7 @@ class Flight:
     held: list = dataclasses.field(default_factory=list)  # a non-streaming job's ended choices
     completions: list = dataclasses.field(default_factory=list)
     speculated: bool = True  # as last sent: the engine drafts and neither the client nor the policy said no
+    turn: object = None  # an asyncio.Future while it waits for a slot: "go", "died" or "cancelled"
 
 
 class Router:
@@ -74,7 +77,8 @@ class Router:
         self.on_fatal, self.on_stop, self.log, self.poll_s = on_fatal, on_stop, log, poll_s
         self.views = [ReplicaView(i, max_running=limits.max_running, kv_rows_total=limits.max_kv_rows,
                                   speculative=limits.speculative) for i in range(len(replicas))]
-        self.sent = [0] * len(replicas)  # choices sent to each replica and not finished
+        self.queues = ReplicaQueues([limits.max_running] * len(replicas),
+                                    lambda flight: self.policy.priority(flight.info, self._now()))
         self._sessions = [OrderedDict() for _ in replicas]  # sessions sent to each, the latest last
         self.draining = False
         self.failed: str | None = None
@@ -112,9 +116,17 @@ class Router:
 
     def cancel(self, job) -> None:
         flight = self._flights.get(id(job))
-        if flight is None or flight.replica is None:
+        if flight is not None:
+            self._cancel(flight)
+
+    def _cancel(self, flight: Flight) -> None:
+        if flight.replica is None:
             return
         flight.cancelled = True
+        if flight.turn is not None and not flight.turn.done():  # still waiting for a slot
+            self._release(flight)
+            self._wake(flight, "cancelled")
+            return
         try:
             self.replicas[flight.replica].cancel.remote(flight.key)
         except Exception:  # a dead replica has nothing left to cancel
@@ -135,7 +147,7 @@ class Router:
             flights, self._flights = list(self._flights.values()), {}
             self._cv.notify_all()
         for flight in flights:
-            self.cancel(flight.job)
+            self._cancel(flight)
             flight.job.push("error", ApiError(503, message, kind="server_error", code="shutting_down"))
 
     def stop(self, timeout: float = 10) -> None:
@@ -184,6 +196,12 @@ class Router:
                                        "no_replica")
                     return
                 try:
+                    if flight.turn is not None:  # its replica is full: wait for a slot there
+                        verdict = await flight.turn
+                        if verdict == "cancelled":
+                            return
+                        if verdict == "died":
+                            raise ReplicaDied("it died while this request waited for a slot")
                     await self._run(flight, decision)
                     return
                 except ReplicaDied as died:
@@ -197,7 +215,7 @@ class Router:
                     self.log(f"outrider serve: retrying request {flight.key} (nothing streamed yet) on another "
                              "replica", file=sys.stderr)
                 finally:
-                    self._release(decision.replica, len(flight.job.requests))
+                    self._release(flight)
         except Exception as err:  # a bug here must still answer the client
             error = self._fail(flight, ApiError(500, f"internal error in the router: {type(err).__name__}: {err}",
                                                 kind="server_error", code="internal_error"), "internal_error")
@@ -214,7 +232,8 @@ class Router:
             view = self.views[decision.replica]
             if not view.alive:  # a policy's bug would otherwise send work into a dead actor
                 raise NoReplica(f"the policy chose replica {decision.replica}, which is dead")
-            self.sent[decision.replica] += len(flight.job.requests)
+            now = self.queues.add(decision.replica, flight, len(flight.job.requests))
+            flight.turn = None if now else flight.job.loop.create_future()
             self._count(decision.replica)
             if flight.info.session is not None:
                 seen = self._sessions[decision.replica]
@@ -228,15 +247,27 @@ class Router:
         self.metrics.routed.labels(str(decision.replica), decision.reason or self.policy.name).inc()
         return decision
 
-    def _release(self, replica: int, n: int) -> None:
+    def _release(self, flight: Flight) -> None:
+        """The flight is done with its replica (finished, failed, cancelled): its slots go to the
+        waiting flights the policy puts first."""
         with self._cv:
-            self.sent[replica] -= n
-            self._count(replica)
+            admitted = self.queues.remove(flight)
+            self._count(flight.replica)
+        for waiting in admitted:
+            self._wake(waiting, "go")
+
+    @staticmethod
+    def _wake(flight: Flight, verdict: str) -> None:
+        def wake():
+            if not flight.turn.done():
+                flight.turn.set_result(verdict)
+
+        flight.job.loop.call_soon_threadsafe(wake)  # from the event loop's thread or the poller's
 
     def _count(self, replica: int) -> None:
-        view, sent = self.views[replica], self.sent[replica]
+        view, sent = self.views[replica], self.queues.running[replica]
         view.running = min(sent, view.max_running)
-        view.queued = sent - view.running
+        view.queued = sent - view.running + self.queues.queued(replica)
 
     async def _run(self, flight: Flight, decision) -> None:
         import ray
@@ -312,9 +343,13 @@ class Router:
             if not view.alive or self._stopped:  # once; and Ray going down with the server is no death
                 return
             view.alive = False
+            evicted = self.queues.evict(index)
+            self._count(index)
             live = sum(v.alive for v in self.views)
             if not live:
                 self.failed = "every replica has died"
+        for flight in evicted:  # they never reached it: sent elsewhere
+            self._wake(flight, "died")
         self.metrics.deaths.labels(str(index)).inc()
         self.metrics.replicas_now(live, len(self.views) - live)
         self.log(f"outrider serve: replica {index} died ({why}); {live} of {len(self.views)} alive; its requests "
