@@ -184,15 +184,9 @@ def _split(argument: str) -> tuple[str, tuple[str, ...]]:
 
 
 def _resolve(name: str) -> Path:
-    from ..heads import catalog
+    from ..heads.catalog import resolve_head
 
-    path = Path(name).expanduser()
-    if path.is_dir() or catalog.looks_like_path(name):
-        return path
-    try:
-        return catalog.resolve_head(name, kind="dflash")
-    except TypeError:  # a catalog without kinds: EAGLE-3 heads only
-        raise ConfigError(f"no DFlash head folder '{name}'; give a head folder (config.json + model.safetensors)") from None
+    return resolve_head(name, kind="dflash")  # a folder, or a shipped DFlash head by its target's name
 
 
 def parse_argument(text: str) -> str:
