@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 from ...errors import ConfigError
 from ..length import LengthModel
-from ..policy import Decision, Outcome, PolicyBase, ReplicaView, RequestInfo, alive
+from ..policy import Decision, Outcome, PolicyBase, ReplicaView, RequestInfo
+from .least_load import least_loaded
 
 
 @dataclass
@@ -51,7 +52,7 @@ class OUTLETS(PolicyBase):
         return self.predicted(request) - self.aging * max(0.0, now - request.arrived)
 
     def route(self, request: RequestInfo, replicas: list[ReplicaView], now: float) -> Decision:
-        best = min(alive(replicas), key=lambda r: (r.load, r.index))
+        best = least_loaded(replicas)
         return Decision(best.index, None, self.priority(request, now), "shortest-predicted")
 
     def observe(self, outcome: Outcome) -> None:

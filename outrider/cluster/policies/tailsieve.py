@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from ...errors import ConfigError
 from ..policy import Decision, Outcome, PolicyBase, ReplicaView, RequestInfo, alive
+from .least_load import least_loaded
 
 
 @dataclass
@@ -36,7 +37,7 @@ class TailSieve(PolicyBase):
     def route(self, request: RequestInfo, replicas: list[ReplicaView], now: float) -> Decision:
         live = alive(replicas)
         bulk = [r for r in live if not r.speculative] or live
-        best = min(bulk, key=lambda r: (r.load, r.index))
+        best = least_loaded(bulk)
         if request.group is not None:
             self.sizes[request.group] = self.sizes.get(request.group, 0) + 1
         return Decision(best.index, None, request.arrived, "bulk")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from ...errors import ConfigError
 from ..policy import Decision, PolicyBase, ReplicaView, RequestInfo, alive
+from .least_load import least_loaded
 
 
 @dataclass
@@ -29,7 +30,7 @@ class WAR(PolicyBase):
 
     def route(self, request: RequestInfo, replicas: list[ReplicaView], now: float) -> Decision:
         live = alive(replicas)
-        least = min(live, key=lambda r: (r.load, r.index))
+        least = least_loaded(live)
         utilisation = sum(r.load for r in live) / max(sum(r.max_running for r in live), 1)
         if utilisation < self.busy:
             return Decision(least.index, True, request.arrived, "low-load")

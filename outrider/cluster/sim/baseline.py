@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import ConfigError
-from ..policy import Decision, PolicyBase, ReplicaView, RequestInfo, alive
+from ..policies.least_load import least_loaded
+from ..policy import Decision, PolicyBase, ReplicaView, RequestInfo
 
 BASELINES = {"fcfs": None, "always-spec": True, "never-spec": False}
 
@@ -24,7 +25,7 @@ class LeastLoadFCFS(PolicyBase):
     speculate: bool | None = None
 
     def route(self, request: RequestInfo, replicas: list[ReplicaView], now: float) -> Decision:
-        best = min(alive(replicas), key=lambda r: (r.load, r.index))
+        best = least_loaded(replicas)
         return Decision(best.index, self.speculate, request.arrived, "least-load")
 
 

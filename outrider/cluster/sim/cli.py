@@ -107,13 +107,15 @@ def run(args) -> int:
 
 
 def load_records(path: str | None) -> list[dict]:
-    """The per-request records of a rollout bench's results.json (bench/rollout.py)."""
+    """The per-request records of a rollout bench's results.json (bench/rollout.py), speculating ones."""
     if not path:
         raise ConfigError("synthetic workloads resample a rollout bench's requests: give --records "
                           "RESULTS.json (from `outrider bench rollout`)")
     try:
         raw = json.loads(Path(path).read_text())
         records = raw["records"]
+        if any(r.get("mode") == "on" for r in records):  # the same samples run twice: keep the
+            records = [r for r in records if r.get("mode") == "on"]  # speculating ones (their acceptance)
         for r in records:
             r["prompt_tokens"], r["output_tokens"], r["max_tokens"] = (int(r["prompt_tokens"]),
                                                                       int(r["output_tokens"]), int(r["max_tokens"]))
