@@ -160,9 +160,10 @@ class Ordered(PolicyBase):
         return {"A": 0, "B": 5, "C": 1}[request.session]
 
 
-def run_queued(gate: str) -> tuple[Router, list]:
+def run_queued(gate: str, cancel: str = "") -> tuple[Router, list]:
     """Jobs A, B, C to a one-slot replica 0 whose first job (A) waits for `gate`; B and C wait
-    at the router. Returns the router and the replicas once every job has its answer."""
+    at the router, but those named in `cancel` are cancelled there (their clients went away).
+    Returns the router and the replicas once every other job has its answer."""
     replicas = [FakeReplica("gated"), FakeReplica("ok")]
     router = Router(replicas, Limits("tiny", 64, 256, 1, 96, 1, True), Ordered(), ClusterMetrics(replicas, list),
                     max_queue=8, log=lambda *a, **k: None)
@@ -177,11 +178,16 @@ def run_queued(gate: str) -> tuple[Router, list]:
             jobs.append(job)
             await asyncio.sleep(0.01)
         assert (router.views[0].running, router.views[0].queued) == (1, 2)
+        for job in jobs:
+            if job.session in cancel:
+                router.cancel(job)
         replicas[0].gate.set_result(gate)
-        return [await asyncio.wait_for(job.queue.get(), 5) for job in jobs]
+        answers = [await asyncio.wait_for(job.queue.get(), 5) for job in jobs if job.session not in cancel]
+        await asyncio.sleep(0.01)
+        return answers
 
     answers = asyncio.run(main())
-    assert [kind for kind, _ in answers] == ["done"] * 3
+    assert [kind for kind, _ in answers] == ["done"] * (3 - len(cancel))
     return router, replicas
 
 
@@ -195,3 +201,9 @@ def test_jobs_waiting_for_a_replica_that_dies_go_to_another():
     router, replicas = run_queued("die")
     assert replicas[0].sessions == ["A"] and sorted(replicas[1].sessions) == ["A", "B", "C"]
     assert retried(router) == 3  # A ran there and showed nothing; B and C never reached it
+
+
+def test_a_job_cancelled_while_it_waits_is_never_sent_and_frees_its_place():
+    router, replicas = run_queued("ok", cancel="C")
+    assert replicas[0].sessions == ["A", "B"]
+    assert router.views[0].queued == 0 and router.in_flight == 0

@@ -120,9 +120,9 @@ class Router:
             self._cancel(flight)
 
     def _cancel(self, flight: Flight) -> None:
-        if flight.replica is None:
-            return
         flight.cancelled = True
+        if flight.replica is None:  # not routed yet: it will not be
+            return
         if flight.turn is not None and not flight.turn.done():  # still waiting for a slot
             self._release(flight)
             self._wake(flight, "cancelled")
@@ -186,7 +186,7 @@ class Router:
         """Route, run, retry once after a death; the job always gets its answer."""
         error = None
         try:
-            while True:
+            while not flight.cancelled:
                 try:
                     decision = self._route(flight)
                 except NoReplica as err:
@@ -202,6 +202,8 @@ class Router:
                             return
                         if verdict == "died":
                             raise ReplicaDied("it died while this request waited for a slot")
+                    if flight.cancelled:  # its client went away before it was sent
+                        return
                     await self._run(flight, decision)
                     return
                 except ReplicaDied as died:
