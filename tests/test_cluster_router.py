@@ -12,7 +12,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from outrider.cluster.metrics import ClusterMetrics  # noqa: E402
-from outrider.cluster.policies import make_policy  # noqa: E402
+from outrider.cluster.policies import POLICIES, make_policy  # noqa: E402
 from outrider.cluster.policy import Decision, PolicyBase  # noqa: E402
 from outrider.cluster.replica import Limits  # noqa: E402
 from outrider.cluster.router import Router  # noqa: E402
@@ -207,3 +207,12 @@ def test_a_job_cancelled_while_it_waits_is_never_sent_and_frees_its_place():
     router, replicas = run_queued("ok", cancel="C")
     assert replicas[0].sessions == ["A", "B"]
     assert router.views[0].queued == 0 and router.in_flight == 0
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_routes_through_the_router(name):
+    """Each registered policy, with its default options, takes the router's records and hears
+    the outcome (the simulator drives them too: this is the production side)."""
+    items, router, replicas, _ = run_job(["ok", "ok"], make_policy(name), stream=True)
+    assert [kind for kind, _ in items] == ["update", "done"]
+    assert sum(len(r.received) for r in replicas) == 1 and router.in_flight == 0
