@@ -178,6 +178,7 @@ def run_queued(gate: str, cancel: str = "") -> tuple[Router, list]:
             jobs.append(job)
             await asyncio.sleep(0.01)
         assert (router.views[0].running, router.views[0].queued) == (1, 2)
+        assert router.metrics.registry.get_sample_value("outrider:cluster_requests_waiting", {"replica": "0"}) == 2
         for job in jobs:
             if job.session in cancel:
                 router.cancel(job)
@@ -195,6 +196,7 @@ def test_jobs_wait_at_the_router_for_a_slot_lowest_priority_first():
     router, replicas = run_queued("ok")
     assert replicas[0].sessions == ["A", "C", "B"] and replicas[1].sessions == []
     assert router.queues.running == [0, 0] and router.views[0].queued == 0
+    assert router.metrics.registry.get_sample_value("outrider:cluster_requests_waiting", {"replica": "0"}) == 0
 
 
 def test_jobs_waiting_for_a_replica_that_dies_go_to_another():

@@ -10,6 +10,7 @@ A replica that has died keeps the counters and histograms it last reported, so t
 down; its gauges (running, waiting, K/V rows) are dropped. The router's own series:
 
     outrider:cluster_replicas{state}                     replicas alive and dead
+    outrider:cluster_requests_waiting{replica}           requests held by the router for a free slot there
     outrider:cluster_replica_deaths_total{replica}       replicas seen to die (each once)
     outrider:cluster_requests_routed_total{replica,reason}   requests sent, by the policy's reason
     outrider:cluster_requests_retried_total              requests re-sent after their replica died
@@ -35,6 +36,8 @@ class ClusterMetrics:
         self.last: dict[int, str] = {}  # each replica's last exposition
         self.registry = r = CollectorRegistry()
         self.state = Gauge("outrider:cluster_replicas", "Replicas by state", ["state"], registry=r)
+        self.waiting = Gauge("outrider:cluster_requests_waiting", "Requests held for a free slot of a replica",
+                             ["replica"], registry=r)
         self.deaths = Counter("outrider:cluster_replica_deaths", "Replicas seen to die", ["replica"], registry=r)
         self.routed = Counter("outrider:cluster_requests_routed", "Requests sent to a replica",
                               ["replica", "reason"], registry=r)
@@ -43,6 +46,8 @@ class ClusterMetrics:
         self.failed = Counter("outrider:cluster_requests_failed", "Requests the cluster failed", ["reason"],
                               registry=r)
         self.replicas_now(len(replicas), 0)
+        for i in range(len(replicas)):
+            self.waiting.labels(str(i)).set(0)
 
     def replicas_now(self, alive: int, dead: int) -> None:
         self.state.labels("alive").set(alive)

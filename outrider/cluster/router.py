@@ -270,6 +270,7 @@ class Router:
         view, sent = self.views[replica], self.queues.running[replica]
         view.running = min(sent, view.max_running)
         view.queued = sent - view.running + self.queues.queued(replica)
+        self.metrics.waiting.labels(str(replica)).set(self.queues.queued(replica))
 
     async def _run(self, flight: Flight, decision) -> None:
         import ray
