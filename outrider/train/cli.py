@@ -8,7 +8,8 @@ from .data import SOURCES
 
 
 def add_parser(sub) -> None:
-    """Register `train` (with its `eagle3` and `dflash` sub-commands) on the `outrider` sub-parsers."""
+    """Register `train` (with its `eagle3`, `dflash`, `dartree` and `lilicorr` sub-commands) on the
+    `outrider` sub-parsers."""
     train = sub.add_parser("train", help="train a learned drafter for a target (online, on this machine)")
     tsub = train.add_subparsers(dest="train_command", required=True)
     p = tsub.add_parser("eagle3", help="train an EAGLE-3 head (fused target features + one decoder layer); "
@@ -36,6 +37,17 @@ def add_parser(sub) -> None:
                         "0-based; default: DFlash's, one per draft layer spread over 1..N-3, the middle one for 1)")
     p.add_argument("--draft-vocab", type=int, default=None, help="a reduced draft vocabulary Vd with its own lm_head "
                    "(only vLLM loads it; default: the target's vocabulary through its own lm_head)")
+
+    from . import dartree, lilicorr
+
+    p = tsub.add_parser("dartree", help="train DARTree's correction head on a frozen DFlash head "
+                        "(--refiner dartree; docs/block-drafters.md)")
+    dartree.add_arguments(p)
+    p.set_defaults(run=dartree.run)
+    p = tsub.add_parser("lilicorr", help="fit LiLiCorr's pairwise correlator on the target's regenerated text "
+                        "(--refiner lilicorr; docs/block-drafters.md)")
+    lilicorr.add_arguments(p)
+    p.set_defaults(run=lilicorr.run)
 
 
 def _ids(text: str) -> list[int]:

@@ -84,39 +84,45 @@ def train(head, target, sequences: list[list[int]], steps: int, hidden: int = 25
             base_hits += int((base_logits[:, 1:].reshape(-1, base_logits.shape[-1]).argmax(-1)[kept] == labels[kept]).sum())
             seen += int(kept.sum())
         if (step + 1) % 50 == 0 or step + 1 == steps:
-            log(f"step {step + 1}/{steps} loss {float(loss):.3f} acc slots 2+: corrected {hits / max(seen, 1):.3f} "
+            log(f"step {step + 1}/{steps} loss {float(loss.detach()):.3f} acc slots 2+: corrected {hits / max(seen, 1):.3f} "
                 f"block {base_hits / max(seen, 1):.3f} ({time.perf_counter() - start:.0f} s)")
             hits = base_hits = seen = 0
     return CorrectionHead(*(p.detach() for p in params), head)
 
 
-def main(argv=None) -> int:
-    from ..heads.dflash_format import load_dflash
+def add_arguments(p) -> None:
+    p.add_argument("--target", required=True, help="catalog name or model folder of the target")
+    p.add_argument("--head", required=True, help="the DFlash head (folder or shipped name) it corrects")
+    p.add_argument("--responses", required=True, help="regenerated.jsonl of this target (lines with `ids`)")
+    p.add_argument("--out", required=True, help="output folder (dartree.safetensors); a DFlash head's folder ships it "
+                   "beside the head, where `--refiner dartree` finds it")
+    p.add_argument("--steps", type=int, default=400, help="optimizer steps, one sequence each (default 400)")
+    p.add_argument("--hidden", type=int, default=256, help="the correction MLP's width C (default 256)")
+    p.add_argument("--anchors", type=int, default=8, help="blocks drafted per sequence and step (default 8)")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    p.add_argument("--seed", type=int, default=0, help="initialisation, sequence and anchor order (default 0)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+
+
+def run(args) -> int:
     from ..catalog.resolve import resolve_model
+    from ..drafters.dflash import parse_argument
+    from ..heads.dflash_format import load_dflash
     from ..weights.loader import load_decoder
 
-    p = argparse.ArgumentParser(prog="outrider train dartree", description=__doc__.splitlines()[0])
-    p.add_argument("--target", required=True)
-    p.add_argument("--head", required=True, help="the DFlash head folder (or shipped name) it corrects")
-    p.add_argument("--responses", required=True, help="regenerated.jsonl of this target (lines with `ids`)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--anchors", type=int, default=8)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None)
-    a = p.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    from ..drafters.dflash import parse_argument
-
-    folder = resolve_model(a.target)
-    target = load_decoder(folder, "cpu")
-    head = load_dflash(parse_argument(a.head), target)
-    c = train(head, target, read_ids(a.responses), a.steps, a.hidden, a.anchors, a.lr, a.seed)
-    print(c.save(a.out))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_decoder(resolve_model(args.target), "cpu")
+    head = load_dflash(parse_argument(args.head), target)
+    c = train(head, target, read_ids(args.responses), args.steps, args.hidden, args.anchors, args.lr, args.seed)
+    print(c.save(args.out))
     return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="outrider train dartree", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -76,20 +76,29 @@ def _choose_weight(c: Correlator, held: list[list[int]], uni: Counter) -> float:
     return best_w
 
 
+def add_arguments(p) -> None:
+    p.add_argument("--responses", required=True, help="a regenerated.jsonl of the target (lines with `ids`): "
+                   "OUT/regenerated.jsonl of a `train eagle3|dflash --regenerate` run")
+    p.add_argument("--vocab", type=int, required=True, help="the target's vocabulary size")
+    p.add_argument("--out", required=True, help="output folder (lilicorr.safetensors); a DFlash head's folder ships "
+                   "it beside the head, where `--refiner lilicorr` finds it")
+    p.add_argument("--min-count", type=int, default=3, help="pairs seen fewer times score 0 (default 3)")
+
+
+def run(args) -> int:
+    seqs = read_ids(args.responses)
+    c = fit(seqs, args.vocab, args.min_count)
+    path = c.save(args.out)
+    print(f"{path}: {c.keys.numel()} pairs from {len(seqs)} sequences, weight {c.weight}")
+    return 0
+
+
 def main(argv=None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="outrider train lilicorr", description=__doc__.splitlines()[0])
-    p.add_argument("--responses", required=True, help="a regenerated.jsonl (lines with `ids`) of the target")
-    p.add_argument("--vocab", type=int, required=True, help="the target's vocabulary size")
-    p.add_argument("--out", required=True, help="output folder (lilicorr.safetensors)")
-    p.add_argument("--min-count", type=int, default=3)
-    a = p.parse_args(argv)
-    seqs = read_ids(a.responses)
-    c = fit(seqs, a.vocab, a.min_count)
-    path = c.save(a.out)
-    print(f"{path}: {c.keys.numel()} pairs from {len(seqs)} sequences, weight {c.weight}")
-    return 0
+    add_arguments(p)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":
