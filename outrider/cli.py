@@ -24,6 +24,8 @@ DTYPE_HELP = ("q8_0, q4 or gguf (weights kept quantized, float32 activations; ex
               "builds (`models list` says which), else float32; bfloat16 on CUDA (exact up to near-ties too)")
 
 QUICK_TIME = "1-3 min on 2 cores"  # the quick preset's wall time; its file (bench/presets/quick.toml) says the same
+REFINER_HELP = ("block refiners, chained in order: ddtree, retrace[:SHARE], cure[:H], dartree[:PATH], "
+                "lilicorr[:PATH] (needs --drafter dflash:... and --tree ddtree:N; docs/block-drafters.md)")
 TREE_DEFAULT = "chain"
 CONTROLLER_DEFAULT = {"generate": "fixed:4", "serve": "cost"}
 DRAFTERS = "{drafters}"  # in a help string: the registered drafters, read from the registry when help is shown
@@ -109,7 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--threads", type=int, default=None, help="CPU threads, at least 1 (default: torch's)")
     gen.add_argument("--drafter", default=None, help=f"{DRAFTERS} (default: none, autoregressive)")
     gen.add_argument("--tree", default=None, help="chain | static:2,2,1 | sampled:2,2,1 | dynamic:K,N (model "
-                     f"drafters; needs --drafter; sampled: siblings drawn from q, temperature > 0; default: {TREE_DEFAULT})")
+                     f"drafters; needs --drafter; sampled: siblings drawn from q, temperature > 0) | ddtree:N (block "
+                     f"drafters: dflash; default: {TREE_DEFAULT})")
+    gen.add_argument("--refiner", default=None, help=REFINER_HELP)
     gen.add_argument("--controller", default=None, help="fixed:N | adaptive[:MAX] | cost[:MAX] (needs --drafter; "
                      f"default: {CONTROLLER_DEFAULT['generate']})")
     gen.add_argument("--verifier", default=None, help="a verifier by name (needs --drafter; default: the best exact "
@@ -160,7 +164,8 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--model", default=None, help="catalog name or model folder (default: smollm2-135m-instruct)")
     srv.add_argument("--drafter", default=None, help=f"{DRAFTERS}, as for generate (default: none, autoregressive)")
     srv.add_argument("--tree", default=None, help="chain | static:2,2,1 | dynamic:K,N (model drafters; needs "
-                     f"--drafter; default: {TREE_DEFAULT})")
+                     f"--drafter) | ddtree:N (dflash; default: {TREE_DEFAULT})")
+    srv.add_argument("--refiner", default=None, help=REFINER_HELP)
     srv.add_argument("--controller", default=None, help="fixed:N | adaptive[:MAX] | cost[:MAX] (needs --drafter; "
                      f"default: {CONTROLLER_DEFAULT['serve']}, which prices the whole batch and backs off as it grows)")
     srv.add_argument("--max-tree-nodes", type=int, default=256, help="as for generate (default: %(default)s)")
@@ -240,8 +245,10 @@ def _speculation(args) -> tuple[str, str]:
     drafter's rounds, so without --drafter they are refused rather than ignored; a value not given is
     its default, marked so (engine/speculator.py Default) for messages to say it was not given."""
     from .engine.speculator import Default
+    from .drafters.refiners import with_refiners
     from .errors import ConfigError
 
+    args.drafter = with_refiners(args.drafter, getattr(args, "refiner", None))  # dflash:PATH,refine=R1+R2
     given = [f"--{key}" for key in ("tree", "controller", "verifier") if getattr(args, key, None) is not None]
     if given and not args.drafter:
         raise ConfigError(f"{' and '.join(given)} shape{'s' if len(given) == 1 else ''} a drafter's rounds but no "
