@@ -82,7 +82,7 @@ def run(args) -> int:
             for n in counts:
                 for text in texts:
                     s = summarize(simulate(workload, load_policy(text), costs, n), start=0.0)
-                    s["measured"] = workload.measured
+                    s["measured"], s["policy"] = workload.measured, text
                     rows.append(s)
         print(compare_table(rows))
     else:
@@ -92,7 +92,7 @@ def run(args) -> int:
         for n in counts:
             for text in texts:
                 workload = make(args.workload, records, n, costs)
-                rows.append(summarize(simulate(workload, load_policy(text), costs, n)))
+                rows.append({**summarize(simulate(workload, load_policy(text), costs, n)), "policy": text})
                 print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
         print(table(rows))
     provenance = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

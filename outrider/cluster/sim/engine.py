@@ -70,7 +70,7 @@ class Simulator:
         self.decisions: dict[str, int] = {}
         self._moves = getattr(policy, "moves", None)
         self._rounds: dict[int, list[Job]] = {}
-        self._groups: dict[str, set[Job]] = {}  # a group's unfinished requests (for `moves`)
+        self._groups: dict[str, dict[Job, None]] = {}  # a group's unfinished requests, in arrival order (`moves`)
 
     def _push(self, when: float, kind: str, payload) -> None:
         heapq.heappush(self.events, (when, self.seq, kind, payload))
@@ -104,7 +104,7 @@ class Simulator:
         job = Job(req, self.now, priority=decision.priority)
         self.jobs.append(job)
         if info.group is not None:
-            self._groups.setdefault(info.group, set()).add(job)
+            self._groups.setdefault(info.group, {})[job] = None
         self._place(job, decision)
 
     def _place(self, job: Job, decision: Decision) -> None:
@@ -142,12 +142,12 @@ class Simulator:
             if self.pending:
                 self._push(self.now, "arrive", self.pending.pop(0))
             if job.req.info.group is not None:
-                self._groups[job.req.info.group].discard(job)
-        if self._moves is not None and ended:
-            self._apply_moves({j.req.info.group for j in ended} - {None})
+                self._groups[job.req.info.group].pop(job, None)
+        if self._moves is not None and ended:  # in a fixed order: set order varies between processes
+            self._apply_moves(list(dict.fromkeys(j.req.info.group for j in ended if j.req.info.group is not None)))
         self._start(replica)
 
-    def _apply_moves(self, groups: set) -> None:
+    def _apply_moves(self, groups: list) -> None:
         """Ask the policy about the unfinished requests of the groups a request just left."""
         jobs = [j for g in groups for j in self._groups.get(g, ())]
         if not jobs:
