@@ -2,6 +2,7 @@
 
     policy.py      the contract every routing/scheduling policy keeps (real router and simulator alike)
     policies/      one small file per policy (least-load, sticky, WAR, OUTLETS, BALANCE, TailSieve)
+    length.py      OUTLETS' output-length model (least squares, weights in outlets_length.json)
     replica.py     a Ray actor holding one engine (EngineWorker) and its metrics
     router.py      picks a replica per request through a policy; retries a dead replica's requests once
     queues.py      each replica's slots and its queue at the router, ordered by the policy's priority
