@@ -132,6 +132,7 @@ def test_two_replicas_give_one_engines_greedy_tokens_and_share_the_load(cluster,
     routed = [cluster.metric("outrider:cluster_requests_routed_total", f'replica="{i}"') for i in (0, 1)]
     assert sum(routed) == 6 and min(routed) >= 1, routed  # max_running 1: least-load spreads them
     assert httpx.get(cluster.url + "/health").json() == {"status": "ok", "replicas": 2, "replicas_alive": 2}
+    assert any("replica 0: pid" in line and "replica 1: pid" in line for line in cluster.log)  # where they run
 
 
 def test_a_session_stays_on_its_replica(cluster):

@@ -104,13 +104,14 @@ def _start(ray, options, policy, replicas: int, cpus: int, handles: list, stop, 
     handles += [actor.remote(options, i, config.current()) for i in range(replicas)]
     log(f"outrider serve: starting {replicas} replicas ({cpus} CPU each) on Ray", file=_stderr())
     try:
-        ray.get([h.ready.remote() for h in handles], timeout=START_S)
+        where = ray.get([h.ready.remote() for h in handles], timeout=START_S)
     except ray.exceptions.GetTimeoutError:
         raise ConfigError(f"the {replicas} replicas did not start within {START_S} s: the Ray cluster needs "
                           f"{replicas * cpus} free CPUs (`ray status` shows them); lower --replicas or --threads"
                           ) from None
     except ray.exceptions.RayActorError as err:  # its __init__ raised: say why in one line
         raise ConfigError(f"a replica failed to start: {_cause(err)}") from None
+    log(f"outrider serve: {'; '.join(where)}", file=_stderr())
     limits = ray.get(handles[0].limits.remote())
     front = FrontModel(limits.model_name, path)
     router: Router | None = None

@@ -131,8 +131,12 @@ class Replica:
     def metrics_text(self) -> bytes:
         return self.metrics.exposition()
 
-    def ready(self) -> int:
-        return self.index
+    def ready(self) -> str:
+        """Where it runs, for the front end's log: "replica 0: pid 1234 on host"."""
+        import os
+        import socket
+
+        return f"replica {self.index}: pid {os.getpid()} on {socket.gethostname()}"
 
 
 def api_error(fields: dict) -> ApiError:
