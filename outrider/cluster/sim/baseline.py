@@ -31,9 +31,11 @@ class LeastLoadFCFS(PolicyBase):
 
 def load_policy(text: str):
     """A baseline by name, else the registry's policy (`--policy NAME[:OPTIONS]`)."""
-    from ..policies import make_policy, parse
+    from ..policies import POLICIES, make_policy, parse
 
     name, options = parse(text)
+    if name not in BASELINES and name not in POLICIES:
+        raise ConfigError(f"unknown policy {name!r}: choose one of {', '.join([*BASELINES, *POLICIES])}")
     if name in BASELINES:
         if options:
             raise ConfigError(f"policy {name}: a baseline takes no options, got {', '.join(options)}")
