@@ -14,7 +14,8 @@ It keeps what `EngineLoop.step` does, at the level of a step's cost:
    tokens carried over), one otherwise, and ends when it has its output tokens.
 
 A step's effects land at its end; requests that arrive during it wait for the next, as requests
-added between `step()` calls do.
+added between `step()` calls do. The view a policy gets counts in `kv_rows_used` the rows the
+running requests reserved (what admission checks against), not the rows written so far.
 """
 
 from __future__ import annotations
