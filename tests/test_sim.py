@@ -66,6 +66,12 @@ def test_closed_loop_sends_the_next_request_when_one_ends():
         ("a", 0.0, 0.2), ("b", 0.2, 0.3), ("c", 0.3, 0.4)]
 
 
+def test_a_request_that_can_never_fit_is_refused_in_one_line():
+    w = Workload("w", [sim_req("a", 2, prompt=900)], replica=ReplicaSpec(kv_rows_total=1000))
+    with pytest.raises(ConfigError, match="reserves 1901 K/V rows but replica 0 holds 1000"):
+        simulate(w, LeastLoadFCFS(speculate=False), FLAT, 1)
+
+
 def test_least_load_spreads_over_replicas():
     w = Workload("w", [sim_req(x, 2) for x in "abcd"], replica=ReplicaSpec(max_running=1))
     assert latencies(w, LeastLoadFCFS(), replicas=2) == {"a": 0.2, "b": 0.2, "c": 0.4, "d": 0.4}

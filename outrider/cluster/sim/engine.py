@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field, replace
 
+from ...errors import ConfigError
 from ..policy import Decision, Outcome, alive
 from .costs import CostModel
 from .replica import Job, SimReplica
@@ -124,6 +125,10 @@ class Simulator:
     def _start(self, replica: SimReplica) -> None:
         replica.admit(self._order, self.now)
         if not replica.running:
+            if replica.queue:  # nothing runs and the head still does not fit: it never will
+                head = replica.queue[0]
+                raise ConfigError(f"request {head.id} reserves {replica.rows_for(head)} K/V rows but replica "
+                                  f"{replica.index} holds {replica.spec.kv_rows_total}: raise kv_rows_total")
             replica.busy = False
             replica.refresh()
             return
