@@ -5,6 +5,9 @@
     .venv/bin/python scripts/train_outlets_length.py rollout/results.json \
         --out outrider/cluster/outlets_length.json
 
+The shipped weights: `scripts/train_outlets_length.py docs/scheduling-records.json` (the two runs'
+records of docs/scheduling.md, each marked with its `run`).
+
 Every record of the given results (speculation off and on alike: the output length does not
 depend on it) is a training row. The features a request has when it arrives are its prompt's
 length and its workload; the drafter features (tokens committed by the first rounds) exist only
@@ -33,7 +36,7 @@ def records_of(paths: list[str], drafter: bool) -> list[dict]:
     out = {}
     for path in paths:
         for r in json.loads(Path(path).read_text())["records"]:
-            key = (path, r["workload"], r["prompt"], r["sample"])
+            key = (path, r.get("run"), r["workload"], r["prompt"], r["sample"])
             if key not in out or r["mode"] == "on":
                 out[key] = {**r, "features": r.get("features", []) if drafter else []}
     return list(out.values())
