@@ -99,7 +99,12 @@ class _Layer(torch.nn.Module):
 
 
 class DFlashTrainable(torch.nn.Module):
-    """Trainable weights of one DFlash head; the target's embedding (and lm_head) frozen buffers."""
+    """Trainable weights of one DFlash head; the target's embedding (and lm_head) frozen buffers.
+
+    `for_target` starts the final norm at a tenth of the target's: a block row starts as its
+    token's embedding, and where the target ties its lm_head to the embedding (SmolLM2) the
+    target's own scale reads every slot out as its input token with logits of about 100 (a first
+    cross-entropy near 100 a slot; a tenth starts near the uniform one, ln V)."""
 
     kind = "dflash"
 
@@ -153,8 +158,8 @@ class DFlashTrainable(torch.nn.Module):
             draft_vocab_size=int(used.numel()) if used.numel() < t.vocab_size else None,
             num_target_layers=t.num_layers)
         head = cls(config, target.embed.float(), target.lm_head, used, seed=seed)
-        with torch.no_grad():  # it reads out through the target's lm_head rows: start at the target's readout scale
-            head.norm.weight.copy_(target.norm.float())
+        with torch.no_grad():  # a tenth of the target's readout scale: see the class docstring
+            head.norm.weight.copy_(0.1 * target.norm.float())
         return head
 
     def taps(self, num_target_layers: int) -> tuple[int, ...]:
