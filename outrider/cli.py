@@ -25,7 +25,8 @@ DTYPE_HELP = ("q8_0, q4 or gguf (weights kept quantized, float32 activations; ex
 
 QUICK_TIME = "1-3 min on 2 cores"  # the quick preset's wall time; its file (bench/presets/quick.toml) says the same
 REFINER_HELP = ("block refiners, chained in order: ddtree, retrace[:SHARE], cure[:H], dartree[:PATH], "
-                "lilicorr[:PATH] (needs --drafter dflash:... and --tree ddtree:N; docs/block-drafters.md)")
+                "lilicorr[:PATH] (needs --drafter dflash:... and --tree ddtree:N; default: none: the block as drafted; "
+                "docs/block-drafters.md)")
 TREE_DEFAULT = "chain"
 CONTROLLER_DEFAULT = {"generate": "fixed:4", "serve": "cost"}
 DRAFTERS = "{drafters}"  # in a help string: the registered drafters, read from the registry when help is shown
