@@ -10,8 +10,10 @@ loop needs to know about it:
     job.step(tb, step, rank) -> StepOutput: per position, the summed loss, scored rows and hits
 
 The loop weights position k by weights[k] / (its scored rows over all ranks), so a torchrun
-update is the single-process one. DFlash's random anchors are drawn from a generator seeded by
-(seed, step, rank): a resumed run draws the same ones.
+update is the single-process one, given the same anchors. DFlash's random anchors are drawn from
+a generator seeded by (seed, step, rank): a resumed run draws the same ones; under torchrun each
+rank draws its own for its share, so N processes train on other anchors than one process would
+(the same recipe, not the same bits; the shipped head was trained in one process).
 """
 
 from __future__ import annotations
