@@ -131,3 +131,36 @@ def test_bad_options_are_one_line_errors(target, corpus, tmp_path, capsys, argv,
         assert code != 0
     err = capsys.readouterr().err
     assert message in err
+
+
+def test_torchrun_two_processes_match_one_when_every_position_is_an_anchor(target, tmp_path):
+    """With more --anchors than positions every label position is an anchor whatever the generator
+    draws, so the global batch 4 split 2 + 2 over two gloo processes must equal one process: the
+    ranks weight each slot by the global count of its labels."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    rng = random.Random(3)
+    texts = write_jsonl(tmp_path / "texts.jsonl", [{"text": words(rng, rng.choice((6, 11, 17, SEQ)))}
+                                                   for _ in range(16)])
+    args = ["train", "dflash", "--target", str(target), "--data", f"jsonl:{texts}", "--steps", "3",
+            "--seq-len", str(SEQ), "--batch-size", "4", "--block-size", "4", "--anchors", "64",
+            "--no-progress", "--threads", "1"]
+    assert main(args + ["--out", str(tmp_path / "one")]) == 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parents[1]))
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          "--master_addr", "127.0.0.1", "--master_port", str(port),
+                          "-m", "outrider.cli", *args, "--out", str(tmp_path / "two")],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    a, b = load_file(str(tmp_path / "one" / "model.safetensors")), load_file(str(tmp_path / "two" / "model.safetensors"))
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=k)
+    assert [r["loss"] for r in log_of(tmp_path / "two")] == pytest.approx([r["loss"] for r in log_of(tmp_path / "one")],
+                                                                        rel=1e-4)
