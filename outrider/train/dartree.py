@@ -92,7 +92,7 @@ def train(head, target, sequences: list[list[int]], steps: int, hidden: int = 25
 
 def add_arguments(p) -> None:
     p.add_argument("--target", required=True, help="catalog name or model folder of the target")
-    p.add_argument("--head", required=True, help="the DFlash head (folder or shipped name) it corrects")
+    p.add_argument("--head", required=True, help="the DFlash head it corrects: a folder or a shipped head's name (dflash:NAME or NAME)")
     p.add_argument("--responses", required=True, help="regenerated.jsonl of this target (lines with `ids`)")
     p.add_argument("--out", required=True, help="output folder (dartree.safetensors); a DFlash head's folder ships it "
                    "beside the head, where `--refiner dartree` finds it")
@@ -113,7 +113,7 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_decoder(resolve_model(args.target), "cpu")
-    head = load_dflash(parse_argument(args.head), target)
+    head = load_dflash(parse_argument(args.head.removeprefix("dflash:")), target)
     c = train(head, target, read_ids(args.responses), args.steps, args.hidden, args.anchors, args.lr, args.seed)
     print(c.save(args.out))
     return 0
