@@ -1,5 +1,6 @@
 """The DFlash head shipped for SmolLM2-135M (outrider/heads/shipped/dflash/smollm2-135m-instruct):
-it fits the 25 MB limit with its recipe, passes check-head's structural checks against the pulled
+it and its trained refiners (DARTree's correction head, LiLiCorr's correlator) fit the 25 MB limit
+with their recipes, passes check-head's structural checks against the pulled
 target, shows in `models list`, and drafts losslessly (greedy speculative == autoregressive)."""
 
 import json
@@ -20,8 +21,11 @@ def test_shipped_files_are_small_safetensors_with_their_recipe():
     assert resolve_head("smollm2-135m-instruct", "dflash") == HEAD
     assert "dflash:smollm2-135m-instruct" in drafters_for("smollm2-135m-instruct")
     names = sorted(p.name for p in HEAD.iterdir())
-    assert names == ["config.json", "model.safetensors", "outrider_golden.json", "train_info.json"]
-    assert (HEAD / "model.safetensors").stat().st_size <= 25 * 1024 * 1024
+    assert names == ["config.json", "dartree.safetensors", "lilicorr.safetensors", "model.safetensors",
+                     "outrider_golden.json", "refiners.json", "train_info.json"]
+    assert all(p.stat().st_size <= 25 * 1024 * 1024 for p in HEAD.iterdir())
+    refiners = json.loads((HEAD / "refiners.json").read_text())  # the trained refiners' recipes
+    assert set(refiners) == {"dartree", "lilicorr"} and all("command" in r and "seed" in r for r in refiners.values())
     info = json.loads((HEAD / "train_info.json").read_text())
     assert info["seed"] == 0 and info["tokens"] > 0 and "--regenerate" in info["command"] and "reproduce" in info
 

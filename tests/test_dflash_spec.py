@@ -264,3 +264,27 @@ def test_dartree_training_lowers_the_loss(target):
     first = float(lines[0].split("loss ")[1].split()[0])
     last = float(lines[-1].split("loss ")[1].split()[0])
     assert last < first
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_a_reduced_readout_keeps_the_same_logits_for_the_tokens_it_keeps(tmp_path, quantized):
+    from outrider.drafters.dflash_vocab import reduce_readout
+    from outrider.kernels import quant_linear
+    from outrider.kernels.blocks import quantize
+
+    lm = torch.randn(64, 32)
+    if quantized:
+        blocks = quantize(lm, "q8_0")
+        lm = quant_linear.QuantLinear(blocks, torch.float32, quant_linear.choose_kernel(blocks))
+    h = random_head(seed=2, lm_head=lm)
+    (tmp_path / "tokenizer.json").write_text('{"added_tokens": [{"id": 60}]}')
+    small = reduce_readout(h, tmp_path, 10)
+    ids = small.w.draft_to_target.tolist()
+    assert ids == list(range(10)) + [60]
+    cache = h.new_cache(1, 8)
+    h.write_context(cache, 0, 0, h.fuse(torch.randn(5, 2, 32)))
+    toks = torch.tensor([[5, 1, 1, 1, 1, 1]])
+    full, _ = h.block(cache, [0], [5], toks)
+    cut, _ = small.block(cache, [0], [5], toks)
+    torch.testing.assert_close(cut[0], full[0][:, ids], atol=1e-5, rtol=1e-5)
+    assert reduce_readout(h, tmp_path, 1000) is h  # nothing to cut

@@ -20,6 +20,7 @@ The block's own K/V is never cached, so a rejection rolls nothing back. Trees (d
 q, q kept for the chain verifier's rejection sampling) and `--tree ddtree:N` (DDTree, verified by
 the tree walk). `dflash:PATH,refine=R1+R2` (or `--refiner R1,R2`) passes the block through block
 refiners (refiners/) into a tree of at most N nodes: they need `--tree ddtree:N`.
+`dflash:PATH,vocab=N` reads out only N tokens of the target's output head (dflash_vocab.py).
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ from .block import Block, greedy_chain, sampled_chain
 from .capabilities import Capabilities, Drafts
 from .refiners import make_refiner, parse_refiners
 from .registry import DrafterEntry, register
+from .dflash_vocab import parse_vocab, reduce_readout
 from .slots import SlotCache
+from .window import parse_options
 
 TREES = {
     "chain": Drafts("chain", gives_probs=True),  # sampled: each position's draft drawn from its own q
@@ -172,15 +175,21 @@ class DFlashDrafter:
 
 
 # -- registration ---------------------------------------------------------------------------------
-USAGE = "dflash:PATH_OR_NAME[,refine=R1+R2]"
+USAGE = "dflash:PATH_OR_NAME[,vocab=N][,refine=R1+R2]"
 
 
-def _split(argument: str) -> tuple[str, tuple[str, ...]]:
-    """`FOLDER[,refine=A+B]` -> (folder, refiner names); a folder whose name holds ',' stays whole."""
-    if Path(argument).expanduser().is_dir() or ",refine=" not in argument:
-        return argument, ()
-    folder, _, names = argument.rpartition(",refine=")
-    return folder, parse_refiners(names)
+def _split(argument: str) -> tuple[str, int | None, tuple[str, ...]]:
+    """`FOLDER[,vocab=N][,refine=A+B]` -> (folder, N or None, refiner names); a folder whose own
+    name holds ',' stays whole."""
+    if Path(argument).expanduser().is_dir():
+        return argument, None, ()
+    folder, options = parse_options(argument, ("vocab", "refine"))
+    names = parse_refiners(options["refine"]) if "refine" in options else ()
+    return folder, parse_vocab(options.get("vocab")), names
+
+
+def _join(folder: str, vocab: int | None, names: tuple[str, ...]) -> str:
+    return folder + (f",vocab={vocab}" if vocab else "") + (f",refine={'+'.join(names)}" if names else "")
 
 
 def _resolve(name: str) -> Path:
@@ -190,11 +199,11 @@ def _resolve(name: str) -> Path:
 
 
 def parse_argument(text: str) -> str:
-    folder, refiners = _split(text)
+    folder, vocab, refiners = _split(text)
     if not folder:
         raise ConfigError("dflash:PATH needs the folder of a DFlash head (config.json + model.safetensors) "
                           "or the name of a shipped head")
-    return str(_resolve(folder)) + (f",refine={'+'.join(refiners)}" if refiners else "")
+    return _join(str(_resolve(folder)), vocab, refiners)
 
 
 def check_fits(argument: str, target_config, target_path: Path) -> str | None:
@@ -206,10 +215,12 @@ def check_fits(argument: str, target_config, target_path: Path) -> str | None:
 def build(argument: str, shape: TreeShape, target, target_path: Path) -> DFlashDrafter:
     from ..heads.dflash_format import load_dflash
 
-    folder, names = _split(argument)
+    folder, vocab, names = _split(argument)
     head = load_dflash(folder, target)
+    if vocab is not None:
+        head = reduce_readout(head, Path(target_path), vocab)
     refiners = tuple(make_refiner(n, head, folder) for n in names)
-    label = f"dflash:{folder}" + (f",refine={'+'.join(names)}" if names else "")
+    label = "dflash:" + _join(folder, vocab, names)
     return DFlashDrafter(head, shape, head.config.taps(target.config.num_layers), refiners, name=label)
 
 

@@ -1,0 +1,67 @@
+"""`dflash:NAME,vocab=N`: a DFlash head reading out only N tokens of the target's output head.
+
+A head trained on the target's whole vocabulary shares the target's output head, so each block
+forward multiplies its B-1 rows by all V rows of it: on SmolLM2-135M (V 49,152, the output head in
+q8_0 beside a q4 target) that is 5.2 of the block's 8.7 ms on one thread of an AMD EPYC Zen 5,
+measured 2026-12-03. `vocab=N` keeps the rows of token ids 0..N-1 and the tokenizer's added tokens
+(a byte-pair tokenizer's low ids are its common tokens: the `draft-model:NAME,vocab=N` rule) as the
+head's own readout, in the target's output head's quantization: the block then proposes no other
+token. The logits of the kept tokens are the same numbers as before (the same rows), so where the
+full head's argmax is kept, so is the draft; the target still verifies every draft, so the output
+never changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from ..errors import ConfigError
+from ..models.layers import linear
+from .draft_model import draft_vocab_ids
+
+
+def parse_vocab(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"vocab={text!r}: give a positive number of token ids, as in dflash:NAME,vocab=8192")
+    return int(text)
+
+
+def reduce_readout(head, target_path: Path, n: int):
+    """The head with its readout cut to the ids `draft_vocab_ids` keeps (a new DFlashHead; the
+    target's own output head untouched)."""
+    from ..heads.dflash import DFlashHead
+
+    c = head.config
+    if head.w.draft_to_target is not None:
+        raise ConfigError("vocab=: this DFlash head already reads out its own draft vocabulary "
+                          f"({c.draft_vocab_size} tokens); drop vocab=")
+    ids = draft_vocab_ids(target_path, n, c.vocab_size).to(head.device)  # [m] sorted
+    if ids.numel() >= c.vocab_size:
+        return head
+    lm_head = head.w.lm_head
+    if isinstance(lm_head, torch.Tensor):
+        rows = lm_head.index_select(0, ids)  # [m, H]
+    else:  # a QuantLinear: its rows, read back exactly through the product with the identity
+        eye = torch.eye(c.hidden_size, dtype=head.dtype, device=head.device)
+        rows = linear(eye, lm_head).T.index_select(0, ids).contiguous()  # [m, H]
+        rows = _requantize(rows, lm_head)
+    weights = replace(head.w, lm_head=rows, draft_to_target=ids)
+    return DFlashHead(replace(c, draft_vocab_size=int(ids.numel())), weights)
+
+
+def _requantize(rows: torch.Tensor, like):
+    """rows [m, H] in the quantization of `like` (a QuantLinear), by the same kernel choice."""
+    from ..kernels import quant_linear
+    from ..kernels.blocks import quantize
+
+    kind = getattr(like, "kind", None)
+    if kind is None or rows.shape[1] % 32:
+        return rows
+    blocks = quantize(rows, kind)
+    return quant_linear.QuantLinear(blocks, rows.dtype, like.kernel if like.kernel in ("native", "blockwise")
+                                    else quant_linear.choose_kernel(blocks))
