@@ -150,6 +150,11 @@ def test_a_session_stays_on_its_replica(cluster):
 def test_metrics_per_replica_and_summed(cluster):
     status, body = cluster.complete(words(8), 10)
     assert status == 200
+    # a replica's counters reach its metrics just after the answer reaches the client: let them settle
+    deadline = time.time() + 10
+    while time.time() < deadline and (cluster.metric("outrider:request_success_total", summed=True) != 12
+                                      or cluster.metric("outrider:num_requests_running", summed=True) != 0):
+        time.sleep(0.1)
     name = "outrider:generation_tokens_total"
     per = [cluster.metric(name, f'replica="{i}"') for i in (0, 1)]
     assert per[0] > 0 and per[1] > 0

@@ -39,7 +39,7 @@ def batch_grid(max_batch: int) -> tuple[int, ...]:
     return tuple(grid)
 
 
-def _lerp(xs: tuple[int, ...], ys: list[float], x: float) -> float:
+def lerp(xs: tuple[int, ...], ys: list[float], x: float) -> float:
     """Linear between points, linear beyond the last two (and flat below the first)."""
     if x <= xs[0] or len(xs) == 1:
         return ys[0]
@@ -67,8 +67,8 @@ class BatchCostProfile:
 
     def cost(self, batch: int, width: int) -> float:
         """Seconds for one target forward over `batch` sequences of `width` new tokens each."""
-        per_batch = [_lerp(self.widths, list(row), width) for row in self.seconds]
-        return _lerp(self.batches, per_batch, batch)
+        per_batch = [lerp(self.widths, list(row), width) for row in self.seconds]
+        return lerp(self.batches, per_batch, batch)
 
     def to_json(self) -> dict:
         return {"batches": self.batches, "widths": self.widths, "seconds": self.seconds}

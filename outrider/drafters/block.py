@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..heads.vocab_map import to_target_ids, to_target_logits
 from ..sampling import SamplingParams, warp_probs
 from ..spec.types import DraftTree, VerifyResult
 
@@ -58,15 +59,19 @@ class Block:
         return self._logp
 
     def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        m = self.to_target
-        return draft_ids if m is None else m[draft_ids.to(m.device)]
+        return to_target_ids(self.to_target, draft_ids)
 
     def target_logits(self, k: int) -> torch.Tensor:
         """Position k+1's logits over the target vocabulary [V] (-inf off the draft vocabulary)."""
-        row = self.logits[k].float()
+        return to_target_logits(self.to_target, self.logits[k].float(), self.vocab)
+
+    def prob(self, k: int, token: int) -> float:
+        """Position k+1's draft probability of target token `token` (0 off the draft vocabulary),
+        read from `logp` without building a [V] row."""
         if self.to_target is None:
-            return row
-        return row.new_full((self.vocab,), float("-inf")).index_copy_(0, self.to_target.to(row.device), row)
+            return float(self.logp[k, token].exp())
+        at = (self.to_target == token).nonzero()
+        return float(self.logp[k, int(at[0, 0])].exp()) if at.numel() else 0.0
 
     def argmax(self, depth: int) -> list[int]:
         """The block's own proposal: target ids of the first `depth` positions' argmax."""

@@ -225,4 +225,4 @@ def build(argument: str, shape: TreeShape, target, target_path: Path) -> DFlashD
 
 
 register(DrafterEntry("dflash", USAGE, Capabilities(trees=TREES), build=build,
-                      parse_argument=parse_argument, check_fits=check_fits))
+                      parse_argument=parse_argument, check_fits=check_fits, refinable=True))

@@ -60,6 +60,8 @@ class DrafterEntry:
     build(argument, shape, target, target_path) -> Drafter;
     windowed: it takes Windowed-MTP's `window=W,sink=S` (drafters/window.py): a drafter with an
         attention and a K/V cache of its own; any other is refused those options in one line.
+    refinable: it drafts blocks and takes block refiners (`--refiner`, `refine=R1+R2`,
+        drafters/refiners/); any other is refused them in one line.
     """
 
     name: str
@@ -70,6 +72,7 @@ class DrafterEntry:
     models_needed: Callable[[object], tuple[str, ...]] = no_models
     check_fits: Callable[[object, object, Path], str | None] = fits_any
     windowed: bool = False
+    refinable: bool = False
 
     def __post_init__(self):
         if not self.name or ":" in self.name or self.name != self.name.strip():

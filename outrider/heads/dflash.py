@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.kv_cache import KVCache
+from .vocab_map import to_target_ids, to_target_logits
 from ..models.layers import apply_rotary, attention, embedding, linear, rms_norm, rotary_tables, swiglu_mlp
 
 
@@ -166,7 +167,7 @@ class DFlashHead:
         1..B-1, hidden [S, B, H] the last layer's output before the final norm)."""
         c, w = self.config, self.w
         S, B = tokens.shape
-        nh, G, D, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
+        nh, D, eps = c.num_heads, c.head_dim, c.rms_norm_eps
         L = max(context)
         start = torch.tensor(context, device=self.device)  # [S]
         positions = start.unsqueeze(1) + torch.arange(B, device=self.device)  # [S, B]
@@ -190,13 +191,9 @@ class DFlashHead:
 
     # -- the draft vocabulary (as heads/eagle3.py) -----------------------------------------------
     def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        m = self.w.draft_to_target
-        return draft_ids if m is None else m[draft_ids.to(m.device)]
+        """Draft-vocabulary ids -> target ids (same shape)."""
+        return to_target_ids(self.w.draft_to_target, draft_ids)
 
     def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """[..., Vd] -> [..., V]: the draft logits at their target ids, -inf elsewhere."""
-        m = self.w.draft_to_target
-        if m is None:
-            return logits
-        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
-        return full.index_copy_(-1, m.to(logits.device), logits)
+        return to_target_logits(self.w.draft_to_target, logits, self.config.vocab_size)

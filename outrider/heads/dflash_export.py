@@ -12,16 +12,12 @@ non-empty `out` is refused before any work (as heads/eagle3_export.py).
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from pathlib import Path
 
-from safetensors.torch import save_file
-
 from ..errors import ConfigError, ModelError
-from .dflash_format import FORMATS, WEIGHTS, config_json, expected_shapes, misfit, read_config, read_tensors
+from .dflash_format import FORMATS, config_json, expected_shapes, misfit, read_config, read_tensors
 from .eagle3_export import DTYPE_NAMES, DTYPES, check_out
+from .staging import staged_head
 from .eagle3_golden import PROMPTS, GoldenSettings, record, write_golden
 
 
@@ -69,22 +65,9 @@ def export_dflash(source: str | Path, out: str | Path, fmt: str, target: str | P
     dtype_name = DTYPE_NAMES.get(tensors["fc.weight"].dtype, str(tensors["fc.weight"].dtype).removeprefix("torch."))
     raw = config_json(config, fmt, dtype=dtype_name, num_target_layers=tcfg.num_layers,
                       max_positions=tcfg.max_position_embeddings)
-    work = out.parent / f".{out.name}.partial-{os.getpid()}"
-    if work.exists():
-        shutil.rmtree(work)  # our own pid's leftover
-    work.mkdir(parents=True)
-    try:
-        (work / "config.json").write_text(json.dumps(raw, indent=1) + "\n")
-        save_file(tensors, str(work / WEIGHTS), metadata={"format": "pt"})
-        (work / WEIGHTS).chmod(0o644)  # safetensors writes 0600; the other files get the umask's
+    with staged_head(out, raw, tensors) as work:
         if golden:
             write_record(work, target, target_path, settings, prompts, log)
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        work.rename(out)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     return out
 
 

@@ -28,6 +28,7 @@ import torch
 
 from ..models.kv_cache import KVCache
 from ..models.batch import ForwardBatch
+from .vocab_map import to_target_ids, to_target_logits
 from ..models.layers import apply_rotary, attention, embedding, linear, rms_norm, rotary_tables, swiglu_mlp
 
 CONVENTIONS = ("vllm", "sglang")  # how stored aux layer ids count: see Eagle3Config.taps
@@ -172,13 +173,8 @@ class Eagle3Head:
 
     def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target ids (same shape)."""
-        m = self.w.draft_to_target
-        return draft_ids if m is None else m[draft_ids.to(m.device)]
+        return to_target_ids(self.w.draft_to_target, draft_ids)
 
     def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """[..., Vd] -> [..., V]: the draft logits at their target ids, -inf elsewhere (what vLLM does)."""
-        m = self.w.draft_to_target
-        if m is None:
-            return logits
-        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
-        return full.index_copy_(-1, m.to(logits.device), logits)
+        """[..., Vd] -> [..., V]: the draft logits at their target ids, -inf elsewhere."""
+        return to_target_logits(self.w.draft_to_target, logits, self.config.vocab_size)

@@ -24,19 +24,17 @@ existing non-empty `out` is refused before any work.
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from ..errors import ConfigError, ModelError
 from .eagle3 import Eagle3Config, Eagle3Head
-from .eagle3_format import WEIGHTS, expected_shapes, misfit, read_config, read_tensors
+from .eagle3_format import expected_shapes, misfit, read_config, read_tensors
 from .eagle3_golden import GoldenSettings, PROMPTS, measure, record, write_golden
 from .eagle3_speculators import speculators_config
+from .staging import staged_head
 
 FORMATS = ("eagle", "speculators")
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
@@ -192,23 +190,10 @@ def export_eagle3(source, out: str | Path, fmt: str, target: str | Path, *, dtyp
             head.config, layer_ids, dtype=dtype_name, max_positions=target_config.max_position_embeddings,
             speculative_tokens=settings.depth, verifier=verifier,
             verifier_architectures=list(raw_target.get("architectures") or []))
-    work = out.parent / f".{out.name}.partial-{os.getpid()}"
-    if work.exists():
-        shutil.rmtree(work)  # our own pid's leftover
-    work.mkdir(parents=True)
-    try:
-        (work / "config.json").write_text(json.dumps(config, indent=1) + "\n")
-        save_file(tensors, str(work / WEIGHTS), metadata={"format": "pt"})
-        (work / WEIGHTS).chmod(0o644)  # safetensors writes 0600; the other files get the umask's
+    with staged_head(out, config, tensors) as work:
         if golden:
             if log:
                 log(f"measuring the golden tau on {len(prompts)} prompts ({settings.device}, {settings.dtype})")
             measured = measure(work, target_path, settings, prompts)
             write_golden(work, record(measured, str(target), target_path, [target_config.architecture]))
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        work.rename(out)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     return out

@@ -20,7 +20,6 @@ import torch.nn.functional as F
 
 from ..drafters.refiners.dartree import CorrectionHead
 from ..models.batch import causal_batch
-from ..models.layers import linear, rms_norm
 from .lilicorr import read_ids
 
 

@@ -23,17 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import ConfigError
-
-
-def _lerp(xs: tuple[int, ...], ys: list[float], x: float) -> float:
-    if len(xs) == 1:
-        return ys[0]
-    if x <= xs[0]:
-        return ys[0]
-    for a, b, ya, yb in zip(xs, xs[1:], ys, ys[1:]):
-        if x <= b:
-            return ya + (yb - ya) * (x - a) / (b - a)
-    return ys[-1] + (ys[-1] - ys[-2]) * (x - xs[-1]) / (xs[-1] - xs[-2])
+from ...control.batch_cost import lerp  # linear between points, linear beyond the last two
 
 
 @dataclass(frozen=True)
@@ -56,8 +46,8 @@ class CostModel:
         """Seconds of one round for `batch` decoding sequences padded to `width` tokens each (0: none)."""
         if batch <= 0:
             return 0.0
-        per_batch = [_lerp(self.widths, list(row), width) for row in self.seconds]
-        return _lerp(self.batches, per_batch, batch)
+        per_batch = [lerp(self.widths, list(row), width) for row in self.seconds]
+        return lerp(self.batches, per_batch, batch)
 
     def prefill(self, tokens: int) -> float:
         """The extra seconds of a step that prefills `tokens` prompt tokens."""
@@ -66,7 +56,7 @@ class CostModel:
         xs, ys = self.prefill_tokens, self.prefill_seconds
         if tokens < xs[0]:
             return ys[0] * tokens / xs[0]
-        return max(0.0, _lerp(xs, list(ys), tokens))
+        return max(0.0, lerp(xs, list(ys), tokens))
 
     def to_json(self) -> dict:
         return {"batches": list(self.batches), "widths": list(self.widths),

@@ -30,6 +30,8 @@ import importlib
 from ...errors import ConfigError
 from .base import Refiner, RefinerCost  # noqa: F401  (the interface, for refiners written elsewhere)
 
+__all__ = ["Refiner", "RefinerCost", "REFINERS", "parse_refiners", "make_refiner", "with_refiners"]
+
 REFINERS = {
     "ddtree": "ddtree",
     "retrace": "retrace",
@@ -67,8 +69,13 @@ def with_refiners(drafter: str | None, refiner: str | None) -> str | None:
         return drafter
     if not drafter:
         raise ConfigError("--refiner refines a block drafter's drafts: give --drafter dflash:PATH_OR_NAME too")
+    from ..registry import entries, lookup
+
     names = parse_refiners(refiner)
-    if not drafter.startswith("dflash:"):
-        raise ConfigError(f"--refiner {refiner}: refiners refine a block drafter's block; --drafter "
-                          f"{drafter.partition(':')[0]} drafts no block (use --drafter dflash:PATH_OR_NAME)")
+    name = drafter.partition(":")[0]
+    entry = lookup(name)
+    if entry is None or not entry.refinable:
+        takers = ", ".join(sorted(f"--drafter {e.usage}" for e in entries().values() if e.refinable))
+        raise ConfigError(f"--refiner {refiner}: refiners refine a block drafter's block; --drafter {name} "
+                          f"drafts no block (use {takers})")
     return f"{drafter},refine={'+'.join(names)}"

@@ -71,7 +71,7 @@ class ReTrace:
         """The path's probability under the block's marginals (off the draft vocabulary: 0)."""
         p = 1.0
         for k, token in enumerate(path):
-            p *= float(block.target_logits(k).softmax(-1)[token])
+            p *= block.prob(k, token)
         return p
 
 
