@@ -351,9 +351,9 @@ def test_the_kernel_runs_on_torchs_thread_count_in_any_thread(monkeypatch):
         def __getattr__(self, name):
             return getattr(lib, name)
 
-        def outrider_qmatmul(self, *args):
+        def outrider_qmatmul_path(self, *args):
             seen.append(args[-1])
-            return lib.outrider_qmatmul(*args)
+            return lib.outrider_qmatmul_path(*args)
 
     monkeypatch.setitem(native._state, "lib", Recording())
     weight = native.NativeWeight.of(random_blocks("q4_1", 16, 64))

@@ -56,7 +56,7 @@ from .blocks import BLOCK, QuantBlocks
 CSRC = Path(__file__).with_name("csrc")
 SOURCE = CSRC / "qmatmul.c"
 SOURCES = (SOURCE, *(CSRC / f for f in ("decoder_layer.c", "attention.c", "matmul_amx.c", "qmatmul_i8.c",
-                                       "qmatmul_i8_avx2.c", "qmatmul_i8_pack.c")))  # one library
+                                       "qmatmul_i8_avx2.c", "qmatmul_i8_pack.c", "qmatmul_fill.c")))  # one library
 HEADERS = tuple(CSRC / h for h in ("isa.h", "block_kinds.h", "block_decode.h", "qmatmul_i8.h",
                                    "attention.h"))  # in its key
 FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-fPIC")  # every variant's, with its own below
@@ -185,6 +185,11 @@ def _bind(lib) -> None:
     lib.outrider_qmatmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int]
     lib.outrider_qmatmul.restype = ctypes.c_int
     lib.outrider_qmatmul_rows.restype = ctypes.c_int
+    lib.outrider_qmatmul_path.argtypes = [ctypes.c_int, *lib.outrider_qmatmul.argtypes]
+    lib.outrider_qmatmul_path.restype = ctypes.c_int
+    lib.outrider_fill_rows.restype = ctypes.c_int
+    lib.outrider_fill_rows_set.argtypes = [ctypes.c_int]
+    lib.outrider_fill_rows_set.restype = None
     lib.outrider_dequantize.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, i64, i64, ptr, ctypes.c_int]
     lib.outrider_dequantize.restype = ctypes.c_int
     lib.outrider_dequantize_bf16.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, i64, i64, ptr, ctypes.c_int]
@@ -386,10 +391,35 @@ class NativeWeight:
         return [self.q, self.d] + ([self.m] if self.m is not None and self.m is not self.d else [])
 
 
-def qmatmul(x: torch.Tensor, weight: "NativeWeight | QuantBlocks") -> torch.Tensor:
+PATHS = {"auto": 0, "rows": 1, "fill": 2}  # qmatmul's paths: the faster for M, the row kernel, qmatmul_fill.c
+
+
+def fill_rows() -> int:
+    """The row count from which qmatmul's "auto" path takes qmatmul_fill.c (the same bits)."""
+    _ensure()
+    return int(_state["lib"].outrider_fill_rows()) if "lib" in _state else 0
+
+
+@contextlib.contextmanager
+def fill_rows_at(rows: int):
+    """Within: the "auto" path takes qmatmul_fill.c from `rows` rows (a huge number: never), in
+    every library loaded, for A/B timing (the same bits either way)."""
+    libs = [lib for lib, _ in _loaded.values()]
+    for lib in libs:
+        lib.outrider_fill_rows_set(int(rows))
+    try:
+        yield
+    finally:
+        for lib in libs:
+            lib.outrider_fill_rows_set(0)
+
+
+def qmatmul(x: torch.Tensor, weight: "NativeWeight | QuantBlocks", path: str = "auto") -> torch.Tensor:
     """x: float32 [M, in] on the CPU -> float32 [M, out] = x @ dequantize(blocks).T, each row
     bit-identical whatever M (see the module docstring). Pass a NativeWeight made once (a
-    QuantBlocks is converted on every call: for tests)."""
+    QuantBlocks is converted on every call: for tests). `path` ("auto", "rows", "fill": PATHS)
+    chooses between the row kernel and qmatmul_fill.c, which give the same bits; "auto" takes the
+    faster for M (an int8-activation weight has one path)."""
     if not available():
         raise RuntimeError(f"the native kernel is not available: {reason()}")
     if isinstance(weight, QuantBlocks):
@@ -400,9 +430,11 @@ def qmatmul(x: torch.Tensor, weight: "NativeWeight | QuantBlocks") -> torch.Tens
         raise ValueError(f"x must be [rows, {in_features}], got {tuple(x.shape)}")
     y = torch.empty(x.shape[0], out_features, dtype=torch.float32)
     m = weight.m.data_ptr() if weight.m is not None else None
-    status = _state["lib"].outrider_qmatmul(weight.code, x.data_ptr(), x.shape[0], in_features,
-                                            weight.q.data_ptr(), weight.d.data_ptr(), m, out_features,
-                                            y.data_ptr(), torch.get_num_threads())
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
+    status = _state["lib"].outrider_qmatmul_path(PATHS[path], weight.code, x.data_ptr(), x.shape[0], in_features,
+                                                 weight.q.data_ptr(), weight.d.data_ptr(), m, out_features,
+                                                 y.data_ptr(), torch.get_num_threads())
     if status != 0:
         raise ValueError(f"the native kernel refused a {weight.kind} weight {weight.shape}")
     return y

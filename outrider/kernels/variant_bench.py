@@ -6,8 +6,10 @@ hits them alike; the median of the rounds, and each variant's ratio to a referen
     .venv/bin/python -m outrider.kernels.variant_bench [--model smollm2-135m-instruct] [--dtype q4]
         [--threads 1] [--prompt 256] [--rounds 7] [--steps 20] [--against avx512]
 
-Prints one line per variant: milliseconds per decode step and per prefill, and the ratio of each
-to the reference (> 1: slower). The weights are loaded once (their layout is the same for every
+A variant named `NAME:rows` runs NAME with the row kernel only (qmatmul_fill.c off: native.fill_rows_at),
+so `--variants avx2:rows,avx2 --against avx2:rows` times what the fill kernel gives a prefill (the
+same bits either way). Prints one line per variant: milliseconds per decode step and per prefill,
+and the ratio of each to the reference (> 1: slower). The weights are loaded once (their layout is the same for every
 variant; an `-i8` dtype's packed layout too, for every variant but portable, which has no int8
 kernel and is refused with one).
 """
@@ -15,6 +17,7 @@ kernel and is refused with one).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -41,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     variants = [v for v in args.variants.split(",") if v]
     against = args.against if args.against in variants else variants[0]
-    if args.dtype.endswith("-i8") and "portable" in variants:
+    if args.dtype.endswith("-i8") and any(v.split(":")[0] == "portable" for v in variants):
         raise SystemExit(f"error: --dtype {args.dtype} needs an int8 kernel, which the portable variant lacks; "
                          "leave it out of --variants")
 
@@ -56,16 +59,26 @@ def main(argv: list[str] | None = None) -> None:
         token = torch.tensor([int(prompt[i % args.prompt])])
         return model.forward(pack([0], [args.prompt], [token], scratch_row=cache.scratch_row), cache)
 
+    def running(v: str):  # NAME or NAME:rows (the row kernel only)
+        stack = contextlib.ExitStack()
+        name, _, path = v.partition(":")
+        stack.enter_context(native.use_variant(name))
+        if path == "rows":
+            stack.enter_context(native.fill_rows_at(1 << 30))
+        elif path:
+            raise SystemExit(f"error: variant {v!r}: the only suffix is ':rows'")
+        return stack
+
     decode: dict[str, list[float]] = {v: [] for v in variants}
     fill: dict[str, list[float]] = {v: [] for v in variants}
     for v in variants:  # build, load and warm each once
-        with native.use_variant(v):
+        with running(v):
             cache = model.new_cache(1, args.prompt + 2)
             prefill(cache)
             step(cache, 0)
     for _ in range(args.rounds):
         for v in variants:
-            with native.use_variant(v):
+            with running(v):
                 cache = model.new_cache(1, args.prompt + 2)
                 t = time.perf_counter()
                 prefill(cache)
@@ -79,10 +92,10 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.threads} thread(s), prompt {args.prompt}, {args.rounds} rounds x {args.steps} steps; "
           f"medians, ratio to {against}")
     ref_d, ref_f = statistics.median(decode[against]), statistics.median(fill[against])
-    print(f"{'variant':12} {'decode ms':>10} {'x':>6} {'prefill ms':>11} {'x':>6}")
+    print(f"{'variant':16} {'decode ms':>10} {'x':>6} {'prefill ms':>11} {'x':>6}")
     for v in variants:
         d, f = statistics.median(decode[v]), statistics.median(fill[v])
-        print(f"{v:12} {d * 1e3:10.2f} {d / ref_d:6.2f} {f * 1e3:11.1f} {f / ref_f:6.2f}")
+        print(f"{v:16} {d * 1e3:10.2f} {d / ref_d:6.2f} {f * 1e3:11.1f} {f / ref_f:6.2f}")
 
 
 if __name__ == "__main__":

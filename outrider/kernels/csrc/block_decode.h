@@ -7,6 +7,10 @@
 #define OUTRIDER_BLOCK_DECODE_H
 #include "block_kinds.h"
 
+#ifndef QK
+#define QK 32  /* values per block */
+#endif
+
 /* Ask for the codes and scales PREFETCH_BYTES ahead of block b (past a row's end that is the
  * next row's, which this thread computes next): a row is only a few hundred bytes, too short for
  * the hardware prefetcher to get ahead on its own. Once per 64-byte line: codes every second block
@@ -144,4 +148,24 @@ static inline __attribute__((always_inline)) void decode(int kind, const uint8_t
     for (int j = 0; j < 16; j++) w[j + 16] = dd * (float)(q[j] >> 4) + mm;
 }
 #endif
+/* A weight row's K values into out (what decode gives, stored): for qmatmul.c's dequantize (a
+ * caller's float GEMM, native.py `dequantize_rows`) and qmatmul_fill.c's decoded tile. QK values a block. */
+static inline __attribute__((always_inline)) void decode_row(int kind, int64_t K, const uint8_t *q, int64_t qstride,
+                                                             const void *d, const void *m, float *out) {
+    for (int64_t b = 0; b < K / QK; b++) {
+#if defined(OUTRIDER_AVX512)
+        __m512 w0, w1;
+        decode(kind, q + b * qstride, d, m, b, &w0, &w1);
+        _mm512_storeu_ps(out + b * QK, w0);
+        _mm512_storeu_ps(out + b * QK + 16, w1);
+#elif defined(OUTRIDER_AVX2)
+        __m256 w[4];
+        decode(kind, q + b * qstride, d, m, b, w);
+        for (int i = 0; i < 4; i++) _mm256_storeu_ps(out + b * QK + 8 * i, w[i]);
+#else
+        decode(kind, q + b * qstride, d, m, b, out + b * QK);
+#endif
+    }
+}
+
 #endif

@@ -30,6 +30,8 @@
  * 16 accumulators); threads split N (OpenMP: torch's own libgomp, with torch's thread count).
  * The three paths sum a row's products in different orders (AVX-512: 16 lanes; AVX2: 32; portable:
  * 32, reduced by halves), so their results may differ in the last bits; within one library every row is the same bits.
+ * From outrider_fill_rows() rows of x on (a prefill), outrider_qmatmul hands the product to
+ * qmatmul_fill.c, which decodes a tile of weight rows once for all rows and gives the same bits.
  * Measured (a k-token verify against a 1-token step): docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md,
  * Verify cost.
  */
@@ -182,26 +184,6 @@ static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, c
 }
 #endif
 
-/* out[n - n0] = weight row n's values, n0 <= n < n1 (what decode gives, stored): for a caller
- * that multiplies many rows at once with a float GEMM (native/__init__.py, `dequantize_rows`). */
-static inline __attribute__((always_inline)) void decode_row(int kind, int64_t K, const uint8_t *q, int64_t qstride,
-                                                             const void *d, const void *m, float *out) {
-    for (int64_t b = 0; b < K / QK; b++) {
-#if defined(OUTRIDER_AVX512)
-        __m512 w0, w1;
-        decode(kind, q + b * qstride, d, m, b, &w0, &w1);
-        _mm512_storeu_ps(out + b * QK, w0);
-        _mm512_storeu_ps(out + b * QK + 16, w1);
-#elif defined(OUTRIDER_AVX2)
-        __m256 w[4];
-        decode(kind, q + b * qstride, d, m, b, w);
-        for (int i = 0; i < 4; i++) _mm256_storeu_ps(out + b * QK + 8 * i, w[i]);
-#else
-        decode(kind, q + b * qstride, d, m, b, out + b * QK);
-#endif
-    }
-}
-
 #define DEQUANTIZE(NAME, KIND)                                                                      \
     static void NAME(int64_t K, const uint8_t *q, const void *d, const void *m, int64_t n0,         \
                      int64_t n1, float *out, int threads) {                                         \
@@ -341,13 +323,29 @@ static int known(int kind, const void *m, int64_t K) {  /* 0: arguments the kern
 int outrider_i8_matmul(int kind, const float *x, int64_t M, int64_t K, const void *w, int64_t N, float *y,
                           int threads);
 
-int outrider_qmatmul(int kind, const float *x, int64_t M, int64_t K, const void *q, const void *d,
-                     const void *m, int64_t N, float *y, int threads) {
+int outrider_qmatmul_fill(int kind, const float *x, int64_t M, int64_t K, const void *q, const void *d,
+                          const void *m, int64_t N, float *y, int threads);
+int outrider_fill_rows(void);
+
+/* As outrider_qmatmul, by a given path: 0 the faster for M (the row kernel below
+ * outrider_fill_rows() rows, qmatmul_fill.c from there), 1 the row kernel, 2 qmatmul_fill.c. Every
+ * path gives the same bits (qmatmul_fill.c); the tests compare them. */
+int outrider_qmatmul_path(int path, int kind, const float *x, int64_t M, int64_t K, const void *q,
+                          const void *d, const void *m, int64_t N, float *y, int threads) {
     if (kind >= 0 && (kind & LANES)) return outrider_i8_matmul(kind, x, M, K, q, N, y, threads);  /* qmatmul_i8.c */
-    if (known(kind, m, K) || M < 0 || N < 0 || threads < 1) return -1;
+    if (known(kind, m, K) || M < 0 || N < 0 || threads < 1 || path < 0 || path > 2) return -1;
+    if (path == 2 || (path == 0 && M >= outrider_fill_rows())) {
+        const int status = outrider_qmatmul_fill(kind, x, M, K, q, d, m, N, y, threads);
+        if (status != -2) return status;  /* -2: no memory for its tiles: the row kernel */
+    }
 #define CALL(NAME, KIND) case KIND: matmul_##NAME(x, M, K, q, d, m, N, y, threads); return 0;
     switch (kind) { KINDS(CALL) default: return -1; }  /* one specialized loop per kind */
 #undef CALL
+}
+
+int outrider_qmatmul(int kind, const float *x, int64_t M, int64_t K, const void *q, const void *d,
+                     const void *m, int64_t N, float *y, int threads) {
+    return outrider_qmatmul_path(0, kind, x, M, K, q, d, m, N, y, threads);
 }
 
 /* Weight rows n0..n1 as float32 values into out [n1 - n0, K]: 0, or -1 for arguments it cannot take. */
