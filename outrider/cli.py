@@ -201,6 +201,8 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--policy", default="least-load",
                      help="how replicas are chosen: NAME[:key=value,...], least-load | sticky[:max_skew=N] | war | "
                           "outlets | balance | tailsieve (default: %(default)s)")
+    srv.add_argument("--replica-restarts", type=int, default=2,
+                     help="new actors a dead replica's slot may get, 0 for none (default: %(default)s)")
     srv.set_defaults(run=_serve)
 
     cfg = sub.add_parser("config", help="the runtime config in force, the CPU's instruction sets and the kernels")
@@ -406,7 +408,7 @@ def _serve(args) -> int:
 
     keys = ("model", "drafter", "max_tree_nodes", "host", "port", "api_key", "max_running",
             "max_queue", "max_model_len", "max_kv_rows", "chunk_size", "device", "dtype", "threads", "kv_dtype",
-            "replicas", "address", "policy")
+            "replicas", "address", "policy", "replica_restarts")
     options = ServeOptions(**{k: getattr(args, k) for k in keys}, tree=tree, controller=controller)
     if options.check().replicas is None and options.address is None:
         return serve(options)

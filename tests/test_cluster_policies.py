@@ -70,6 +70,8 @@ def test_sticky_prefers_the_less_busy_of_two_homes_and_defaults_to_skew_4():
     ("sticky:skew=2", "sticky takes max_skew=N"),
     ("sticky:max_skew", "options are key=value pairs"),
     ("least-load:k=1", "least-load takes no options"),
+    ("tailsieve:fast=-1", "fast must be >= 0 replicas"),
+    ("tailsieve:fast=x", "fast a number of replicas"),
 ])
 def test_bad_policies_are_refused_in_one_line(text, message):
     with pytest.raises(ConfigError, match=message) as err:
@@ -82,6 +84,8 @@ def test_bad_cluster_options_are_refused_before_anything_starts(monkeypatch):
         ServeOptions(replicas=0).check()
     with pytest.raises(ConfigError, match="--policy sticky routes between replicas: give --replicas N"):
         ServeOptions(policy="sticky").check()
+    with pytest.raises(ConfigError, match=r"--replica-restarts must be an integer >= 0 \(0: never restart\), got -1"):
+        ServeOptions(replicas=2, replica_restarts=-1).check()
     from outrider.cluster import backend
 
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed

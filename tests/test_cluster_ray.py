@@ -2,8 +2,9 @@
 
 One Ray instance and one cluster for the module (Ray starts in seconds, each replica loads the
 model): the outputs equal one engine's, sessions stick, /metrics has each replica's series and
-their sums, and, last, a replica killed under load loses no request: each is answered in full
-(retried once on the other replica) or fails with an error naming the dead replica."""
+their sums, a request moved between replicas mid-stream continues unbroken, and, last, a replica
+killed under load loses no request: each is answered in full (retried once on the other replica)
+or fails with an error naming the dead replica; then a new actor takes its slot and serves."""
 
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ import uvicorn  # noqa: E402
 from tiny import add_tokenizer, make_tiny  # noqa: E402
 
 from outrider.cluster.backend import build  # noqa: E402
+from outrider.engine.generate import offline_engine  # noqa: E402
+from outrider.engine.request import Request  # noqa: E402
 from outrider.errors import ConfigError  # noqa: E402
 from outrider.llm import LLM  # noqa: E402
+from outrider.sampling import SamplingParams  # noqa: E402
 from outrider.serve.server import ServeOptions  # noqa: E402
 
 
@@ -62,10 +66,10 @@ class Cluster:
             time.sleep(0.02)
 
     def complete(self, prompt: str, max_tokens: int, stream: bool = False, session: str | None = None,
-                 user: str | None = None):
+                 user: str | None = None, headers: dict | None = None, **extra):
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream,
-                **({"user": user} if user else {})}
-        headers = {"X-Session-Id": session} if session else {}
+                **({"user": user} if user else {}), **extra}
+        headers = {**({"X-Session-Id": session} if session else {}), **(headers or {})}
         r = httpx.post(self.url + "/v1/completions", json=body, headers=headers, timeout=30)
         if not stream:
             return r.status_code, r.json()
@@ -131,7 +135,8 @@ def test_two_replicas_give_one_engines_greedy_tokens_and_share_the_load(cluster,
         assert body["choices"][0]["text"] == offline.generate(prompt, 24).text
     routed = [cluster.metric("outrider:cluster_requests_routed_total", f'replica="{i}"') for i in (0, 1)]
     assert sum(routed) == 6 and min(routed) >= 1, routed  # max_running 1: least-load spreads them
-    assert httpx.get(cluster.url + "/health").json() == {"status": "ok", "replicas": 2, "replicas_alive": 2}
+    assert httpx.get(cluster.url + "/health").json() == {"status": "ok", "replicas": 2, "replicas_alive": 2,
+                                                         "replica_restarts": 0}
     assert any("replica 0: pid" in line and "replica 1: pid" in line for line in cluster.log)  # where they run
 
 
@@ -168,6 +173,45 @@ def test_metrics_per_replica_and_summed(cluster):
 def test_an_unknown_policy_is_refused_before_ray_starts_anything(tiny):
     with pytest.raises(ConfigError, match="unknown policy 'fastest'"):
         build(ServeOptions(model=str(tiny), replicas=2, policy="fastest"))
+
+
+def test_a_request_moved_mid_stream_continues_on_the_other_replica(cluster, offline):
+    """A stream is moved (router.move) once its client has text: cancelled on its replica and
+    continued from its committed tokens on the other. Greedy, and sampled with a seed, the client's
+    text is the unmoved run's (LLM.generate's), no token lost or sent twice: the continuation keeps
+    the seed and the positions its draws are keyed by. Its X-Rollout-Group reaches the router."""
+    moved = cluster.metric("outrider:cluster_requests_moved_total")
+    for params in ({"temperature": 0}, {"temperature": 0.9, "seed": 11}):
+        prompt, out = words(50 + len(params)), {}
+        first_text = threading.Event()
+
+        def stream():
+            body = {"prompt": prompt, "max_tokens": 400, "stream": True, "ignore_eos": True, **params}
+            with httpx.stream("POST", cluster.url + "/v1/completions", json=body, timeout=30,
+                              headers={"X-Rollout-Group": "step-1"}) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        event = json.loads(line[6:])
+                        assert "error" not in event, event
+                        out.setdefault("text", []).append(event["choices"][0]["text"])
+                        first_text.set()
+
+        runner = threading.Thread(target=stream)
+        runner.start()
+        assert first_text.wait(30), "the stream sent no text"
+        (request_id, replica, group), = cluster.router.requests()
+        assert group == "step-1"
+        cluster.router.move(request_id, 1 - replica)
+        runner.join(60)
+        request = Request(offline.encode(prompt), 400, SamplingParams(**params), ignore_eos=True)
+        unmoved = offline_engine(offline.target, [request], offline.eos_ids, decode=offline.decode).run_all([request])
+        assert "".join(out["text"]) == unmoved[0].text, params
+    assert cluster.metric("outrider:cluster_requests_moved_total") == moved + 2
+
+
+def test_a_bad_routing_header_is_a_400(cluster):
+    status, body = cluster.complete(words(3), 4, headers={"X-Workload": "w" * 300})
+    assert status == 400 and body["error"]["message"] == "the X-Workload header is 300 characters long; at most 256"
 
 
 def test_killing_a_replica_under_load_loses_no_request(cluster, offline):
@@ -210,6 +254,19 @@ def test_killing_a_replica_under_load_loses_no_request(cluster, offline):
     assert cluster.metric("outrider:cluster_requests_failed_total", 'reason="replica_died"') == 1
     assert cluster.metric("outrider:cluster_replica_deaths_total", 'replica="0"') == 1
     assert any("replica 0 died" in line for line in cluster.log)
-    assert httpx.get(cluster.url + "/health").json() == {"status": "ok", "replicas": 2, "replicas_alive": 1}
     status, body = cluster.complete(words(40), 6)  # the survivor serves
     assert (status, body["choices"][0]["text"]) == (200, offline.generate(words(40), 6).text)
+    # a new actor takes replica 0's slot (--replica-restarts, 2 by default) and serves
+    deadline = time.time() + 120
+    while httpx.get(cluster.url + "/health").json()["replicas_alive"] < 2:
+        assert time.time() < deadline, f"replica 0 was not restarted: {cluster.log[-3:]}"
+        time.sleep(0.2)
+    assert httpx.get(cluster.url + "/health").json() == {"status": "ok", "replicas": 2, "replicas_alive": 2,
+                                                         "replica_restarts": 1}
+    assert any("replica 0 restarted (1 of 2 restarts): replica 0: pid" in line for line in cluster.log)
+    routed0 = cluster.metric("outrider:cluster_requests_routed_total", 'replica="0"')
+    status, body = cluster.complete(words(41), 6)  # both idle: replica 0, the lowest index
+    assert (status, body["choices"][0]["text"]) == (200, offline.generate(words(41), 6).text)
+    assert cluster.metric("outrider:cluster_requests_routed_total", 'replica="0"') == routed0 + 1
+    assert cluster.metric("outrider:cluster_replica_restarts_total", 'replica="0"') == 1
+    assert cluster.metric("outrider:cluster_replicas", 'state="alive"') == 2

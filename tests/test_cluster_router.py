@@ -142,7 +142,8 @@ def test_a_retry_that_dies_too_fails_naming_both_and_the_last_death_fails_the_se
     kind, err = items[-1]
     assert kind == "error" and err.code == "replica_died"
     assert "replica 0 died" in err.message and "replica 1, where it was retried once, died too" in err.message
-    assert router.failed == "every replica has died" and router.health() == {"replicas": 2, "replicas_alive": 0}
+    assert router.failed == "every replica has died" and router.health() == {"replicas": 2, "replicas_alive": 0,
+                                                                                "replica_restarts": 0}
     items, _, _, _ = run_job(["dies"], make_policy("least-load"), stream=False)
     assert items[-1][1].code == "no_replica" and "replica 0 died" in items[-1][1].message
 

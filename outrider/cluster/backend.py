@@ -7,8 +7,10 @@
 runs, drains and stops it the same way. The app is serve/api.py's; its worker is a `Router`
 (router.py) in front of N `Replica` actors (replica.py), each with `--threads` CPUs (1 if not
 given) and the engine `outrider serve` would build. The front end loads the tokenizer and the
-model's config only (`FrontModel`), not its weights. Stopping the server kills its actors and,
-when it started Ray, shuts Ray down.
+model's config only (`FrontModel`), not its weights. A replica that dies is replaced by a new
+actor in its slot, at most `--replica-restarts` times a slot (life.py). Stopping the server kills
+its actors (those started since too: they take their slot in the same list) and, when it started
+Ray, shuts Ray down.
 """
 
 from __future__ import annotations
@@ -114,10 +116,20 @@ def _start(ray, options, policy, replicas: int, cpus: int, handles: list, stop, 
     log(f"outrider serve: {'; '.join(where)}", file=_stderr())
     limits = ray.get(handles[0].limits.remote())
     front = FrontModel(limits.model_name, path)
+    lock = threading.Lock()  # the front end's tokenizer: the HTTP side's and a moved request's text (router)
+
+    def decode(ids: list[int]) -> str:
+        with lock:
+            return front.decode(ids)
+
+    def spawn(index: int):  # a new actor in a dead replica's slot (router.py, life.py)
+        return actor.remote(options, index, config.current())
+
     router: Router | None = None
     metrics = ClusterMetrics(handles, alive=lambda: [v.index for v in router.views if v.alive])
-    router = Router(handles, limits, policy, metrics, options.max_queue, on_fatal=on_fatal, on_stop=stop, log=log)
-    state = ServerState(front, router, metrics, limits.model_name, options.api_key, threading.Lock())
+    router = Router(handles, limits, policy, metrics, options.max_queue, on_fatal=on_fatal, on_stop=stop, log=log,
+                    decode=decode, spawn=spawn, restarts=options.replica_restarts, start_s=START_S)
+    state = ServerState(front, router, metrics, limits.model_name, options.api_key, lock)
     return create_app(state), state
 
 

@@ -7,12 +7,16 @@ one server reads the whole cluster's totals unchanged (select `{replica!=""}` fo
 per-replica series; summing both would count twice). Histograms are summed bucket by bucket.
 
 A replica that has died keeps the counters and histograms it last reported, so totals never go
-down; its gauges (running, waiting, K/V rows) are dropped. The router's own series:
+down; its gauges (running, waiting, K/V rows) are dropped. A restarted replica's new actor counts
+from zero: its series are added to what the actors before it in that slot last reported, so a
+slot's counters never go down either. The router's own series:
 
-    outrider:cluster_replicas{state}                     replicas alive and dead
+    outrider:cluster_replicas{state}                     replicas alive, restarting and dead
     outrider:cluster_requests_waiting{replica}           requests held by the router for a free slot there
     outrider:cluster_replica_deaths_total{replica}       replicas seen to die (each once)
+    outrider:cluster_replica_restarts_total{replica}     new actors started in a dead replica's slot
     outrider:cluster_requests_routed_total{replica,reason}   requests sent, by the policy's reason
+    outrider:cluster_requests_moved_total{replica,reason}    requests moved there while they ran or waited
     outrider:cluster_requests_retried_total              requests re-sent after their replica died
     outrider:cluster_requests_failed_total{reason}       requests failed by the cluster (replica_died, no_replica)
 """
@@ -34,11 +38,16 @@ class ClusterMetrics:
         self.replicas = replicas
         self.alive = alive
         self.last: dict[int, str] = {}  # each replica's last exposition
+        self.retired: dict[int, list[str]] = {}  # the last expositions of the actors a slot had before
         self.registry = r = CollectorRegistry()
         self.state = Gauge("outrider:cluster_replicas", "Replicas by state", ["state"], registry=r)
         self.waiting = Gauge("outrider:cluster_requests_waiting", "Requests held for a free slot of a replica",
                              ["replica"], registry=r)
         self.deaths = Counter("outrider:cluster_replica_deaths", "Replicas seen to die", ["replica"], registry=r)
+        self.restarts = Counter("outrider:cluster_replica_restarts", "New actors started in a dead replica's slot",
+                                ["replica"], registry=r)
+        self.moved = Counter("outrider:cluster_requests_moved", "Requests moved to a replica while they ran or waited",
+                             ["replica", "reason"], registry=r)
         self.routed = Counter("outrider:cluster_requests_routed", "Requests sent to a replica",
                               ["replica", "reason"], registry=r)
         self.retried = Counter("outrider:cluster_requests_retried", "Requests re-sent after their replica died",
@@ -49,9 +58,16 @@ class ClusterMetrics:
         for i in range(len(replicas)):
             self.waiting.labels(str(i)).set(0)
 
-    def replicas_now(self, alive: int, dead: int) -> None:
+    def replicas_now(self, alive: int, dead: int, restarting: int = 0) -> None:
         self.state.labels("alive").set(alive)
         self.state.labels("dead").set(dead)
+        self.state.labels("restarting").set(restarting)
+
+    def restarted(self, index: int) -> None:
+        """A new actor took slot `index`: what the old one last reported stays in the slot's totals."""
+        if index in self.last:
+            self.retired.setdefault(index, []).append(self.last.pop(index))
+        self.restarts.labels(str(index)).inc()
 
     async def exposition(self) -> bytes:
         live = set(self.alive())
@@ -61,31 +77,36 @@ class ClusterMetrics:
                 self.last[i] = (await asyncio.wait_for(ref, SCRAPE_TIMEOUT)).decode()
             except Exception:  # died or slow since: its last exposition stands (gauges dropped below)
                 live.discard(i)
-        return generate_latest(self.registry) + merge(self.last, live).encode()
+        return generate_latest(self.registry) + merge(self.last, live, self.retired).encode()
 
 
-def merge(texts: dict[int, str], live: set[int]) -> str:
+def merge(texts: dict[int, str], live: set[int], retired: dict[int, list[str]] | None = None) -> str:
     """Per-replica series (label replica="i") and their sums (no replica label), in Prometheus text.
-    Gauges come from `live` replicas only; `_created` series are left out (a sum of them means nothing)."""
+    Gauges come from `live` replicas only; `_created` series are left out (a sum of them means
+    nothing); `retired`: a slot's earlier actors' last texts, added into that slot's series."""
+    sources = [(i, text, i in live) for i, text in sorted(texts.items())]
+    sources += [(i, text, False) for i, old in sorted((retired or {}).items()) for text in old]
     families: dict[str, tuple[str, str, str]] = {}  # name -> (exposed name, type, help)
-    samples: dict[str, list[tuple[str, dict, float, int]]] = defaultdict(list)
-    for index, text in sorted(texts.items()):
+    per: dict[str, dict[tuple, float]] = defaultdict(dict)  # name -> {(sample, labels + replica): value}
+    sums: dict[str, dict[tuple, float]] = defaultdict(dict)  # name -> {(sample, labels): value}
+    for index, text, is_live in sources:
         for family in text_string_to_metric_families(text):
-            if family.name.endswith("_created") or (family.type == "gauge" and index not in live):
+            if family.name.endswith("_created") or (family.type == "gauge" and not is_live):
                 continue
             shown = family.name + "_total" if family.type == "counter" else family.name
             families.setdefault(family.name, (shown, family.type, family.documentation))
-            samples[family.name] += [(s.name, s.labels, s.value, index) for s in family.samples
-                                     if not s.name.endswith("_created")]
+            for s in family.samples:
+                if s.name.endswith("_created"):
+                    continue
+                mine = (s.name, tuple(s.labels.items()) + (("replica", str(index)),))
+                per[family.name][mine] = per[family.name].get(mine, 0.0) + s.value
+                key = (s.name, tuple(sorted(s.labels.items())))
+                sums[family.name][key] = sums[family.name].get(key, 0.0) + s.value
     lines = []
     for name, (shown, kind, doc) in families.items():
         lines += [f"# HELP {shown} {doc}", f"# TYPE {shown} {kind}"]
-        sums: dict[tuple, float] = {}
-        for sample, labels, value, index in samples[name]:
-            lines.append(_line(sample, {**labels, "replica": str(index)}, value))
-            key = (sample, tuple(sorted(labels.items())))
-            sums[key] = sums.get(key, 0.0) + value
-        lines += [_line(sample, dict(labels), value) for (sample, labels), value in sums.items()]
+        lines += [_line(sample, dict(labels), value) for (sample, labels), value in per[name].items()]
+        lines += [_line(sample, dict(labels), value) for (sample, labels), value in sums[name].items()]
     return "\n".join(lines) + "\n" if lines else ""
 
 

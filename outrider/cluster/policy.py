@@ -7,7 +7,9 @@ policy measured in simulation is the code that routes in production.
 A policy is called once per request when it arrives (`route`), and may be asked again to order
 each replica's queue (`priority`: lower first, e.g. OUTLETS' shortest predicted job with aging).
 It hears what happened (`observe`): the request finished on a replica with so many output tokens,
-speculation on or off, acceptance tau; that is all it may learn from.
+speculation on or off, acceptance tau; that is all it may learn from. A policy may also define
+`moves(running, replicas, now) -> [(request id, Decision)]` (TailSieve): asked after a request of a
+rollout group ends, it moves others of the group; the simulator and the router (moves.py) apply it.
 """
 
 from __future__ import annotations

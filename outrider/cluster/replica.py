@@ -6,8 +6,12 @@ single server's. The router (router.py) calls:
 
     limits()            what the front end checks requests against (rows per slot, K/V rows, ...)
     run(key, ...)       a streaming generator: lists of the worker's queue items for one job,
-                        ("update", Update) (streams only), ("done", (index, Completion)) or ("error", dict)
-    cancel(key)         the client went away: free the job's slots at the next step
+                        ("update", Update) (streams only), ("done", (index, Completion)) or ("error", dict);
+                        with ids=True each update comes after ("ids", (index, token ids)), the tokens it
+                        committed (a moved request's text is made by the router from them: moves.py)
+    cancel(key)         the client went away, or the job moves: free its slots at the next step (each
+                        unfinished choice ends "cancelled" with the tokens it committed); a key not
+                        seen yet is remembered, and its run ends at once
     stats()             its ReplicaView fields: running, queued, K/V rows, sessions seen
     metrics_text()      its Prometheus exposition (serve/metrics.py)
 
@@ -27,9 +31,22 @@ from collections import OrderedDict
 
 from ..serve.errors import ApiError
 from ..serve.server import ServeOptions, engine_worker
-from ..serve.worker import Job
+from ..engine.request import Completion
+from ..serve.worker import EngineWorker, Job
 
 MAX_SESSIONS = 4096  # sessions a replica remembers having seen (the oldest are forgotten)
+MAX_EARLY = 1024  # cancelled keys remembered before their run came
+
+
+class IdsWorker(EngineWorker):
+    """The server's worker; a job with `want_ids` also gets the token ids each step committed for
+    a choice, ("ids", (index, ids)), just before that step's update."""
+
+    def _event(self, event) -> None:
+        entry = self._jobs.get(event.request_id)
+        if entry is not None and event.new_tokens and getattr(entry[0], "want_ids", False):
+            entry[0].push("ids", (entry[1], list(event.new_tokens)))
+        super()._event(event)
 
 
 @dataclasses.dataclass
@@ -66,10 +83,12 @@ class Replica:
         if runtime is not None:  # the front end's runtime config (--config, --threads) in this process
             config.use(runtime)
         self.index = index
-        self.llm, self.worker, self.metrics, _ = engine_worker(options)
+        self.llm, worker, self.metrics, _ = engine_worker(options)
+        self.worker = IdsWorker(worker.engine, worker.metrics, worker.max_queue)
         self.worker.start()
         self._jobs: dict[str, Job] = {}
         self._sessions: OrderedDict[str, None] = OrderedDict()
+        self._early: OrderedDict[str, None] = OrderedDict()  # cancelled before their run came
 
     def limits(self) -> Limits:
         e = self.worker.engine
@@ -77,9 +96,14 @@ class Replica:
                       self.llm.target.config.vocab_size, e.scheduler.num_slots, e.speculation is not None)
 
     async def run(self, key: str, requests: list, prefill_from: list, grammars: list, session: str | None,
-                  stream: bool = True):
+                  stream: bool = True, ids: bool = False):
         """Run one job; yields lists of its queue items until every choice is done or it fails
-        (without `stream`, no updates: its client sees only the end)."""
+        (without `stream`, no updates: its client sees only the end; with `ids`, the token ids)."""
+        if key in self._early:  # cancelled before it came: nothing committed
+            del self._early[key]
+            yield [("done", (i, Completion("", [], "cancelled", logprobs=None if r.logprobs is None else [])))
+                   for i, r in enumerate(requests)]
+            return
         if grammars and any(grammars):
             from ..spec.grammar import Grammar
 
@@ -92,6 +116,7 @@ class Replica:
             while len(self._sessions) > MAX_SESSIONS:
                 self._sessions.popitem(last=False)
         job = Job(requests, asyncio.get_running_loop(), prefill_from)
+        job.want_ids = ids
         try:
             self.worker.submit(job)
         except ApiError as err:
@@ -121,6 +146,10 @@ class Replica:
         job = self._jobs.get(key)
         if job is not None:
             self.worker.cancel(job)
+            return
+        self._early[key] = None  # its run may not have come yet (or it has ended: then never used)
+        while len(self._early) > MAX_EARLY:
+            self._early.popitem(last=False)
 
     def stats(self) -> dict:
         e = self.worker.engine

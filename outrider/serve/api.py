@@ -251,6 +251,7 @@ async def _generate(state: ServerState, http: HttpRequest, chat: bool):
         plan = _plan(state, parsed, grammar)
         plan.job.stream = parsed.stream
         plan.job.session = http.headers.get("x-session-id") or (body.get("user") or None)
+        plan.job.headers = http.headers  # the cluster's router reads its routing headers (cluster/info.py)
         state.worker.submit(plan.job)
     except ApiError as err:
         return _error(err)

@@ -333,6 +333,7 @@ class Health(_Strict):
     error: Optional[str] = None
     replicas: Optional[int] = None  # `--replicas N` (outrider/cluster): how many were started
     replicas_alive: Optional[int] = None
+    replica_restarts: Optional[int] = None  # new actors started in dead replicas' slots so far
 
 
 def stream(chunk_model: str) -> dict:

@@ -46,6 +46,7 @@ class ServeOptions:
     replicas: int | None = None
     address: str | None = None  # an existing Ray cluster ("auto", "ray://HOST:PORT"); None: a local one
     policy: str = "least-load"
+    replica_restarts: int = 2  # new actors a dead replica's slot may get (0: none)
 
     def check(self) -> "ServeOptions":
         """Refuse bad values by their flag's name, before anything loads."""
@@ -53,6 +54,9 @@ class ServeOptions:
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
+        restarts = self.replica_restarts
+        if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+            raise ConfigError(f"--replica-restarts must be an integer >= 0 (0: never restart), got {restarts}")
         if not (isinstance(self.port, int) and 0 <= self.port <= 65535):
             raise ConfigError(f"--port must be in 0..65535, got {self.port}")
         if self.replicas is None and self.address is None and self.policy != "least-load":

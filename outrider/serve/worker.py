@@ -60,6 +60,7 @@ class Job:
         self.first_token_at: list[float | None] = [None] * len(requests)
         self.last_token_at: list[float | None] = [None] * len(requests)
         self.session: str | None = None  # a conversation (X-Session-Id or `user`): cluster routing reads it
+        self.headers = {}  # the HTTP request's headers (X-Rollout-Group, X-Workload: cluster/info.py)
         self.stream = True  # False: the client sees nothing before the end (a replica's death is then retried)
 
     def push(self, kind: str, item) -> None:

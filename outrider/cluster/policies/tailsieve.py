@@ -1,19 +1,24 @@
 """TailSieve: in an RL rollout batch, spot the long tail early and move it to low-latency replicas.
 
-    --policy tailsieve[:tail=FRACTION]
+    --policy tailsieve[:tail=FRACTION,fast=K]
 
-The replicas fall in two sets by `ReplicaView.speculative`: the bulk (plain decoding, large
-batches: throughput) and the low-latency set (speculating, small batches). Every request of a
-rollout group (`RequestInfo.group`: samples of the same prompts) goes to the least-loaded bulk
-replica. Once a `tail` fraction of a group has finished, the members still running are its
-long tail: they decide the batch's makespan, so they are moved to the least-loaded low-latency
-replicas (those with a free slot), where each of them commits tokens faster.
+The replicas fall in two sets: the bulk (plain decoding, large batches: throughput) and the
+low-latency set (speculating, small batches). The low-latency set is the first `fast` replicas
+(`outrider serve --replicas N`, where every replica runs the same engine: their roles are the
+policy's, so bulk requests decode plainly and moved ones speculate), or, with `fast=0` (the
+default), the replicas whose `ReplicaView.speculative` is True (the simulator's low-latency
+replicas). Every request of a rollout group (`RequestInfo.group`: the `X-Rollout-Group` header,
+samples of the same prompts) goes to the least-loaded bulk replica. Once a `tail` fraction of a
+group has finished, the members still on bulk replicas are its long tail: they decide the
+batch's makespan, so they are moved to the least-loaded low-latency replicas (those with a free
+slot), where each of them commits tokens faster.
 
-Moving is `moves(running, replicas, now)`, which the simulator calls after a request of a group
-ends, with the group's unfinished requests as (RequestInfo, replica index, tokens so far); it
-returns (request id, Decision) pairs. A move costs the prompt and the output so far prefilled
-again on the new replica. The Ray router does not move running requests (yet): there TailSieve
-routes as least-load over the bulk set.
+Moving is `moves(running, replicas, now)`, which the router (moves.py) and the simulator call
+after a request of a group ends, with the group's unfinished requests as (RequestInfo, replica
+index, tokens so far); it returns (request id, Decision) pairs. A move costs the prompt and the
+output so far prefilled again on the new replica; the request continues from its committed
+tokens (the router: cancelled on its replica and continued on the target, its client's stream
+unbroken).
 
 Decision reasons: "bulk", "tail".
 """
@@ -31,16 +36,21 @@ from .least_load import least_loaded
 class TailSieve(PolicyBase):
     name: str = "tailsieve"
     tail: float = 0.5  # the fraction of a group that, once finished, marks the rest as its tail
+    fast: int = 0  # the first `fast` replicas are the low-latency set (0: those whose views speculate)
     sizes: dict = field(default_factory=dict)  # group -> requests routed
     finished: dict = field(default_factory=dict)  # group -> requests ended
 
+    def is_fast(self, replica: ReplicaView) -> bool:
+        return replica.index < self.fast if self.fast else replica.speculative
+
     def route(self, request: RequestInfo, replicas: list[ReplicaView], now: float) -> Decision:
         live = alive(replicas)
-        bulk = [r for r in live if not r.speculative] or live
+        bulk = [r for r in live if not self.is_fast(r)] or live
         best = least_loaded(bulk)
         if request.group is not None:
             self.sizes[request.group] = self.sizes.get(request.group, 0) + 1
-        return Decision(best.index, None, request.arrived, "bulk")
+        plain = False if self.fast and not self.is_fast(best) else None  # roles by index: the bulk decodes plainly
+        return Decision(best.index, plain, request.arrived, "bulk")
 
     def observe(self, outcome: Outcome) -> None:
         group = outcome.request.group
@@ -55,8 +65,8 @@ class TailSieve(PolicyBase):
     def moves(self, running: list[tuple[RequestInfo, int, float]], replicas: list[ReplicaView],
               now: float) -> list[tuple[str, Decision]]:
         """The tail members on bulk replicas, each to the least-loaded low-latency replica with a slot."""
-        fast = {r.index: r for r in replicas if r.alive and r.speculative}
-        slow = {r.index for r in replicas if not r.speculative}
+        fast = {r.index: r for r in replicas if r.alive and self.is_fast(r)}
+        slow = {r.index for r in replicas if not self.is_fast(r)}
         if not fast:
             return []
         load = {i: r.load for i, r in fast.items()}  # counted as moves are decided
@@ -74,13 +84,16 @@ class TailSieve(PolicyBase):
 
 
 def make(options: dict) -> TailSieve:
-    unknown = set(options) - {"tail"}
+    unknown = set(options) - {"tail", "fast"}
     if unknown:
-        raise ConfigError(f"policy tailsieve: unknown option {sorted(unknown)[0]!r} (options: tail)")
+        raise ConfigError(f"policy tailsieve: unknown option {sorted(unknown)[0]!r} (options: tail, fast)")
     try:
         tail = float(options.get("tail", 0.5))
+        fast = int(options.get("fast", 0))
     except ValueError:
-        raise ConfigError("policy tailsieve: tail takes a fraction (e.g. 0.5)") from None
+        raise ConfigError("policy tailsieve: tail takes a fraction (e.g. 0.5), fast a number of replicas") from None
     if not 0 < tail <= 1:
         raise ConfigError(f"policy tailsieve: tail must be in (0, 1], got {tail:g}")
-    return TailSieve(tail=tail, options=dict(options))
+    if fast < 0:
+        raise ConfigError(f"policy tailsieve: fast must be >= 0 replicas, got {fast}")
+    return TailSieve(tail=tail, fast=fast, options=dict(options))

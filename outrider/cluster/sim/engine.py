@@ -17,7 +17,7 @@ Three kinds of event, in time order (ties: the order they were scheduled):
 A policy with a `moves(running, replicas, now)` method (TailSieve) is asked after every step end
 which running requests to move: a moved request leaves its replica (its rows freed) and joins the
 other's queue with its prompt and its output so far to prefill again. `Policy` declares no such
-method: it is optional, and only the simulator calls it so far.
+method: it is optional (the Ray router applies it too: cluster/moves.py).
 
 Nothing here is random: a workload and a policy give one result.
 """
