@@ -122,3 +122,34 @@ def test_stacked_projections_run_in_the_native_layer(folder, variant):
              for i, t in enumerate([12, 13, 14])]
     for i in range(3):
         assert torch.equal(together[0, i], alone[i][0, 0])
+
+
+@pytest.mark.parametrize("variant", ALL, indirect=True)
+def test_a_prompts_cache_is_the_same_bits_whole_chunked_or_row_by_row(folder, variant, monkeypatch):
+    """Where the prefill runs in the native layer with outrider_qmatmul's products (no tile unit
+    here, or the tiles off), a prompt's K/V are the same bits whether it is prefilled whole (its
+    products in qmatmul_fill.c), in chunks of any size (serve's chunked prefill), or one row at a
+    time as decode steps: so serve and generate prefill a prompt alike, bit for bit."""
+    monkeypatch.setattr(quant_linear, "tile_prefill", lambda: False)
+    monkeypatch.setattr(quant_linear, "gemm_prefill", lambda: False)
+    m = load_decoder(folder, "cpu", "q4")
+    prompt = torch.tensor(PROMPT)  # 40 rows: the fill kernel's products from native.fill_rows() rows
+    assert len(PROMPT) >= native.fill_rows() or native.variant() == "portable"
+
+    def filled(chunks):
+        cache = m.new_cache(1, 64)
+        start = 0
+        for size in chunks:
+            part = prompt[start:start + size]
+            m.forward(pack([0], [start], [part], logits="none", scratch_row=cache.scratch_row), cache)
+            start += size
+        step = m.forward(pack([0], [start], [torch.tensor([12])], scratch_row=cache.scratch_row), cache).logits
+        return cache, step
+
+    whole, logits = filled([40])
+    assert m._native_fill(pack([0], [0], [prompt], logits="none", scratch_row=0)) == 0
+    for chunks in ([7, 13, 20], [1] * 40):
+        cache, step = filled(chunks)
+        assert torch.equal(step, logits), chunks
+        for layer in range(len(m.layers)):
+            assert torch.equal(cache.k[layer], whole.k[layer]) and torch.equal(cache.v[layer], whole.v[layer]), chunks

@@ -155,20 +155,23 @@ class Decoder:
 
     def _native_fill(self, batch: ForwardBatch) -> int | None:
         """How a prefill (a forward that only fills the cache) runs natively: None, the torch layers
-        (no AMX tile unit here: their float GEMM beats the row kernel at many rows; or a workspace
-        past NATIVE_FILL_FLOATS); 0, the native layer with the row kernel (fewer than
-        TILE_ROWS rows, or int8-activation weights, whose row kernel is the fast one at any
-        count); 3, its products on the tile unit (matmul_amx.c); 1, the same with x rounded to
-        bfloat16 (a drafter's prefill, or the lossy opt-in)."""
-        lanes = self._native.lanes
-        if not lanes and not quant_linear.tile_prefill():
+        (a CPU whose float GEMM is taken for prefills, quant_linear.gemm_prefill: Intel without the
+        tile unit; or a workspace past NATIVE_FILL_FLOATS); 0, the native layer with
+        outrider_qmatmul's products (the row kernel, and qmatmul_fill.c from native.fill_rows()
+        rows: the same bits, so a prompt's K/V are a decode row's whatever the chunking; also
+        int8-activation weights, and fewer than TILE_ROWS rows on the tile unit); 3, its products
+        on the tile unit (matmul_amx.c); 1, the same with x rounded to bfloat16 (a drafter's
+        prefill, or the lossy opt-in)."""
+        lanes, tiles = self._native.lanes, quant_linear.tile_prefill()
+        bf16_gemm = quant_linear.bf16_prefill() or (self.drafter_prefill_bf16 and quant_linear.has_amx())
+        if not lanes and not tiles and (quant_linear.gemm_prefill() or bf16_gemm):
             return None
         c, rows = self.config, batch.tokens.numel()
         per_row = ((c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim + c.hidden_size
                    + 3 * c.intermediate_size + c.num_heads * (batch.kv_len + 8))  # LayerCall.work's floats a row
         if rows * per_row > NATIVE_FILL_FLOATS:
             return None
-        if lanes or rows < quant_linear.TILE_ROWS:
+        if lanes or not tiles or rows < quant_linear.TILE_ROWS:
             return 0
         note_kernel("matmul_amx.c (prefill)")
         return 1 if self.drafter_prefill_bf16 or quant_linear.bf16_prefill() else 3

@@ -34,12 +34,14 @@
 #define QK 32
 #include "block_decode.h"
 
+/* rows from which outrider_qmatmul takes this kernel: where it took less time than the row kernel
+ * over SmolLM2's layers (docs/kernels.md, The fill kernel) */
 #if defined(OUTRIDER_AVX512)
-#define FILL_ROWS 32  /* rows from which outrider_qmatmul takes this kernel */
+#define FILL_ROWS 24
 #elif defined(OUTRIDER_AVX2)
-#define FILL_ROWS 16
+#define FILL_ROWS 6
 #else
-#define FILL_ROWS 16
+#define FILL_ROWS (1 << 30)  /* never: plain C's fill was slower at every count (1.07x at 64 rows) */
 #endif
 #ifndef TILE_FLOATS
 #define TILE_FLOATS (16 * 1024)
@@ -52,7 +54,7 @@
 #define FR 3
 #define FC 3  /* 9 accumulators, 3 + 1 vectors beside them (16 registers) */
 #else
-#define FR 1
+#define FR 4  /* as the portable row kernel's ROWS */
 #define FC 1
 #endif
 
@@ -124,17 +126,28 @@ static void chained(const float *v, int64_t K, float *out) {
 }
 
 #else
-/* The portable row kernel's loop, for one row of x and one decoded weight row. */
+/* The portable row kernel's loop (qmatmul.c's dot_rows), for up to FR rows of x and one decoded
+ * weight row. */
 static inline __attribute__((always_inline)) void fill_tile(int rows, int cols, const float *x, const float *w,
                                                             int64_t K, float *y, int64_t N) {
-    (void)rows; (void)cols; (void)N;
-    float a[QK];
-    for (int i = 0; i < QK; i++) a[i] = 0.0f;
-    for (int64_t b = 0; b < K / QK; b++)
-        for (int i = 0; i < QK; i++) a[i] = a[i] + w[b * QK + i] * x[b * QK + i];
-    for (int n = QK / 2; n > 0; n /= 2)
-        for (int i = 0; i < n; i++) a[i] = a[i] + a[i + n];
-    y[0] = a[0];
+    (void)cols;
+    float acc[FR][QK];
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < QK; i++) acc[r][i] = 0.0f;
+    for (int64_t b = 0; b < K / QK; b++) {
+        const float *wb = w + b * QK;
+        for (int r = 0; r < rows; r++) {
+            const float *xr = x + r * K + b * QK;
+            float *a = acc[r];
+            for (int i = 0; i < QK; i++) a[i] = a[i] + wb[i] * xr[i];
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        float *a = acc[r];
+        for (int n = QK / 2; n > 0; n /= 2)
+            for (int i = 0; i < n; i++) a[i] = a[i] + a[i + n];
+        y[r * N] = a[0];
+    }
 }
 #endif
 
@@ -150,7 +163,7 @@ static inline __attribute__((always_inline)) void fill_group(int rows, int cols,
 #elif FR == 3 && FC == 3
         T(3, 3) T(3, 2) T(3, 1) T(2, 3) T(2, 2) T(2, 1) T(1, 3) T(1, 2) T(1, 1)
 #else
-        T(1, 1)
+        T(4, 1) T(3, 1) T(2, 1) T(1, 1)
 #endif
         default: break;
     }
