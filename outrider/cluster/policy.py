@@ -112,7 +112,8 @@ def alive(replicas: list[ReplicaView]) -> list[ReplicaView]:
     """The live replicas; raises NoReplica when there are none."""
     live = [r for r in replicas if r.alive]
     if not live:
-        raise NoReplica("no live replica: every replica has died; restart `outrider serve --replicas N`")
+        raise NoReplica("no live replica (each has died or is restarting); if none comes back, restart "
+                        "`outrider serve --replicas N`")
     return live
 
 
