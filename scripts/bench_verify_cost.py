@@ -5,6 +5,7 @@ autoregressive speed against transformers' generate, in one run.
     .venv/bin/python scripts/bench_verify_cost.py --linear auto,linear,mm_t,packed   # A/B of the CPU paths
     .venv/bin/python scripts/bench_verify_cost.py --profile 1,4,8,16 --no-generate  # the per-op table
     .venv/bin/python scripts/bench_verify_cost.py --variant avx2 --dtype q4,q4-i8     # another kernel variant
+    .venv/bin/python scripts/bench_verify_cost.py --linear auto+rows,auto              # without / with qmatmul_fill.c
 
 cost(k) is the median time of a forward over k new tokens (a chain, as control/profile.py
 measures it) after a `--context`-token prompt; printed as cost(k)/cost(1) for k = 1, 2, 4, 8, 16.
@@ -38,10 +39,14 @@ PROMPT = "def quicksort(arr):\n    \"\"\"Sort a list of numbers with quicksort.\
 
 @contextlib.contextmanager
 def linear_path(path: str):
-    """Force one CPU linear path (cpu_linear.py) for the block; "auto" = the measured choice."""
+    """Force one CPU linear path (cpu_linear.py) for the block; "auto" = the measured choice. A
+    path ending in "+rows" (e.g. auto+rows) also keeps the native products on the row kernel
+    (qmatmul_fill.c off: the same bits; an A/B of what the fill kernel gives a verify)."""
     from outrider.config import overriding
+    from outrider.kernels import native
 
-    with overriding(linear=path):
+    base, _, rows = path.partition("+")
+    with overriding(linear=base), native.fill_rows_at(1 << 30 if rows == "rows" else 0):
         yield
 
 

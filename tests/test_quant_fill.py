@@ -68,12 +68,12 @@ def test_the_fill_kernel_computes_the_product(variant):
 
 
 def test_auto_takes_the_fill_kernel_from_its_row_count():
-    """The row count is the build's, changed only within fill_rows_at (A/B timing), and put back."""
-    built = native.fill_rows()
-    assert built >= 1
+    """The row count is the build's, per kind, changed only within fill_rows_at (A/B timing), and put back."""
+    built, q8 = native.fill_rows(), native.fill_rows("q8_0")
+    assert 1 <= built <= q8 == native.fill_rows("q8_16")  # a Q8 block is cheap to decode: later
     with native.fill_rows_at(1 << 30):
-        assert native.fill_rows() == 1 << 30
-    assert native.fill_rows() == built
+        assert native.fill_rows() == native.fill_rows("q8_0") == 1 << 30
+    assert (native.fill_rows(), native.fill_rows("q8_0")) == (built, q8)
     weight = native.NativeWeight.of(random_blocks("q4_0", 20, 64, seed=1))
     with pytest.raises(ValueError, match="path must be one of auto, rows, fill"):
         native.qmatmul(torch.zeros(2, 64), weight, path="gemm")

@@ -187,6 +187,7 @@ def _bind(lib) -> None:
     lib.outrider_qmatmul_rows.restype = ctypes.c_int
     lib.outrider_qmatmul_path.argtypes = [ctypes.c_int, *lib.outrider_qmatmul.argtypes]
     lib.outrider_qmatmul_path.restype = ctypes.c_int
+    lib.outrider_fill_rows.argtypes = [ctypes.c_int]
     lib.outrider_fill_rows.restype = ctypes.c_int
     lib.outrider_fill_rows_set.argtypes = [ctypes.c_int]
     lib.outrider_fill_rows_set.restype = None
@@ -394,10 +395,11 @@ class NativeWeight:
 PATHS = {"auto": 0, "rows": 1, "fill": 2}  # qmatmul's paths: the faster for M, the row kernel, qmatmul_fill.c
 
 
-def fill_rows() -> int:
-    """The row count from which qmatmul's "auto" path takes qmatmul_fill.c (the same bits)."""
+def fill_rows(kind: str = "q4_0") -> int:
+    """The row count from which qmatmul's "auto" path takes qmatmul_fill.c for a weight of `kind`
+    (the same bits either way; later for q8_0 and q8_16, whose blocks are cheap to decode)."""
     _ensure()
-    return int(_state["lib"].outrider_fill_rows()) if "lib" in _state else 0
+    return int(_state["lib"].outrider_fill_rows(KIND_CODES[kind])) if "lib" in _state else 0
 
 
 @contextlib.contextmanager

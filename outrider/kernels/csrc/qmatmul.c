@@ -30,7 +30,7 @@
  * 16 accumulators); threads split N (OpenMP: torch's own libgomp, with torch's thread count).
  * The three paths sum a row's products in different orders (AVX-512: 16 lanes; AVX2: 32; portable:
  * 32, reduced by halves), so their results may differ in the last bits; within one library every row is the same bits.
- * From outrider_fill_rows() rows of x on (a prefill), outrider_qmatmul hands the product to
+ * From outrider_fill_rows(kind) rows of x on (a prefill), outrider_qmatmul hands the product to
  * qmatmul_fill.c, which decodes a tile of weight rows once for all rows and gives the same bits.
  * Measured (a k-token verify against a 1-token step): docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md,
  * Verify cost.
@@ -325,16 +325,16 @@ int outrider_i8_matmul(int kind, const float *x, int64_t M, int64_t K, const voi
 
 int outrider_qmatmul_fill(int kind, const float *x, int64_t M, int64_t K, const void *q, const void *d,
                           const void *m, int64_t N, float *y, int threads);
-int outrider_fill_rows(void);
+int outrider_fill_rows(int kind);
 
 /* As outrider_qmatmul, by a given path: 0 the faster for M (the row kernel below
- * outrider_fill_rows() rows, qmatmul_fill.c from there), 1 the row kernel, 2 qmatmul_fill.c. Every
+ * outrider_fill_rows(kind) rows, qmatmul_fill.c from there), 1 the row kernel, 2 qmatmul_fill.c. Every
  * path gives the same bits (qmatmul_fill.c); the tests compare them. */
 int outrider_qmatmul_path(int path, int kind, const float *x, int64_t M, int64_t K, const void *q,
                           const void *d, const void *m, int64_t N, float *y, int threads) {
     if (kind >= 0 && (kind & LANES)) return outrider_i8_matmul(kind, x, M, K, q, N, y, threads);  /* qmatmul_i8.c */
     if (known(kind, m, K) || M < 0 || N < 0 || threads < 1 || path < 0 || path > 2) return -1;
-    if (path == 2 || (path == 0 && M >= outrider_fill_rows())) {
+    if (path == 2 || (path == 0 && M >= outrider_fill_rows(kind))) {
         const int status = outrider_qmatmul_fill(kind, x, M, K, q, d, m, N, y, threads);
         if (status != -2) return status;  /* -2: no memory for its tiles: the row kernel */
     }

@@ -35,13 +35,18 @@
 #include "block_decode.h"
 
 /* rows from which outrider_qmatmul takes this kernel: where it took less time than the row kernel
- * over SmolLM2's layers (docs/kernels.md, The fill kernel) */
+ * at one and two threads (docs/kernels.md, The fill kernel): over SmolLM2's 4-bit layers
+ * (FILL_ROWS), and over its Q8_0 output head (FILL_ROWS_Q8: a Q8_0 block is cheap to decode, so
+ * the row kernel's decoding costs it less and the crossover comes later) */
 #if defined(OUTRIDER_AVX512)
-#define FILL_ROWS 24
+#define FILL_ROWS 32
+#define FILL_ROWS_Q8 64
 #elif defined(OUTRIDER_AVX2)
 #define FILL_ROWS 6
+#define FILL_ROWS_Q8 48
 #else
 #define FILL_ROWS (1 << 30)  /* never: plain C's fill was slower at every count (1.07x at 64 rows) */
+#define FILL_ROWS_Q8 (1 << 30)
 #endif
 #ifndef TILE_FLOATS
 #define TILE_FLOATS (16 * 1024)
@@ -256,9 +261,12 @@ int outrider_qmatmul_fill(int kind, const float *x, int64_t M, int64_t K, const 
     return 0;
 }
 
-/* The row count from which outrider_qmatmul takes this kernel (measured: docs/kernels.md, The
- * fill kernel); outrider_fill_rows_set(n) puts another (n < 1: the build's again), for A/B
- * timing: every path gives the same bits. */
+/* The row count from which outrider_qmatmul takes this kernel for a weight of `kind` (measured:
+ * docs/kernels.md, The fill kernel); outrider_fill_rows_set(n) puts another for every kind (n < 1:
+ * the build's again), for A/B timing: every path gives the same bits. */
 static int fill_rows = 0;
 void outrider_fill_rows_set(int n) { fill_rows = n; }
-int outrider_fill_rows(void) { return fill_rows > 0 ? fill_rows : FILL_ROWS; }
+int outrider_fill_rows(int kind) {
+    if (fill_rows > 0) return fill_rows;
+    return BASE(kind) == KIND_Q8_0 || BASE(kind) == KIND_Q8_16 ? FILL_ROWS_Q8 : FILL_ROWS;
+}
