@@ -59,8 +59,12 @@ def main() -> None:
             model.forward(pack([0], [0], [prompt], logits="none", scratch_row=cache.scratch_row), cache)
             return time.perf_counter() - start
 
-    # the layers' projections as float32 weights, for torch's GEMM on the same shapes
-    shapes = [w.shape for layer in model.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    # the layers' projections (a stack of parts of different kinds: each part), as the kernel reads
+    # them, and as float32 weights of the same shapes for torch's GEMM
+    projections = [p for layer in model.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)
+                   for p in getattr(w, "parts", [w])]
+    weights = [p.state["weight"] for p in projections]
+    shapes = [w.shape for w in weights]
     floats = {shape: torch.randn(*shape, generator=g) * 0.02 for shape in set(shapes)}
     xs = {shape[1]: torch.randn(args.prompt, shape[1], generator=g) for shape in shapes}
     flops = sum(2 * args.prompt * out * inn for out, inn in shapes)
@@ -73,7 +77,6 @@ def main() -> None:
 
     def products(v: str) -> float:  # ours over the same products (the layers' weights themselves)
         name, _, path = v.partition(":")
-        weights = [w.state["weight"] for layer in model.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
         with native.use_variant(name), native.fill_rows_at(1 << 30 if path == "rows" else 0):
             start = time.perf_counter()
             for w in weights:
