@@ -148,6 +148,16 @@ static inline __attribute__((always_inline)) void decode(int kind, const uint8_t
     for (int j = 0; j < 16; j++) w[j + 16] = dd * (float)(q[j] >> 4) + mm;
 }
 #endif
+#if defined(OUTRIDER_AVX2)
+/* An AVX2 row kernel's reduction of 8 lanes (qmatmul.c, qmatmul_fill.c: the same order in both). */
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
 /* A weight row's K values into out (what decode gives, stored): for qmatmul.c's dequantize (a
  * caller's float GEMM, native.py `dequantize_rows`) and qmatmul_fill.c's decoded tile. QK values a block. */
 static inline __attribute__((always_inline)) void decode_row(int kind, int64_t K, const uint8_t *q, int64_t qstride,

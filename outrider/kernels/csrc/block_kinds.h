@@ -25,6 +25,12 @@ enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2, KIND_Q8_16 = 3 };
 #define SCALES(kind) (BASE(kind) == KIND_Q8_16 ? 2 : 1) /* scales a 32-value block has */
 #define SUPER_BYTES(kind) (BASE(kind) == KIND_Q4_1 ? 20 : 18)  /* FACTORED: a super-block's scale bytes */
 
+/* Every kind the float32 kernels take (qmatmul.c, qmatmul_fill.c: one specialized function each):
+ * the four, those with float16 scales, and the K-quants' factored ones. */
+#define KINDS(X) X(q8_0, KIND_Q8_0) X(q4_0, KIND_Q4_0) X(q4_1, KIND_Q4_1) X(q8_16, KIND_Q8_16) \
+                 X(q8_0h, (KIND_Q8_0 + HALF)) X(q4_0h, (KIND_Q4_0 + HALF)) X(q4_1h, (KIND_Q4_1 + HALF)) \
+                 X(q4_1f, (KIND_Q4_1 + FACTORED)) X(q8_16f, (KIND_Q8_16 + FACTORED))
+
 /* Whether a kernel takes `kind` (m: the mins, for q4_1), K values a row. */
 static inline int kind_known(int kind, const void *m, int64_t K) {
     const int base = BASE(kind), extra = kind & ~3;

@@ -118,12 +118,6 @@ static inline __attribute__((always_inline)) void dot_tile(int kind, int rows, i
 /* ---- AVX2: a block is four vectors of 8 values; four accumulators per row ------------------ */
 #define ROWS 2
 
-static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, const float *x, int64_t K,
                                                            const uint8_t *q, int64_t qstride,
@@ -296,11 +290,6 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
         }                                                                                           \
     }
 
-/* Every kind the entry points take (block_kinds.h): the four, those with float16 scales, and the
- * K-quants' factored ones. */
-#define KINDS(X) X(q8_0, KIND_Q8_0) X(q4_0, KIND_Q4_0) X(q4_1, KIND_Q4_1) X(q8_16, KIND_Q8_16) \
-                 X(q8_0h, (KIND_Q8_0 + HALF)) X(q4_0h, (KIND_Q4_0 + HALF)) X(q4_1h, (KIND_Q4_1 + HALF)) \
-                 X(q4_1f, (KIND_Q4_1 + FACTORED)) X(q8_16f, (KIND_Q8_16 + FACTORED))
 #define DEFINE(NAME, KIND) MATMUL(matmul_##NAME, KIND) DEQUANTIZE(dequantize_##NAME, KIND) DEFINE_BF16(NAME, KIND)
 #if defined(OUTRIDER_AVX512)
 #define DEFINE_BF16(NAME, KIND) DEQUANTIZE_BF16(dequantize_bf16_##NAME, KIND)

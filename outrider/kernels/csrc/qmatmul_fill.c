@@ -84,12 +84,6 @@ static inline __attribute__((always_inline)) void fill_tile(int rows, int cols, 
 }
 
 #elif defined(OUTRIDER_AVX2)
-static inline float hsum256(__m256 v) {  /* as qmatmul.c's */
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* One chain (a quarter of K: K / 4 values, stored contiguously) of x [rows] against w [cols]
  * (row strides K), its 8-lane sums into out[r][c]. */
@@ -226,9 +220,6 @@ static inline __attribute__((always_inline)) void decode_tile_row(int kind, int6
 #endif
 }
 
-#define KINDS(X) X(q8_0, KIND_Q8_0) X(q4_0, KIND_Q4_0) X(q4_1, KIND_Q4_1) X(q8_16, KIND_Q8_16) \
-                 X(q8_0h, (KIND_Q8_0 + HALF)) X(q4_0h, (KIND_Q4_0 + HALF)) X(q4_1h, (KIND_Q4_1 + HALF)) \
-                 X(q4_1f, (KIND_Q4_1 + FACTORED)) X(q8_16f, (KIND_Q8_16 + FACTORED))
 #define DEFINE(NAME, KIND) FILL(fill_##NAME, KIND)
 KINDS(DEFINE)
 
