@@ -30,10 +30,13 @@ from outrider.bench.serve_load import Target, closed_loop, summarize
 from outrider.bench.serve_run import free_port, load_prompts, LoadPlan
 
 
-def start(extra: list[str], args, log: Path) -> tuple[subprocess.Popen, str]:
+def start(extra: list[str], args, log: Path, max_running: int | None = None) -> tuple[subprocess.Popen, str]:
+    """`outrider serve` + `extra` on a free port (args: threads, model, drafter; --max-running is
+    `max_running`, else args.concurrency); returns the process and its URL once /health answers."""
     port = free_port()
     cmd = [sys.executable, "-m", "outrider.cli", "serve", "--port", str(port), "--threads", str(args.threads),
-           "--max-running", str(args.concurrency), "--max-model-len", "1024", "--device", "cpu", *extra]
+           "--max-running", str(max_running or args.concurrency), "--max-model-len", "1024", "--device", "cpu",
+           *extra]
     if args.model:
         cmd += ["--model", args.model]
     if args.drafter:
@@ -55,6 +58,16 @@ def start(extra: list[str], args, log: Path) -> tuple[subprocess.Popen, str]:
         time.sleep(0.5)
 
 
+def stop(proc: subprocess.Popen) -> int:
+    """SIGTERM (the server stops its local Ray), SIGKILL after 120 s; the exit status."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
 def measure(name: str, extra: list[str], args, prompts, chat: bool) -> dict:
     proc, url = start(extra, args, args.out.with_suffix(f".{name}.log"))
     try:
@@ -66,12 +79,7 @@ def measure(name: str, extra: list[str], args, prompts, chat: bool) -> dict:
         records, wall = asyncio.run(closed_loop(target, args.concurrency, 10 ** 6, args.phase_time, 1))
         summary = summarize(records, wall)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            status = proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            status = proc.wait()
+        status = stop(proc)
     summary.update(setup=name, command=" ".join(extra) or "(one engine)", exit_status=status,
                    load_average_before=load)
     return summary
