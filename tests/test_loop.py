@@ -184,7 +184,11 @@ def test_defaults_refusals_and_the_rows_a_request_reserves(target):
     assert drain(one)[0][rid].token_ids == alone(target, [5, 6, 7, 8], 3)
     plain = EngineLoop(target, set(), max_running=1, max_len=64, max_kv_rows=12)
     assert plain.check(Request([5, 6, 7, 8, 9], 6)) == 12
-    assert EngineLoop(target, set(), ngram(), max_running=1, max_len=64).check(Request([5, 6, 7, 8, 9], 6)) == 15
+    drafting = EngineLoop(target, set(), ngram(), max_running=1, max_len=64)
+    assert drafting.check(Request([5, 6, 7, 8, 9], 6)) == 15
+    assert drafting.check(Request([5, 6, 7, 8, 9], 6, speculate=False)) == 12  # plain: no tree's rows
+    rid = drafting.add(Request([5, 6, 7, 8, 9], 6, speculate=False))
+    assert drain(drafting)[0][rid].token_ids == alone(target, [5, 6, 7, 8, 9], 6)
     two = EngineLoop(target, set(), max_running=2, max_len=64, max_kv_rows=20)
     ids = [two.add(Request([5, 6, 7, 8, 9], 6)), two.add(Request([9, 8, 7, 6, 5], 6))]  # 12 rows each
     two.step()

@@ -101,7 +101,10 @@ class EngineLoop:
         check_request(request, self.max_len, vocab=self.target.config.vocab_size)
         if request.stop and self.decode is None:
             raise ConfigError("stop strings need the engine's tokenizer: build the EngineLoop with decode=")
-        rows = min(self.max_len, len(request.prompt_ids) + request.max_new_tokens + self.headroom)
+        # a draft tree's rows only for a request that drafts: a plain one (speculate=False, as
+        # BALANCE asks for under a K/V limit) reserves its tokens and one row
+        drafts = self.speculation is not None and request.speculate and request.max_draft_tokens != 0
+        rows = min(self.max_len, len(request.prompt_ids) + request.max_new_tokens + (self.headroom if drafts else 1))
         if rows > self.scheduler.max_kv_rows:
             raise ConfigError(f"the request needs {rows} K/V rows but the engine holds {self.scheduler.max_kv_rows}: "
                               "ask for fewer tokens or raise the K/V row limit")
