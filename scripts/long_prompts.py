@@ -4,6 +4,7 @@ decoding at long contexts (the K/V cache's cost: docs/benchmarks/2026-12-01-amd-
 Against llama.cpp, "Long prompts, and the float16 K/V cache").
 
     .venv/bin/python scripts/long_prompts.py --out /tmp/long.jsonl            # 3 modules, 1,800 tokens
+    .venv/bin/python scripts/long_prompts.py --out /tmp/long8k.jsonl --modules argparse.py --tokens 7900
     .venv/bin/outrider bench --preset llamacpp --dtype q4-i8 --kv-dtype float16 --workload jsonl:/tmp/long.jsonl
 """
 
@@ -22,6 +23,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="smollm2-135m-instruct", help="whose tokenizer counts the tokens")
     ap.add_argument("--tokens", type=int, default=1800, help="at most this many tokens of each module")
+    ap.add_argument("--modules", default=",".join(MODULES), help="standard-library files, comma-separated "
+                    "(argparse.py holds ~25k SmolLM2 tokens: an 8k prompt)")
     args = ap.parse_args()
     from tokenizers import Tokenizer
 
@@ -30,7 +33,7 @@ def main() -> None:
     tok = Tokenizer.from_file(str(resolve_model(args.model) / "tokenizer.json"))
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     lines = []
-    for name in MODULES:
+    for name in args.modules.split(","):
         ids = tok.encode((stdlib / name).read_text()).ids[: args.tokens]
         content = (f"Here is a Python module:\n\n```python\n{tok.decode(ids)}\n```\n\n"
                    "Write a short summary of what it does, then list its public functions.")
