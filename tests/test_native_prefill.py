@@ -153,3 +153,31 @@ def test_a_prompts_cache_is_the_same_bits_whole_chunked_or_row_by_row(folder, va
         assert torch.equal(step, logits), chunks
         for layer in range(len(m.layers)):
             assert torch.equal(cache.k[layer], whole.k[layer]) and torch.equal(cache.v[layer], whole.v[layer]), chunks
+
+
+@pytest.mark.parametrize("variant", TWO, indirect=True)
+def test_a_prompt_past_the_native_workspace_is_filled_in_parts_with_the_same_bits(folder, variant, monkeypatch):
+    """A single prompt whose prefill would need more than NATIVE_FILL_FLOATS of workspace runs in
+    parts through the native layer (not the torch layers): its K/V are the bits of a whole or a
+    chunked prefill, so a long prompt in `generate` and in `serve`'s chunks agree too."""
+    from outrider.models import decoder as decoder_module
+
+    monkeypatch.setattr(quant_linear, "tile_prefill", lambda: False)
+    monkeypatch.setattr(quant_linear, "gemm_prefill", lambda: False)
+    m = load_decoder(folder, "cpu", "q4")
+    prompt = torch.tensor(PROMPT)
+
+    def filled():
+        cache = m.new_cache(1, 64)
+        m.forward(pack([0], [0], [prompt], logits="none", scratch_row=cache.scratch_row), cache)
+        return cache
+
+    whole = filled()
+    parts = []
+    monkeypatch.setattr(decoder_module, "NATIVE_FILL_FLOATS", m._fill_rows_floats(16, len(PROMPT)))
+    forward = type(m).forward
+    monkeypatch.setattr(type(m), "forward", lambda self, b, c, n=None: parts.append(b.tokens.shape[1]) or forward(self, b, c, n))
+    split = filled()
+    assert parts == [40, 16, 16, 8]  # the whole call, then its parts
+    for layer in range(len(m.layers)):
+        assert torch.equal(split.k[layer], whole.k[layer]) and torch.equal(split.v[layer], whole.v[layer])

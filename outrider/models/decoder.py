@@ -7,13 +7,13 @@ states at the layers asked for, from the same pass. Nothing here reads a tensor 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from ..config import cache_dir, note_kernel
 from ..kernels import cpu_linear, quant_linear
-from .batch import ForwardBatch
+from .batch import ForwardBatch, pack
 from .config import ModelConfig
 from .kv_cache import KVCache
 from .layers import apply_rotary, attention, embedding, fold_mask, linear, rms_norm, rotary_tables, swiglu_mlp
@@ -91,6 +91,10 @@ class Decoder:
         if not getattr(self, "_linear_paths_chosen", False):
             self._choose_linear_paths()
         B, T = batch.tokens.shape
+        if num_layers is None and self._native is not None and batch.fills_only:
+            part = self._fill_part_rows(batch)
+            if part is not None:  # one long prompt past the native workspace: in parts, the same bits
+                return self._fill_in_parts(batch, cache, part)
         cos, sin = rotary_tables(batch.positions, self.inv_freq, self.dtype)
         x = embedding(batch.tokens, self.embed)  # [B, T, E]
         hidden = {}
@@ -153,6 +157,39 @@ class Decoder:
                     hidden[index + 1] = x
         return x
 
+    def _fill_rows_floats(self, rows: int, kv_len: int) -> int:
+        """The native layer's workspace for a prefill of `rows` rows over `kv_len` cache rows, in
+        floats (LayerCall.work's)."""
+        c = self.config
+        per_row = ((c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim + c.hidden_size
+                   + 3 * c.intermediate_size + c.num_heads * (kv_len + 8))
+        return rows * per_row
+
+    def _fill_part_rows(self, batch: ForwardBatch) -> int | None:
+        """Rows a part when one sequence's prefill would take the native layer but for its workspace
+        (past NATIVE_FILL_FLOATS): the native layer's rows are the same bits in any parts, so such
+        a prompt is filled in parts rather than by the torch layers; None otherwise."""
+        if (batch.tokens.shape[0] != 1 or batch.attn_mask is not None or batch.hidden_layers
+                or batch.span_place is not None):
+            return None
+        rows = batch.tokens.shape[1]
+        if self._fill_rows_floats(rows, batch.kv_len) <= NATIVE_FILL_FLOATS:
+            return None
+        part = NATIVE_FILL_FLOATS // self._fill_rows_floats(1, batch.kv_len)
+        if part < 1 or self._native_fill(replace(batch, tokens=batch.tokens[:, :part], kv_len=batch.kv_len - rows + part)) is None:
+            return None
+        return part
+
+    def _fill_in_parts(self, batch: ForwardBatch, cache: KVCache, part: int) -> ForwardOutput:
+        """One sequence's cache filled `part` rows at a time (its rows consecutive cache rows)."""
+        slot, start = batch.slot_ids[0], int(batch.rows[0, 0])
+        tokens = batch.tokens[0]
+        out = None
+        for i in range(0, tokens.shape[0], part):
+            piece = pack([slot], [start + i], [tokens[i:i + part]], logits="none", device=tokens.device)
+            out = self.forward(piece, cache)
+        return out
+
     def _native_fill(self, batch: ForwardBatch) -> int | None:
         """How a prefill (a forward that only fills the cache) runs natively: None, the torch layers
         (a CPU whose float GEMM is taken for prefills, quant_linear.gemm_prefill: Intel without the
@@ -166,11 +203,9 @@ class Decoder:
         bf16_gemm = quant_linear.bf16_prefill() or (self.drafter_prefill_bf16 and quant_linear.has_amx())
         if not lanes and not tiles and (quant_linear.gemm_prefill() or bf16_gemm):
             return None
-        c, rows = self.config, batch.tokens.numel()
-        per_row = ((c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim + c.hidden_size
-                   + 3 * c.intermediate_size + c.num_heads * (batch.kv_len + 8))  # LayerCall.work's floats a row
-        if rows * per_row > NATIVE_FILL_FLOATS:
+        if self._fill_rows_floats(batch.tokens.numel(), batch.kv_len) > NATIVE_FILL_FLOATS:
             return None
+        rows = batch.tokens.numel()
         if lanes or not tiles or rows < quant_linear.TILE_ROWS:
             return 0
         note_kernel("matmul_amx.c (prefill)")
