@@ -3,8 +3,9 @@ kernel (the same bits), by row count, in one process, rounds alternating the two
 each counts). What `FILL_ROWS` in csrc/qmatmul_fill.c was set from.
 
     .venv/bin/python scripts/bench_fill_rows.py [--variant avx2] [--threads 1] [--rows 1,2,4,6,8,16,32]
-        [--model smollm2-135m-instruct] [--dtype q4]
+        [--model smollm2-135m-instruct] [--dtype q4] [--head]
 
+`--head` times the output head alone instead (SmolLM2's is Q8_0: what FILL_ROWS_Q8 was set from).
 Printed per row count: milliseconds for all the layers' products by each path, and fill / rows
 (< 1: the fill kernel is faster).
 """
@@ -25,6 +26,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--dtype", default="q4")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--head", action="store_true", help="the output head alone, not the layers' products")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from outrider.catalog.resolve import resolve_model
@@ -32,7 +34,8 @@ def main() -> None:
     from outrider.weights.loader import load_decoder
 
     model = load_decoder(resolve_model(args.model), "cpu", args.dtype)
-    weights = [w.state["weight"] for layer in model.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    weights = ([model.lm_head.state["weight"]] if args.head else
+               [w.state["weight"] for layer in model.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)])
     if any(w.lanes for w in weights):
         raise SystemExit(f"error: --dtype {args.dtype} multiplies in int8 (one kernel at every count); take a float32-activation dtype")
     with native.use_variant(args.variant):

@@ -42,6 +42,7 @@ def main() -> None:
     from outrider.catalog.resolve import resolve_model
     from outrider.config import cpu_info, kernel_variants_here
     from outrider.kernels import native
+    from outrider.kernels.variant_bench import running
     from outrider.models.batch import pack
     from outrider.weights.loader import load_decoder
 
@@ -52,8 +53,7 @@ def main() -> None:
     prompt = torch.randint(10, model.config.vocab_size - 10, (args.prompt,), generator=g)
 
     def ours(v: str) -> float:
-        name, _, path = v.partition(":")
-        with native.use_variant(name), native.fill_rows_at(1 << 30 if path == "rows" else 0):
+        with running(v):
             cache = model.new_cache(1, args.prompt + 2)
             start = time.perf_counter()
             model.forward(pack([0], [0], [prompt], logits="none", scratch_row=cache.scratch_row), cache)
@@ -76,8 +76,7 @@ def main() -> None:
         return time.perf_counter() - start
 
     def products(v: str) -> float:  # ours over the same products (the layers' weights themselves)
-        name, _, path = v.partition(":")
-        with native.use_variant(name), native.fill_rows_at(1 << 30 if path == "rows" else 0):
+        with running(v):
             start = time.perf_counter()
             for w in weights:
                 native.qmatmul(xs[w.shape[1]], w)

@@ -103,19 +103,22 @@ class EngineLoop:
             raise ConfigError("stop strings need the engine's tokenizer: build the EngineLoop with decode=")
         # a draft tree's rows only for a request that drafts: a plain one (speculate=False, as
         # BALANCE asks for under a K/V limit) reserves its tokens and one row
-        drafts = self.speculation is not None and request.speculate and request.max_draft_tokens != 0
-        rows = min(self.max_len, len(request.prompt_ids) + request.max_new_tokens + (self.headroom if drafts else 1))
+        headroom = self.headroom if self._drafts(request) else 1
+        rows = min(self.max_len, len(request.prompt_ids) + request.max_new_tokens + headroom)
         if rows > self.scheduler.max_kv_rows:
             raise ConfigError(f"the request needs {rows} K/V rows but the engine holds {self.scheduler.max_kv_rows}: "
                               "ask for fewer tokens or raise the K/V row limit")
         return rows
 
+    def _drafts(self, request: Request) -> bool:
+        """Whether `request` is speculated: the engine has a drafter and the request allows it."""
+        return self.speculation is not None and request.speculate and request.max_draft_tokens != 0
+
     def add(self, request: Request) -> int:
         """Queue a request; returns its id. ConfigError when it can never run here."""
         rows = self.check(request)
         params = with_seed(request.params)
-        speculate = (self.speculation is not None and request.speculate
-                     and request.max_draft_tokens != 0)
+        speculate = self._drafts(request)
         verify = (self.speculation.verifier_for(params) if speculate
                   else choose_verifier("chain", False, params).verifier)
         rid = self._next_id

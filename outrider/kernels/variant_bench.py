@@ -24,12 +24,26 @@ import time
 import torch
 
 
+def running(v: str) -> contextlib.ExitStack:
+    """Within: variant NAME's library, or for NAME:rows the same with the row kernel only
+    (qmatmul_fill.c off; the same bits). A one-line exit for another suffix."""
+    from . import native
+
+    stack = contextlib.ExitStack()
+    name, _, path = v.partition(":")
+    if path not in ("", "rows"):
+        raise SystemExit(f"error: variant {v!r}: the only suffix is ':rows'")
+    stack.enter_context(native.use_variant(name))
+    if path == "rows":
+        stack.enter_context(native.fill_rows_at(1 << 30))
+    return stack
+
+
 def main(argv: list[str] | None = None) -> None:
     from ..config import cpu_info, kernel_variants_here
     from ..catalog.resolve import resolve_model
     from ..models.batch import pack
     from ..weights.loader import load_decoder
-    from . import native
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -58,16 +72,6 @@ def main(argv: list[str] | None = None) -> None:
     def step(cache, i):
         token = torch.tensor([int(prompt[i % args.prompt])])
         return model.forward(pack([0], [args.prompt], [token], scratch_row=cache.scratch_row), cache)
-
-    def running(v: str):  # NAME or NAME:rows (the row kernel only)
-        stack = contextlib.ExitStack()
-        name, _, path = v.partition(":")
-        stack.enter_context(native.use_variant(name))
-        if path == "rows":
-            stack.enter_context(native.fill_rows_at(1 << 30))
-        elif path:
-            raise SystemExit(f"error: variant {v!r}: the only suffix is ':rows'")
-        return stack
 
     decode: dict[str, list[float]] = {v: [] for v in variants}
     fill: dict[str, list[float]] = {v: [] for v in variants}

@@ -7,7 +7,7 @@ states at the layers asked for, from the same pass. Nothing here reads a tensor 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -167,18 +167,17 @@ class Decoder:
 
     def _fill_part_rows(self, batch: ForwardBatch) -> int | None:
         """Rows a part when one sequence's prefill would take the native layer but for its workspace
-        (past NATIVE_FILL_FLOATS): the native layer's rows are the same bits in any parts, so such
-        a prompt is filled in parts rather than by the torch layers; None otherwise."""
+        (past NATIVE_FILL_FLOATS), so that it is filled in parts of the native layer rather than by
+        the torch layers (with outrider_qmatmul's products the parts give the bits of a whole
+        prefill; on the tile unit a last part under TILE_ROWS rows takes the row kernel); None
+        otherwise."""
         if (batch.tokens.shape[0] != 1 or batch.attn_mask is not None or batch.hidden_layers
                 or batch.span_place is not None):
             return None
-        rows = batch.tokens.shape[1]
-        if self._fill_rows_floats(rows, batch.kv_len) <= NATIVE_FILL_FLOATS:
+        if self._fill_rows_floats(batch.tokens.shape[1], batch.kv_len) <= NATIVE_FILL_FLOATS:
             return None
         part = NATIVE_FILL_FLOATS // self._fill_rows_floats(1, batch.kv_len)
-        if part < 1 or self._native_fill(replace(batch, tokens=batch.tokens[:, :part], kv_len=batch.kv_len - rows + part)) is None:
-            return None
-        return part
+        return part if part >= 1 and self._native_fill_path(part) is not None else None
 
     def _fill_in_parts(self, batch: ForwardBatch, cache: KVCache, part: int) -> ForwardOutput:
         """One sequence's cache filled `part` rows at a time (its rows consecutive cache rows)."""
@@ -191,9 +190,18 @@ class Decoder:
         return out
 
     def _native_fill(self, batch: ForwardBatch) -> int | None:
-        """How a prefill (a forward that only fills the cache) runs natively: None, the torch layers
-        (a CPU whose float GEMM is taken for prefills, quant_linear.gemm_prefill: Intel without the
-        tile unit; or a workspace past NATIVE_FILL_FLOATS); 0, the native layer with
+        """How a prefill (a forward that only fills the cache) runs natively: `_native_fill_path`
+        for its rows, or None (the torch layers) for a workspace past NATIVE_FILL_FLOATS."""
+        if self._fill_rows_floats(batch.tokens.numel(), batch.kv_len) > NATIVE_FILL_FLOATS:
+            return None
+        path = self._native_fill_path(batch.tokens.numel())
+        if path in (1, 3):
+            note_kernel("matmul_amx.c (prefill)")
+        return path
+
+    def _native_fill_path(self, rows: int) -> int | None:
+        """None, the torch layers (a CPU whose float GEMM is taken for prefills,
+        quant_linear.gemm_prefill: Intel without the tile unit); 0, the native layer with
         outrider_qmatmul's products (the row kernel, and qmatmul_fill.c from native.fill_rows()
         rows: the same bits, so a prompt's K/V are a decode row's whatever the chunking; also
         int8-activation weights, and fewer than TILE_ROWS rows on the tile unit); 3, its products
@@ -203,12 +211,8 @@ class Decoder:
         bf16_gemm = quant_linear.bf16_prefill() or (self.drafter_prefill_bf16 and quant_linear.has_amx())
         if not lanes and not tiles and (quant_linear.gemm_prefill() or bf16_gemm):
             return None
-        if self._fill_rows_floats(batch.tokens.numel(), batch.kv_len) > NATIVE_FILL_FLOATS:
-            return None
-        rows = batch.tokens.numel()
         if lanes or not tiles or rows < quant_linear.TILE_ROWS:
             return 0
-        note_kernel("matmul_amx.c (prefill)")
         return 1 if self.drafter_prefill_bf16 or quant_linear.bf16_prefill() else 3
 
     def _choose_linear_paths(self) -> None:
