@@ -20,12 +20,12 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
+from ..cluster.length import FEATURE_ROUNDS
 from ..errors import ConfigError
 from ..sampling import SamplingParams
 from .serve_load import percentiles
 from .workloads import load_workload
 
-FIRST_ROUNDS = 4  # rounds whose committed tokens are a request's drafter features
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def _record(item, done, plan: RolloutPlan, mode: str, finished: float) -> dict:
             "max_tokens": plan.max_new_tokens, "output_tokens": len(done.token_ids),
             "finish_reason": done.finish_reason, "finished_s": finished, "rounds": stats.rounds,
             "tau": len(done.token_ids) / rounds, "width": 1.0 + stats.drafted / rounds,
-            "features": list(stats.committed_by_round[:FIRST_ROUNDS]) if mode == "on" else []}
+            "features": list(stats.committed_by_round[:FEATURE_ROUNDS]) if mode == "on" else []}
 
 
 def _figures(records: list[dict]) -> dict:

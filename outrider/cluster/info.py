@@ -26,13 +26,13 @@ from __future__ import annotations
 import dataclasses
 
 from ..serve.errors import ApiError
+from .length import FEATURE_ROUNDS
 from .policy import RequestInfo
 
 GROUP_HEADER = "x-rollout-group"
 WORKLOAD_HEADER = "x-workload"
 MAX_LABEL = 256  # characters of a group or workload label
 SHOWN = {GROUP_HEADER: "X-Rollout-Group", WORKLOAD_HEADER: "X-Workload"}
-FEATURE_ROUNDS = 4  # bench/rollout.py's FIRST_ROUNDS: the rounds whose committed tokens are the features
 
 
 def label(headers, name: str) -> str | None:

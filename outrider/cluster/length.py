@@ -27,6 +27,8 @@ from pathlib import Path
 from ..errors import ConfigError
 from .policy import RequestInfo
 
+FEATURE_ROUNDS = 4  # the rounds whose committed tokens are a request's drafter features (bench/rollout.py records them)
+
 DEFAULT_PATH = Path(__file__).with_name("outlets_length.json")
 
 
