@@ -23,11 +23,11 @@ from ..models.layers import linear
 from .draft_model import draft_vocab_ids
 
 
-def parse_vocab(text: str | None) -> int | None:
+def parse_vocab(text: str | None, drafter: str = "dflash") -> int | None:
     if text is None:
         return None
     if not text.isdigit() or int(text) < 1:
-        raise ConfigError(f"vocab={text!r}: give a positive number of token ids, as in dflash:NAME,vocab=8192")
+        raise ConfigError(f"vocab={text!r}: give a positive number of token ids, as in {drafter}:NAME,vocab=8192")
     return int(text)
 
 
@@ -43,15 +43,20 @@ def reduce_readout(head, target_path: Path, n: int):
     ids = draft_vocab_ids(target_path, n, c.vocab_size).to(head.device)  # [m] sorted
     if ids.numel() >= c.vocab_size:
         return head
-    lm_head = head.w.lm_head
-    if isinstance(lm_head, torch.Tensor):
-        rows = lm_head.index_select(0, ids)  # [m, H]
-    else:  # a QuantLinear: its rows, read back exactly through the product with the identity
-        eye = torch.eye(c.hidden_size, dtype=head.dtype, device=head.device)
-        rows = linear(eye, lm_head).T.index_select(0, ids).contiguous()  # [m, H]
-        rows = _requantize(rows, lm_head)
+    rows = readout_rows(head.w.lm_head, ids, c.hidden_size, head.dtype, head.device)  # [m, H]
     weights = replace(head.w, lm_head=rows, draft_to_target=ids)
     return DFlashHead(replace(c, draft_vocab_size=int(ids.numel())), weights)
+
+
+def readout_rows(lm_head, ids: torch.Tensor, hidden_size: int, dtype: torch.dtype, device):
+    """Rows `ids` ([m] long) of an output head: a float tensor's by index, a QuantLinear's read back
+    exactly (its product with the identity) and quantized again in its kind. Shared with the
+    EAGLE-3 head's `vocab=` (heads/eagle3_vocab.py)."""
+    if isinstance(lm_head, torch.Tensor):
+        return lm_head.index_select(0, ids)  # [m, H]
+    eye = torch.eye(hidden_size, dtype=dtype, device=device)
+    rows = linear(eye, lm_head).T.index_select(0, ids).contiguous()  # [m, H]
+    return _requantize(rows, lm_head)
 
 
 def _requantize(rows: torch.Tensor, like):

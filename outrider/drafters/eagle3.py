@@ -56,6 +56,8 @@ from ..spec.shapes import TreeShape
 from ..spec.types import DraftTree, VerifyResult
 from .base import Budget, ancestors_kept
 from .capabilities import Capabilities, Drafts
+from .dflash_vocab import parse_vocab
+from .draft_model import draft_vocab_ids
 from .grow import Feed, Grower, done, grow_alone, grow_together
 from .registry import DrafterEntry, register
 from .siblings import draw_siblings
@@ -366,24 +368,29 @@ class Eagle3Drafter:
 HEAD_DTYPES = HEAD_QUANTS + ("float",)  # `eagle3:PATH@DTYPE`: float = the target's own float dtype
 
 
-USAGE = "eagle3:PATH_OR_NAME[@DTYPE][,window=W[,sink=S]]"
+USAGE = "eagle3:PATH_OR_NAME[@DTYPE][,window=W[,sink=S]][,vocab=N]"
+OPTIONS = ("window", "sink", "vocab")
 
 
 def parse_argument(text: str) -> str:
-    """`PATH_OR_NAME[@DTYPE][,window=W[,sink=S]]`: a head folder, or a shipped head by its
-    target's catalog name (heads/catalog.py); DTYPE one of HEAD_DTYPES (default: see
-    `head_dtype`). Returns the folder, with the @DTYPE kept when given, then the window's options."""
+    """`PATH_OR_NAME[@DTYPE][,window=W[,sink=S]][,vocab=N]`: a head folder, or a shipped head by
+    its target's catalog name (heads/catalog.py); DTYPE one of HEAD_DTYPES (default: see
+    `head_dtype`); vocab=N: the readout cut to the draft tokens among target ids 0..N-1 and the
+    added tokens (heads/eagle3_vocab.py). Returns the folder, with the @DTYPE kept when given, then
+    the options."""
     options = {}
     if not Path(text).expanduser().is_dir():
-        text, options = parse_options(text, ("window", "sink"))
+        text, options = parse_options(text, OPTIONS)
     window = window_of(options, "eagle3:NAME")
+    vocab = parse_vocab(options.get("vocab"), "eagle3")
     name, at, dtype = text.rpartition("@") if "@" in text and not Path(text).expanduser().is_dir() else (text, "", "")
     if at and dtype not in HEAD_DTYPES:
         raise ConfigError(f"eagle3:{text}: the head's dtype after '@' must be one of {', '.join(HEAD_DTYPES)}")
     if not name:
         raise ConfigError("eagle3:PATH needs the folder of an EAGLE-3 head (config.json + model.safetensors) "
                           "or the name of a shipped head")
-    return str(resolve_head(name)) + (f"@{dtype}" if at else "") + (f",{window}" if window else "")
+    return (str(resolve_head(name)) + (f"@{dtype}" if at else "") + (f",{window}" if window else "")
+            + (f",vocab={vocab}" if vocab else ""))
 
 
 def _split(argument: str) -> tuple[str, str | None]:
@@ -393,12 +400,12 @@ def _split(argument: str) -> tuple[str, str | None]:
     return (path, dtype) if at and dtype in HEAD_DTYPES and not Path(argument).is_dir() else (argument, None)
 
 
-def _window(argument: str) -> tuple[str, Window | None]:
-    """parse_argument's result -> (the rest, its window or None)."""
+def _options(argument: str) -> tuple[str, Window | None, int | None]:
+    """parse_argument's result -> (the rest, its window or None, its vocab= or None)."""
     if Path(argument).is_dir():
-        return argument, None
-    rest, options = parse_options(argument, ("window", "sink"))
-    return rest, window_of(options, "eagle3:NAME")
+        return argument, None, None
+    rest, options = parse_options(argument, OPTIONS)
+    return rest, window_of(options, "eagle3:NAME"), parse_vocab(options.get("vocab"), "eagle3")
 
 
 def head_dtype(asked: str | None, target) -> str | None:
@@ -417,19 +424,20 @@ def head_dtype(asked: str | None, target) -> str | None:
 
 
 def check_fits(path: str, target_config, target_path: Path) -> str | None:
-    path, window = _window(path)
+    path, window, _ = _options(path)
     return window_misfit(window, target_config) or misfit(read_config(_split(path)[0]), target_config,
                                                           has_embed=True, has_lm_head=True)  # tensors: at load
 
 
 def build(path: str, shape: TreeShape, target, target_path: Path) -> Eagle3Drafter:
-    path, window = _window(path)
+    path, window, vocab = _options(path)
     folder, asked = _split(path)
     dtype = head_dtype(asked, target)
-    head = load_eagle3(folder, target, quantize=dtype)
+    keep = None if vocab is None else draft_vocab_ids(target_path, vocab, target.config.vocab_size)
+    head = load_eagle3(folder, target, quantize=dtype, vocab=keep)
     return Eagle3Drafter(head, shape, head.config.taps(target.config.num_layers),
-                         name=f"eagle3:{folder}" + (f"@{dtype}" if dtype else "") + (f",{window}" if window else ""),
-                         window=window)
+                         name=f"eagle3:{folder}" + (f"@{dtype}" if dtype else "") + (f",{window}" if window else "")
+                         + (f",vocab={vocab}" if vocab else ""), window=window)
 
 
 register(DrafterEntry("eagle3", USAGE, Capabilities(trees=TREES), build=build,

@@ -155,14 +155,17 @@ def misfit(config: Eagle3Config, target_config, has_embed: bool = False, has_lm_
 HEAD_QUANTS = ("q8_0", "q4_0", "q4_1", "q8_0-i8", "q4_0-i8", "q4_1-i8")
 
 
-def load_eagle3(folder: str | Path, target, quantize: str | None = None) -> Eagle3Head:
+def load_eagle3(folder: str | Path, target, quantize: str | None = None,
+                vocab: torch.Tensor | None = None) -> Eagle3Head:
     """Load the head in `folder` to draft for `target` (a Decoder): its weights on the target's
     device and dtype, the target's embedding and lm_head shared unless the head has its own.
 
     quantize: keep the head's own matrices (fc, qkv, o, gate_up, down, its lm_head) as GGUF blocks
     of that kind (HEAD_QUANTS), multiplied by the native kernel where it runs (float32 only): a
     drafting step reads a quarter of the bytes. What the head proposes may change a little, never
-    what is committed (the target verifies every draft)."""
+    what is committed (the target verifies every draft).
+
+    vocab: target ids ([n] long) the readout keeps (heads/eagle3_vocab.py; None: every draft id)."""
     folder = Path(folder)
     config = read_config(folder)
     tensors = open_weights(folder)
@@ -202,8 +205,13 @@ def load_eagle3(folder: str | Path, target, quantize: str | None = None) -> Eagl
     if maps_needed:
         weights.draft_to_target = draft_to_target(read_weight(tensors, folder, "d2t"), read_weight(tensors, folder, "t2d"),
                                                   str(folder)).to(device)
-    if quantize is not None:
-        _quantize_matrices(weights, quantize, own_lm_head="lm_head.weight" in names, dtype=dtype)
+    if vocab is not None:
+        from .eagle3_vocab import cut_readout
+
+        config, weights = cut_readout(config, weights, vocab)
+    if quantize is not None:  # the readout too when it is the head's own (or rows cut from a float one)
+        own = isinstance(weights.lm_head, torch.Tensor) and weights.lm_head is not target.lm_head
+        _quantize_matrices(weights, quantize, own_lm_head=own, dtype=dtype)
     return Eagle3Head(config, weights)
 
 
