@@ -1,14 +1,16 @@
-"""Oilbird (drafters/oilbird.py): suffix decoding with a second, semantic key over the same pool.
+"""Oilbird (drafters/oilbird.py): a lexical pool drafter with a second, semantic key over the same pool.
 
 - The lookup: a continuation that exact matching cannot reach (after a fresh token) is found
   through the nearest stored state whose next token is the root, merged into the suffix tree
   under the node budget, and the missed-but-present counter sees it.
 - The keys are the target's own states at the pool positions (prefill, then every round).
 - The pool's memory bound holds after every change, oldest output evicted first.
+- Each lexical base (suffix, ngram, suffix:local): the lookup merges into its tree under its own
+  node budget, and with no neighbour near the tree is the base's own.
 - Bad options are refused in one line before anything loads.
 - Greedy speculative output equals autoregressive output: tiny models of each family (one
   request, a batch, requests one after another through the global pool, a bound small enough to
-  evict) and SmolLM2-135M on a prompt whose call repeats with a new value.
+  evict) and SmolLM2-135M on a prompt whose call repeats with a new value, on each base.
 """
 
 import pytest
@@ -16,7 +18,8 @@ import torch
 from enumerate_law import one_thread
 
 from outrider.drafters.base import Budget
-from outrider.drafters.oilbird import OilbirdDrafter, merge, parse_argument
+from outrider.drafters.ngram import NgramDrafter
+from outrider.drafters.oilbird import BASES, OilbirdArgument, OilbirdDrafter, merge, parse_argument
 from outrider.drafters.registry import parse_drafter
 from outrider.drafters.suffix import Speculation, SuffixDrafter
 from outrider.engine.generate import generate_ids
@@ -59,7 +62,7 @@ def test_the_semantic_key_finds_what_exact_matching_misses():
     assert tree.confidence[tree.tokens.tolist().index(8)] == 1.0  # the one neighbour: all of them
     oil.update(0, VerifyResult(accepted_nodes=[1, 2], tokens=[8, 9, 1]), hidden=states(3, same=()))
     stats = oil.stats()
-    assert (stats["suffix_misses"], stats["semantic_present"], stats["semantic_accepted"]) == (1, 1, 2)
+    assert (stats["base_misses"], stats["semantic_present"], stats["semantic_accepted"]) == (1, 1, 2)
 
 
 def test_no_neighbour_below_the_floor_or_with_another_next_token():
@@ -71,6 +74,41 @@ def test_no_neighbour_below_the_floor_or_with_another_next_token():
     oil.start(1, other, hidden=states(len(other) - 1))
     assert oil.propose(1, other, Budget(6, 12)).size == 1
     assert oil.stats()["lookups"] == 0
+
+
+@pytest.mark.parametrize("base", ["ngram", "suffix:local"])
+def test_the_semantic_key_merges_into_each_base(base):
+    """ngram's chain after the 1-gram "7" scores 1/3: the one neighbour's continuation (share 1)
+    outranks it within ngram's budget of `depth` nodes; suffix:local keeps its "4" beside it."""
+    oil = drafter(base=base)
+    oil.start(0, TOKENS, hidden=states(len(TOKENS) - 1))
+    tree = oil.propose(0, TOKENS, Budget(6, oil.max_nodes(6)))
+    assert tree.size - 1 <= oil.max_nodes(6) == (6 if base == "ngram" else 12)
+    paths = {tuple(tree.tokens[[*path]].tolist()) for path in _paths(tree.parents.tolist())}
+    assert (7, 8, 9, 3, 7, 4, 3) in paths  # the continuation after the state at 50
+    assert ((7, 4) in paths) == (base == "suffix:local")
+    assert oil.stats()["semantic_drafted"] == 6 and oil.stats()["lookups"] == 1
+    oil.update(0, VerifyResult(accepted_nodes=[1, 2], tokens=[8, 9, 1]), hidden=states(3, same=()))
+    stats = oil.stats()
+    assert (stats["base"], stats["base_misses"], stats["semantic_present"], stats["semantic_accepted"]) == \
+        (base, 1, 1, 2)
+
+
+def test_with_no_neighbour_the_tree_is_the_bases_own():
+    oil = drafter(base="ngram")
+    oil.start(0, TOKENS, hidden=states(len(TOKENS) - 1, same=()))
+    plain = NgramDrafter()
+    plain.start(0, TOKENS)
+    tree = oil.propose(0, TOKENS, Budget(6, 6))
+    assert tree.tokens.tolist() == plain.propose(0, TOKENS, Budget(6, 6)).tokens.tolist() == [7, 4, 2, 61, 7, 4, 2]
+    assert tree.confidence[1:].tolist() == [1 / 3] * 6  # the 1-gram "7"
+    for base, kept in (("suffix", 2), ("suffix:local", 0), ("ngram", 0)):  # only suffix keeps finished outputs
+        oil = drafter(base=base)
+        oil.start(0, TOKENS, hidden=states(len(TOKENS) - 1, same=()))
+        oil.propose(0, TOKENS, Budget(6, oil.max_nodes(6)))
+        oil.update(0, VerifyResult(accepted_nodes=[1], tokens=[4, 8]), hidden=torch.randn(2, 1, 8))
+        oil.finish(0, TOKENS + [4, 8])
+        assert oil.global_rows.rows == kept
 
 
 def test_the_merged_tree_keeps_the_node_budget_best_first():
@@ -116,9 +154,29 @@ def test_bad_options_are_refused_in_one_line(text, why):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("text, why", [
+    ("oilbird:base=eagle3", "oilbird's base=eagle3 is not a lexical base; use one of suffix, ngram, suffix:local"),
+    ("oilbird:4,base=", "oilbird's base= is not a lexical base; use one of suffix, ngram, suffix:local"),
+    ("oilbird:base=ngram,4", "oilbird:K[,SIM[,MB]][,base=BASE] takes"),  # base= comes last
+    ("oilbird:4,k=3", "oilbird:K[,SIM[,MB]][,base=BASE] takes"),
+    ("suffix:global", "suffix takes no argument, or `local`"),
+])
+def test_a_bad_base_is_refused_in_one_line(text, why):
+    with pytest.raises(ConfigError) as err:
+        SpecOptions(text).check()
+    assert str(err.value) == f"--drafter '{text}': {why}" or str(err.value).startswith(f"--drafter '{text}': {why}")
+    assert "\n" not in str(err.value)
+
+
 def test_options_parse():
-    assert parse_drafter("oilbird")[1] == parse_argument("") == parse_argument("4,0.7,16")
+    assert parse_drafter("oilbird")[1] == parse_argument("") == parse_argument("4,0.7,16") == OilbirdArgument()
+    assert parse_argument("").base == "suffix" and BASES == ("suffix", "ngram", "suffix:local")
     assert (parse_argument("8").k, parse_argument("2,0.5").sim, parse_argument("2,0.5,1.5").mb) == (8, 0.5, 1.5)
+    assert parse_drafter("oilbird:base=ngram")[1] == OilbirdArgument(base="ngram")
+    local = parse_argument("8,0.5,base=suffix:local")
+    assert local == OilbirdArgument(8, 0.5, 16.0, "suffix:local") == parse_argument(str(local))
+    assert str(local) == "8,0.5,16,base=suffix:local" and str(OilbirdArgument()) == "4,0.7,16"
+    assert parse_drafter("suffix:local")[1] == "local"
 
 
 # -- on a target ------------------------------------------------------------------------------------
@@ -139,16 +197,18 @@ def generate(target, spec, prompts, n=20, together=True):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-@pytest.mark.parametrize("option", ["oilbird", "oilbird:8,0.2,0.002"])
+@pytest.mark.parametrize("option", ["oilbird", "oilbird:8,0.2,0.002", "oilbird:base=ngram",
+                                    "oilbird:8,0.2,0.002,base=ngram", "oilbird:8,0.2,base=suffix:local"])
 def test_greedy_output_is_autoregressive_on_tiny_models(targets, family, option):
     folder, target = targets[family]
     plain = generate(target, None, PROMPTS)
     spec = Speculator.build(SpecOptions(option, "chain", "fixed:4"), target, folder)
     assert spec.hidden_layers == (target.config.num_layers,)
+    assert spec.drafter.max_nodes(4) == (4 if "ngram" in option else 8)  # the base's node budget
     assert generate(target, spec, PROMPTS) == plain  # a batch
     assert generate(target, spec, PROMPTS, together=False) == plain  # one after another: the global pool
     assert spec.drafter.memory_bytes() <= spec.drafter.max_bytes
-    if option != "oilbird":
+    if ",0.2" in option:
         assert spec.drafter.stats()["lookups"] > 0
 
 
@@ -192,17 +252,24 @@ CALLS = ('call({"id": "a81f", "op": "add", "x": 3, "tag": "red"})\n'
          'call({"id": "')
 
 
-@pytest.mark.model
-def test_smollm2_greedy_output_is_autoregressive(smollm2_decoder, smollm2_tokenizer, smollm2_path):
-    target = smollm2_decoder
+@pytest.fixture(scope="module")
+def smollm2_calls(smollm2_decoder, smollm2_tokenizer):
+    """The prompt and its autoregressive output (once for every base)."""
     prompt = smollm2_tokenizer(CALLS)["input_ids"]
-    spec = Speculator.build(SpecOptions("oilbird", "chain", "fixed:6"), target, smollm2_path)
     with torch.inference_mode(), one_thread():
-        ar = generate_ids(target, [Request(list(prompt), 40)], set())[0]
-        sp = generate_ids(target, [Request(list(prompt), 40)], set(), speculation=spec)[0]
-    assert sp.token_ids == ar.token_ids
+        return prompt, generate_ids(smollm2_decoder, [Request(list(prompt), 40)], set())[0].token_ids
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("option", ["oilbird", "oilbird:base=ngram", "oilbird:base=suffix:local"])
+def test_smollm2_greedy_output_is_autoregressive(smollm2_decoder, smollm2_path, smollm2_calls, option):
+    prompt, ar = smollm2_calls
+    spec = Speculator.build(SpecOptions(option, "chain", "fixed:6"), smollm2_decoder, smollm2_path)
+    with torch.inference_mode(), one_thread():
+        sp = generate_ids(smollm2_decoder, [Request(list(prompt), 40)], set(), speculation=spec)[0]
+    assert sp.token_ids == ar
     stats = spec.drafter.stats()
-    assert stats["lookups"] > 0 and stats["semantic_accepted"] > 0
+    assert stats["lookups"] > 0 and stats["semantic_drafted"] > 0 and stats["semantic_accepted"] > 0
 
 
 def _paths(parents: list[int]) -> list[list[int]]:

@@ -86,12 +86,22 @@ class NgramDrafter:
 
     # -- the index ----------------------------------------------------------------------------
 
+    def match(self, seq_id: int, tokens: list[int], num_drafts: int) -> tuple[int, list[int]]:
+        """`propose`'s chain below tokens[-1] with the length n of the n-gram it followed (0: none);
+        oilbird.py scores the chain by n."""
+        return self.matched(self._synced_state(seq_id, tokens), num_drafts)
+
     def lookup(self, state: NgramState, num_drafts: int) -> list[int]:
         """Up to `num_drafts` tokens that followed the longest matching n-gram; [] when none."""
+        return self.matched(state, num_drafts)[1]
+
+    def matched(self, state: NgramState, num_drafts: int) -> tuple[int, list[int]]:
+        """(n, drafts): the longest matching n-gram's length and up to `num_drafts` tokens that
+        followed it; (0, []) when none."""
         seq = state.tokens
         length = len(seq)
         if num_drafts <= 0:
-            return []
+            return 0, []
         for n in range(min(self.max_ngram, length), self.min_ngram - 1, -1):
             start = state.follower.get(tuple(seq[length - n :]))
             if start is None:
@@ -100,8 +110,8 @@ class NgramDrafter:
             for k in range(num_drafts):
                 at = start + k  # past the end, copy from the drafts themselves
                 drafts.append(seq[at] if at < length else drafts[at - length])
-            return drafts
-        return []
+            return n, drafts
+        return 0, []
 
     def _append(self, state: NgramState, new_tokens: list[int]) -> None:
         """Commit tokens: each gives a follower to the n-grams that end just before it."""

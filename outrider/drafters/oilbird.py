@@ -1,4 +1,4 @@
-"""`--drafter oilbird[:K[,SIM[,MB]]]`: suffix decoding with a second, semantic key over the same pool.
+"""`--drafter oilbird[:K[,SIM[,MB]][,base=BASE]]`: a lexical pool drafter with a second, semantic key over its pool.
 
 Lexical pool drafters (suffix trees, n-grams) find a continuation only where the last tokens
 match the pool exactly. Right after a token the pool has never seen in that place (a freshly
@@ -18,23 +18,37 @@ the root (the root's own state comes with this round's verify). The K stored key
 cosine, among those at least SIM alike whose next token *is* the root (a neighbour that predicted
 what the target just committed), give their continuations, the tokens after their next token,
 up to the round's depth. The continuations make a small trie in which a node's score is the share
-of the neighbours passing through it; the suffix drafter's speculation (suffix.py, its scores
-the count shares along each path) and that trie are merged into one tree of at most the round's
-node budget, best score first (a node both propose keeps the higher score; scores never grow along
-a path, so a parent is always taken before its children). The scores become the tree's confidence.
+of the neighbours passing through it; the base drafter's speculation (by default suffix.py's, its
+scores the count shares along each path; see BASE below) and that trie are merged into one tree of
+at most the round's node budget, best score first (a node both propose keeps the higher score;
+scores never grow along a path, so a parent is always taken before its children). The scores become the tree's confidence.
 
-The pool is the suffix drafter's: per request, the prompt and output so far (the prompt's keys
-come from the prefill forward); across requests, the outputs of finished ones (as suffix.py's
-global tree). Its keys hold at most MB megabytes in all (2 * DIMS + 4 bytes a position): the
+The pool is the base drafter's: per request, the prompt and output so far (the prompt's keys
+come from the prefill forward); across requests, with suffix's global tree, the outputs of
+finished ones. Its keys hold at most MB megabytes in all (2 * DIMS + 4 bytes a position): the
 oldest finished output is evicted first, then a running request's oldest positions.
-`memory_bytes()` and `stats()` report it, with the rounds where the suffix speculation missed
+`memory_bytes()` and `stats()` report it, with the rounds where the base's speculation missed
 (its tree held no node for the token the target committed at the first position it did not
 accept, within the round's depth) and, of those, the ones where the semantic lookup had proposed
-that token on the committed path: the share of suffix misses that were in the pool.
+that token on the committed path: the share of the base's misses that were in the pool.
 
 The drafts are chosen from the pool and the target's own states and verified like any suffix
 tree (greedy: the greedy tree verifier; sampling: the tree walk), so the output is the target's
 whatever is drafted.
+
+BASE, the lexical drafter whose pool is keyed a second time and whose tree the lookup merges into
+(`base=`, default suffix), is one of three exact-match pool drafters, each unchanged:
+
+- `suffix` (suffix.py): per-request and global suffix trees; its nodes scored by count shares;
+  node budget 2 * depth; the semantic pool holds finished outputs too, as its global tree does.
+- `ngram` (ngram.py, prompt lookup): the chain that followed the latest earlier occurrence of the
+  last n-gram (n from 3 down to 1) in the request's own text; every node of it scored n / 3 (the
+  drafter has no counts: a 3-gram match outranks every neighbour share, a 1-gram one outranks only
+  shares below 1/3); node budget depth, a chain's; no pool across requests, so no global keys either.
+- `suffix:local` (`--drafter suffix:local`): the suffix drafter without its global tree, the
+  request's own text its whole pool; budget and scores as suffix; no global keys.
+
+So a base and its Oilbird have the same pool and the same node budget: only the second key differs.
 """
 
 from __future__ import annotations
@@ -49,14 +63,17 @@ import torch
 from ..errors import ConfigError
 from ..sampling import SamplingParams
 from ..spec.types import DraftTree, VerifyResult
-from .base import Budget
+from .base import Budget, missing_tail
 from .capabilities import Capabilities
+from .ngram import NgramDrafter
 from .registry import DrafterEntry, register
 from .suffix import Speculation, SuffixDrafter, spec_tree
 
 DIMS = 64  # key dimensions after the random projection
 K, SIM, MB = 4, 0.7, 16.0  # defaults: neighbours, cosine floor, pool bound in megabytes
 PROJECTION_SEED = 0x0171B12D
+BASES = ("suffix", "ngram", "suffix:local")  # the lexical drafters it keys a second time
+BASE = "suffix"
 
 
 @dataclass(frozen=True)
@@ -64,19 +81,29 @@ class OilbirdArgument:
     k: int = K
     sim: float = SIM
     mb: float = MB
+    base: str = BASE
 
     def __str__(self) -> str:
-        return f"{self.k},{self.sim:g},{self.mb:g}"
+        return f"{self.k},{self.sim:g},{self.mb:g}" + ("" if self.base == BASE else f",base={self.base}")
 
 
 def parse_argument(text: str) -> OilbirdArgument:
-    """`K[,SIM[,MB]]`: neighbours (1 to 64), cosine floor (0 < SIM <= 1), pool bound in MB (> 0)."""
+    """`[K[,SIM[,MB]]][,base=BASE]`: neighbours (1 to 64), cosine floor (0 < SIM <= 1), pool bound
+    in MB (> 0), the lexical base (one of BASES)."""
     if not text:
         return OilbirdArgument()
     parts = text.split(",")
-    usage = "oilbird:K[,SIM[,MB]] takes K neighbours (1 to 64), a cosine floor SIM in (0, 1] and a pool bound MB > 0"
-    if len(parts) > 3:
+    usage = ("oilbird:K[,SIM[,MB]][,base=BASE] takes K neighbours (1 to 64), a cosine floor SIM in (0, 1], "
+             f"a pool bound MB > 0 and a base among {', '.join(BASES)}")
+    base = BASE
+    if parts[-1].startswith("base="):
+        base = parts.pop()[len("base="):]
+        if base not in BASES:
+            raise ConfigError(f"oilbird's base={base} is not a lexical base; use one of {', '.join(BASES)}")
+    if len(parts) > 3 or any("=" in part for part in parts):
         raise ConfigError(usage)
+    if not parts:
+        return OilbirdArgument(base=base)
     try:
         k = int(parts[0])
         sim = float(parts[1]) if len(parts) > 1 else SIM
@@ -85,7 +112,47 @@ def parse_argument(text: str) -> OilbirdArgument:
         raise ConfigError(usage) from None
     if not (1 <= k <= 64 and 0.0 < sim <= 1.0 and mb > 0 and mb == mb and mb != float("inf")):
         raise ConfigError(usage)
-    return OilbirdArgument(k, sim, mb)
+    return OilbirdArgument(k, sim, mb, base)
+
+
+class SuffixBase:
+    """The suffix drafter (suffix.py, with or without its global tree): its speculation tree, count shares."""
+
+    def __init__(self, drafter: SuffixDrafter):
+        self.drafter = drafter
+        self.min_prob = drafter.min_prob
+        self.global_pool = drafter.global_max_tokens > 0 and drafter.global_max_sequences > 0
+
+    def speculation(self, seq_id: int, tokens: list[int], budget: Budget) -> Speculation:
+        tree = self.drafter.propose(seq_id, tokens, budget)
+        if tree.size == 1:
+            return Speculation()
+        return Speculation(tree.tokens[1:].tolist(), tree.parents[1:].tolist(), tree.confidence[1:].tolist())
+
+
+class NgramBase:
+    """Prompt lookup (ngram.py): its chain, every node scored n / max_ngram for the n-gram it followed."""
+
+    global_pool = False
+    min_prob = 0.1  # the semantic paths' floor, as suffix's
+
+    def __init__(self, drafter: NgramDrafter):
+        self.drafter = drafter
+
+    def speculation(self, seq_id: int, tokens: list[int], budget: Budget) -> Speculation:
+        n, drafts = self.drafter.match(seq_id, tokens, min(budget.depth, budget.nodes))
+        score = n / self.drafter.max_ngram
+        return Speculation(drafts, list(range(len(drafts))), [score] * len(drafts))
+
+
+def make_base(name: str) -> SuffixBase | NgramBase:
+    if name == "suffix":
+        return SuffixBase(SuffixDrafter())
+    if name == "suffix:local":
+        return SuffixBase(SuffixDrafter(global_max_tokens=0))
+    if name == "ngram":
+        return NgramBase(NgramDrafter())
+    raise ConfigError(f"oilbird's base={name} is not a lexical base; use one of {', '.join(BASES)}")
 
 
 class KeyRows:
@@ -117,9 +184,10 @@ class Own:
     """One request's keys: row r is position first + r; rows == len(tokens) - 1 - first in step."""
 
     rows: KeyRows
+    tokens: list[int]  # committed so far
     first: int = 0
     prompt_len: int = 0
-    suffix_paths: set = field(default_factory=set)  # this round's proposals, for stats
+    base_paths: set = field(default_factory=set)  # this round's proposals, for stats
     semantic_paths: set = field(default_factory=set)
     depth: int = 0
 
@@ -128,26 +196,28 @@ class Own:
 class Stats:
     rounds: int = 0
     lookups: int = 0  # rounds whose lookup found at least one neighbour
-    suffix_misses: int = 0  # rounds where the suffix tree lacked the target's token (within the depth)
+    base_misses: int = 0  # rounds where the base's tree lacked the target's token (within the depth)
     semantic_present: int = 0  # ... and the semantic lookup had proposed it
     semantic_drafted: int = 0  # draft nodes that came from the semantic trie alone
-    semantic_accepted: int = 0  # accepted tokens beyond what the suffix tree alone held
+    semantic_accepted: int = 0  # accepted tokens beyond what the base's tree alone held
 
 
-class OilbirdDrafter(SuffixDrafter):
-    """The suffix drafter, its speculation merged with the continuations of the nearest hidden states."""
+class OilbirdDrafter:
+    """A lexical base's speculation merged with the continuations of the nearest hidden states."""
 
     name = "oilbird"
     trees = SuffixDrafter.capabilities.trees
 
     def __init__(self, layer: int, k: int = K, sim: float = SIM, mb: float = MB, hidden_size: int | None = None,
-                 norm_weight: torch.Tensor | None = None, eps: float = 1e-5, dims: int = DIMS, **suffix):
+                 norm_weight: torch.Tensor | None = None, eps: float = 1e-5, dims: int = DIMS, base: str = BASE):
         """layer: the target layer whose output keys a position (declared in needs_hidden);
         norm_weight, eps: the target's final norm, applied before the projection (None: none);
-        hidden_size: the target's (None: taken from the first states seen, projected when above dims)."""
-        super().__init__(**suffix)
+        hidden_size: the target's (None: taken from the first states seen, projected when above dims);
+        base: the lexical drafter (one of BASES)."""
         if not 1 <= k <= 64 or not 0.0 < sim <= 1.0 or not mb > 0:
             raise ConfigError(f"oilbird takes 1 <= k <= 64, 0 < sim <= 1 and mb > 0, got {k}, {sim}, {mb}")
+        self.base, self.base_name = make_base(base), base
+        self.min_prob = self.base.min_prob
         self.capabilities = Capabilities(trees=self.trees, needs_hidden=(layer,))
         self.layer, self.k, self.sim = layer, k, sim
         self.max_bytes = int(mb * 2**20)
@@ -187,12 +257,16 @@ class OilbirdDrafter(SuffixDrafter):
         return torch.zeros(n, self.dims, dtype=torch.float16)  # never within a positive floor
 
     # -- protocol -----------------------------------------------------------------------------
+    def max_nodes(self, depth: int) -> int:
+        """The base's budget: the merged tree is never larger than the base's own may be."""
+        return self.base.drafter.max_nodes(depth)
+
     def start(self, seq_id: int, prompt: list[int], params: SamplingParams | None = None,
               hidden: torch.Tensor | None = None) -> None:
         """hidden: [len(prompt) - 1, 1, E] the prompt's states at the declared layer (None: no keys
         for the prompt, as for a one-token prompt or a state rebuilt from tokens alone)."""
-        super().start(seq_id, prompt, params)
-        own = Own(KeyRows(self.dims), prompt_len=len(prompt))
+        self.base.drafter.start(seq_id, prompt, params)
+        own = Own(KeyRows(self.dims), list(prompt), prompt_len=len(prompt))
         n = len(prompt) - 1
         if n > 0:
             keys = self.keys(hidden) if hidden is not None and hidden.shape[0] == n else self._zeros(n)
@@ -202,16 +276,14 @@ class OilbirdDrafter(SuffixDrafter):
 
     def update(self, seq_id: int, result: VerifyResult, hidden: torch.Tensor | None = None) -> None:
         """hidden: [1 + num_accepted, 1, E] the states of the root and the accepted drafts."""
-        state = self._states.get(seq_id)
+        self.base.drafter.update(seq_id, result)
         own = self._own.get(seq_id)
-        if state is None or own is None:
+        if own is None:
             return
         self._count(own, result)
-        before = len(state.tokens)
-        super().update(seq_id, result)
-        tokens = state.tokens
-        self._sync(own, tokens[:before])  # positions behind (a round not followed) get blank keys
-        new = tokens[before:]
+        self._sync(own, own.tokens)  # positions behind (a round not followed) get blank keys
+        new = list(result.tokens)
+        own.tokens += new
         if not new:
             return
         keys = self._zeros(len(new))
@@ -225,8 +297,8 @@ class OilbirdDrafter(SuffixDrafter):
         """The output's keys join the global pool (from the last prompt position on), oldest evicted."""
         own = self._own.pop(seq_id, None)
         prompt_len = own.prompt_len if own is not None else 0
-        super().finish(seq_id, tokens)
-        if own is None or self.global_max_sequences == 0 or self.global_max_tokens == 0:
+        self.base.drafter.finish(seq_id, tokens)
+        if own is None or not self.base.global_pool:
             return
         start = max(prompt_len - 1 - own.first, 0)
         end = len(tokens) - 1 - own.first  # a round cut by a stop committed fewer tokens than it followed
@@ -245,19 +317,24 @@ class OilbirdDrafter(SuffixDrafter):
         self._ends()
         self._bound(None)
 
+    def propose(self, seq_id: int, tokens: list[int], budget: Budget) -> DraftTree:
+        return self.scored_proposal(seq_id, tokens, budget)[0]
+
     def scored_proposal(self, seq_id: int, tokens: list[int], budget: Budget) -> tuple[DraftTree, float]:
-        state = self._synced_state(seq_id, tokens)
         own = self._own.get(seq_id)
-        if own is None or own.first + own.rows.rows > len(tokens) - 1:  # rebuilt by the suffix drafter
-            own = self._own[seq_id] = Own(KeyRows(self.dims), prompt_len=state.prompt_len)
-            own.first = len(tokens) - 1
+        tail = missing_tail(own.tokens, tokens) if own is not None else None
+        if tail is None:  # unknown, or another prefix: no keys for what came before (as the base rebuilds)
+            prompt_len = min(own.prompt_len, len(tokens)) if own is not None else len(tokens)
+            own = self._own[seq_id] = Own(KeyRows(self.dims), list(tokens), len(tokens) - 1, prompt_len)
+        else:
+            own.tokens += tail
         self._sync(own, tokens)
-        suffix = self.speculation(state, budget)
+        lexical = self.base.speculation(seq_id, tokens, budget)
         min_prob = max(self.min_prob, getattr(budget, "min_confidence", 0.0))
         semantic = self.lookup(own, tokens[-1], budget.depth)
-        spec, from_semantic = merge(suffix, semantic, budget.nodes, min_prob)
+        spec, from_semantic = merge(lexical, semantic, budget.nodes, min_prob)
         self.counts.semantic_drafted += from_semantic
-        own.suffix_paths = paths(suffix.tokens, suffix.parents)
+        own.base_paths = paths(lexical.tokens, lexical.parents)
         own.semantic_paths = {path for path, _ in semantic}
         own.depth = budget.depth
         return spec_tree(tokens[-1], spec), spec.score
@@ -345,24 +422,24 @@ class OilbirdDrafter(SuffixDrafter):
                 + sum(own.rows.nbytes for own in self._own.values()))
 
     def _count(self, own: Own, result: VerifyResult) -> None:
-        """Was the target's token at the suffix tree's first miss among the semantic proposals?"""
+        """Was the target's token at the base tree's first miss among the semantic proposals?"""
         self.counts.rounds += 1
         committed = tuple(result.tokens)
         m = 0
-        while m < len(committed) and committed[: m + 1] in own.suffix_paths:
+        while m < len(committed) and committed[: m + 1] in own.base_paths:
             m += 1
         self.counts.semantic_accepted += max(0, result.num_accepted - m)
         if m < len(committed) and m < own.depth:
-            self.counts.suffix_misses += 1
+            self.counts.base_misses += 1
             self.counts.semantic_present += committed[: m + 1] in own.semantic_paths
-        own.suffix_paths, own.semantic_paths = set(), set()
+        own.base_paths, own.semantic_paths = set(), set()
 
     def stats(self) -> dict:
         c = self.counts
         return {
-            "rounds": c.rounds, "lookups": c.lookups, "suffix_misses": c.suffix_misses,
+            "base": self.base_name, "rounds": c.rounds, "lookups": c.lookups, "base_misses": c.base_misses,
             "semantic_present": c.semantic_present,
-            "missed_present_share": c.semantic_present / c.suffix_misses if c.suffix_misses else 0.0,
+            "missed_present_share": c.semantic_present / c.base_misses if c.base_misses else 0.0,
             "semantic_drafted": c.semantic_drafted, "semantic_accepted": c.semantic_accepted,
             "pool_rows": self.global_rows.rows + sum(o.rows.rows for o in self._own.values()),
             "pool_bytes": self.memory_bytes(), "pool_bound_bytes": self.max_bytes,
@@ -380,9 +457,9 @@ def paths(tokens: list[int], parents: list[int]) -> set[tuple[int, ...]]:
 def merge(suffix: Speculation, semantic: list[tuple[tuple[int, ...], float]], max_nodes: int,
           min_prob: float) -> tuple[Speculation, int]:
     """One tree of at most `max_nodes` drafts from both: every path with its best score (the
-    suffix's count share or the neighbours' share), best first, ties to the suffix tree and then
-    to shallower paths; paths below `min_prob` dropped. Returns it and how many of its nodes the
-    suffix tree did not hold."""
+    lexical tree's own score, such as suffix's count share, or the neighbours' share), best first,
+    ties to the lexical tree and then to shallower paths; semantic paths below `min_prob` dropped.
+    Returns it and how many of its nodes the lexical tree did not hold."""
     score: dict[tuple[int, ...], float] = {}
     order: dict[tuple[int, ...], int] = {}
     for path, s in zip(paths_in_order(suffix.tokens, suffix.parents), suffix.scores):
@@ -419,10 +496,10 @@ def paths_in_order(tokens: list[int], parents: list[int]) -> list[tuple[int, ...
 def build(arg: OilbirdArgument, shape, target, target_path: Path) -> OilbirdDrafter:
     c = target.config
     drafter = OilbirdDrafter(c.num_layers, arg.k, arg.sim, arg.mb, hidden_size=c.hidden_size,
-                             norm_weight=getattr(target, "norm", None), eps=c.rms_norm_eps)
+                             norm_weight=getattr(target, "norm", None), eps=c.rms_norm_eps, base=arg.base)
     drafter.name = "oilbird" if arg == OilbirdArgument() else f"oilbird:{arg}"
     return drafter
 
 
-register(DrafterEntry("oilbird", "oilbird[:K[,SIM[,MB]]]", Capabilities(trees=OilbirdDrafter.trees), build=build,
+register(DrafterEntry("oilbird", "oilbird[:K[,SIM[,MB]][,base=BASE]]", Capabilities(trees=OilbirdDrafter.trees), build=build,
                       parse_argument=parse_argument))

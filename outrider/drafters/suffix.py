@@ -5,6 +5,8 @@ Two suffix trees (see `suffix_tree.py`) answer "what followed this context befor
 - the **per-request** tree over the request's prompt + output so far, grown as tokens commit;
 - the **global** tree over the outputs of earlier requests (added at `finish`), holding at most
   `global_max_tokens` tokens and `global_max_sequences` outputs, the oldest evicted first.
+  `--drafter suffix:local` keeps no global tree (`global_max_tokens` 0): the request's own text is
+  its whole pool, as for prompt lookup (ngram.py).
 
 Each round, in each tree, the drafter takes the longest suffix of the committed sequence (at most
 `max_match` tokens) that the tree has seen followed by something, and from its node grows a
@@ -302,5 +304,21 @@ class SuffixDrafter:
         return self._states[seq_id]
 
 
-register(DrafterEntry("suffix", "suffix", SuffixDrafter.capabilities,
-                      build=lambda argument, shape, target, target_path: SuffixDrafter()))
+def parse_argument(text: str) -> str:
+    """Empty, or `local`: the per-request tree only, no global tree of finished outputs."""
+    if text not in ("", "local"):
+        raise ConfigError("suffix takes no argument, or `local` (the per-request tree only, no global tree "
+                          "of earlier outputs)")
+    return text
+
+
+def build(argument: str, shape, target, target_path) -> SuffixDrafter:
+    if argument != "local":
+        return SuffixDrafter()
+    drafter = SuffixDrafter(global_max_tokens=0)
+    drafter.name = "suffix:local"
+    return drafter
+
+
+register(DrafterEntry("suffix", "suffix[:local]", SuffixDrafter.capabilities, build=build,
+                      parse_argument=parse_argument))
