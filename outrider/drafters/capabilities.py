@@ -61,11 +61,17 @@ class Capabilities:
         cache (early exit): the engine hands it that cache (`attach_target_cache`) and each
         sequence's slot (`start(..., target_slot=)`); it writes only rows past the committed
         prefix, which the verify forward overwrites.
+    needs_attention: it reads the verify forward's attention scores (ForwardOutput.attention: per
+        layer, K/V head and key, the weights the sequence's verified rows gave it): the engine asks
+        the forward for them and hands each sequence's [layers, G, kv_len], or None where the
+        forward cannot give them (not the native layer), to `observe_attention(seq_ids, scores)`
+        before the round's update (SparseSpec-L).
     """
 
     trees: Mapping[str, Drafts]
     needs_hidden: tuple[int, ...] = field(default=())
     reads_target_cache: bool = False
+    needs_attention: bool = False
 
     def __post_init__(self):
         if not self.trees:

@@ -8,12 +8,14 @@ layer, but each draft forward attends only to the keys that mattered to the last
 
 Here, each round:
 
-1. Selection. The verify forward taps the hidden state entering every layer at the rows of the
-   root and the accepted drafts (`needs_hidden`: no extra target pass; the prefill's taps give
-   the first round the prompt's last rows). For layer l, those rows' queries are recomputed
-   (norm, q projection, rotary at their positions: a few rows) and scored against layer l's keys
-   over the committed prefix; softmax per query head, summed over the rows and over the query
-   heads that share a K/V head. Per layer and per K/V head, the kept keys are the SINK first
+1. Selection (sparsespec_select.py). Where the native layer runs the target, the verify forward
+   itself adds up the attention weights its rows (the root and every draft) gave each key, per
+   layer and K/V head (`needs_attention`: the scores option, no recomputation); the first round,
+   before any verify, keeps the sink and the most recent keys. Elsewhere (the slow path, the
+   reference) the verify forward taps the hidden state entering every layer at the rows of the
+   root and the accepted drafts (`needs_hidden`; the prefill's taps give the first round the
+   prompt's last rows), and those rows' queries are recomputed and scored against every layer's
+   keys in torch. Per layer and per K/V head, the kept keys are the SINK first
    positions, the RECENT last ones and the best of the rest by that mass, BUDGET in all (every
    key when the prefix holds no more than BUDGET). Different layers and K/V heads keep
    different positions. The selection is made afresh every round from the dense cache, which is
@@ -31,30 +33,29 @@ Here, each round:
 The target verifies every draft with full attention, so the output is the target's (exact);
 only the proposals depend on the selection.
 
-Cost, honestly: the scoring reads every layer's keys once a round (half of one dense step's K/V
-reads) and the gather copies BUDGET rows a layer; the paper reads the scores out of its
-verification kernel at no cost, which the native layer here does not expose.
+Cost: with the native layer the scores cost a sum over the verify's attention weights and a
+top-k per layer and head; the slow path reads every layer's keys once a round (half of one dense
+step's K/V reads). The gather copies BUDGET rows a layer either way.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from ..errors import ConfigError
-from ..models.layers import apply_rotary, linear, rms_norm, rotary_tables
 from ..sampling import SamplingParams
 from ..spec.types import DraftTree, VerifyResult
 from .base import Budget
 from .model import ModelDrafter
 from .registry import DrafterEntry, register
+from .sparsespec_select import keep, select, select_torch  # noqa: F401  (select: the tests' and scripts')
 
 USAGE = "sparsespec[:BUDGET[,SINK[,RECENT]]]"
 FAR = 1 << 40  # pack's window width that restricts nothing: only the shifted positions are wanted
-QUERY_ROWS = 4  # the last verified rows whose attention picks the keys (scoring costs grow with them)
+QUERY_ROWS = 4  # the slow path's: the last verified rows whose attention picks the keys (its cost grows with them)
 
 
 @dataclass(frozen=True)
@@ -92,33 +93,28 @@ def check_fits(sparsity: Sparsity, target_config, target_path: Path) -> str | No
     return None
 
 
-def select(queries: torch.Tensor, keys: torch.Tensor, sparsity: Sparsity) -> torch.Tensor:
-    """queries [H, n, D] (rotated), keys [G, L, D] -> kept positions [G, k] (sorted, k = min(BUDGET, L)):
-    per K/V head, the sink, the recent and the best of the rest by softmax mass summed over the
-    n rows and the H / G query heads of the group."""
-    G, L, D = keys.shape
-    if L <= sparsity.budget:
-        return torch.arange(L).expand(G, L)
-    H, n, _ = queries.shape
-    scores = queries.reshape(G, (H // G) * n, D).float() @ keys.float().transpose(1, 2)  # [G, rows, L]
-    mass = torch.softmax(scores / math.sqrt(D), dim=-1).sum(1)  # [G, L]
-    mass[:, : sparsity.sink] = math.inf
-    mass[:, L - sparsity.recent:] = math.inf
-    return mass.topk(sparsity.budget, dim=-1).indices.sort(dim=-1).values
-
-
 class SparseDrafter(ModelDrafter):
     """The target's every layer, drafting over the kept keys of its own cache (module notes)."""
 
-    def __init__(self, target, shape, sparsity: Sparsity):
+    def __init__(self, target, shape, sparsity: Sparsity, native_scores: bool | None = None):
+        """native_scores: the verify forward's scores (the native layer's option); False, the slow
+        path (taps, queries recomputed in torch); None, the first wherever the native layer runs
+        the target."""
         super().__init__(target, shape, name=f"sparsespec:{sparsity}")
         self.sparsity = sparsity
+        if native_scores is None:
+            from ..kernels.decoder_layer import NativeLayers
+
+            native_scores = target.device.type == "cpu" and NativeLayers.of(target) is not None
+        self.native_scores = native_scores
         layers = target.config.num_layers
-        self.capabilities = replace(ModelDrafter.capabilities, reads_target_cache=True,
-                                    needs_hidden=tuple(range(layers)))  # the input of every layer
+        self.capabilities = replace(ModelDrafter.capabilities, reads_target_cache=True, needs_attention=True) \
+            if native_scores else replace(ModelDrafter.capabilities, reads_target_cache=True,
+                                          needs_hidden=tuple(range(layers)))  # the input of every layer
         self.source = None  # the target's KVCache (read only)
         self._target_slots: dict[int, int] = {}
         self._rows: dict[int, torch.Tensor | None] = {}  # seq -> the last verified rows' taps [n, layers, E]
+        self._mass: dict[int, torch.Tensor | None] = {}  # seq -> the last verify's scores [layers, G, kv_len]
         self.kept_share: list[float] = []  # per proposal: kept keys / committed keys (the measurement)
 
     def attach_target_cache(self, cache) -> None:
@@ -152,6 +148,11 @@ class SparseDrafter(ModelDrafter):
             self._rows[seq_id] = hidden[-QUERY_ROWS:]  # the root's and the accepted drafts' rows
         self._states[seq_id].proposed = False  # nothing to roll back: the next round gathers afresh
 
+    def observe_attention(self, seq_ids: list[int], attention: list) -> None:
+        """The verify forward's scores per sequence ([layers, G, kv_len], or None: not the native layer)."""
+        for seq_id, mass in zip(seq_ids, attention):
+            self._mass[seq_id] = mass
+
     def update_batch(self, seq_ids: list[int], results: list[VerifyResult], hidden: list) -> None:
         for seq_id, result, h in zip(seq_ids, results, hidden):
             self.update(seq_id, result, h)
@@ -159,6 +160,7 @@ class SparseDrafter(ModelDrafter):
     def finish(self, seq_id: int, tokens: list[int]) -> None:
         self._target_slots.pop(seq_id, None)
         self._rows.pop(seq_id, None)
+        self._mass.pop(seq_id, None)
         super().finish(seq_id, tokens)
 
     # -- the selection and the gather ---------------------------------------------------------
@@ -169,39 +171,33 @@ class SparseDrafter(ModelDrafter):
     @torch.inference_mode()
     def _select(self, seq_id: int, length: int) -> torch.Tensor:
         """Kept positions [layers, G, k] of the committed prefix (rows 0..length-1 of the target's slot)."""
-        c, target = self.decoder.config, self.decoder
+        c, budget = self.decoder.config, self.sparsity.budget
         G = c.num_kv_heads
-        if length <= self.sparsity.budget:
+        if length <= budget:
             return torch.arange(length).expand(c.num_layers, G, length)
+        mass = self._mass.get(seq_id)
+        if self.native_scores and mass is not None:  # the fast path: the verify's own weights
+            return keep(mass[:, :, :length], budget, self.sparsity.sink, self.sparsity.recent)  # [layers, G, k]
         rows = self._rows.get(seq_id)
-        if rows is None:  # no query yet (a one-token prompt): the most recent keys
-            recent = torch.arange(length - self.sparsity.budget + self.sparsity.sink, length)
+        if self.native_scores or rows is None:  # nothing scored yet (the first round): the most recent keys
+            recent = torch.arange(length - budget + self.sparsity.sink, length)
             kept = torch.cat([torch.arange(self.sparsity.sink), recent])
             return kept.expand(c.num_layers, G, kept.shape[0])
-        H, D, n = c.num_heads, c.head_dim, rows.shape[0]
-        positions = torch.arange(length - n, length, device=target.device).view(1, n)
-        cos, sin = rotary_tables(positions, target.inv_freq, target.dtype)
-        slot = self._target_slots[seq_id]
-        out = []
-        for index, w in enumerate(target.layers):
-            h = rms_norm(rows[:, index].unsqueeze(0).to(target.dtype), w.input_norm, c.rms_norm_eps)  # [1, n, E]
-            q = linear(h, w.qkv, w.qkv_bias)[..., : H * D].view(1, n, H, D).transpose(1, 2)  # [1, H, n, D]
-            if w.q_norm is not None:
-                q = rms_norm(q, w.q_norm, c.rms_norm_eps)
-            q = apply_rotary(q, cos, sin)[0]
-            out.append(select(q, self.source.k[index][slot, :, :length], self.sparsity).cpu())
-        return torch.stack(out)
+        return select_torch(self.decoder, self.source, self._target_slots[seq_id], rows, length, self.sparsity)
 
     @torch.inference_mode()
     def _gather(self, target_slot: int, own_slot: int, kept: torch.Tensor) -> None:
-        """Copy the kept rows [layers, G, k] of the target's slot to rows 0..k-1 of the drafter's slot."""
-        k = kept.shape[-1]
-        cache = self.cache
-        D = self.decoder.config.head_dim
-        for index in range(len(cache.k)):
-            at = kept[index].to(cache.k[index].device).unsqueeze(-1).expand(-1, k, D)  # [G, k, D]
-            cache.k[index][own_slot, :, :k] = self.source.k[index][target_slot].gather(1, at)
-            cache.v[index][own_slot, :, :k] = self.source.v[index][target_slot].gather(1, at)
+        """Copy the kept rows [layers, G, k] of the target's slot to rows 0..k-1 of the drafter's slot:
+        per layer, one row index_select of each of K and V (a row of head g at g * rows + position)."""
+        layers, G, k = kept.shape
+        cache, source = self.cache, self.source
+        rows, D = source.k[0].shape[2:]  # a head's rows in the target's cache, its size
+        flat = (kept + torch.arange(G).view(1, G, 1) * rows).reshape(layers, G * k)  # [layers, G k]
+        for index in range(layers):
+            at = flat[index].to(cache.k[index].device)  # [G k]
+            for own, src in ((cache.k[index], source.k[index]), (cache.v[index], source.v[index])):
+                picked = src[target_slot].reshape(G * rows, D).index_select(0, at)  # [G k, D]
+                own[own_slot, :, :k] = picked.view(G, k, D)
 
 
 def build(sparsity: Sparsity, shape, target, target_path: Path) -> SparseDrafter:

@@ -265,17 +265,18 @@ class EngineLoop:
         before = [len(s.output) for s in seqs]
         live = [b for b in range(len(seqs)) if b not in failed]  # may be none: every proposal failed
         outcome = run_round(self.target, self.cache, [seqs[b] for b in live], [trees[b] for b in live], taps,
-                            draft_s=drafted - start)
+                            draft_s=drafted - start, attention=spec is not None and spec.attention)
         for i, why in outcome.failed.items():
             failed[live[i]] = why
         results = {live[i]: r for i, r in enumerate(outcome.results) if r is not None}
         hidden = {live[i]: h for i, h in enumerate(outcome.hidden)}
+        scores = {live[i]: a for i, a in enumerate(outcome.attention)}
         if spec is not None and live:  # the batch's verify cost as it is now, for the cost controller
             spec.observe_verify_time(len(live), max(trees[b].size for b in live), time.perf_counter() - drafted)
         stops = {b: stop_after_round(seqs[b], len(r.tokens), self.eos_ids, self.cache.free_rows(seqs[b].slot))
                  for b, r in results.items()}
         drafting = [b for b in results if seqs[b].speculate]
-        failed.update(self._follow(seqs, drafting, trees, results, hidden))
+        failed.update(self._follow(seqs, drafting, trees, results, hidden, scores))
         events = []
         for b, seq in enumerate(seqs):
             new = seq.output[before[b]:]
@@ -328,14 +329,15 @@ class EngineLoop:
                 errors[b] = str(err)
         return errors
 
-    def _follow(self, seqs, drafting: list[int], trees: list[DraftTree], results: dict, hidden: dict
-                ) -> dict[int, str]:
+    def _follow(self, seqs, drafting: list[int], trees: list[DraftTree], results: dict, hidden: dict,
+                scores: dict) -> dict[int, str]:
         """The drafter follows what the drafting sequences committed: the batch indices whose
         drafter state broke, with why (engine/speculator.py)."""
         if not drafting:
             return {}
         errors = self.speculation.update_batch([seqs[b] for b in drafting], [trees[b] for b in drafting],
-                                               [results[b] for b in drafting], [hidden[b] for b in drafting])
+                                               [results[b] for b in drafting], [hidden[b] for b in drafting],
+                                               [scores.get(b) for b in drafting])
         return {drafting[i]: _why("the drafter failed to follow the commit", err) for i, err in errors.items()}
 
     def _fail(self, seq: Sequence, why: str, err: Exception | None = None) -> Event:

@@ -43,11 +43,14 @@ NOT_FINITE = -1  # the choice of a row whose raw logits are not all finite
 @dataclass
 class Outcome:
     """What a round did: results[b] (None where sequence b failed), hidden[b] its taps on the
-    accepted path (layer -> [1 + num_accepted, E]), failed[b] why it failed."""
+    accepted path (layer -> [1 + num_accepted, E]), failed[b] why it failed; attention[b], when
+    asked, the verify forward's scores over all of b's verified rows ([layers, G, kv_len], None
+    where the forward does not give them: Decoder.forward(attention=))."""
 
     results: list[VerifyResult | None]
     hidden: list[dict[int, torch.Tensor]]
     failed: dict[int, str] = field(default_factory=dict)
+    attention: list[torch.Tensor | None] = field(default_factory=list)
 
 
 def run_round(
@@ -57,12 +60,13 @@ def run_round(
     trees: list[DraftTree],
     hidden_layers: tuple[int, ...] = (),
     draft_s: float = 0.0,
+    attention: bool = False,
 ) -> Outcome:
     """Verify trees[b] for seqs[b] and commit; `draft_s`, the proposal's time, is shared out
     among the sequences' stats. hidden[b][layer] holds the rows of the root and the accepted
     nodes (the features of the tokens at positions cache_len .. cache_len + a)."""
     start = time.perf_counter()
-    outcome = Outcome([None] * len(seqs), [{} for _ in seqs])
+    outcome = Outcome([None] * len(seqs), [{} for _ in seqs], attention=[None] * len(seqs))
     vocab = target.config.vocab_size
     for b, (seq, tree) in enumerate(zip(seqs, trees)):
         problem = tree_problem(tree.tokens, tree.parents, tree.draft_probs, vocab)
@@ -71,7 +75,8 @@ def run_round(
                                  "drafter; nothing was committed)")
     live = [b for b in range(len(seqs)) if b not in outcome.failed]
     if live:
-        _verify(target, cache, [seqs[b] for b in live], [trees[b] for b in live], hidden_layers, outcome, live)
+        _verify(target, cache, [seqs[b] for b in live], [trees[b] for b in live], hidden_layers, outcome, live,
+                attention)
     verified = time.perf_counter()
     share = 1.0 / max(len(seqs), 1)
     for seq in seqs:
@@ -80,13 +85,16 @@ def run_round(
     return outcome
 
 
-def _verify(target, cache, seqs, trees, hidden_layers, outcome: Outcome, index: list[int]) -> None:
+def _verify(target, cache, seqs, trees, hidden_layers, outcome: Outcome, index: list[int],
+            attention: bool = False) -> None:
     lens = [cache.lengths[seq.slot] for seq in seqs]
     batch = pack(
         [seq.slot for seq in seqs], lens, [t.tokens for t in trees], [t.parents for t in trees],
         logits="real", hidden_layers=hidden_layers, scratch_row=cache.scratch_row, device=target.device,
     )
-    out = target.forward(batch, cache)  # logits [sum of tree sizes, vocab]: real rows only, slot by slot
+    asked = {"attention": True} if attention else {}  # the scores only where a drafter reads them
+    out = target.forward(batch, cache, **asked)  # logits [sum of tree sizes, vocab]: real rows only, slot by slot
+    attention_out = getattr(out, "attention", None)
     logits = _processed(out.logits, seqs, trees)  # [sum of tree sizes, vocab]
     finite = torch.isfinite(out.logits.sum(-1))  # [sum of tree sizes]: NaN or inf anywhere in a row
     choices = torch.where(finite, logits.argmax(-1), NOT_FINITE).tolist()  # one sync for the batch
@@ -107,6 +115,8 @@ def _verify(target, cache, seqs, trees, hidden_layers, outcome: Outcome, index: 
             outcome.failed[b] = f"verification failed: {type(err).__name__}: {err}"
             continue
         path = [0, *result.accepted_nodes]
+        if attention_out is not None:
+            outcome.attention[b] = attention_out[i]  # [layers, G, kv_len]: every verified row of b's
         outcome.hidden[b] = {layer: h[i, path] for layer, h in out.hidden.items()}  # [len(path), E] each
         cache.compact(seq.slot, [length + node for node in path], length)
         cache.set_length(seq.slot, length + len(path))

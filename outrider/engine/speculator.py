@@ -158,6 +158,7 @@ class Speculator:
         self.tree_kind = self.drafts.tree_kind
         self.hidden_layers: tuple[int, ...] = capabilities.needs_hidden  # tapped in prefill and verify
         self.reads_target_cache = capabilities.reads_target_cache  # early exit: drafts over the target's K/V
+        self.attention = capabilities.needs_attention  # the verify forward's attention scores (sparsespec)
         options.check_nodes(self.max_tree_size - 1, controller.max_depth)
 
     # -- construction -------------------------------------------------------------------------
@@ -269,11 +270,12 @@ class Speculator:
         self.controller.observe_verify_time(batch_size, width, seconds)
 
     def update_batch(self, seqs, trees: list[DraftTree], results: list[VerifyResult],
-                     hidden: list[dict[int, torch.Tensor]]) -> dict[int, Exception]:
+                     hidden: list[dict[int, torch.Tensor]], attention: list | None = None) -> dict[int, Exception]:
         """trees[b]: the tree verified for sequence b (the drafter's, or what a grammar made of it:
         engine/loop.py), results[b] its result; hidden[b]: the taps on the accepted path (layer ->
         [1 + num_accepted, E], engine/round.py), given to the drafter stacked in its declared
-        order, or None. Returns
+        order, or None; attention[b]: the verify forward's scores, for a drafter that declares
+        needs_attention (observe_attention, before its update). Returns
         the sequences whose drafter state is broken (index -> exception): for a drafter that
         follows one sequence at a time, those whose update raised; for one with a batched
         `update_batch` that raised, every sequence of the call (what it did is unknown)."""
@@ -281,6 +283,11 @@ class Speculator:
             self.controller.observe(seq.seq_id, tree, result)
         stacked = [self._stack(h) if self.hidden_layers else None for h in hidden]
         ids = [seq.seq_id for seq in seqs]
+        if self.attention:
+            try:
+                self.drafter.observe_attention(ids, attention if attention is not None else [None] * len(ids))
+            except Exception as err:
+                return {i: err for i in range(len(seqs))}
         if getattr(self.drafter, "update_batch", None) is not None:
             try:
                 update_batch(self.drafter, ids, results, stacked)

@@ -9,6 +9,11 @@ products through matmul_amx.c from quant_linear.TILE_ROWS rows; elsewhere prefil
 and its float GEMM for many rows). The torch layer (decoder.py) is the reference:
 tests/test_native_layer.py compares the two, and checks that a row's result does not depend on
 the other rows of its batch.
+
+The scores option (`mass`, SparseSpec-L's selection): run() adds the attention weights each row
+gave each key, summed over the query heads of a K/V head, into mass [N, layers, G, L] at the row's
+entry (`mass_at`); the forward's outputs are the same bits with it or without it
+(tests/test_native_scores.py).
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ class QWeight(ctypes.Structure):
 QWeight._fields_ = [("kind", ctypes.c_int64), ("out", ctypes.c_int64), ("in_", ctypes.c_int64),
                     ("q", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
                     ("nparts", ctypes.c_int64), ("parts", ctypes.POINTER(QWeight))]  # a stack's parts (decoder_layer.c)
+
+
+class AttentionMass(ctypes.Structure):  # attention.h: the scores option
+    _fields_ = [("out", ctypes.c_void_p), ("at", ctypes.c_void_p), ("layers", ctypes.c_int64),
+                ("layer", ctypes.c_int64)]
 
 
 class LayerSpec(ctypes.Structure):  # decoder_layer.c: what differs between layers
@@ -105,15 +115,17 @@ class NativeLayers:
         return cls(arrays, specs, lanes=all(k == "i8" for k in kernels))
 
     def run(self, decoder, batch, cache, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, upto: int,
-            hidden: dict, fill: int = 0) -> torch.Tensor:
+            hidden: dict, fill: int = 0, mass: torch.Tensor | None = None,
+            mass_at: torch.Tensor | None = None) -> torch.Tensor:
         """Layers 0..upto-1 over x [B, T, E] (a new tensor, updated in place); the K/V of the
         batch's rows go to `cache` as decoder.forward writes them; hidden[l] gets a copy of x
         after layer l for l in batch.hidden_layers. One native call for the layers between two
         taps (`run_one` below is the call a layer). fill: 0, the row kernel; 3 or 1, a prefill's
-        products on the tile unit (decoder_layer.c's matmul)."""
+        products on the tile unit (decoder_layer.c's matmul). mass [N, upto, G, L] float32 (zeroed
+        by the caller), mass_at [B * T] long (a row's entry, -1: not counted): the scores option."""
         c = decoder.config
         call = LayerCall(batch, cache, x, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
-                         fill=fill)
+                         fill=fill, mass=mass, mass_at=mass_at)
         k_caches = (ctypes.c_void_p * upto)(*[t.data_ptr() for t in cache.k[:upto]])
         v_caches = (ctypes.c_void_p * upto)(*[t.data_ptr() for t in cache.v[:upto]])
         start = 0
@@ -125,11 +137,12 @@ class NativeLayers:
         return call.x
 
     def run_one(self, decoder, batch, cache, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, upto: int,
-                hidden: dict, fill: int = 0) -> torch.Tensor:
+                hidden: dict, fill: int = 0, mass: torch.Tensor | None = None,
+                mass_at: torch.Tensor | None = None) -> torch.Tensor:
         """`run`, one native call a layer (the reference for the span call; tests)."""
         c = decoder.config
         call = LayerCall(batch, cache, x, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
-                         fill=fill)
+                         fill=fill, mass=mass, mass_at=mass_at)
         for index in range(upto):
             w = decoder.layers[index]
             call.run(index, self.weights[index], w.input_norm, w.post_norm, c.rms_norm_eps, w.qkv_bias, w.q_norm,
@@ -144,7 +157,8 @@ class LayerCall:
     stream x [R, E] (a copy, updated in place), rotary tables, slots, cache rows, mask, workspace."""
 
     def __init__(self, batch, cache, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, H: int, G: int, D: int,
-                 I: int, h_in: torch.Tensor | None = None, fill: int = 0):
+                 I: int, h_in: torch.Tensor | None = None, fill: int = 0, mass: torch.Tensor | None = None,
+                 mass_at: torch.Tensor | None = None):
         B, T, E = x.shape
         self.fill = fill
         R, L = B * T, batch.kv_len
@@ -165,6 +179,12 @@ class LayerCall:
         self._rope = (self.cos.data_ptr(), self.sin.data_ptr())
         self._rows = (self.slots.data_ptr(), self.rows.data_ptr())
         self._work = self.work.data_ptr()
+        self.mass = None  # the scores option: AttentionMass over mass [N, layers, G, L], mass_at [R]
+        if mass is not None:
+            if mass.dtype != torch.float32 or not mass.is_contiguous() or mass.shape[-1] != L or mass_at is None:
+                raise ValueError("the scores option takes a contiguous float32 [N, layers, G, kv_len] and each row's entry")
+            self.mass_at = mass_at.reshape(R).to(torch.int64).contiguous()  # [R]
+            self.mass = AttentionMass(mass.data_ptr(), self.mass_at.data_ptr(), mass.shape[1], 0)
 
     def run(self, index: int, weights, input_norm, post_norm, eps: float, qkv_bias=None, q_norm=None,
             k_norm=None) -> None:
@@ -175,7 +195,7 @@ class LayerCall:
             R, E, H, G, D, I, self._x, self._h_in, _ptr(input_norm), post_norm.data_ptr(), eps,
             weights, _ptr(qkv_bias), _ptr(q_norm), _ptr(k_norm), *self._rope,
             k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(2), *self._rows,
-            self._mask, self.L, self._work, torch.get_num_threads(), self.fill, self.kv_half)
+            self._mask, self.L, self._work, torch.get_num_threads(), self.fill, self.kv_half, self._mass(index))
         if status != 0:
             raise ValueError(f"the native layer refused layer {index} (R={R}, L={self.L})")
 
@@ -188,6 +208,13 @@ class LayerCall:
         status = library().outrider_layers(
             start, stop, specs, k_caches, v_caches, R, E, H, G, D, I, self._x, eps, *self._rope,
             k.stride(0), k.stride(2), *self._rows, self._mask, self.L, self._work, torch.get_num_threads(),
-            self.fill, self.kv_half)
+            self.fill, self.kv_half, self._mass(0))
         if status != 0:
             raise ValueError(f"the native layer refused layers {start}..{stop - 1} (R={R}, L={self.L})")
+
+    def _mass(self, layer: int):
+        """The scores option's struct for a call whose first layer is `layer` (None: not asked)."""
+        if self.mass is None:
+            return None
+        self.mass.layer = layer  # outrider_layers sets each layer's own
+        return ctypes.byref(self.mass)

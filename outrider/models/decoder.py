@@ -41,6 +41,10 @@ class LayerWeights:
 class ForwardOutput:
     logits: torch.Tensor  # [B, R, vocab] float32 (R = T when all rows were asked for); [N, vocab] for logits_flat
     hidden: dict[int, torch.Tensor]  # layer -> [B, T, E]
+    # forward(attention=True) in the native layer: per batch entry, layer, K/V head and cache row,
+    # the attention weights the entry's rows gave that key, summed over the rows and the K/V head's
+    # query heads [B, layers, G, kv_len] float32; None when not asked or not the native layer
+    attention: torch.Tensor | None = None
 
 
 class Decoder:
@@ -82,10 +86,13 @@ class Decoder:
                        self.kv_dtype or self.dtype, self.device)
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, cache: KVCache, num_layers: int | None = None) -> ForwardOutput:
+    def forward(self, batch: ForwardBatch, cache: KVCache, num_layers: int | None = None,
+                attention: bool = False) -> ForwardOutput:
         """Run the first `num_layers` layers (all by default), then the final norm and head.
 
         Fewer layers give the self-speculative early-exit drafter; it needs its own cache.
+        attention: also return ForwardOutput.attention where the native layer runs the forward (the
+        scores option, kernels/decoder_layer.py: the outputs are the same bits with it or without).
         """
         c = self.config
         if not getattr(self, "_linear_paths_chosen", False):
@@ -102,8 +109,11 @@ class Decoder:
             hidden[0] = x
         layers = self.layers[: num_layers or len(self.layers)]
         fill = self._native_fill(batch) if self._native is not None and batch.fills_only else None
+        mass = at = None
         if self._native is not None and (not batch.fills_only or fill is not None):  # one native call a span
-            x = self._native.run(self, batch, cache, x, cos, sin, len(layers), hidden, fill or 0)
+            if attention:
+                mass, at = self._attention_buffer(batch, cache, len(layers))
+            x = self._native.run(self, batch, cache, x, cos, sin, len(layers), hidden, fill or 0, mass, at)
         else:
             x = self._torch_layers(layers, batch, cache, x, cos, sin, hidden)
         if batch.logits_flat is not None:  # real rows only: padding gets no lm_head
@@ -111,7 +121,16 @@ class Decoder:
         elif batch.logits_rows is not None:
             x = torch.gather(x, 1, batch.logits_rows.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
         logits = linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head).float()
-        return ForwardOutput(logits=logits, hidden=hidden)
+        return ForwardOutput(logits=logits, hidden=hidden, attention=mass)
+
+    def _attention_buffer(self, batch: ForwardBatch, cache: KVCache, layers: int) -> tuple:
+        """The scores option's buffer [B, layers, G, kv_len] (zeros) and each row's entry [B * T]:
+        its batch row, -1 for padding (rows written to the scratch row)."""
+        B, T = batch.tokens.shape
+        mass = torch.zeros(B, layers, self.config.num_kv_heads, batch.kv_len, dtype=torch.float32)
+        entry = torch.arange(B).view(B, 1).expand(B, T)
+        padding = (batch.rows == cache.scratch_row) | (batch.rows < 0)  # [B, T]
+        return mass, torch.where(padding, -1, entry).reshape(B * T)
 
     def _torch_layers(self, layers, batch: ForwardBatch, cache: KVCache, x: torch.Tensor, cos, sin,
                       hidden: dict) -> torch.Tensor:

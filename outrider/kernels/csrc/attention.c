@@ -282,6 +282,7 @@ static inline __attribute__((always_inline)) void attend_task(const Attention *j
         for (int64_t j = 0; j <= last; j++) {  /* the p-weighted values, p = e * (1 / sum) */
             if (seen && !seen[j]) continue;
             const float p = sa[j] * total;
+            sa[j] = p;  /* kept for the scores option (outrider_attention_mass), as the AVX2 path keeps it */
             const int64_t v = j * row_stride;
             for (int64_t i = 0; i < D; i++) o[i] = o[i] + p * kv_load1(values, v + i, half);
         }
@@ -295,5 +296,32 @@ void outrider_attend(const Attention *job, int threads) {
     for (int64_t task = 0; task < tasks; task++) {
         if (job->half) attend_task(job, task, 1);  /* two copies, each with its loads fixed */
         else attend_task(job, task, 0);
+    }
+}
+
+/* The weights p each row gave each key it sees (outrider_attend's workspace after it: row r, query
+ * head g * groups + i at ((g R + r) groups + i) Lp, whatever the task split), summed over the group's
+ * query heads, then over the rows of an entry in row order, into the entry's [G, L] of this layer.
+ * A task is a kv head and a run of keys, so no two threads add to one value and each sum's order is
+ * fixed (the same bits whatever the thread count). */
+void outrider_attention_mass(const Attention *job, const AttentionMass *m, int threads) {
+    const int64_t R = job->R, H = job->H, G = job->G, L = job->L, groups = H / G, Lp = (L + 8) / 8 * 8;
+    const int64_t run = 1024, runs = (L + run - 1) / run;
+#pragma omp parallel for num_threads(threads) schedule(static) if (R * H * L >= 65536)
+    for (int64_t task = 0; task < G * runs; task++) {
+        const int64_t g = task / runs, j0 = task % runs * run, j1 = j0 + run < L ? j0 + run : L;
+        for (int64_t r = 0; r < R; r++) {
+            if (m->at[r] < 0) continue;
+            float *dst = m->out + ((m->at[r] * m->layers + m->layer) * G + g) * L;
+            const uint8_t *seen = job->mask ? job->mask + r * L : 0;
+            const int64_t last = job->mask ? L - 1 : job->crow[r], end = last + 1 < j1 ? last + 1 : j1;
+            const float *p = job->scores + (g * R + r) * groups * Lp;
+            for (int64_t j = j0; j < end; j++) {
+                if (seen && !seen[j]) continue;
+                float sum = p[j];
+                for (int64_t i = 1; i < groups; i++) sum = sum + p[i * Lp + j];
+                dst[j] = dst[j] + sum;
+            }
+        }
     }
 }

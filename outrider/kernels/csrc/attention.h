@@ -21,6 +21,18 @@ typedef struct {
 } Attention;
 
 void outrider_attend(const Attention *a, int threads);
+
+/* The scores option (SparseSpec-L's selection, drafters/sparsespec_select.py): what the rows of one
+ * layer's attention gave each key, summed over the query heads of each kv head and over the rows of
+ * an entry, added into out [N, layers, G, L] at [at[r], layer]; at[r] < 0: row r is not counted.
+ * Read from the weights outrider_attend left in its workspace, after it: its outputs are untouched. */
+typedef struct {
+    float *out;         /* [N, layers, G, L] float32, accumulated into */
+    const int64_t *at;  /* [R] each row's entry, or -1 */
+    int64_t layers, layer;
+} AttentionMass;
+
+void outrider_attention_mass(const Attention *a, const AttentionMass *m, int threads);
 /* D values of src into a cache at value `at`, rounded to float16 (nearest, even) where `half`. */
 void outrider_kv_store(void *cache, int64_t at, const float *src, int64_t D, int half);
 

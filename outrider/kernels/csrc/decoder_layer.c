@@ -23,6 +23,8 @@
  * cache rows 0..crow[r] of its slot); the cache [S, G, Lmax + 1, D] of one layer (float32, or
  * float16 where kv_half: attention.c), addressed by slot[r] and crow[r];
  * work >= R * (Q + H*D + E + 3*I) + R * H * (L + 8) floats, Q = (H + 2G) * D.
+ * mass: NULL, or the scores option (attention.h AttentionMass): the attention weights the rows gave
+ * each key, summed per kv head into the caller's buffer; the layer's outputs are the same bits.
  * Attention runs one task per (row, kv head), kv head major (one per (row, query head) when a lone
  * row has few kv heads), the threads splitting the tasks when there is work enough; which thread
  * runs a task changes nothing in its result.
@@ -96,7 +98,7 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
                    const float *qkv_bias, const float *q_norm, const float *k_norm, const float *cos,
                    const float *sin, void *k_cache, void *v_cache, int64_t slot_stride, int64_t row_stride,
                    const int64_t *slot, const int64_t *crow, const uint8_t *mask, int64_t L, float *work,
-                   int threads, int fill, int kv_half) {
+                   int threads, int fill, int kv_half, const AttentionMass *mass) {
     if (R < 1 || D > 512 || D % 2 || H % G || H / G > 64 || threads < 1) return -1;
     const int64_t Q = (H + 2 * G) * D, g_stride = slot_stride / G;  /* a slot's kv heads, one after another */
     float *qkv = work, *att = qkv + R * Q, *h = att + R * H * D, *gu = h + R * E, *act = gu + R * 2 * I;
@@ -131,6 +133,7 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
     const Attention job = {R, H, G, D, L, R * G < 2 * threads ? groups : 1, qkv, k_cache, v_cache, slot_stride,
                            row_stride, slot, crow, mask, 1.0f / sqrtf((float)D), scores, att, kv_half};
     outrider_attend(&job, threads);
+    if (mass) outrider_attention_mass(&job, mass, threads);  /* the scores option: reads, never changes, att */
     if (matmul(&w[1], att, R, h, threads, fill)) return -1;
 #pragma omp parallel for num_threads(threads) schedule(static) if (many)
     for (int64_t r = 0; r < R; r++) {
@@ -174,12 +177,15 @@ int outrider_layers(int64_t first, int64_t last, const LayerSpec *spec, void *co
                     void *const *v_caches, int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_t I,
                     float *x, float eps, const float *cos, const float *sin, int64_t slot_stride,
                     int64_t row_stride, const int64_t *slot, const int64_t *crow, const uint8_t *mask, int64_t L,
-                    float *work, int threads, int fill, int kv_half) {
+                    float *work, int threads, int fill, int kv_half, const AttentionMass *mass) {
     for (int64_t i = first; i < last; i++) {
         const LayerSpec *s = &spec[i];
+        AttentionMass here;  /* layer i's part of the scores, when asked */
+        if (mass) here = *mass, here.layer = i;
         int status = outrider_layer(R, E, H, G, D, I, x, NULL, s->in_norm, s->post_norm, eps, s->w, s->qkv_bias,
                                     s->q_norm, s->k_norm, cos, sin, k_caches[i], v_caches[i], slot_stride,
-                                    row_stride, slot, crow, mask, L, work, threads, fill, kv_half);
+                                    row_stride, slot, crow, mask, L, work, threads, fill, kv_half,
+                                    mass ? &here : NULL);
         if (status) return status;
     }
     return 0;
