@@ -48,6 +48,8 @@ def test_the_fill_kernel_gives_the_row_kernels_bits(variant):
             x = torch.randn(41, in_features, generator=g)
             torch.set_num_threads(1)
             rows = native.qmatmul(x, weight, path="rows")
+            for count in (3, 4, 7, 10):  # the row kernel's own groups (AVX2: 3s, one 4 for a remainder of 1)
+                assert torch.equal(native.qmatmul(x[:count], weight, path="rows"), rows[:count]), (name, count)
             for count in (1, 2, 5, 17, 41):  # register-tile tails of every size
                 for threads_now in (1, 2):
                     torch.set_num_threads(threads_now)

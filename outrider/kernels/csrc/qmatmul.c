@@ -116,8 +116,18 @@ static inline __attribute__((always_inline)) void dot_tile(int kind, int rows, i
 
 #elif defined(OUTRIDER_AVX2)
 /* ---- AVX2: a block is four vectors of 8 values; four accumulators per row ------------------ */
-#define ROWS 2
+/* Up to four rows share a decoded block (a verify of 3 or 4 tokens decodes each block once): each
+ * vector of 8 values is decoded just before its multiply-adds (the values `decode` gives, with its
+ * operations), so that one decoded vector and the block's bytes are all that is live beside the
+ * 4 x rows accumulators, the constants read from memory. Three rows a group cost the least a row
+ * (16 registers exactly; four spill a few accumulators), so NEXT_ROWS takes groups of 3, one of 4
+ * where 3s would leave a single row, and 2 for the rest (measured: docs/kernels.md, The row kernel). */
+#define ROWS 4
+#define NEXT_ROWS(left) ((left) % 3 == 1 && (left) >= 4 ? 4 : (left) < 3 ? (int)(left) : 3)
 
+/* acc[r][i] += w . x[r] (values 8i..8i+7 of the block at xb) for r < rows. */
+#define FMA_ROWS(i, w)                                                                              \
+    for (int r = 0; r < rows; r++) acc[r][i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xb + r * K + 8 * (i)), acc[r][i])
 
 static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, const float *x, int64_t K,
                                                            const uint8_t *q, int64_t qstride,
@@ -128,19 +138,36 @@ static inline __attribute__((always_inline)) void dot_rows(int kind, int rows, c
         for (int i = 0; i < 4; i++) acc[r][i] = _mm256_setzero_ps();
     const int64_t blocks = K / QK;
     for (int64_t b = 0; b < blocks; b++) {
-        __m256 w[4];
-        prefetch_ahead(kind, b, q + b * qstride, (const uint8_t *)d + scale_offset(kind, b),
+        const uint8_t *qb = q + b * qstride;
+        prefetch_ahead(kind, b, qb, (const uint8_t *)d + scale_offset(kind, b),
                        m ? (const uint8_t *)m + min_offset(kind, b) : 0);
-        decode(kind, q + b * qstride, d, m, b, w);
         const float *xb = x + b * QK;
-        for (int r = 0; r < rows; r++)
-            for (int i = 0; i < 4; i++)
-                acc[r][i] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xb + r * K + 8 * i), acc[r][i]);
+        const __m256 dd = _mm256_set1_ps(scale_at(kind, d, b * SCALES(kind)));
+        if (BASE(kind) == KIND_Q8_0 || BASE(kind) == KIND_Q8_16) {
+            const __m256 d1 = BASE(kind) == KIND_Q8_16 ? _mm256_set1_ps(scale_at(kind, d, 2 * b + 1)) : dd;
+            for (int i = 0; i < 4; i++) {
+                const __m256 w = _mm256_mul_ps(i >= 2 ? d1 : dd,
+                                               _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qb + 8 * i)))));
+                FMA_ROWS(i, w);
+            }
+            continue;
+        }
+        const __m256 mm = _mm256_set1_ps(BASE(kind) == KIND_Q4_1 ? min_at(kind, m, b) : 0.0f);
+        for (int h = 0; h < 2; h++) {  /* bytes 8h..8h+7: values 8h.. (low nibbles), 16 + 8h.. (high) */
+            const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qb + 8 * h)));
+            for (int hi = 0; hi < 2; hi++) {
+                const __m256 v = _mm256_cvtepi32_ps(hi ? _mm256_srli_epi32(a, 4) : _mm256_and_si256(a, _mm256_set1_epi32(15)));
+                const __m256 w = BASE(kind) == KIND_Q4_0 ? _mm256_mul_ps(dd, _mm256_sub_ps(v, _mm256_set1_ps(8.0f)))
+                                                         : _mm256_add_ps(_mm256_mul_ps(dd, v), mm);
+                FMA_ROWS(2 * hi + h, w);
+            }
+        }
     }
     for (int r = 0; r < rows; r++)
         y[r * ystride] = hsum256(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]),
                                                _mm256_add_ps(acc[r][2], acc[r][3])));
 }
+#undef FMA_ROWS
 #else
 /* ---- portable: a block is 32 floats; 32 lanes of accumulators per row ----------------------- */
 #define ROWS 4
@@ -251,8 +278,10 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
                                                             int64_t mrow, float *y, int64_t N) {
     (void)cols; (void)qrow; (void)drow; (void)mrow;
     switch (rows) {
-#if ROWS > 2
+#if ROWS >= 4
         case 4: dot_rows(kind, 4, x, K, q, qstride, d, m, y, N); break;
+#endif
+#if ROWS >= 3
         case 3: dot_rows(kind, 3, x, K, q, qstride, d, m, y, N); break;
 #endif
         case 2: dot_rows(kind, 2, x, K, q, qstride, d, m, y, N); break;
@@ -261,6 +290,10 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
     }
 }
 #define TILE_COLS(rows) 1
+#endif
+
+#ifndef NEXT_ROWS  /* rows of x the next group takes, of `left` */
+#define NEXT_ROWS(left) ((left) < ROWS ? (int)(left) : ROWS)
 #endif
 
 /* One function per kind (the kind a constant inside it, so each decode is specialized). */
@@ -275,8 +308,8 @@ static inline __attribute__((always_inline)) void dot_group(int kind, int rows, 
         for (int64_t t = 0; t < tiles; t++) {                                                       \
             const int64_t n1 = (t + 1) * TILE_N < N ? (t + 1) * TILE_N : N;                         \
             /* a group of rows of x stays in L1 while the tile's weight rows (also in L1) pass */   \
-            for (int64_t r = 0; r < M; r += ROWS) {                                                 \
-                const int rows = M - r < ROWS ? (int)(M - r) : ROWS;                                \
+            for (int64_t r = 0, rows; r < M; r += rows) {                                           \
+                rows = NEXT_ROWS(M - r);                                                            \
                 const int cols = TILE_COLS(rows);                                                   \
                 for (int64_t n = t * TILE_N; n < n1;) {                                             \
                     const int c = n + cols <= n1 ? cols : 1;                                        \
