@@ -170,8 +170,8 @@ def reason() -> str:
 
 
 def rows_per_block() -> int:
-    """Rows of activations each decoded block serves at once in this build (8 with AVX-512, 2 with AVX2,
-    4 portable)."""
+    """Rows of activations each decoded block serves at most in this build (8 with AVX-512, 4 with AVX2:
+    in groups of 3 and one of 4, qmatmul.c NEXT_ROWS; 4 portable)."""
     _ensure()
     return _state["lib"].outrider_qmatmul_rows() if "lib" in _state else 0
 
