@@ -12,7 +12,15 @@ the layers the drafter reads. The built-in drafters declare:
                            sampled   a tree              yes: b children drawn from q without replacement
                            dynamic   a tree              no: the best nodes by cumulative log q
     eagle3                 as draft-model (chain, static, sampled, dynamic)
+    oilbird, ooo, toolspec chain     a tree              no (suffix trees, merged with semantic
+                                                             neighbours, a sidecar's hint, a schema)
+    sparsespec             as draft-model (the target drafting for itself)
+    dflash                 chain     a chain             yes: each position's draft drawn from its q
+                           ddtree    a tree              no: the best prefixes of the marginals
     hybrid:[K,]DRAFTER     DRAFTER's a tree              no (suffix trees or DRAFTER's drafts, q dropped)
+
+needs_hidden (eagle3, dflash, oilbird; sparsespec where the native layer does not run) and
+needs_attention (sparsespec) ask the verify forward for hidden states or attention scores too.
 
 How `gives_probs` depends on the shape and on sampling: it is declared per `--tree` kind, and it
 states what the drafts are *when sampling* (temperature > 0): every child drawn at random from
