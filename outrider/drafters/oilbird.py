@@ -65,94 +65,13 @@ from ..sampling import SamplingParams
 from ..spec.types import DraftTree, VerifyResult
 from .base import Budget, missing_tail
 from .capabilities import Capabilities
-from .ngram import NgramDrafter
+from .merge import merge, paths
+from .oilbird_base import BASE, BASES, MB, SIM, K, OilbirdArgument, make_base, parse_argument  # noqa: F401 (tests)
 from .registry import DrafterEntry, register
-from .suffix import Speculation, SuffixDrafter, spec_tree
+from .suffix import SuffixDrafter, spec_tree
 
 DIMS = 64  # key dimensions after the random projection
-K, SIM, MB = 4, 0.7, 16.0  # defaults: neighbours, cosine floor, pool bound in megabytes
 PROJECTION_SEED = 0x0171B12D
-BASES = ("suffix", "ngram", "suffix:local")  # the lexical drafters it keys a second time
-BASE = "suffix"
-
-
-@dataclass(frozen=True)
-class OilbirdArgument:
-    k: int = K
-    sim: float = SIM
-    mb: float = MB
-    base: str = BASE
-
-    def __str__(self) -> str:
-        return f"{self.k},{self.sim:g},{self.mb:g}" + ("" if self.base == BASE else f",base={self.base}")
-
-
-def parse_argument(text: str) -> OilbirdArgument:
-    """`[K[,SIM[,MB]]][,base=BASE]`: neighbours (1 to 64), cosine floor (0 < SIM <= 1), pool bound
-    in MB (> 0), the lexical base (one of BASES)."""
-    if not text:
-        return OilbirdArgument()
-    parts = text.split(",")
-    usage = ("oilbird:K[,SIM[,MB]][,base=BASE] takes K neighbours (1 to 64), a cosine floor SIM in (0, 1], "
-             f"a pool bound MB > 0 and a base among {', '.join(BASES)}")
-    base = BASE
-    if parts[-1].startswith("base="):
-        base = parts.pop()[len("base="):]
-        if base not in BASES:
-            raise ConfigError(f"oilbird's base={base} is not a lexical base; use one of {', '.join(BASES)}")
-    if len(parts) > 3 or any("=" in part for part in parts):
-        raise ConfigError(usage)
-    if not parts:
-        return OilbirdArgument(base=base)
-    try:
-        k = int(parts[0])
-        sim = float(parts[1]) if len(parts) > 1 else SIM
-        mb = float(parts[2]) if len(parts) > 2 else MB
-    except ValueError:
-        raise ConfigError(usage) from None
-    if not (1 <= k <= 64 and 0.0 < sim <= 1.0 and mb > 0 and mb == mb and mb != float("inf")):
-        raise ConfigError(usage)
-    return OilbirdArgument(k, sim, mb, base)
-
-
-class SuffixBase:
-    """The suffix drafter (suffix.py, with or without its global tree): its speculation tree, count shares."""
-
-    def __init__(self, drafter: SuffixDrafter):
-        self.drafter = drafter
-        self.min_prob = drafter.min_prob
-        self.global_pool = drafter.global_max_tokens > 0 and drafter.global_max_sequences > 0
-
-    def speculation(self, seq_id: int, tokens: list[int], budget: Budget) -> Speculation:
-        tree = self.drafter.propose(seq_id, tokens, budget)
-        if tree.size == 1:
-            return Speculation()
-        return Speculation(tree.tokens[1:].tolist(), tree.parents[1:].tolist(), tree.confidence[1:].tolist())
-
-
-class NgramBase:
-    """Prompt lookup (ngram.py): its chain, every node scored n / max_ngram for the n-gram it followed."""
-
-    global_pool = False
-    min_prob = 0.1  # the semantic paths' floor, as suffix's
-
-    def __init__(self, drafter: NgramDrafter):
-        self.drafter = drafter
-
-    def speculation(self, seq_id: int, tokens: list[int], budget: Budget) -> Speculation:
-        n, drafts = self.drafter.match(seq_id, tokens, min(budget.depth, budget.nodes))
-        score = n / self.drafter.max_ngram
-        return Speculation(drafts, list(range(len(drafts))), [score] * len(drafts))
-
-
-def make_base(name: str) -> SuffixBase | NgramBase:
-    if name == "suffix":
-        return SuffixBase(SuffixDrafter())
-    if name == "suffix:local":
-        return SuffixBase(SuffixDrafter(global_max_tokens=0))
-    if name == "ngram":
-        return NgramBase(NgramDrafter())
-    raise ConfigError(f"oilbird's base={name} is not a lexical base; use one of {', '.join(BASES)}")
 
 
 class KeyRows:
@@ -444,52 +363,6 @@ class OilbirdDrafter:
             "pool_rows": self.global_rows.rows + sum(o.rows.rows for o in self._own.values()),
             "pool_bytes": self.memory_bytes(), "pool_bound_bytes": self.max_bytes,
         }
-
-
-def paths(tokens: list[int], parents: list[int]) -> set[tuple[int, ...]]:
-    """Every node's path below the root (node i + 1 is tokens[i], child of tree node parents[i])."""
-    out: list[tuple[int, ...]] = [()]
-    for token, parent in zip(tokens, parents):
-        out.append(out[parent] + (token,))
-    return set(out[1:])
-
-
-def merge(suffix: Speculation, semantic: list[tuple[tuple[int, ...], float]], max_nodes: int,
-          min_prob: float) -> tuple[Speculation, int]:
-    """One tree of at most `max_nodes` drafts from both: every path with its best score (the
-    lexical tree's own score, such as suffix's count share, or the neighbours' share), best first,
-    ties to the lexical tree and then to shallower paths; semantic paths below `min_prob` dropped.
-    Returns it and how many of its nodes the lexical tree did not hold."""
-    score: dict[tuple[int, ...], float] = {}
-    order: dict[tuple[int, ...], int] = {}
-    for path, s in zip(paths_in_order(suffix.tokens, suffix.parents), suffix.scores):
-        score[path], order[path] = s, len(order)
-    own = set(score)
-    for path, s in sorted(semantic, key=lambda ps: len(ps[0])):
-        if s < min_prob:
-            continue
-        if path not in score:
-            order[path] = len(order)
-        score[path] = max(score.get(path, 0.0), s)
-    chosen = sorted(score, key=lambda p: (-score[p], order[p]))[:max_nodes]
-    chosen.sort(key=lambda p: (len(p), order[p]))  # parents first
-    index: dict[tuple[int, ...], int] = {(): 0}
-    spec = Speculation()
-    for path in chosen:
-        if path[:-1] not in index:  # its parent lost to the budget (a tie broken the other way)
-            continue
-        index[path] = len(spec.tokens) + 1
-        spec.tokens.append(path[-1])
-        spec.parents.append(index[path[:-1]])
-        spec.scores.append(score[path])
-    return spec, sum(1 for p in index if p and p not in own)
-
-
-def paths_in_order(tokens: list[int], parents: list[int]) -> list[tuple[int, ...]]:
-    out: list[tuple[int, ...]] = [()]
-    for token, parent in zip(tokens, parents):
-        out.append(out[parent] + (token,))
-    return out[1:]
 
 
 # -- registration ---------------------------------------------------------------------------------

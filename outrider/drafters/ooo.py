@@ -51,7 +51,7 @@ from ..models.batch import pack
 from ..sampling import SamplingParams
 from ..spec.types import DraftTree, VerifyResult
 from .base import Budget
-from .oilbird import merge, paths
+from .merge import merge, paths
 from .registry import DrafterEntry, register
 from .suffix import SuffixDrafter, spec_tree
 from .window import parse_options

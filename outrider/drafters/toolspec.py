@@ -41,7 +41,7 @@ from ..errors import ConfigError
 from ..sampling import SamplingParams
 from ..spec.types import DraftTree, VerifyResult
 from .base import Budget
-from .oilbird import merge, paths
+from .merge import merge, paths
 from .registry import DrafterEntry, register
 from .suffix import Speculation, SuffixDrafter, spec_tree
 from .toolspec_fsm import CallState
