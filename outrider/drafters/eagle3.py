@@ -55,7 +55,7 @@ from ..spec.types import DraftTree, VerifyResult
 from .base import Budget, ancestors_kept
 from .capabilities import Capabilities, Drafts
 from .draft_model import draft_vocab_ids
-from .eagle3_options import USAGE, _options, _split, check_fits, head_dtype, parse_argument  # noqa: F401 (tests)
+from .eagle3_options import USAGE, argument_options, check_fits, head_dtype, parse_argument, split_dtype  # noqa: F401 (tests)
 from .grow import Feed, Grower, done, grow_alone, grow_together
 from .registry import DrafterEntry, register
 from .siblings import draw_siblings
@@ -364,8 +364,8 @@ class Eagle3Drafter:
 
 # -- registration ---------------------------------------------------------------------------------
 def build(path: str, shape: TreeShape, target, target_path: Path) -> Eagle3Drafter:
-    path, window, vocab = _options(path)
-    folder, asked = _split(path)
+    path, window, vocab = argument_options(path)
+    folder, asked = split_dtype(path)
     dtype = head_dtype(asked, target)
     keep = None if vocab is None else draft_vocab_ids(target_path, vocab, target.config.vocab_size)
     head = load_eagle3(folder, target, quantize=dtype, vocab=keep)

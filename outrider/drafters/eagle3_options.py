@@ -41,14 +41,14 @@ def parse_argument(text: str) -> str:
             + (f",vocab={vocab}" if vocab else ""))
 
 
-def _split(argument: str) -> tuple[str, str | None]:
+def split_dtype(argument: str) -> tuple[str, str | None]:
     """parse_argument's result less its window -> (folder, dtype or None); a folder whose own name
     holds '@' stays whole."""
     path, at, dtype = argument.rpartition("@")
     return (path, dtype) if at and dtype in HEAD_DTYPES and not Path(argument).is_dir() else (argument, None)
 
 
-def _options(argument: str) -> tuple[str, Window | None, int | None]:
+def argument_options(argument: str) -> tuple[str, Window | None, int | None]:
     """parse_argument's result -> (the rest, its window or None, its vocab= or None)."""
     if Path(argument).is_dir():
         return argument, None, None
@@ -72,6 +72,6 @@ def head_dtype(asked: str | None, target) -> str | None:
 
 
 def check_fits(path: str, target_config, target_path: Path) -> str | None:
-    path, window, _ = _options(path)
-    return window_misfit(window, target_config) or misfit(read_config(_split(path)[0]), target_config,
+    path, window, _ = argument_options(path)
+    return window_misfit(window, target_config) or misfit(read_config(split_dtype(path)[0]), target_config,
                                                           has_embed=True, has_lm_head=True)  # tensors: at load
