@@ -194,14 +194,18 @@ def test_metrics_agree_with_per_request_stats(server):
 
 
 @pytest.fixture(scope="module")
-def long_server(tmp_path_factory):
-    """A tiny model with room for 8,000 tokens: a request that cannot end before its client's
-    disconnect is discovered, however fast or loaded the machine (200 tokens of the 256-position
-    model ended by length first twice in CI)."""
+def long_tiny(tmp_path_factory):
+    """A tiny model with room for 8,000 tokens: a request that cannot end before what a test
+    watches for happens, however fast or loaded the machine (200 tokens of the 256-position model
+    ended by length first in CI, in the disconnect test twice and in the full-queue test once)."""
     from tiny import add_tokenizer, make_tiny
 
-    folder = add_tokenizer(make_tiny("llama", tmp_path_factory.mktemp("long") / "llama", max_positions=8192))
-    srv = LiveServer(folder, api_key=KEY, max_running=2, max_model_len=8192)
+    return add_tokenizer(make_tiny("llama", tmp_path_factory.mktemp("long") / "llama", max_positions=8192))
+
+
+@pytest.fixture(scope="module")
+def long_server(long_tiny):
+    srv = LiveServer(long_tiny, api_key=KEY, max_running=2, max_model_len=8192)
     yield srv
     srv.close()
 
@@ -223,10 +227,11 @@ def test_client_that_disconnects_mid_stream_frees_its_slot(long_server):
     assert metric(server, "outrider:generation_tokens_total") > 0
 
 
-def test_full_queue_gets_429_with_retry_after(tiny):
-    srv = LiveServer(tiny, max_running=1, max_queue=1)
+def test_full_queue_gets_429_with_retry_after(long_tiny):
+    srv = LiveServer(long_tiny, max_running=1, max_queue=1, max_model_len=8192)
     try:
-        body = {"model": srv.name, "prompt": words(60), "max_tokens": 200, "ignore_eos": True, "temperature": 0}
+        body = {"model": srv.name, "prompt": words(60), "max_tokens": 1500, "ignore_eos": True, "temperature": 0,
+                "speculate": False}
         with ThreadPoolExecutor(2) as pool:
             first = pool.submit(httpx.post, srv.url + "/v1/completions", json=body, timeout=60)
             while srv.state.worker.engine.num_running < 1:
