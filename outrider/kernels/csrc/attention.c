@@ -79,34 +79,6 @@ static inline __attribute__((always_inline)) __m256 dot8(const float *q, const v
     return _mm256_loadu_ps(lanes);
 }
 
-/* dot8's scores for NH query heads at once (NH = 2 or 3, a constant after inlining; the heads D
- * apart at q; D a multiple of 8) against the 4 keys j0..j0+3 (a key past `last` reads key `last`),
- * into out[h * stride + l]: each score dot8's own operations (multiply-adds over 8-value chunks in
- * order, its 8 lanes added ((0+1)+(2+3)) + ((4+5)+(6+7))), so the same bits, with each chunk of a key
- * loaded once for the NH heads instead of once a head (the heads of a K/V head share its keys:
- * 12 accumulators, 3 query chunks and a key chunk fill the 16 registers). */
-static inline __attribute__((always_inline)) void dot4_heads(int NH, const float *q, const void *keys,
-                                                             int64_t row_stride, int64_t j0, int64_t last,
-                                                             int64_t D, int half, float *out, int64_t stride) {
-    int64_t k[4];
-    __m256 acc[3][4];
-    for (int l = 0; l < 4; l++) k[l] = (j0 + l <= last ? j0 + l : last) * row_stride;
-    for (int h = 0; h < NH; h++)
-        for (int l = 0; l < 4; l++) acc[h][l] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < D; i += 8) {
-        __m256 qh[3];
-        for (int h = 0; h < NH; h++) qh[h] = _mm256_loadu_ps(q + h * D + i);
-        for (int l = 0; l < 4; l++) {
-            const __m256 kl = kv_load8(keys, k[l] + i, half);
-            for (int h = 0; h < NH; h++) acc[h][l] = _mm256_fmadd_ps(qh[h], kl, acc[h][l]);
-        }
-    }
-    for (int h = 0; h < NH; h++) {  /* dot8's tree for keys 0-3: the halves of u0, then their sum */
-        const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(acc[h][0], acc[h][1]), _mm256_hadd_ps(acc[h][2], acc[h][3]));
-        _mm_storeu_ps(out + h * stride, _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
-    }
-}
-
 /* out[0 .. 8 nv) = the sum over the seen keys j <= last, in order, of p[j] * value_j[0 .. 8 nv), each
  * element as o = fma(p, v, o), kept in registers across the keys. */
 static inline __attribute__((always_inline)) void weigh_values(int nv, const void *values, int64_t row_stride,
@@ -195,28 +167,9 @@ static inline __attribute__((always_inline)) void attend_task(const Attention *j
     const float *q = qkv + r * Q + first * D;  /* the task's query heads, one after another */
     for (int64_t a = 0; a < per; a++) top[a] = -INFINITY, total[a] = 0.0f;
     for (int64_t j0 = 0; j0 <= last; j0 += 8) {  /* 8 keys at a time: each read once per query head */
-        int64_t a = 0;
-        /* a verify's or a prefill's task takes every query head of its K/V head: 2-3 at a time
-         * share the keys' loads (dot4_heads, the same bits as dot8) */
-        for (; D % 8 == 0 && a + 1 < per; a += 3) {
-            const int nh = per - a < 3 ? (int)(per - a) : 3;
-            float *sa = s + a * Lp + j0;
-            if (nh == 3) {
-                dot4_heads(3, q + a * D, keys, row_stride, j0, last, D, half, sa, Lp);
-                dot4_heads(3, q + a * D, keys, row_stride, j0 + 4, last, D, half, sa + 4, Lp);
-            } else {
-                dot4_heads(2, q + a * D, keys, row_stride, j0, last, D, half, sa, Lp);
-                dot4_heads(2, q + a * D, keys, row_stride, j0 + 4, last, D, half, sa + 4, Lp);
-            }
-            for (int h = 0; h < nh; h++)
-                _mm256_storeu_ps(sa + h * Lp, _mm256_mul_ps(_mm256_loadu_ps(sa + h * Lp), _mm256_set1_ps(scale)));
-        }
-        for (; a < per; a++) {
+        for (int64_t a = 0; a < per; a++) {
             float *sa = s + a * Lp + j0;
             _mm256_storeu_ps(sa, _mm256_mul_ps(dot8(q + a * D, keys, row_stride, j0, last, D, half), _mm256_set1_ps(scale)));
-        }
-        for (a = 0; a < per; a++) {
-            float *sa = s + a * Lp + j0;
             for (int l = 0; l < 8; l++) {
                 if (j0 + l > last || (seen && !seen[j0 + l])) sa[l] = -INFINITY;
                 else if (sa[l] > top[a]) top[a] = sa[l];
