@@ -25,9 +25,9 @@ pytestmark = pytest.mark.skipif(not native.available(), reason=f"native kernel: 
 def weights():
     """(name, NativeWeight) for every kind and scale form the kernels take."""
     for kind in ("q8_0", "q4_0", "q4_1"):
-        # 70 x 576: several decoded tiles a thread and a tail of a register tile; 13 x 1536: a
-        # tile of a few rows over a long row
-        for out, cols in ((70, 576), (13, 1536)):
+        # 70 and 71 x 576: several decoded tiles a thread; 13-15 x 1536: a tile of a few rows over
+        # a long row; together every tail of a register tile's weight rows (AVX2: 3, AVX-512: 6)
+        for out, cols in ((70, 576), (71, 576), (13, 1536), (14, 1536), (15, 1536)):
             blocks = random_blocks(kind, out, cols, seed=out)
             yield f"{kind} {out}x{cols}", native.NativeWeight.of(blocks)
         wide = replace(blocks, d=blocks.d.float(), m=None if blocks.m is None else blocks.m.float())
@@ -50,7 +50,7 @@ def test_the_fill_kernel_gives_the_row_kernels_bits(variant):
             rows = native.qmatmul(x, weight, path="rows")
             for count in (3, 4, 7, 10):  # the row kernel's own groups (AVX2: 3s, one 4 for a remainder of 1)
                 assert torch.equal(native.qmatmul(x[:count], weight, path="rows"), rows[:count]), (name, count)
-            for count in (1, 2, 5, 17, 41):  # register-tile tails of every size
+            for count in (1, 2, 3, 5, 7, 17, 41):  # register-tile tails of every size (AVX2: 4 rows, AVX-512: 4)
                 for threads_now in (1, 2):
                     torch.set_num_threads(threads_now)
                     filled = native.qmatmul(x[:count], weight, path="fill")

@@ -56,8 +56,8 @@
 #define FR 4  /* rows of x a register tile takes */
 #define FC 6  /* weight rows a register tile takes: 24 accumulators, 6 + 1 vectors beside them */
 #elif defined(OUTRIDER_AVX2)
-#define FR 3
-#define FC 3  /* 9 accumulators, 3 + 1 vectors beside them (16 registers) */
+#define FR 4
+#define FC 3  /* 12 accumulators, 3 + 1 vectors beside them (16 registers) */
 #else
 #define FR 4  /* as the portable row kernel's ROWS */
 #define FC 1
@@ -159,8 +159,8 @@ static inline __attribute__((always_inline)) void fill_group(int rows, int cols,
 #if FR == 4 && FC == 6
         T(4, 6) T(4, 5) T(4, 4) T(4, 3) T(4, 2) T(4, 1) T(3, 6) T(3, 5) T(3, 4) T(3, 3) T(3, 2) T(3, 1)
         T(2, 6) T(2, 5) T(2, 4) T(2, 3) T(2, 2) T(2, 1) T(1, 6) T(1, 5) T(1, 4) T(1, 3) T(1, 2) T(1, 1)
-#elif FR == 3 && FC == 3
-        T(3, 3) T(3, 2) T(3, 1) T(2, 3) T(2, 2) T(2, 1) T(1, 3) T(1, 2) T(1, 1)
+#elif FR == 4 && FC == 3
+        T(4, 3) T(4, 2) T(4, 1) T(3, 3) T(3, 2) T(3, 1) T(2, 3) T(2, 2) T(2, 1) T(1, 3) T(1, 2) T(1, 1)
 #else
         T(4, 1) T(3, 1) T(2, 1) T(1, 1)
 #endif
