@@ -34,6 +34,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer
 
+    from outrider.bench.run import encode_prompt
     from outrider.bench.workloads import load_workload
     from outrider.catalog.resolve import resolve_model
     from outrider.engine.generate import generate_ids
@@ -48,14 +49,7 @@ def main() -> None:
     eos = set(eos_ids_of(folder, tok))
     for name in args.workload or ["toolcall"]:
         workload = load_workload(name, limit=args.prompts, max_new_tokens=args.new_tokens)
-        ids = []
-        for prompt in workload.prompts:
-            if workload.chat:
-                messages = prompt.messages or [{"role": "user", "content": prompt.text}]
-                text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-                ids.append(tok(text, add_special_tokens=False)["input_ids"])
-            else:
-                ids.append(tok(prompt.text)["input_ids"])
+        ids = [encode_prompt(tok, workload, prompt) for prompt in workload.prompts]
         for base in args.bases.split(","):
             drafter = "oilbird" if base == "suffix" else f"oilbird:base={base}"
             spec = Speculator.build(SpecOptions(drafter, "chain", "fixed:6"), target, folder)

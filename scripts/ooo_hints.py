@@ -34,6 +34,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer
 
+    from outrider.bench.run import encode_prompt
     from outrider.bench.workloads import load_workload
     from outrider.catalog.resolve import resolve_model
     from outrider.engine.generate import generate_ids
@@ -41,17 +42,17 @@ def main() -> None:
     from outrider.engine.speculator import SpecOptions, Speculator
     from outrider.sampling import SamplingParams
     from outrider.weights.loader import load_decoder
+    from outrider.weights.tokenizer import eos_ids_of
 
     folder = resolve_model(args.target)
     target = load_decoder(folder, "cpu", args.dtype)
     tok = AutoTokenizer.from_pretrained(folder)
-    eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    eos = set(eos_ids_of(folder, tok))
     workload = load_workload("toolcall", limit=args.prompts, max_new_tokens=args.new_tokens)
     spec = Speculator.build(SpecOptions(f"ooo:{args.sidecar}", "chain", "fixed:6"), target, folder)
     spec.drafter.wait = args.wait
     for prompt in workload.prompts:
-        text = tok.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=False)
-        ids = tok(text, add_special_tokens=False).input_ids
+        ids = encode_prompt(tok, workload, prompt)
         request = Request(list(ids), args.new_tokens, SamplingParams(0.0))
         start = time.perf_counter()
         plain = generate_ids(target, [request], eos)[0].token_ids

@@ -130,7 +130,7 @@ def _run_model(p: Plan, model: str, store: RunStore, threads: int, bar, log) -> 
     for w in p.workloads:
         if all(store.done(model, w.name, q.id) for q in w.prompts):
             continue
-        ids = {q.id: _encode(tok, w, q) for q in w.prompts}
+        ids = {q.id: encode_prompt(tok, w, q) for q in w.prompts}
         specs = {m.name: Speculator.build(m.spec, target, path) for m in p.config.methods
                  if m.spec and m.runs_on(model)}
         run_ours(target, None, ids[w.prompts[0].id][:8], 2)  # warm-up
@@ -195,7 +195,10 @@ def _replay(specs: dict[str, Speculator], prompt_ids: list[int], saved: dict) ->
         spec.drafter.finish(0, list(prompt_ids) + output)
 
 
-def _encode(tok, w: Workload, prompt) -> list[int]:
+def encode_prompt(tok, w: Workload, prompt) -> list[int]:
+    """A workload prompt's token ids as the bench feeds them: chat workloads through the model's
+    chat template (a plain text as one user message), others as plain text. Scripts that replay a
+    workload outside the bench (scripts/*_counters.py, ooo_hints.py) call it too."""
     if w.chat:
         messages = prompt.messages or [{"role": "user", "content": prompt.text}]
         text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
