@@ -89,6 +89,18 @@ def test_a_finished_request_drops_its_hint():
     assert d._hints == {} and d.stats()["hints_ready"] == 0 and d.stats()["hints_late"] == 1
 
 
+def test_close_cancels_the_hints_and_ends_the_worker():
+    """What runs at exit: the worker thread ends (after the forward it is in) instead of being
+    killed inside it with the interpreter."""
+    gate = threading.Event()
+    d = FixedSidecar([1, 2], delay=lambda hint: gate.wait(5))
+    d.start(0, [3, 4])
+    d.start(1, [5, 6])  # queued behind the first
+    gate.set()
+    d.close()
+    assert not d._worker.is_alive() and all(h.cancelled for h in d._hints.values())
+
+
 @pytest.mark.parametrize("text, why", [
     ("ooo", "needs a sidecar model"), ("ooo:", "needs a sidecar model"),
     ("ooo:smollm2-135m-instruct,tokens=0", "tokens='0'"), ("ooo:x,tokens=ten", "tokens='ten'"),

@@ -37,6 +37,7 @@ suffix tree alone held, and the requests where the hint gave at least one such t
 
 from __future__ import annotations
 
+import atexit
 import json
 import queue
 import threading
@@ -142,12 +143,28 @@ class OooDrafter(SuffixDrafter):
     # -- the sidecar, in the worker thread -------------------------------------------------------
     def _ensure_worker(self) -> None:
         if self._worker is None or not self._worker.is_alive():
+            if self._worker is None:  # at exit, end it before the interpreter does (close)
+                atexit.register(self.close)
             self._worker = threading.Thread(target=self._work, name="ooo-sidecar", daemon=True)
             self._worker.start()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Cancel every hint and end the worker thread, waiting for the sidecar forward it is in.
+        Registered at exit: a process that ended while the worker was inside a native forward was
+        aborted there ("terminate called without an active exception", seen from scripts/ooo_hints.py)."""
+        for hint in self._hints.values():
+            hint.cancelled = True
+        worker = self._worker
+        if worker is not None and worker.is_alive():
+            self._queue.put(None)  # the worker's end, after the cancelled hints before it
+            worker.join(timeout)
 
     def _work(self) -> None:
         while True:
             hint = self._queue.get()
+            if hint is None:
+                self._queue.task_done()
+                return
             try:
                 if not hint.cancelled:
                     tokens = self.predict(hint)
