@@ -53,3 +53,15 @@ def paths_in_order(tokens: list[int], parents: list[int]) -> list[tuple[int, ...
     for token, parent in zip(tokens, parents):
         out.append(out[parent] + (token,))
     return out[1:]
+
+
+def accepted_beyond(committed: tuple[int, ...], own: set[tuple[int, ...]], added: set[tuple[int, ...]]) -> int:
+    """Of a round's accepted tokens `committed`, how many only the added paths held: the depth of
+    the accepted prefix among `added` less its depth among the lexical tree's own paths (0 when
+    the tree held as much). OoO-Spec's and ToolSpec's counters of what their source gained."""
+    m = h = 0
+    while m < len(committed) and committed[: m + 1] in own:
+        m += 1
+    while h < len(committed) and committed[: h + 1] in added:
+        h += 1
+    return max(0, h - m)

@@ -52,7 +52,7 @@ from ..models.batch import pack
 from ..sampling import SamplingParams
 from ..spec.types import DraftTree, VerifyResult
 from .base import Budget
-from .merge import merge, paths
+from .merge import accepted_beyond, merge, paths
 from .registry import DrafterEntry, register
 from .suffix import SuffixDrafter, spec_tree
 from .window import parse_options
@@ -238,13 +238,9 @@ class OooDrafter(SuffixDrafter):
         hint = self._hints.get(seq_id)
         if hint is not None and (hint.hint_paths or hint.suffix_paths):
             committed = tuple(result.tokens[: result.num_accepted])
-            m = h = 0
-            while m < len(committed) and committed[: m + 1] in hint.suffix_paths:
-                m += 1
-            while h < len(committed) and committed[: h + 1] in hint.hint_paths:
-                h += 1
-            hint.gained += max(0, h - m)
-            self.counts.hint_accepted += max(0, h - m)
+            gained = accepted_beyond(committed, hint.suffix_paths, hint.hint_paths)
+            hint.gained += gained
+            self.counts.hint_accepted += gained
             hint.hint_paths, hint.suffix_paths = set(), set()
         super().update(seq_id, result, hidden)
 

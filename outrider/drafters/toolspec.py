@@ -41,7 +41,7 @@ from ..errors import ConfigError
 from ..sampling import SamplingParams
 from ..spec.types import DraftTree, VerifyResult
 from .base import Budget
-from .merge import merge, paths
+from .merge import accepted_beyond, merge, paths
 from .registry import DrafterEntry, register
 from .suffix import Speculation, SuffixDrafter, spec_tree
 from .toolspec_fsm import CallState
@@ -151,13 +151,9 @@ class ToolSpecDrafter(SuffixDrafter):
         call = self._calls.get(seq_id)
         if call is not None and (call.schema_paths or call.suffix_paths):
             committed = tuple(result.tokens[: result.num_accepted])
-            m = h = 0
-            while m < len(committed) and committed[: m + 1] in call.suffix_paths:
-                m += 1
-            while h < len(committed) and committed[: h + 1] in call.schema_paths:
-                h += 1
-            call.gained += max(0, h - m)
-            self.counts.schema_accepted += max(0, h - m)
+            gained = accepted_beyond(committed, call.suffix_paths, call.schema_paths)
+            call.gained += gained
+            self.counts.schema_accepted += gained
             call.schema_paths, call.suffix_paths = set(), set()
         super().update(seq_id, result, hidden)
 
