@@ -6,9 +6,12 @@
  * the same bits. Every (row, head) is one fixed sequence of operations, whatever the batch, the
  * thread count or the cache type. Two paths (isa.h): AVX2 (with AVX-512 parts), and portable C
  * (the same steps in plain loops, a score's sum in 8 lanes as AVX2's, multiply-adds as a multiply
- * then an add, so its bits may differ from AVX2's in the last place). */
+ * then an add, so its bits may differ from AVX2's in the last place). In AVX2 builds, many rows of
+ * one slot (a prefill, a long verify) take register tiles over keys turned along the lanes
+ * (attention_lanes.h) with each score's and each output's operations unchanged: the same bits. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attention.h"
@@ -32,6 +35,7 @@ static inline __attribute__((always_inline)) __m512 kv_load16(const void *base, 
     return _mm512_loadu_ps((const float *)base + at);
 }
 #endif
+#include "attention_lanes.h"  /* after kv_load8, which it reads values with */
 
 void outrider_kv_store(void *cache, int64_t at, const float *src, int64_t D, int half) {
     if (!half) {
@@ -166,15 +170,37 @@ static inline __attribute__((always_inline)) void attend_task(const Attention *j
     float *s = scores + task * per * Lp, top[64], total[64];  /* total: 1 / the sum of weights */
     const float *q = qkv + r * Q + first * D;  /* the task's query heads, one after another */
     for (int64_t a = 0; a < per; a++) top[a] = -INFINITY, total[a] = 0.0f;
-    for (int64_t j0 = 0; j0 <= last; j0 += 8) {  /* 8 keys at a time: each read once per query head */
-        for (int64_t a = 0; a < per; a++) {
-            float *sa = s + a * Lp + j0;
-            _mm256_storeu_ps(sa, _mm256_mul_ps(dot8(q + a * D, keys, row_stride, j0, last, D, half), _mm256_set1_ps(scale)));
-            for (int l = 0; l < 8; l++) {
-                if (j0 + l > last || (seen && !seen[j0 + l])) sa[l] = -INFINITY;
-                else if (sa[l] > top[a]) top[a] = sa[l];
+    if (job->kt)  /* the keys along the lanes (outrider_attend turned them): tiles of heads and keys */
+        scores_from_lanes(per, q, D, job->kt + g * job->kt_stride, last, s, Lp, scale);
+    else
+        for (int64_t j0 = 0; j0 <= last; j0 += 8)  /* 8 keys at a time: each read once per query head */
+            for (int64_t a = 0; a < per; a++)
+                _mm256_storeu_ps(s + a * Lp + j0, _mm256_mul_ps(dot8(q + a * D, keys, row_stride, j0, last, D, half),
+                                                                _mm256_set1_ps(scale)));
+    /* Unseen and past-the-end scores to -inf, and each head's greatest score: a maximum rounds
+     * nothing, so in 8 lanes it is the value a loop key by key finds (up to the sign of a zero,
+     * which changes no e^(s - top): exp8 makes -0 and +0 alike). */
+    const __m256 none = _mm256_set1_ps(-INFINITY), lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t a = 0; a < per; a++) {
+        float *sa = s + a * Lp;
+        __m256 most = none;
+        for (int64_t j = 0; j <= last; j += 8) {
+            __m256 v = _mm256_loadu_ps(sa + j);
+            if (seen) {
+                uint64_t m8 = 0;
+                memcpy(&m8, seen + j, L - j < 8 ? (size_t)(L - j) : 8);
+                __m256 keep = _mm256_cmp_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8))),
+                                            _mm256_setzero_ps(), _CMP_NEQ_OQ);
+                v = _mm256_blendv_ps(none, v, keep);
             }
+            if (j + 8 > last + 1)
+                v = _mm256_blendv_ps(none, v, _mm256_cmp_ps(lane, _mm256_set1_ps((float)(last - j)), _CMP_LE_OQ));
+            _mm256_storeu_ps(sa + j, v);
+            most = _mm256_max_ps(most, v);
         }
+        __m128 four = _mm_max_ps(_mm256_castps256_ps128(most), _mm256_extractf128_ps(most, 1));
+        __m128 two = _mm_max_ps(four, _mm_movehl_ps(four, four));
+        top[a] = _mm_cvtss_f32(_mm_max_ss(two, _mm_shuffle_ps(two, two, 1)));
     }
     /* e^(s - top) in 8 lanes over j = 0..last rounded up to 8 (unseen and past-the-end scores
      * are -inf, their weights exactly 0), then their sum: the seen keys' weights in lane
@@ -186,7 +212,7 @@ static inline __attribute__((always_inline)) void attend_task(const Attention *j
     for (int64_t a = 0; a < per; a++) {
         float *sa = s + a * Lp;
         for (int64_t j = last + 1; j < span; j++) sa[j] = -INFINITY;
-        __m256 sum = _mm256_setzero_ps(), zero = _mm256_setzero_ps(), none = _mm256_set1_ps(-INFINITY);
+        __m256 sum = _mm256_setzero_ps(), zero = _mm256_setzero_ps();
         for (int64_t j = 0; j < span; j += 8) {
             __m256 v = _mm256_loadu_ps(sa + j);
             __m256 e = _mm256_blendv_ps(exp8(_mm256_sub_ps(v, _mm256_set1_ps(top[a]))), zero,
@@ -214,6 +240,8 @@ static inline __attribute__((always_inline)) void attend_task(const Attention *j
     int64_t done = 0;  /* heads whose p-weighted values are summed */
 #if defined(OUTRIDER_AVX512)
     done = weigh_heads_all(per, values, row_stride, s, Lp, seen, last, out, D, half);
+#else
+    done = weigh_heads8_all(per, values, row_stride, s, Lp, seen, last, out, D, half);
 #endif
     for (int64_t a = done; a < per; a++) {  /* the p-weighted values, a head at a time */
         float *p = s + a * Lp, *o = out + a * D;
@@ -290,13 +318,47 @@ static inline __attribute__((always_inline)) void attend_task(const Attention *j
 }
 #endif
 
-void outrider_attend(const Attention *job, int threads) {
+/* Where LANES_ROWS rows or more of one slot attend with one task a (row, kv head) (a prefill's, a
+ * long verify's), their keys are first turned along the lanes (attention_lanes.h), once for all the
+ * rows, into job->kt: the same scores' bits in register tiles at about twice the rate. */
+static float *turn_keys(Attention *job, int threads) {
+#if defined(OUTRIDER_AVX2)
+    if (job->R < LANES_ROWS || job->parts != 1 || job->D % 8 != 0) return 0;
+    int64_t last = 0;
+    for (int64_t r = 0; r < job->R; r++) {
+        if (job->slot[r] != job->slot[0]) return 0;
+        const int64_t seen = job->mask ? job->L - 1 : job->crow[r];
+        last = seen > last ? seen : last;
+    }
+    const int64_t G = job->G, D = job->D, blocks = (last + 8) / 8;
+    float *kt = malloc(sizeof(float) * G * blocks * 8 * D);
+    if (!kt) return 0;  /* the one-row path: the same bits */
+    const int64_t runs = (blocks + 15) / 16;  /* a task: a kv head's 16 blocks */
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t t = 0; t < G * runs; t++) {
+        const int64_t g = t / runs, b0 = t % runs * 16, b1 = b0 + 16 < blocks ? b0 + 16 : blocks;
+        const void *keys = kv_at(job->k_cache, job->slot[0] * job->slot_stride + g * (job->slot_stride / G), job->half);
+        keys_along_lanes(keys, job->row_stride, last, D, job->half, kt + g * blocks * 8 * D, b0, b1);
+    }
+    job->kt = kt, job->kt_stride = blocks * 8 * D;
+    return kt;
+#else
+    (void)job, (void)threads;
+    return 0;
+#endif
+}
+
+void outrider_attend(const Attention *in, int threads) {
+    Attention here = *in, *job = &here;
+    job->kt = 0;
+    float *kt = turn_keys(job, threads);
     const int64_t tasks = job->R * job->G * job->parts;
 #pragma omp parallel for num_threads(threads) schedule(static) if (job->R * job->H * job->L >= 2048)
     for (int64_t task = 0; task < tasks; task++) {
         if (job->half) attend_task(job, task, 1);  /* two copies, each with its loads fixed */
         else attend_task(job, task, 0);
     }
+    free(kt);
 }
 
 /* The weights p each row gave each key it sees (outrider_attend's workspace after it: row r, query

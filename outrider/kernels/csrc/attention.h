@@ -18,6 +18,8 @@ typedef struct {
     float *scores;                    /* R H (L + 8) floats of workspace */
     float *att;                       /* [R, H D]: the output */
     int half;                         /* the cache holds float16 */
+    const float *kt;                  /* outrider_attend's own: the keys along the lanes, or NULL */
+    int64_t kt_stride;                /* floats a kv head of kt */
 } Attention;
 
 void outrider_attend(const Attention *a, int threads);

@@ -52,11 +52,20 @@ typedef struct QWeight {  /* one weight as the kernel reads it (native.NativeWei
     const struct QWeight *parts;
 } QWeight;
 
+/* The sum of squares in 8 lanes (lane e: the values e, 8 + e, ... in order, a multiply then an add;
+ * the compiler vectorizes the lane loop without reordering it), the lanes added ((0+1)+(2+3)) +
+ * ((4+5)+(6+7)), then the values past the last whole 8 one by one: one fixed sequence in every
+ * variant, 8 sums in flight instead of one chain of E dependent adds (a 512-token SmolLM2 prefill
+ * on one thread, as AVX2: 1,035 against 1,044 ms). */
 static void rmsnorm_row(const float *x, const float *w, float eps, int64_t E, float *out) {
-    float sum = 0.0f;
-    for (int64_t i = 0; i < E; i++) sum += x[i] * x[i];
+    float lanes[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= E; i += 8)
+        for (int e = 0; e < 8; e++) lanes[e] = lanes[e] + x[i + e] * x[i + e];
+    float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    for (; i < E; i++) sum += x[i] * x[i];
     float inv = 1.0f / sqrtf(sum / (float)E + eps);
-    for (int64_t i = 0; i < E; i++) out[i] = w[i] * (x[i] * inv);
+    for (i = 0; i < E; i++) out[i] = w[i] * (x[i] * inv);
 }
 
 static void rotate(float *x, const float *c, const float *s, int D) {  /* half-split, as torch */

@@ -1,0 +1,105 @@
+"""Attention's register tiles for many rows of one slot (csrc/attention_lanes.h): from LANES_ROWS rows
+a forward's keys are turned along the lanes once and its scores computed in tiles of 3 query heads
+by 3 blocks of 8 keys; the weighted values (AVX2 builds) take 3 heads at once. Each score and output
+element must get the one-row path's operations in its order, so a prefill whole, in chunks or a row
+at a time, a chain verified at once or a token a step, and a tree's node against its path decoded
+a token a step, are the same bits: on every variant this machine executes, with a float32 and a
+float16 cache, for 3 and 6 query heads a K/V head (whole tiles and what is left)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from outrider.kernels import native, quant_linear
+from outrider.kernels.native_build import CSRC
+from outrider.models.batch import pack
+from outrider.weights.loader import load_decoder
+from kernel_variants import ALL, variant  # noqa: F401  (variant: the fixture)
+
+pytestmark = pytest.mark.skipif(not native.available(), reason=f"native kernel: {native.reason()}")
+
+LANES_ROWS = int(re.search(r"#define LANES_ROWS (\d+)", (CSRC / "attention_lanes.h").read_text()).group(1))
+PROMPT = [3, 9, 4, 11, 7, 8, 20, 5, 17, 30] * 4 + [6, 2]  # 42 rows: 5 blocks of 8 and a part
+CHAIN = [12, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]
+PARENTS = [-1, 0, 0, 1, 2, 3, 1, 4, 4, 6, 7, 5, 9, 11]  # 14 nodes, branching
+assert len(CHAIN) >= LANES_ROWS and len(PROMPT) >= LANES_ROWS and len(PARENTS) == len(CHAIN)
+
+
+def make_model(folder, heads: int, kv_heads: int, hidden: int):
+    import transformers as tf
+
+    config = tf.LlamaConfig(vocab_size=96, hidden_size=hidden, intermediate_size=128, num_hidden_layers=2,
+                            num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=256,
+                            rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(1)
+    model = tf.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0 if p.dim() > 1 else 1.0)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module", params=[(6, 2, 192), (6, 1, 384)], ids=["3-heads-a-kv-head-d32", "6-heads-d64"])
+def folder(request, tmp_path_factory):
+    heads, kv_heads, hidden = request.param
+    return make_model(tmp_path_factory.mktemp("lanes") / f"h{heads}g{kv_heads}", heads, kv_heads, hidden)
+
+
+@pytest.fixture(params=["float32", "float16"])
+def model(request, folder, monkeypatch):
+    monkeypatch.setattr(quant_linear, "tile_prefill", lambda: False)  # the prefill in the native layer
+    monkeypatch.setattr(quant_linear, "gemm_prefill", lambda: False)
+    m = load_decoder(folder, "cpu", "q4")
+    m.kv_dtype = getattr(torch, request.param)
+    return m
+
+
+def feed(m, cache, start: int, tokens, parents=None, logits="all"):
+    return m.forward(pack([0], [start], [torch.tensor(tokens)], None if parents is None else [torch.tensor(parents)],
+                          logits=logits, scratch_row=cache.scratch_row), cache).logits
+
+
+def prefilled(m, chunks):
+    cache = m.new_cache(1, 64)
+    start = 0
+    for size in chunks:
+        feed(m, cache, start, PROMPT[start:start + size], logits="none")
+        start += size
+    return cache
+
+
+@pytest.mark.parametrize("variant", ALL, indirect=True)
+def test_a_prefill_whole_chunked_or_a_row_at_a_time_is_the_same_bits(model, variant):
+    for chunks in ([LANES_ROWS, 5, len(PROMPT) - LANES_ROWS - 5], [1] * len(PROMPT)):
+        whole, other = prefilled(model, [len(PROMPT)]), prefilled(model, chunks)
+        for layer in range(len(model.layers)):
+            assert torch.equal(other.k[layer], whole.k[layer]) and torch.equal(other.v[layer], whole.v[layer]), chunks
+        assert torch.equal(feed(model, other, len(PROMPT), [12]), feed(model, whole, len(PROMPT), [12])), chunks
+
+
+@pytest.mark.parametrize("variant", ALL, indirect=True)
+def test_a_chain_verified_at_once_gets_what_a_token_a_step_gets(model, variant):
+    cache = prefilled(model, [len(PROMPT)])
+    together = feed(model, cache, len(PROMPT), CHAIN)[0]
+    cache = prefilled(model, [len(PROMPT)])
+    for i, t in enumerate(CHAIN):
+        assert torch.equal(feed(model, cache, len(PROMPT) + i, [t])[0, 0], together[i]), i
+
+
+@pytest.mark.parametrize("variant", ALL, indirect=True)
+def test_a_tree_node_gets_what_its_path_gets_a_token_a_step(model, variant):
+    cache = prefilled(model, [len(PROMPT)])
+    tree = feed(model, cache, len(PROMPT), CHAIN, PARENTS)[0]
+    for node in range(len(CHAIN)):
+        path, j = [], node
+        while j >= 0:
+            path.insert(0, j)
+            j = PARENTS[j]
+        cache = prefilled(model, [len(PROMPT)])
+        for depth, k in enumerate(path):
+            step = feed(model, cache, len(PROMPT) + depth, [CHAIN[k]])[0, -1]
+        assert torch.equal(step, tree[node]), (node, path)
