@@ -17,6 +17,7 @@ from outrider.kernels import native, quant_linear
 from outrider.kernels.native_build import CSRC
 from outrider.models.batch import pack
 from outrider.weights.loader import load_decoder
+from test_native_layer import make_family
 from kernel_variants import ALL, variant  # noqa: F401  (variant: the fixture)
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=f"native kernel: {native.reason()}")
@@ -28,25 +29,9 @@ PARENTS = [-1, 0, 0, 1, 2, 3, 1, 4, 4, 6, 7, 5, 9, 11]  # 14 nodes, branching
 assert len(CHAIN) >= LANES_ROWS and len(PROMPT) >= LANES_ROWS and len(PARENTS) == len(CHAIN)
 
 
-def make_model(folder, heads: int, kv_heads: int, hidden: int):
-    import transformers as tf
-
-    config = tf.LlamaConfig(vocab_size=96, hidden_size=hidden, intermediate_size=128, num_hidden_layers=2,
-                            num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=256,
-                            rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(1)
-    model = tf.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(4.0 if p.dim() > 1 else 1.0)
-    model.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module", params=[(6, 2, 192), (6, 1, 384)], ids=["3-heads-a-kv-head-d32", "6-heads-d64"])
+@pytest.fixture(scope="module", params=["llama-g3", "llama-g6"])  # head size 32, and 64
 def folder(request, tmp_path_factory):
-    heads, kv_heads, hidden = request.param
-    return make_model(tmp_path_factory.mktemp("lanes") / f"h{heads}g{kv_heads}", heads, kv_heads, hidden)
+    return make_family(request.param, tmp_path_factory.mktemp("lanes") / request.param)
 
 
 @pytest.fixture(params=["float32", "float16"])

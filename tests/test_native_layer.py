@@ -35,6 +35,11 @@ def make_family(family: str, folder: Path, seed: int = 0) -> Path:
                    # head size 64, two query heads a kv head: the AVX-512 path that weighs values for several heads at once
                    "llama-d64": (lambda: tf.LlamaConfig(**{**common, "hidden_size": 128, "num_attention_heads": 2,
                                                            "num_key_value_heads": 1}), tf.LlamaForCausalLM),
+                   # 3 and 6 query heads a kv head: attention's tiles of 3 heads (test_attention_lanes.py)
+                   "llama-g3": (lambda: tf.LlamaConfig(**{**common, "hidden_size": 192, "num_attention_heads": 6,
+                                                          "num_key_value_heads": 2}), tf.LlamaForCausalLM),
+                   "llama-g6": (lambda: tf.LlamaConfig(**{**common, "hidden_size": 384, "num_attention_heads": 6,
+                                                          "num_key_value_heads": 1}), tf.LlamaForCausalLM),
                    "qwen2": (lambda: tf.Qwen2Config(**common, rope_theta=1e6), tf.Qwen2ForCausalLM),
                    "qwen3": (lambda: tf.Qwen3Config(**common, head_dim=32, rope_theta=1e6), tf.Qwen3ForCausalLM)}[family]
     torch.manual_seed(seed)

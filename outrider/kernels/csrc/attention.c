@@ -327,8 +327,8 @@ static float *turn_keys(Attention *job, int threads) {
     int64_t last = 0;
     for (int64_t r = 0; r < job->R; r++) {
         if (job->slot[r] != job->slot[0]) return 0;
-        const int64_t seen = job->mask ? job->L - 1 : job->crow[r];
-        last = seen > last ? seen : last;
+        const int64_t upto = job->mask ? job->L - 1 : job->crow[r];  /* the last key row r may see */
+        last = upto > last ? upto : last;
     }
     const int64_t G = job->G, D = job->D, blocks = (last + 8) / 8;
     float *kt = malloc(sizeof(float) * G * blocks * 8 * D);

@@ -13,8 +13,9 @@
 #if defined(OUTRIDER_AVX2)
 
 /* Rows of one slot from which outrider_attend turns the keys along the lanes: below it the pass
- * costs more than the tiles save (measured on Zen 5 as AVX2: even at 6-8 rows, 1.3x at 12-16 rows
- * of a float32 cache, 1.47x at 24 rows over 2,000 keys; docs/kernels.md). */
+ * costs as much as the tiles save or more (Zen 5 as AVX2, against the one-row path: 4 rows of a
+ * float16 cache 0.75x, 6-8 rows even, 12 and 16 rows of a float32 cache 1.05x and 1.12x, 24 rows
+ * over 2,000 keys 1.17x; docs/benchmarks/2026-12-03-amd-epyc-zen5-avx512.md). */
 #define LANES_ROWS 12
 
 /* The keys 0..last of kv head g, along the lanes: kt [blocks][D][8] float32 (block b's value i of
