@@ -5,8 +5,9 @@
                       needs_attention
     registry.py       drafters by name: argument parser, capabilities, fit check, build
     ngram.py, suffix.py (+ suffix_tree.py)       training-free lookups
-    model.py          ModelDrafter, the drafting loop of a Decoder; draft_model.py and
-                      early_exit.py register it as `draft-model:NAME` and `early-exit:K`
+    model.py          ModelDrafter, the drafting loop of a Decoder (model_growers.py: each tree
+                      shape grown); draft_model.py and early_exit.py register it as
+                      `draft-model:NAME` and `early-exit:K`
     eagle3.py         an EAGLE-3 head drafting from the target's features (heads/eagle3.py);
                       eagle3_options.py its argument
     dflash.py         a DFlash block head: a whole block per forward (heads/dflash.py)

@@ -18,14 +18,8 @@ committed tokens (the catch-up: the root, and the accepted drafts and bonus the 
 feed) and gives each its first draft distribution; then each further draft depth is ONE forward
 for all sequences still growing (grow.py). A sequence's prompt is written at `start`.
 
-Drafting by shape (spec/shapes.py):
-- chain: one forward per depth; greedy takes the argmax, sampling draws from the drafter's
-  warped distribution q and keeps q in `draft_probs` (exact rejection sampling needs it);
-- static / dynamic trees: the top children of q at each node (deterministic), grown one depth
-  per forward with the tree's ancestor mask; verified by the greedy or tree-walk verifier;
-- sampled trees (`sampled:B1,B2,...`, temperature > 0 only): the static tree's widths, each
-  node's children drawn from q without replacement (siblings.py), q kept in `draft_probs`;
-  verified by multi-draft rejection sampling.
+Drafting by shape (chain, static, sampled and dynamic trees): model_growers.py, one depth per
+forward with the tree's ancestor mask.
 
 With a `window` (window.py, `draft-model:NAME,window=W,sink=S`) the draft model attends to its
 sink and its last W positions only, and its own cache keeps only those rows: a sequence's
@@ -34,23 +28,21 @@ positions (st.cached, st.base: token counts) are its cache rows plus `st.shift` 
 
 from __future__ import annotations
 
-import heapq
-import math
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from ..models.batch import pack
 from ..models.decoder import Decoder
-from ..sampling import SamplingParams, warp_probs
+from ..sampling import SamplingParams
 from ..spec.random import PositionalRandom
 from ..spec.shapes import TreeShape
 from ..spec.tree import children as children_of
 from ..spec.types import DraftTree, VerifyResult
-from .base import Budget, ancestors_kept
+from .base import Budget
 from .capabilities import Capabilities, Drafts
-from .grow import Feed, Grower, done, grow_alone, grow_together
-from .siblings import draw_siblings
+from .grow import Feed, grow_alone, grow_together
+from .model_growers import TreeGrowers
 from .slots import SlotCache
 from .window import Window, reclaim
 
@@ -68,7 +60,7 @@ class _State:
     shift: int = 0  # positions minus cache rows past the sink (a window reclaimed the rows between)
 
 
-class ModelDrafter:
+class ModelDrafter(TreeGrowers):
     """Drafts with a `Decoder` of its own (or the target's first layers); registered as the
     `draft-model` (draft_model.py) and `early-exit` (early_exit.py) drafters.
 
@@ -272,195 +264,3 @@ class ModelDrafter:
             if self.target_cache is None:  # the target's lengths are the engine's
                 self.cache.set_length(st.slot, st.cached - st.shift)
         return logits
-
-    # -- drafting, one sequence (a grower: yields the nodes to feed, grow.py) -------------------
-    def _grower(self, st: _State, root: int, q_root: torch.Tensor, depth: int, budget: Budget) -> Grower:
-        if depth < 1 or budget.nodes < 1:
-            return done(DraftTree.root_only(root))
-        if self.shape.is_chain:
-            return self._chain(st, root, q_root, min(depth, budget.nodes), budget.min_confidence, budget.stop)
-        if self.shape.kind == "static" or (self.shape.kind == "sampled" and st.params.greedy):
-            return self._static(st, root, q_root, depth, budget.nodes, budget.min_confidence)
-        if self.shape.kind == "sampled":
-            return self._sampled(st, root, q_root, depth, budget.nodes, budget.min_confidence)
-        return self._dynamic(st, root, q_root, depth, min(budget.nodes, self.shape.max_nodes), budget.min_confidence)
-
-    def _q(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-        """The drafter's distribution over the target's vocabulary: [..., target_vocab] (zero
-        outside a reduced head's tokens)."""
-        probs = warp_probs(logits, params)
-        if self.ids is not None:
-            full = probs.new_zeros(*probs.shape[:-1], self.target_vocab)
-            return full.index_copy_(-1, self.ids.to(probs.device), probs)
-        extra = self.target_vocab - probs.shape[-1]
-        if extra > 0:
-            probs = torch.nn.functional.pad(probs, (0, extra))
-        return probs[..., : self.target_vocab]
-
-    def _columns(self, logits: torch.Tensor) -> torch.Tensor:
-        """The logits of tokens the target has: [..., columns] (all of a reduced head's)."""
-        return logits if self.ids is not None else logits[..., : self.target_vocab]
-
-    def _tokens(self, columns: torch.Tensor) -> list:
-        """Column indices of `_columns` -> token ids (nested lists as `tolist` gives)."""
-        return (columns if self.ids is None else self.ids[columns.cpu()]).tolist()
-
-    def _chain(self, st: _State, root: int, q_root: torch.Tensor, k: int, min_confidence: float = 0.0,
-               stop=None) -> Grower:
-        """Up to k drafts; after the first whose path confidence falls below `min_confidence`, or
-        after which `stop(entropies)` says so (Budget.stop), no deeper one is drafted (that one
-        is kept: dropping a sampled draft for its own probability would bias the drafts the
-        verifier sees as draws from q; the entropy of the distribution a draft came from does
-        not depend on the draft drawn)."""
-        sampling = not st.params.greedy
-        drafts, qs, confidence, entropies = [], [], [1.0], []
-        logits = q_root
-        rng = st.rng.at(st.base + 1)  # offset d - 1: the token at depth d (position base + d)
-        for d in range(1, k + 1):
-            q = self._q(logits, st.params)
-            if sampling:
-                token = rng.categorical(q, offset=d - 1)
-                confidence.append(confidence[-1] * float(q[token]))
-            else:
-                columns = self._columns(logits).float()
-                best = columns.argmax()
-                token = self._tokens(best)
-                confidence.append(confidence[-1] * float(torch.exp(columns[best] - columns.logsumexp(-1))))
-            drafts.append(token)
-            qs.append(q)
-            halt = False
-            if stop is not None:  # told every draft's entropy, the last one's too
-                logp = torch.log_softmax(self._columns(logits).float(), dim=-1)
-                entropies.append(float(-(logp.exp() * logp).sum()))
-                halt = stop(entropies)
-            if d < k and confidence[-1] >= min_confidence and not halt:
-                logits = (yield Feed([token], list(range(-1, d)), d))[0]
-                st.fed.add(d)
-            else:
-                break
-        probs = None
-        if sampling:
-            probs = torch.zeros(len(drafts) + 1, self.target_vocab)
-            probs[: len(drafts)] = torch.stack(qs).cpu()
-        return replace(DraftTree.chain(root, drafts, probs), confidence=torch.tensor(confidence))
-
-    def _static(self, st: _State, root: int, q_root: torch.Tensor, depth: int, max_nodes: int,
-                min_confidence: float = 0.0) -> Grower:
-        """Top-b children per node; a node whose path confidence is below `min_confidence` gets none."""
-        tokens, parents, confidence = [root], [-1], [1.0]
-        frontier, frontier_logits = [0], q_root.unsqueeze(0)  # [f, vocab]
-        for d in range(depth):
-            width = self.shape.branching[d]
-            columns = self._columns(frontier_logits).float()  # [f, columns]
-            top = columns.topk(width, dim=-1).indices  # [f, width]
-            shares = torch.exp(columns.gather(-1, top) - columns.logsumexp(-1, keepdim=True)).tolist()
-            new = []
-            for node, children, share in zip(frontier, self._tokens(top), shares):
-                for token, p in zip(children, share):
-                    if len(tokens) - 1 >= max_nodes:
-                        break
-                    tokens.append(token)
-                    parents.append(node)
-                    confidence.append(confidence[node] * p)
-                    new.append(len(tokens) - 1)
-            if not new or d == depth - 1 or max(confidence[i] for i in new) < min_confidence:
-                break
-            frontier, frontier_logits = yield from self._feed(st, tokens, parents, new, confidence, min_confidence)
-        return DraftTree(torch.tensor(tokens), torch.tensor(parents), confidence=torch.tensor(confidence))
-
-    def _feed(self, st: _State, tokens: list[int], parents: list[int], new: list[int], confidence: list[float],
-              min_confidence: float) -> Grower:
-        """Feed a depth's new nodes; return the next frontier (those of confidence >= min_confidence)
-        and their rows of the logits: ([f], [f, vocab])."""
-        first = new[0]
-        logits = yield Feed(tokens[first:], list(parents), first)
-        st.fed.update(new)
-        frontier = [i for i in new if confidence[i] >= min_confidence]
-        return frontier, logits[[i - first for i in frontier]]
-
-    def _sampled(self, st: _State, root: int, q_root: torch.Tensor, depth: int, max_nodes: int,
-                 min_confidence: float = 0.0) -> Grower:
-        """b children per node drawn from q without replacement (siblings.py), q kept for the
-        verifier; a node whose path confidence is below `min_confidence` gets none (a rule on a
-        node's own path, never on which of its siblings were drawn: the siblings kept are always
-        the first ones drawn)."""
-        tokens, parents, confidence, qs = [root], [-1], [1.0], {}
-        frontier, frontier_logits = [0], q_root.unsqueeze(0)  # [f, vocab]
-        rng = st.rng.at(st.base + 1)  # offset d: the tokens at depth d + 1
-        for d in range(depth):
-            width = self.shape.branching[d]
-            new = []
-            for node, logits in zip(frontier, frontier_logits):
-                if len(tokens) - 1 >= max_nodes:
-                    break
-                q = self._q(logits, st.params)  # [target_vocab]
-                qs[node] = q
-                for token, share in draw_siblings(q, min(width, max_nodes - len(tokens) + 1), rng, d):
-                    tokens.append(token)
-                    parents.append(node)
-                    confidence.append(confidence[node] * share)
-                    new.append(len(tokens) - 1)
-            if not new or d == depth - 1 or max(confidence[i] for i in new) < min_confidence:
-                break
-            frontier, frontier_logits = yield from self._feed(st, tokens, parents, new, confidence, min_confidence)
-        probs = torch.zeros(len(tokens), self.target_vocab)
-        for node, q in qs.items():
-            probs[node] = q.cpu()
-        return DraftTree(torch.tensor(tokens), torch.tensor(parents), probs, torch.tensor(confidence))
-
-    def _dynamic(self, st: _State, root: int, q_root: torch.Tensor, depth: int, max_nodes: int,
-                 min_confidence: float = 0.0) -> Grower:
-        """EAGLE-2 style: expand the K best nodes per depth, then keep the N best of all; nodes
-        whose path confidence is below `min_confidence` are not expanded."""
-        k = self.shape.top_k
-        floor = math.log(min_confidence) if min_confidence > 0 else -math.inf
-        # candidates: (score, node id in `cand`); cand[i] = (token, parent cand id, score)
-        cand: list[tuple[int, int, float]] = [(root, -1, 0.0)]
-        written = {0: 0}  # cand id -> tree node index in the drafter cache this round
-        tokens, parents = [root], [-1]
-        frontier, frontier_logits = [0], q_root.unsqueeze(0)
-        for d in range(depth):
-            logp = torch.log_softmax(self._columns(frontier_logits).float(), dim=-1)
-            top = logp.topk(k, dim=-1)
-            scored = []
-            for row, cid in enumerate(frontier):
-                for lp, token in zip(top.values[row].tolist(), self._tokens(top.indices[row])):
-                    cand.append((token, cid, cand[cid][2] + lp))
-                    scored.append(len(cand) - 1)
-            best = [c for c in heapq.nlargest(k, scored, key=lambda c: cand[c][2]) if cand[c][2] >= floor]
-            if d == depth - 1 or not best:
-                break
-            first = len(tokens)
-            for cid in best:  # write the expanded nodes in the cache as tree nodes
-                tokens.append(cand[cid][0])
-                parents.append(written[cand[cid][1]])
-                written[cid] = len(tokens) - 1
-            frontier_logits = yield Feed(tokens[first:], list(parents), first)
-            st.fed.update(range(first, len(tokens)))
-            frontier = best
-        keep = heapq.nlargest(max_nodes, range(1, len(cand)), key=lambda c: cand[c][2])
-        keep_set = set(keep)
-        keep = [c for c in keep if ancestors_kept(cand, c, keep_set)]
-        return _tree_from_candidates(cand, sorted(keep, key=lambda c: _depth(cand, c)), written, st)
-
-
-def _depth(cand, c: int) -> int:
-    d = 0
-    while cand[c][1] >= 0:
-        c, d = cand[c][1], d + 1
-    return d
-
-
-def _tree_from_candidates(cand, chosen: list[int], written: dict[int, int], st: _State) -> DraftTree:
-    """Lay the chosen candidates out as a tree (parents first). The cache rows written while
-    expanding used other node numbers; only the root's rows are reused, so mark the rest unfed."""
-    index = {0: 0}
-    tokens, parents = [cand[0][0]], [-1]
-    for c in chosen:
-        index[c] = len(tokens)
-        tokens.append(cand[c][0])
-        parents.append(index[cand[c][1]])
-    # node numbers changed: keep as 'fed' only nodes whose cache row number is unchanged
-    st.fed = {0} | {index[c] for c in chosen if written.get(c) == index[c]}
-    confidence = torch.tensor([0.0] + [cand[c][2] for c in chosen]).exp()  # cumulative log q -> path probability
-    return DraftTree(torch.tensor(tokens), torch.tensor(parents), confidence=confidence)
