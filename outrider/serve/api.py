@@ -13,7 +13,8 @@ draining or restarting. A request is checked whole before it is queued (protocol
 in the vocabulary, prompt + max_tokens within --max-model-len). A handler never waits for the
 engine except by awaiting its job's queue, and a non-streaming handler watches for its client's
 disconnect at the same time, cancelling its job at once. `response_format` and tool calls (their
-grammar, the tools in the prompt, OpenAI's tool_calls shape) are tools.py's.
+grammar, the tools in the prompt, OpenAI's tool_calls shape) are tools.py's. What the handlers
+hold (`ServerState`, a request's `Plan`) is state.py's; the answer, whole or streamed, reply.py's.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ import dataclasses
 import hmac
 import inspect
 import json
-import threading
-from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
@@ -33,71 +32,18 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.request import Request
-from .metrics import Metrics
 from .errors import ApiError
 from .protocol import Parsed, parse_chat, parse_completion
-from .responses import (chat_logprobs, chunk, completion_logprobs, extensions, new_id, response,
-                        usage)
+from .reply import error_response, reply_stream, reply_whole
+from .responses import new_id
 from .schema import (ChatCompletionResponse, CompletionResponse, Health, ModelList, add_request_schemas, errors,
                      request_body, stream)
-from . import tools
-from .worker import EngineWorker, Job
+from .state import Plan, ServerState
+from .worker import Job
 
 GOLDEN = 0x9E3779B97F4A7C15  # seeds of n samples: seed + i * GOLDEN (mod 2**64), distinct and spread
 OPEN_PATHS = ("/health", "/openapi.json")
 ROUTES = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics"
-
-
-@dataclass
-class ServerState:
-    llm: object  # engine.LLM: tokenizer, chat template, target
-    worker: EngineWorker
-    metrics: Metrics
-    model_name: str
-    api_key: str | None = None
-    # encode (HTTP) and decode (the engine's text streams) share the tokenizer
-    tokenizer_lock: threading.Lock = field(default_factory=threading.Lock)
-    _token_texts: dict[int, str] = field(default_factory=dict)
-    structured: tools.Structured | None = None  # grammars of response_format and tool calls (tools.py)
-
-    def __post_init__(self):
-        if self.structured is None:
-            self.structured = tools.Structured(self.llm, self.tokenizer_lock)
-
-    @property
-    def vocab(self) -> int:
-        return self.llm.target.config.vocab_size
-
-    def encode(self, parsed: Parsed) -> list[list[int]]:
-        """Token ids of each prompt (chat: the one templated conversation)."""
-        tok = self.llm.tokenizer
-        with self.tokenizer_lock:
-            if parsed.messages is None:
-                return [list(p) if isinstance(p, list) else tok(p)["input_ids"] for p in parsed.prompts]
-            if not getattr(tok, "chat_template", None):
-                raise ApiError(400, f"model '{self.model_name}' has no chat template: use /v1/completions")
-            try:
-                native = (parsed.tools or any(m["role"] == "tool" or "tool_calls" in m for m in parsed.messages)) \
-                    and self.structured.native_tools()
-                messages, extra = tools.template_input(parsed.messages, parsed.tools, native)
-                text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
-            except Exception as err:  # the template refuses this conversation (jinja raise_exception)
-                raise ApiError(400, f"the model's chat template refused these messages: {err}", "messages") from None
-            return [tok(text, add_special_tokens=False)["input_ids"]]
-
-    def decode(self, ids: list[int]) -> str:
-        with self.tokenizer_lock:
-            return self.llm.decode(ids)
-
-    def token_text(self, token: int) -> str:
-        """One token's text, as logprobs show it (the tokenizer's decode of that id alone)."""
-        text = self._token_texts.get(token)
-        if text is None:
-            with self.tokenizer_lock:
-                text = self.llm.tokenizer.decode([token], skip_special_tokens=False,
-                                                 clean_up_tokenization_spaces=False)
-            self._token_texts[token] = text
-        return text
 
 
 class ApiKeyGuard:
@@ -113,7 +59,7 @@ class ApiKeyGuard:
             if not hmac.compare_digest(given, self.expected):
                 err = ApiError(401, "missing or wrong API key: send Authorization: Bearer KEY", code="invalid_api_key",
                                headers={"WWW-Authenticate": "Bearer"})
-                await _error(err)(scope, receive, send)
+                await error_response(err)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -133,11 +79,11 @@ def create_app(state: ServerState) -> FastAPI:
                            code="method_not_allowed", headers=dict(exc.headers or {}))
         else:
             err = ApiError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {}))
-        return _error(err)
+        return error_response(err)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: HttpRequest, exc: RequestValidationError):
-        return _error(ApiError(400, f"invalid request: {exc.errors()[0].get('msg', exc)}"))
+        return error_response(ApiError(400, f"invalid request: {exc.errors()[0].get('msg', exc)}"))
 
     @app.get("/health", response_model=Health, response_model_exclude_none=True, responses={503: {"model": Health, "description": "draining or failed"}})
     async def health():
@@ -186,10 +132,6 @@ def create_app(state: ServerState) -> FastAPI:
     return app
 
 
-def _error(err: ApiError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
-
-
 def _refuse_non_finite(token: str):
     raise ValueError(f"{token} is not a JSON number")
 
@@ -219,19 +161,6 @@ def _check_unicode(body) -> None:
                                 "\\udcf3): send UTF-8 text", param) from None
 
 
-@dataclass
-class Plan:
-    """A checked request as the engine will run it: one Request a choice."""
-
-    parsed: Parsed
-    prompt_ids: list[list[int]]
-    prompt_texts: list[str]  # what echo shows
-    job: Job
-
-    def prompt_of(self, index: int) -> int:
-        return index // self.parsed.n
-
-
 async def _generate(state: ServerState, http: HttpRequest, chat: bool):
     try:
         media = http.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -254,11 +183,11 @@ async def _generate(state: ServerState, http: HttpRequest, chat: bool):
         plan.job.headers = http.headers  # the cluster's router reads its routing headers (cluster/info.py)
         state.worker.submit(plan.job)
     except ApiError as err:
-        return _error(err)
+        return error_response(err)
     rid = new_id(chat)
     if parsed.stream:
-        return StreamingResponse(_stream(state, plan, rid, chat), media_type="text/event-stream")
-    return await _whole(state, http, plan, rid, chat)
+        return StreamingResponse(reply_stream(state, plan, rid, chat), media_type="text/event-stream")
+    return await reply_whole(state, http, plan, rid, chat)
 
 
 def _plan(state: ServerState, parsed: Parsed, grammar=None) -> Plan:
@@ -302,187 +231,3 @@ def _plan(state: ServerState, parsed: Parsed, grammar=None) -> Plan:
         raise ApiError(400, f"this request asks for {len(requests)} completions but the server queues at most "
                             f"{state.worker.max_queue} (--max-queue): lower n or send fewer prompts", "n")
     return Plan(parsed, prompts, texts, Job(requests, asyncio.get_running_loop(), prefill_from))
-
-
-def _failed(completion) -> ApiError:
-    return ApiError(500, f"the request failed in the engine and was stopped alone: {completion.error or 'no reason'}; "
-                         "retry it, or report it if it fails again", kind="server_error", code="request_failed")
-
-
-async def _disconnected(http: HttpRequest) -> None:
-    """Returns when the client goes away (the body has been read, so the next message is that)."""
-    while True:
-        message = await http.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def _whole(state: ServerState, http: HttpRequest, plan: Plan, rid: str, chat: bool):
-    job = plan.job
-    done: dict[int, object] = {}
-    gone = asyncio.ensure_future(_disconnected(http))
-    try:
-        while len(done) < len(job.requests):
-            item = asyncio.ensure_future(job.queue.get())
-            await asyncio.wait({item, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if not item.done():
-                item.cancel()
-                state.worker.cancel(job)  # the client went away: free the slots at the next step
-                return Response(status_code=499)
-            kind, value = item.result()
-            if kind == "error":
-                return _error(value)
-            if kind == "done":
-                index, completion = value
-                if completion.finish_reason == "error":
-                    state.worker.cancel(job)
-                    return _error(_failed(completion))
-                done[index] = completion
-    finally:
-        gone.cancel()
-    completions = [done[i] for i in range(len(job.requests))]
-    choices, out_tokens = [], 0
-    echo_only = plan.parsed.echo and plan.parsed.max_tokens == 0
-    for i, c in enumerate(completions):
-        text = "" if echo_only else c.text
-        out_tokens += 0 if echo_only else len(c.token_ids)
-        if plan.parsed.echo:
-            text = plan.prompt_texts[plan.prompt_of(i)] + text
-        try:
-            logprobs = _logprobs(state, plan, i, c, completions, echo_only)
-        except ApiError as err:
-            return _error(err)
-        choices.append(tools.answer(plan.parsed, i, chat, text, c.finish_reason, logprobs))
-    use = usage(sum(len(ids) for ids in plan.prompt_ids), out_tokens)
-    return response(rid, state.model_name, chat, choices, use, extensions(completions))
-
-
-def _logprobs(state: ServerState, plan: Plan, i: int, c, completions: list, echo_only: bool) -> dict | None:
-    parsed = plan.parsed
-    if parsed.logprobs is None:
-        return None
-    entries = [] if echo_only else c.logprobs
-    if entries is None:
-        raise _missing_logprobs()
-    if parsed.messages is not None:
-        return chat_logprobs(entries, state.token_text, parsed.logprobs)
-    if parsed.echo:  # the prompt's logprobs, computed once per prompt (its first choice)
-        first = completions[plan.prompt_of(i) * parsed.n]
-        ids = plan.prompt_ids[plan.prompt_of(i)]
-        prompt = first.prompt_logprobs
-        if prompt is None and len(ids) == 1:  # a one-token prompt: its token has no logprob
-            prompt = [None]
-        if prompt is None or len(prompt) != len(ids):
-            raise _missing_logprobs()
-        entries = [lp if lp is not None else t for lp, t in zip(prompt, ids)] + list(entries)
-    return completion_logprobs(entries, state.token_text)
-
-
-def _missing_logprobs() -> ApiError:
-    return ApiError(500, "the engine returned no logprobs for a request that asked for them (an engine without "
-                         "logprobs support): leave logprobs out", kind="server_error", code="internal_error")
-
-
-async def _stream(state: ServerState, plan: Plan, rid: str, chat: bool):
-    """Server-sent events: each choice's text as it becomes stable, its finish chunk, the usage.
-    With echo and logprobs the prompt's logprobs come only with the Completion, so the chunks are
-    held and sent, prompt first, when every choice has ended."""
-    parsed, job, model = plan.parsed, plan.job, state.model_name
-    n_choices = len(job.requests)
-    prompt_tokens = sum(len(ids) for ids in plan.prompt_ids)
-    echo_only = parsed.echo and parsed.max_tokens == 0
-    hold = parsed.echo and parsed.logprobs is not None
-    produced = [0] * n_choices  # output tokens so far, by choice
-    sent_logprobs = [0] * n_choices
-    offsets = [0] * n_choices  # completions' text_offset so far: after the echoed prompt's tokens
-    if hold:
-        offsets = [sum(len(state.token_text(t)) for t in plan.prompt_ids[plan.prompt_of(i)]) for i in range(n_choices)]
-    held: list[dict] = []
-    done: dict[int, object] = {}
-
-    def running_usage() -> dict | None:
-        return usage(prompt_tokens, sum(produced)) if parsed.continuous_usage else None
-
-    def lp_payload(i: int, entries: list) -> dict | None:
-        if parsed.logprobs is None or not entries:
-            return None
-        if chat:
-            return chat_logprobs(entries, state.token_text, parsed.logprobs)
-        out = completion_logprobs(entries, state.token_text, offsets[i])
-        offsets[i] += sum(len(t) for t in out["tokens"])
-        return out
-
-    def emit(payload: dict) -> str | None:
-        if hold:
-            held.append(payload)
-            return None
-        return _sse(payload)
-
-    try:
-        if chat:
-            for i in range(n_choices):
-                yield _sse(chunk(rid, model, chat, i, "", first=True, use=running_usage()))
-        elif parsed.echo and not hold:
-            for i in range(n_choices):
-                yield _sse(chunk(rid, model, chat, i, plan.prompt_texts[plan.prompt_of(i)], use=running_usage()))
-        while len(done) < n_choices:
-            kind, item = await job.queue.get()
-            if kind == "error":
-                yield _sse(item.body())
-                break
-            if kind == "update":
-                if echo_only:
-                    continue
-                produced[item.index] += item.tokens
-                if parsed.tool_call:  # a tool call is sent whole when its choice ends
-                    continue
-                entries = item.logprobs or []
-                sent_logprobs[item.index] += len(entries)
-                logprobs = lp_payload(item.index, entries)
-                if item.text or logprobs is not None:
-                    out = emit(chunk(rid, model, chat, item.index, item.text, logprobs=logprobs, use=running_usage()))
-                    if out:
-                        yield out
-                continue
-            index, completion = item
-            if completion.finish_reason == "error":
-                yield _sse(_failed(completion).body())
-                break
-            if parsed.logprobs is not None and not echo_only and completion.logprobs is None:
-                yield _sse(_missing_logprobs().body())
-                break
-            done[index] = completion
-            if parsed.tool_call:
-                logprobs = lp_payload(index, completion.logprobs or [])
-                for payload in tools.stream_end(parsed, rid, model, index, completion, logprobs, running_usage(),
-                                                extensions([completion])):
-                    yield _sse(payload)
-                continue
-            rest = None if echo_only or parsed.logprobs is None else \
-                lp_payload(index, completion.logprobs[sent_logprobs[index]:])
-            out = emit(chunk(rid, model, chat, index, None if chat else "", completion.finish_reason, logprobs=rest,
-                             use=running_usage(), ext=extensions([completion])))
-            if out:
-                yield out
-        else:
-            if hold:  # the echoed prompts with their logprobs, then what was held
-                completions = [done[i] for i in range(n_choices)]
-                try:
-                    prompts = [chunk(rid, model, chat, i, plan.prompt_texts[plan.prompt_of(i)],
-                                     logprobs=_logprobs(state, plan, i, completions[i], completions, True),
-                                     use=running_usage())
-                               for i in range(n_choices)]
-                except ApiError as err:
-                    prompts, held = [err.body()], []
-                for payload in prompts + held:
-                    yield _sse(payload)
-            if parsed.include_usage:
-                yield _sse(chunk(rid, model, chat, None, None, use=usage(prompt_tokens, sum(produced))))
-        yield "data: [DONE]\n\n"
-    finally:
-        if len(done) < n_choices:  # the client went away, or a choice failed: free the slots at the next step
-            state.worker.cancel(job)
-
-
-def _sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, allow_nan=False)}\n\n"

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .protocol import INT64, MAX_LOGPROBS, MAX_N
+from .fields import INT64, MAX_LOGPROBS, MAX_N
 
 Temperature = Annotated[float, Field(ge=0, le=2)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
