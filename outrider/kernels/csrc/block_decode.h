@@ -1,8 +1,8 @@
 /* How a weight block of qmatmul.c is read: prefetching ahead, and its 32 values decoded into
  * registers (AVX-512: two vectors of 16; AVX2: four of 8; portable: an array of 32 the compiler
  * vectorizes) with the reference's own operations, the scales taken as block_kinds.h says (float16
- * and factored ones a window of blocks at a time in AVX-512 builds). Included by qmatmul.c (and
- * qmatmul_i8.c) only. */
+ * and factored ones a window of blocks at a time in AVX-512 builds). Included by qmatmul.c and
+ * qmatmul_fill.c (and the int8 kernels': qmatmul_i8.c, qmatmul_i8_avx2.c, qmatmul_i8_avx2_dot.h) only. */
 #ifndef OUTRIDER_BLOCK_DECODE_H
 #define OUTRIDER_BLOCK_DECODE_H
 #include "block_kinds.h"

@@ -66,7 +66,7 @@ int outrider_i8_ok(void);
 #define TILE_N 16         /* weight rows a thread takes at a time */
 
 int outrider_i8_ok(void) { return 1; }
-int outrider_i8_avx_vnni(int mode) { (void)mode; return 0; }  /* qmatmul_i8_avx2.c's choice: none here */
+int outrider_i8_avx_vnni(int mode) { (void)mode; return 0; }  /* qmatmul_i8_avx_vnni.c's choice: none here */
 
 /* The CPU's own bound on the products: `rounds` x 24 independent vpdpbusd (64 multiply-adds
  * each) on each of `threads` threads, nothing loaded (scripts/bench_verify_cost.py times it and

@@ -1,7 +1,8 @@
 /* The lanes layout of qmatmul_i8.c (see its header): sizes of a weight row's records, shared by
  * qmatmul_i8_pack.c (which writes them once at load), qmatmul_i8.c (AVX-512 VNNI) and
  * qmatmul_i8_avx2.c (AVX2) (which multiply with them); and the records of a row of x both kernels
- * read. Included by those three only, in builds with AVX2 (every variant but portable). */
+ * read. Included by those three only (and qmatmul_i8_avx2.c's qmatmul_i8_avx2_dot.h), in builds with
+ * AVX2 (every variant but portable). */
 #ifndef OUTRIDER_QMATMUL_I8_H
 #define OUTRIDER_QMATMUL_I8_H
 #include <stdint.h>
