@@ -21,7 +21,8 @@ SOURCES = (SOURCE, *(CSRC / f for f in ("decoder_layer.c", "attention.c", "matmu
                                        "qmatmul_i8_avx2.c", "qmatmul_i8_avx_vnni.c", "qmatmul_i8_pack.c",
                                        "qmatmul_fill.c")))  # one library
 HEADERS = tuple(CSRC / h for h in ("isa.h", "block_kinds.h", "block_decode.h", "qmatmul_i8.h",
-                                   "qmatmul_i8_avx2_dot.h", "attention.h", "attention_lanes.h"))  # in its key
+                                   "qmatmul_i8_avx2_dot.h", "attention.h", "attention_lanes.h",
+                                   "attention_heads.h"))  # in its key
 FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-fPIC")  # every variant's, with its own below
 # each variant's instruction sets (the C sources' paths follow them: csrc/isa.h), best first;
 # what each needs of the CPU: config.KERNEL_VARIANTS

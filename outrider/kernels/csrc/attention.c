@@ -99,56 +99,7 @@ static inline __attribute__((always_inline)) void weigh_values(int nv, const voi
     for (int i = 0; i < nv; i++) _mm256_storeu_ps(out + 8 * i, o[i]);
 }
 
-#if defined(OUTRIDER_AVX512)
-/* weigh_values for nh heads at once (AVX-512; nv vectors of 16 values a head, nh * nv <= 24):
- * each key's value row is loaded once for all nh heads instead of once a head. Head a's weights
- * are p[a * Lp + j], its output out[a * D ..]; each element's operations are weigh_values' own
- * (o = fma(p, v, o) over the seen keys in order), so the results are the same bits. */
-static inline __attribute__((always_inline)) void weigh_heads(int nh, int nv, const void *values, int64_t row_stride,
-                                                             const float *p, int64_t Lp, const uint8_t *seen,
-                                                             int64_t last, float *out, int64_t D, int half) {
-    __m512 o[6][8];
-    for (int a = 0; a < nh; a++)
-        for (int i = 0; i < nv; i++) o[a][i] = _mm512_setzero_ps();
-    for (int64_t j = 0; j <= last; j++) {
-        if (seen && !seen[j]) continue;
-        const int64_t v = j * row_stride;
-        __m512 vj[8];
-        for (int i = 0; i < nv; i++) vj[i] = kv_load16(values, v + 16 * i, half);
-        for (int a = 0; a < nh; a++) {
-            __m512 pj = _mm512_set1_ps(p[a * Lp + j]);
-            for (int i = 0; i < nv; i++) o[a][i] = _mm512_fmadd_ps(pj, vj[i], o[a][i]);
-        }
-    }
-    for (int a = 0; a < nh; a++)
-        for (int i = 0; i < nv; i++) _mm512_storeu_ps(out + a * D + 16 * i, o[a][i]);
-}
-
-/* Heads a0.. of a task whose head dimension is 64 or 128, as many at a time as 24 registers hold:
- * returns the number of heads done (0 for other head sizes: the caller's per-head path). */
-static inline __attribute__((always_inline)) int weigh_heads_all(int64_t per, const void *values, int64_t row_stride,
-                                                                const float *p, int64_t Lp, const uint8_t *seen,
-                                                                int64_t last, float *out, int64_t D, int half) {
-    if (D != 64 && D != 128) return 0;
-    const int nv = (int)(D / 16), most = 24 / nv;
-    int64_t a = 0;
-    for (; a < per; ) {
-        int nh = per - a < most ? (int)(per - a) : most;
-        const float *pa = p + a * Lp;
-        float *oa = out + a * D;
-#define HEADS(NH, NV) case NH * 16 + NV: weigh_heads(NH, NV, values, row_stride, pa, Lp, seen, last, oa, D, half); break;
-        switch (nh * 16 + nv) {
-            HEADS(6, 4) HEADS(5, 4) HEADS(4, 4) HEADS(3, 4) HEADS(2, 4) HEADS(1, 4)
-            HEADS(3, 8) HEADS(2, 8) HEADS(1, 8)
-            default: return (int)a;
-        }
-#undef HEADS
-        a += nh;
-    }
-    return (int)a;
-}
-#endif
-
+#include "attention_heads.h"  /* weigh_heads_all: several heads' weighted values at once */
 
 /* One task: row r's query heads first..first+per-1 (of kv head g) over the cache rows it sees. */
 static inline __attribute__((always_inline)) void attend_task(const Attention *job, int64_t task, int half) {
@@ -238,11 +189,7 @@ static inline __attribute__((always_inline)) void attend_task(const Attention *j
     for (int64_t a = 0; a < per; a++)  /* weights p = e * (1 / sum) */
         for (int64_t j = 0; j <= last; j++) s[a * Lp + j] = s[a * Lp + j] * total[a];
     int64_t done = 0;  /* heads whose p-weighted values are summed */
-#if defined(OUTRIDER_AVX512)
     done = weigh_heads_all(per, values, row_stride, s, Lp, seen, last, out, D, half);
-#else
-    done = weigh_heads8_all(per, values, row_stride, s, Lp, seen, last, out, D, half);
-#endif
     for (int64_t a = done; a < per; a++) {  /* the p-weighted values, a head at a time */
         float *p = s + a * Lp, *o = out + a * D;
         int64_t c = 0;

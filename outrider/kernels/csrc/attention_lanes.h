@@ -1,7 +1,7 @@
 /* Attention's AVX2 register tiles for many rows of one slot (a prefill's, a long verify's): the
- * scores from keys turned along the lanes, and the weighted values of several query heads at once.
- * Each gives every score and every output element the operations attention.c's one-row path
- * (dot8, weigh_values) gives it, in the same order, so the bits do not depend on which path ran:
+ * scores from keys turned along the lanes (the weighted values of several heads at once:
+ * attention_heads.h). Each score gets the operations attention.c's one-row path (dot8) gives it,
+ * in the same order, so the bits do not depend on which path ran:
  * a prefill whole, in chunks or a row at a time, and a k-token verify against k one-token steps,
  * stay bit-identical. Included by attention.c only (its AVX2 builds). */
 #ifndef OUTRIDER_ATTENTION_LANES_H
@@ -83,50 +83,6 @@ static inline __attribute__((always_inline)) void scores_from_lanes(int64_t per,
         for (; j0 <= last; j0 += 8) scores_lanes(1, 1, q + a * D, D, kt + j0 * D, s + a * Lp + j0, Lp, scale);
     }
 }
-
-#if !defined(OUTRIDER_AVX512)
-/* attention.c's weigh_values for NH heads at once (AVX2 builds; NV vectors of 8 values a head, NH <= 3,
- * NV <= 4): each key's value row loaded once for the NH heads. Head a's weights are p[a Lp + j], its
- * output out[a D ..]; each element's operations are weigh_values' own (o = fma(p, v, o) over the
- * seen keys in order), so the same bits. (AVX-512 builds: attention.c's weigh_heads.) */
-static inline __attribute__((always_inline)) void weigh_heads8(int NH, int NV, const void *values, int64_t row_stride,
-                                                              const float *p, int64_t Lp, const uint8_t *seen,
-                                                              int64_t last, float *out, int64_t D, int half) {
-    __m256 o[3][4];
-    for (int a = 0; a < NH; a++)
-        for (int i = 0; i < NV; i++) o[a][i] = _mm256_setzero_ps();
-    for (int64_t j = 0; j <= last; j++) {
-        if (seen && !seen[j]) continue;
-        const int64_t v = j * row_stride;
-        __m256 vj[4];
-        for (int i = 0; i < NV; i++) vj[i] = kv_load8(values, v + 8 * i, half);
-        for (int a = 0; a < NH; a++) {
-            __m256 pj = _mm256_broadcast_ss(p + a * Lp + j);
-            for (int i = 0; i < NV; i++) o[a][i] = _mm256_fmadd_ps(pj, vj[i], o[a][i]);
-        }
-    }
-    for (int a = 0; a < NH; a++)
-        for (int i = 0; i < NV; i++) _mm256_storeu_ps(out + a * D + 8 * i, o[a][i]);
-}
-
-/* The heads of a task whose head size is a multiple of 32, 3 (or what is left) at a time, 32 values
- * of them a pass over the keys: returns the heads done (0 for other head sizes). */
-static inline __attribute__((always_inline)) int weigh_heads8_all(int64_t per, const void *values, int64_t row_stride,
-                                                                 const float *p, int64_t Lp, const uint8_t *seen,
-                                                                 int64_t last, float *out, int64_t D, int half) {
-    if (D % 32 != 0 || per < 2) return 0;
-    for (int64_t a = 0; a < per; a += 3) {
-        const int nh = per - a < 3 ? (int)(per - a) : 3;
-        for (int64_t c = 0; c < D; c += 32) {
-            const void *vc = half ? (const void *)((const uint16_t *)values + c) : (const void *)((const float *)values + c);
-            if (nh == 3) weigh_heads8(3, 4, vc, row_stride, p + a * Lp, Lp, seen, last, out + a * D + c, D, half);
-            else if (nh == 2) weigh_heads8(2, 4, vc, row_stride, p + a * Lp, Lp, seen, last, out + a * D + c, D, half);
-            else weigh_heads8(1, 4, vc, row_stride, p + a * Lp, Lp, seen, last, out + a * D + c, D, half);
-        }
-    }
-    return (int)per;
-}
-#endif
 
 #endif
 #endif
