@@ -41,6 +41,7 @@ from .capabilities import Capabilities, Drafts
 from .refiners import make_refiner, parse_refiners
 from .registry import DrafterEntry, register
 from .dflash_vocab import parse_vocab, reduce_readout
+from .pending import PendingRows
 from .slots import SlotCache
 from .window import parse_options
 
@@ -55,7 +56,7 @@ class _State:
     slot: int
     params: SamplingParams
     rng: PositionalRandom
-    pending: torch.Tensor  # [m, H] context rows of committed positions not yet written
+    pending: PendingRows  # [m, H] context rows of committed positions not yet written (pending.py)
     rows: int = 0  # context rows in the cache (positions 0 .. rows-1)
     previous: VerifyResult | None = None
     previous_tree: DraftTree | None = None
@@ -101,7 +102,7 @@ class DFlashDrafter:
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**63 - 1, ()))
         c = self.head.config
         pending = self.head.fuse(hidden) if rows else self.head.w.norm.new_zeros(0, c.hidden_size)
-        self._states[seq_id] = _State(self.slots.take(), params, PositionalRandom(seed).drafting(), pending)
+        self._states[seq_id] = _State(self.slots.take(), params, PositionalRandom(seed).drafting(), PendingRows(pending))
 
     def update(self, seq_id: int, result: VerifyResult, hidden: torch.Tensor | None = None) -> None:
         """hidden: [1 + num_accepted, n, Ht] the target's features of the root and accepted nodes."""
@@ -110,7 +111,7 @@ class DFlashDrafter:
             raise ValueError(f"dflash update needs the accepted path's features [{1 + result.num_accepted}, n, Ht], "
                              f"got {got}")
         st = self._states[seq_id]
-        st.pending = torch.cat((st.pending, self.head.fuse(hidden)))
+        st.pending.add(self.head.fuse(hidden))
         st.previous = result
 
     def finish(self, seq_id: int, tokens: list[int]) -> None:
@@ -124,7 +125,7 @@ class DFlashDrafter:
     def propose_batch(self, seq_ids: list[int], tokens: list[list[int]], budgets: list[Budget]) -> list[DraftTree]:
         """Write each sequence's pending context, then one block forward for all that draft."""
         states = [self._states[s] for s in seq_ids]
-        self.slots.ensure_rows(max(st.rows + st.pending.shape[0] for st in states) + 1)
+        self.slots.ensure_rows(max(st.rows + st.pending.rows for st in states) + 1)
         for st, toks in zip(states, tokens):
             self._catch_up(st, toks)
         trees: list[DraftTree | None] = [None] * len(states)
@@ -150,15 +151,15 @@ class DFlashDrafter:
         return trees
 
     def _catch_up(self, st: _State, tokens: list[int]) -> None:
-        m = st.pending.shape[0]
+        m = st.pending.rows
         if st.rows + m != len(tokens) - 1:
             raise ValueError(f"dflash drafter out of step: {st.rows} context rows + {m} pending for "
                              f"{len(tokens)} committed tokens (expected {len(tokens) - 1})")
         if m:
-            self.head.write_context(self.cache, st.slot, st.rows, st.pending)
+            self.head.write_context(self.cache, st.slot, st.rows, st.pending.joined())
             st.rows += m
             self.cache.set_length(st.slot, st.rows)
-            st.pending = st.pending[:0]
+            st.pending.clear()
 
     def _tree(self, st: _State, block: Block, tokens: list[int], budget: Budget) -> DraftTree:
         depth = min(budget.depth, block.size)

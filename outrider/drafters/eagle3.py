@@ -9,11 +9,13 @@ prefill forward.
 
 The head's K/V follows the committed prefix. Head row p holds (feature of position p, token p+1):
 with n committed tokens, rows 0..n-2 are the committed ones, built only from target features.
-Between rounds the features of the newly committed positions wait in `pending` and are written
-at the next proposal (one forward, causal), whose last row gives the first draft's distribution:
+Between rounds the features of the newly committed positions wait in `pending` (pending.py) and
+are written at the next proposal (one forward, causal), whose last row gives the first draft's
+distribution. The prompt's wait too: a request the controller never lets draft (`cost` at depth
+0) never runs the head over its prompt (about 8% of the target's prefill, on SmolLM2):
 
-    start(prompt x_0..x_{n-1}, features f_0..f_{n-2})      write rows 0..n-2 (tokens x_1..x_{n-1})
-                                                            rows = n-1; row n-2 predicts x_n
+    start(prompt x_0..x_{n-1}, features f_0..f_{n-2})      pending = those n-1 rows
+    propose: write rows 0..n-2 (tokens x_1..x_{n-1})       rows = n-1; row n-2 predicts x_n
              drafts: node i of the tree (depth d) is head row n-2+i at position n-2+d, fed the
              output hidden of its parent's row and its own token; written past the committed rows
     update(accepted path a nodes, features f_{n-1}..f_{n-1+a})  pending = those a+1 rows
@@ -55,6 +57,7 @@ from ..spec.types import DraftTree, VerifyResult
 from .base import Budget, ancestors_kept
 from .capabilities import Capabilities, Drafts
 from .draft_model import draft_vocab_ids
+from .pending import PendingRows
 from .eagle3_options import USAGE, argument_options, check_fits, head_dtype, parse_argument, split_dtype  # noqa: F401 (tests)
 from .grow import Feed, Grower, done, grow_alone, grow_together
 from .registry import DrafterEntry, register
@@ -75,7 +78,7 @@ class _State:
     slot: int  # this sequence's slot in the head's cache
     params: SamplingParams
     rng: PositionalRandom  # the request's drafting streams
-    pending: torch.Tensor  # [m, H] fused features of committed positions not yet written
+    pending: PendingRows  # [m, H] fused features of committed positions not yet written
     rows: int = 0  # committed head rows in the cache
     last_hidden: torch.Tensor | None = None  # [H] output hidden of row rows-1
     last_logits: torch.Tensor | None = None  # [Vd] its logits
@@ -124,20 +127,18 @@ class Eagle3Drafter:
         self.finish(seq_id, prompt)  # a state left by an interrupted run gives its slot back
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**63 - 1, ()))
         pending = self.head.fuse(hidden) if rows else self.head.w.norm.new_zeros(0, self.head.config.hidden_size)
-        st = _State(self.slots.take(), params, PositionalRandom(seed).drafting(), pending)
+        st = _State(self.slots.take(), params, PositionalRandom(seed).drafting(), PendingRows(pending))
         self._states[seq_id] = st
         if self.window is None:
-            self.slots.ensure_rows(len(prompt) + 1)
-            self._catch_up([st], [prompt])
-            return
+            return  # the prompt's rows are written at the first proposal, with the rows added by then
         chunk = self.window.chunk  # in chunks, the dead rows reclaimed between
         for upto in range(min(chunk, rows), rows, chunk):
-            st.pending = pending[st.rows : upto]
+            st.pending = PendingRows(pending[st.rows : upto])
             self.slots.ensure_rows(st.rows - st.shift + chunk + 1)
             self._catch_up([st], [prompt[: upto + 1]])
             self._reclaim(st)
-        st.pending = pending[st.rows :]
-        self.slots.ensure_rows(st.rows - st.shift + st.pending.shape[0] + 1)
+        st.pending = PendingRows(pending[st.rows :])
+        self.slots.ensure_rows(st.rows - st.shift + st.pending.rows + 1)
         self._catch_up([st], [prompt])
 
     def update(self, seq_id: int, result: VerifyResult, hidden: torch.Tensor | None = None) -> None:
@@ -147,7 +148,7 @@ class Eagle3Drafter:
             raise ValueError(f"eagle3 update needs the accepted path's features [{1 + result.num_accepted}, 3, Ht], "
                              f"got {got}")
         st = self._states[seq_id]
-        st.pending = torch.cat((st.pending, self.head.fuse(hidden)))
+        st.pending.add(self.head.fuse(hidden))
 
     def finish(self, seq_id: int, tokens: list[int]) -> None:
         st = self._states.pop(seq_id, None)
@@ -222,12 +223,12 @@ class Eagle3Drafter:
         row p gets token p + 1."""
         todo = []
         for st, toks in zip(states, tokens):
-            m = st.pending.shape[0]
+            m = st.pending.rows
             if st.rows + m != len(toks) - 1:
                 raise ValueError(f"eagle3 drafter out of step: {st.rows} rows + {m} pending features for "
                                  f"{len(toks)} committed tokens (expected {len(toks) - 1} rows)")
             if m:
-                todo.append((st, Feed(toks[st.rows + 1:], None, 0, st.pending)))
+                todo.append((st, Feed(toks[st.rows + 1:], None, 0, st.pending.joined())))
         if not todo:
             return
         outs = self._forward([st.slot for st, _ in todo], [st.rows for st, _ in todo], [f for _, f in todo],
@@ -235,7 +236,7 @@ class Eagle3Drafter:
         for (st, feed), (logits, hidden) in zip(todo, outs):
             st.rows += len(feed.tokens)
             self.cache.set_length(st.slot, st.rows - st.shift)
-            st.pending = st.pending[:0]
+            st.pending.clear()
             st.last_hidden, st.last_logits = hidden[-1], logits[-1]
 
     def _reclaim(self, st: _State) -> None:
