@@ -17,5 +17,5 @@
     toolspec_schema.py), sparsespec.py (+ sparsespec_select.py), window.py
                       the other methods (docs/methods.md)
     merge.py          paths added to a lexical drafter's tree under its node budget
-    grow.py, slots.py, siblings.py                             batched drafting helpers
+    grow.py, slots.py, siblings.py, pending.py                 batched drafting helpers
 """
