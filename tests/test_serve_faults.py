@@ -174,7 +174,10 @@ def test_a_second_ctrl_c_answers_everyone_with_503_within_2_s(tiny):
         def post():
             whole.append(httpx.post(url + "/v1/completions", json=body, timeout=60))
 
-        threads = [threading.Thread(target=stream), threading.Thread(target=post)]
+        # four more beside them (2 run at a time): the drain outlasts the test's look at /health
+        # however the machine's load delays the test (with two alone, a loaded run saw the server
+        # drained and gone before it looked); some may finish before the stream starts
+        threads = [threading.Thread(target=stream)] + [threading.Thread(target=post) for _ in range(5)]
         for t in threads:
             t.start()
         assert started.wait(30)
@@ -190,7 +193,11 @@ def test_a_second_ctrl_c_answers_everyone_with_503_within_2_s(tiny):
         for t in threads:
             t.join(10)
         assert streamed[-1] == "[DONE]" and json.loads(streamed[-2])["error"]["code"] == "shutting_down"
-        assert whole[0].status_code == 503 and whole[0].json()["error"]["type"] == "server_error"
+        # each post has its answer: whole (finished before the second Ctrl-C) or a 503
+        assert len(whole) == 5 and any(w.status_code == 503 for w in whole)
+        for w in whole:
+            assert (w.status_code == 200 and w.json()["usage"]["completion_tokens"] == 240) or (
+                w.status_code == 503 and w.json()["error"]["type"] == "server_error"), w.text
         err = proc.stderr.read()
         assert "Traceback" not in err and "Event loop is closed" not in err, err
     finally:
