@@ -12,6 +12,7 @@ import pytest
 import torch
 from eagle3_tiny import target_with_head
 from enumerate_law import one_thread
+from test_eagle3_spec import PROMPTS
 
 from outrider.drafters.base import Budget
 from outrider.drafters.pending import PendingRows
@@ -22,8 +23,6 @@ from outrider.heads.eagle3 import Eagle3Head
 from outrider.models.batch import pack
 from outrider.spec.types import VerifyResult
 from outrider.weights.loader import load_decoder
-
-PROMPTS = [[3, 4, 5, 3, 4, 5, 3], [6, 7, 3, 6, 7, 3, 6], [5], [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4]]
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -57,9 +57,9 @@ from ..spec.types import DraftTree, VerifyResult
 from .base import Budget, ancestors_kept
 from .capabilities import Capabilities, Drafts
 from .draft_model import draft_vocab_ids
-from .pending import PendingRows
 from .eagle3_options import USAGE, argument_options, check_fits, head_dtype, parse_argument, split_dtype  # noqa: F401 (tests)
 from .grow import Feed, Grower, done, grow_alone, grow_together
+from .pending import PendingRows
 from .registry import DrafterEntry, register
 from .siblings import draw_siblings
 from .slots import SlotCache
