@@ -19,29 +19,18 @@ config in force, the CPU's instruction sets, and the kernels that ran (`note_ker
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 from contextlib import contextmanager
-import platform
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+# the CPU as the config reads it (re-exported: config.KERNEL_VARIANTS, config.cpu_info, ...)
+from .cpu import ISA_FLAGS, KERNEL_VARIANTS, X86_V3, X86_V4, CpuProfile, cpu_flags, cpu_info, variants_for  # noqa: F401
 from .errors import ConfigError
 
 LINEAR_PATHS = ("auto", "linear", "mm_t", "chunked", "packed")
 SWITCH = ("auto", "on", "off")
-# the CPU features the kernels look at (x86 /proc/cpuinfo names; ARM's asimd for the record)
-ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
-             "avx512_vnni", "avx512_bf16", "avx512vbmi", "amx_tile", "amx_int8", "amx_bf16", "asimd", "sve")
-# the native library's builds (kernels/native.py), best first, and the x86 CPU flags each needs
-# (x86-64-v3 and -v4 as the compiler's -march takes them); `portable` (plain C) runs on any CPU
-X86_V3 = ("sse4_2", "popcnt", "avx", "avx2", "bmi1", "bmi2", "fma", "f16c", "movbe", "abm")
-X86_V4 = X86_V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
-KERNEL_VARIANTS = {"amx": X86_V4 + ("avx512_vnni", "avx512_bf16", "avx512vbmi", "amx_tile", "amx_bf16"),
-                   "avx512-vnni": X86_V4 + ("avx512_vnni",), "avx512": X86_V4, "avx2": X86_V3, "portable": ()}
-
-
 def _default_cache() -> Path:
     return Path.home() / ".cache" / "outrider"
 
@@ -229,58 +218,19 @@ def note_fact(key: str, value: str) -> None:
     _facts[key] = value
 
 
-def cpu_info() -> dict[str, Any]:
-    """The CPU's vendor, model and the instruction sets the kernels care about (Linux /proc/cpuinfo;
-    elsewhere the machine name only)."""
-    info = {"machine": platform.machine(), "vendor": "", "model": "", "family": "", "isa": []}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return info
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key, value = key.strip(), value.strip()
-        if key == "vendor_id" and not info["vendor"]:
-            info["vendor"] = value
-        elif key == "model name" and not info["model"]:
-            info["model"] = value
-        elif key == "cpu family" and not info["family"]:
-            info["family"] = value
-        elif key in ("flags", "Features") and not info["isa"]:
-            flags = set(value.split())
-            info["isa"] = [f for f in ISA_FLAGS if f in flags]
-    return info
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as /proc/cpuinfo names them (empty where there is none)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("flags", "Features"):
-                return frozenset(value.split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def _x86() -> bool:
-    return platform.machine().lower() in ("x86_64", "amd64")
-
-
 def kernel_variants_here() -> list[str]:
-    """The native library's variants this CPU executes, best first: on x86-64 each whose flags it
-    has (none known without /proc/cpuinfo: portable only); elsewhere (ARM, ...) portable."""
-    flags = cpu_flags() if _x86() else frozenset()
-    return [name for name, need in KERNEL_VARIANTS.items() if (_x86() or not need) and all(f in flags for f in need)]
+    """The native library's variants this CPU executes, best first (cpu.variants_for on this
+    machine's profile): on x86-64 each whose flags it has (none known without /proc/cpuinfo:
+    portable only); elsewhere (ARM, ...) portable."""
+    return list(variants_for(CpuProfile.here()))
 
 
 def _lacking(variant: str) -> str:
-    if not _x86():
-        return f"it is built for x86-64, this is {platform.machine()}"
-    missing = [f for f in KERNEL_VARIANTS[variant] if f not in cpu_flags()]
-    return f"no {' '.join(missing)}" if cpu_flags() else "no /proc/cpuinfo to read its flags from"
+    here = CpuProfile.here()
+    if not here.x86:
+        return f"it is built for x86-64, this is {here.machine}"
+    missing = [f for f in KERNEL_VARIANTS[variant] if f not in here.flags]
+    return f"no {' '.join(missing)}" if here.flags else "no /proc/cpuinfo to read its flags from"
 
 
 def describe() -> dict[str, Any]:

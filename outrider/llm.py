@@ -18,6 +18,7 @@ from .engine.request import Completion, Request
 from .engine.speculator import MAX_TREE_NODES, SpecOptions, Speculator
 from .engine.text_stream import check_text
 from .engine.threads import cpu_share_for
+from .kernels import dispatch
 from .errors import ConfigError
 from .sampling import SamplingParams
 from .weights.loader import auto_dtype, load_decoder, parse_dtype, parse_kv_dtype, resolve_device
@@ -65,7 +66,7 @@ class LLM:
         self.eos_ids = eos_ids_of(self.path, self.tokenizer)
         self.speculator = Speculator.build(options, self.target, self.path) if options else None
         # the thread count follows the free cores unless the config fixes it (engine/threads.py)
-        self.cpu_share = cpu_share_for(self.config.threads, self.config.follow_free_cores)
+        self.cpu_share = cpu_share_for(self.config.threads, dispatch.plan().follow_free_cores)
         self._grammars = None
 
     # -- prompts -------------------------------------------------------------------------------

@@ -14,6 +14,23 @@ if CACHE:  # under scripts/mutate.py: import what the fixtures use once, before 
     from transformers import AutoTokenizer, PreTrainedTokenizerFast  # noqa: E402, F401
 
 
+@pytest.fixture(autouse=True)
+def _process_state_put_back():
+    """What a test leaves in process-wide state is put back after it, so that no test's outcome
+    depends on the tests before it in its worker: the runtime config, a forced kernel variant, a
+    pretended CPU profile (kernels/dispatch.py decides from these two)."""
+    from outrider import config, cpu
+    from outrider.kernels import native
+
+    saved, profile = config.current(), cpu.profile()
+    asked = native.asked()
+    yield
+    if config.current() != saved:  # config.use() in a test, say
+        config.use(saved)
+    assert native.asked() == asked and cpu.profile() is profile, \
+        "a test left a kernel variant or a pretended CPU profile in force (use native.use_variant / cpu.pretending)"
+
+
 def pytest_configure(config):
     """One torch thread per test process (OUTRIDER_TEST_THREADS=N for more). The tests' tensors
     are small and the machines are shared 2-core ones: with other processes busy, a SmolLM2 forward
@@ -97,3 +114,37 @@ def smollm2_transformers(smollm2_path):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32).eval()
+
+
+# --- which kernel variants ran here: said at the end of every run ------------------------------
+
+def pytest_sessionfinish(session):
+    from kernel_variants import EXERCISED
+
+    if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: to the controller
+        session.config.workeroutput["kernel_variants"] = sorted(EXERCISED)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    from kernel_variants import EXERCISED
+
+    EXERCISED.update(getattr(node, "workeroutput", {}).get("kernel_variants", ()))
+
+
+def pytest_terminal_summary(terminalreporter):
+    from kernel_variants import EXERCISED
+
+    from outrider.config import KERNEL_VARIANTS, kernel_variants_here
+    from outrider.cpu import CpuProfile
+
+    if not EXERCISED:
+        return
+    here = CpuProfile.here()
+    missing = [f"{v} (this CPU lacks {' '.join(f for f in need if f not in here.flags) or 'x86-64'})"
+               for v, need in KERNEL_VARIANTS.items() if v not in kernel_variants_here()]
+    untried = [v for v in kernel_variants_here() if v not in EXERCISED]
+    terminalreporter.write_line(
+        f"kernel variants exercised on this machine: {', '.join(v for v in KERNEL_VARIANTS if v in EXERCISED)}; "
+        f"not exercised: {', '.join(missing + [f'{v} (not run)' for v in untried]) or 'none'}; "
+        f"the dispatch rules of every CPU: tests/test_dispatch.py")

@@ -34,10 +34,14 @@ I8 = _params([v for v in HERE if v != "portable"]) or [
     pytest.param("none", id="no-i8-variant", marks=pytest.mark.skip(reason="no AVX2 here"))]
 
 
+EXERCISED: set[str] = set()  # the variants whose kernels ran a test in this process (conftest reports them)
+
+
 @pytest.fixture
 def variant(request):
     """The variant named by the test's parameter in use for the test (skipped where it does not build)."""
     with native.use_variant(request.param):
         if not native.available():
             pytest.skip(f"the {request.param} kernels: {native.reason()}")
+        EXERCISED.add(request.param)
         yield request.param

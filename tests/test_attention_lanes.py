@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from outrider.kernels import native, quant_linear
+from outrider.kernels import native
 from outrider.kernels.native_build import CSRC
 from outrider.models.batch import pack
 from outrider.weights.loader import load_decoder
@@ -35,9 +35,8 @@ def folder(request, tmp_path_factory):
 
 
 @pytest.fixture(params=["float32", "float16"])
-def model(request, folder, monkeypatch):
-    monkeypatch.setattr(quant_linear, "tile_prefill", lambda: False)  # the prefill in the native layer
-    monkeypatch.setattr(quant_linear, "gemm_prefill", lambda: False)
+def model(request, folder, runtime):
+    runtime(amx_prefill=False, gemm_prefill="off")  # the prefill in the native layer
     m = load_decoder(folder, "cpu", "q4")
     m.kv_dtype = getattr(torch, request.param)
     return m

@@ -11,9 +11,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from outrider.kernels import native, quant_linear
+from outrider.kernels import dispatch, native, quant_linear
 from outrider.kernels.blocks import QuantBlocks, dequantize, quantize
 from outrider.kernels.quant_linear import QuantLinear
+from cpu_profiles import INTEL_AMX
 
 needs_tiles = pytest.mark.skipif(not native.amx_available(), reason="no AMX tile unit here (or not granted)")
 
@@ -110,7 +111,7 @@ def test_a_filling_forward_takes_it_from_tile_rows(monkeypatch, runtime):
     runtime(amx_prefill=None)
     blocks = weight_of("q4_1", 64, 576, seed=7)
     weight = QuantLinear(blocks, kernel="native")
-    rows = quant_linear.TILE_ROWS
+    rows = dispatch.TILE_ROWS
     x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(8))
     tiles = native.amx_matmul(x, native.NativeWeight.of(blocks))
     with quant_linear.filling():
@@ -127,7 +128,13 @@ def test_a_filling_forward_takes_it_from_tile_rows(monkeypatch, runtime):
 
 def test_without_the_tile_unit_it_says_none(monkeypatch):
     """Where matmul_amx.c cannot run (no AMX, a build without it), amx_matmul gives None and the
-    filling path keeps the GEMM: runs on every machine."""
+    filling path takes the next (the row kernel, at these rows), even where the rule says tiles:
+    runs on every machine."""
     monkeypatch.setattr(native, "amx_available", lambda: False)
-    assert native.amx_matmul(torch.randn(32, 64), native.NativeWeight.of(quantize(torch.randn(32, 64), "q4_0"))) is None
-    assert quant_linear.tile_prefill() is False
+    blocks = quantize(torch.randn(32, 64), "q4_0")
+    assert native.amx_matmul(torch.randn(32, 64), native.NativeWeight.of(blocks)) is None
+    x = torch.randn(dispatch.TILE_ROWS, 64)
+    with dispatch.pretending(INTEL_AMX):
+        assert dispatch.plan().product(dispatch.TILE_ROWS) is dispatch.Product.TILES
+        with quant_linear.filling():
+            assert torch.equal(QuantLinear(blocks, kernel="native").linear(x), native.qmatmul(x, blocks))

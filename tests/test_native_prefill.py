@@ -1,8 +1,9 @@
 """Prefills through the native layer (where the CPU has the AMX tile unit, their products on
 matmul_amx.c's tiles) against the torch layers, greedy speculation after a long prompt, and projections
 stacked from parts of different kinds (a GGUF's Q and K in one kind, V in another) in the native
-layer. The last two on every variant of the library this machine executes (kernel_variants.py),
-the tiles' tests where the CPU has them."""
+layer. The last two on every variant of the library this machine executes (kernel_variants.py).
+The paths each CPU takes are checked on every machine by pretending its profile
+(tests/cpu_profiles.py); the tile kernel itself runs only where the CPU has it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 
 from outrider.engine.generate import generate_ids
 from outrider.engine.request import Request
-from outrider.kernels import native, quant_linear
+from outrider.kernels import dispatch, native
+from outrider.kernels.dispatch import PrefillPath
 from outrider.models.batch import pack
 from outrider.weights.loader import load_decoder
 from outrider.kernels.decoder_layer import NativeLayers
@@ -22,10 +24,11 @@ from outrider.sampling import SamplingParams
 from outrider.engine.speculator import SpecOptions, Speculator
 from test_native_layer import make_family
 from kernel_variants import ALL, TWO, variant  # noqa: F401  (variant: the fixture)
+from cpu_profiles import INTEL_AMX, PROFILES
 
 needs_tiles = pytest.mark.skipif(not native.amx_available(), reason="no AMX tile unit here (or not granted)")
 
-PROMPT = [3, 9, 4, 11, 7, 8, 20, 5] * 5  # 40 tokens: past quant_linear.TILE_ROWS
+PROMPT = [3, 9, 4, 11, 7, 8, 20, 5] * 5  # 40 tokens: past dispatch.TILE_ROWS
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +48,23 @@ def prefill(m, native_on: bool, tokens=PROMPT):
     return step.logits, cache
 
 
-@needs_tiles
-def test_a_long_prefill_runs_natively_on_the_tiles(folder, monkeypatch):
-    m = load_decoder(folder, "cpu", "q4")
+def fills_of(monkeypatch) -> list:
+    """The `fill` code of every NativeLayers.run call from now on (dispatch.PrefillPath.fill)."""
     fills = []
     run = NativeLayers.run
-    monkeypatch.setattr(NativeLayers, "run", lambda self, *a, **k: fills.append(a[-1]) or run(self, *a, **k))
-    fast, cache_fast = prefill(m, True)
-    assert fills[1] == 3  # the prompt: products on the tiles, exact products (fills[0]: choosing paths)
+    monkeypatch.setattr(NativeLayers, "run", lambda self, *a, **k: fills.append(k["fill"]) or run(self, *a, **k))
+    return fills
+
+
+def test_a_long_prefill_runs_natively_on_the_tiles(folder, monkeypatch):
+    """On a CPU with the tile unit (pretended where this one has none: the path is the rule's, the
+    products the hardware's, decoder_layer.c falling back to the row kernel without tiles) the
+    prompt's products take the tiles, and its logits and K/V are the torch layers' up to rounding."""
+    m = load_decoder(folder, "cpu", "q4")
+    fills = fills_of(monkeypatch)
+    with dispatch.pretending(INTEL_AMX):
+        fast, cache_fast = prefill(m, True)
+    assert fills[1] == PrefillPath.TILES.fill  # the prompt: exact products on the tiles (fills[0]: choosing paths)
     slow, cache_slow = prefill(m, False)
     assert torch.allclose(fast, slow, rtol=1e-4, atol=1e-4), (fast - slow).abs().max()
     for layer in range(len(m.layers)):
@@ -61,31 +73,41 @@ def test_a_long_prefill_runs_natively_on_the_tiles(folder, monkeypatch):
 
 
 @needs_tiles
+def test_the_tiles_run_here(folder):
+    """Where this CPU has the tile unit, its own profile takes them (no pretending)."""
+    m = load_decoder(folder, "cpu", "q4")
+    assert m.prefill_path(pack([0], [0], [torch.tensor(PROMPT)], logits="none", scratch_row=0)) == PrefillPath.TILES
+
+
 def test_a_drafters_long_prefill_takes_the_one_part_form(folder, monkeypatch):
     m = load_decoder(folder, "cpu", "q4")
     m.drafter_prefill_bf16 = True
-    fills = []
-    run = NativeLayers.run
-    monkeypatch.setattr(NativeLayers, "run", lambda self, *a, **k: fills.append(a[-1]) or run(self, *a, **k))
-    prefill(m, True)
-    assert fills[1] == 1
+    fills = fills_of(monkeypatch)
+    with dispatch.pretending(INTEL_AMX):
+        prefill(m, True)
+    assert fills[1] == PrefillPath.TILES_BF16.fill
 
 
-@needs_tiles
-def test_short_or_huge_prefills(folder, monkeypatch, runtime):
-    """Fewer than TILE_ROWS rows: the native layer with the row kernel (0); a workspace past
-    NATIVE_FILL_FLOATS, or no tile unit: the torch layers (None)."""
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
+def test_short_or_huge_prefills(folder, monkeypatch, runtime, profile):
+    """Each CPU's rule (tests/test_dispatch.py) is what the decoder takes, asked before any forward;
+    a workspace past NATIVE_FILL_FLOATS takes the torch layers on every CPU."""
     from outrider.models import decoder as decoder_module
 
     m = load_decoder(folder, "cpu", "q4")
-    short = pack([0], [0], [torch.tensor(PROMPT[: quant_linear.TILE_ROWS - 1])], logits="none", scratch_row=0)
+    short = pack([0], [0], [torch.tensor(PROMPT[: dispatch.TILE_ROWS - 1])], logits="none", scratch_row=0)
     long = pack([0], [0], [torch.tensor(PROMPT)], logits="none", scratch_row=0)
-    assert m._native_fill(short) == 0 and m._native_fill(long) == 3
-    monkeypatch.setattr(decoder_module, "NATIVE_FILL_FLOATS", 1000)
-    assert m._native_fill(long) is None
-    monkeypatch.setattr(decoder_module, "NATIVE_FILL_FLOATS", 1 << 26)
-    runtime(amx_prefill=False)
-    assert m._native_fill(long) is None
+    with dispatch.pretending(profile):
+        plan = dispatch.plan()
+        assert m.prefill_path(short) == plan.prefill(len(short.tokens[0]))
+        assert m.prefill_path(long) == plan.prefill(len(PROMPT))
+        if profile is INTEL_AMX:
+            assert (m.prefill_path(short), m.prefill_path(long)) == (PrefillPath.NATIVE, PrefillPath.TILES)
+        monkeypatch.setattr(decoder_module, "NATIVE_FILL_FLOATS", 1000)
+        assert m.prefill_path(long) == PrefillPath.TORCH
+        monkeypatch.setattr(decoder_module, "NATIVE_FILL_FLOATS", 1 << 26)
+        runtime(amx_prefill=False, gemm_prefill="on")
+        assert m.prefill_path(long) == PrefillPath.TORCH
 
 
 @pytest.mark.parametrize("variant", TWO, indirect=True)
@@ -125,13 +147,12 @@ def test_stacked_projections_run_in_the_native_layer(folder, variant):
 
 
 @pytest.mark.parametrize("variant", ALL, indirect=True)
-def test_a_prompts_cache_is_the_same_bits_whole_chunked_or_row_by_row(folder, variant, monkeypatch):
+def test_a_prompts_cache_is_the_same_bits_whole_chunked_or_row_by_row(folder, variant, runtime):
     """Where the prefill runs in the native layer with outrider_qmatmul's products (no tile unit
     here, or the tiles off), a prompt's K/V are the same bits whether it is prefilled whole (its
     products in qmatmul_fill.c), in chunks of any size (serve's chunked prefill), or one row at a
     time as decode steps: so serve and generate prefill a prompt alike, bit for bit."""
-    monkeypatch.setattr(quant_linear, "tile_prefill", lambda: False)
-    monkeypatch.setattr(quant_linear, "gemm_prefill", lambda: False)
+    runtime(amx_prefill=False, gemm_prefill="off")
     m = load_decoder(folder, "cpu", "q4")
     prompt = torch.tensor(PROMPT)  # 40 rows: the fill kernel's products from native.fill_rows() rows
     assert len(PROMPT) >= native.fill_rows() or native.variant() == "portable"
@@ -147,7 +168,7 @@ def test_a_prompts_cache_is_the_same_bits_whole_chunked_or_row_by_row(folder, va
         return cache, step
 
     whole, logits = filled([40])
-    assert m._native_fill(pack([0], [0], [prompt], logits="none", scratch_row=0)) == 0
+    assert m.prefill_path(pack([0], [0], [prompt], logits="none", scratch_row=0)) == PrefillPath.NATIVE
     for chunks in ([7, 13, 20], [1] * 40):
         cache, step = filled(chunks)
         assert torch.equal(step, logits), chunks
@@ -156,14 +177,14 @@ def test_a_prompts_cache_is_the_same_bits_whole_chunked_or_row_by_row(folder, va
 
 
 @pytest.mark.parametrize("variant", TWO, indirect=True)
-def test_a_prompt_past_the_native_workspace_is_filled_in_parts_with_the_same_bits(folder, variant, monkeypatch):
+def test_a_prompt_past_the_native_workspace_is_filled_in_parts_with_the_same_bits(folder, variant, monkeypatch,
+                                                                                  runtime):
     """A single prompt whose prefill would need more than NATIVE_FILL_FLOATS of workspace runs in
     parts through the native layer (not the torch layers): its K/V are the bits of a whole or a
     chunked prefill, so a long prompt in `generate` and in `serve`'s chunks agree too."""
     from outrider.models import decoder as decoder_module
 
-    monkeypatch.setattr(quant_linear, "tile_prefill", lambda: False)
-    monkeypatch.setattr(quant_linear, "gemm_prefill", lambda: False)
+    runtime(amx_prefill=False, gemm_prefill="off")
     m = load_decoder(folder, "cpu", "q4")
     prompt = torch.tensor(PROMPT)
 

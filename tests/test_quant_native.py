@@ -14,10 +14,13 @@ import sys
 import pytest
 import torch
 
-from outrider.kernels import native
+from outrider import cpu
+from outrider.config import cpu_flags
+from outrider.kernels import dispatch, native, native_build
 from outrider.kernels.blocks import quantize
 from outrider.kernels.quant_linear import QuantLinear, choose_kernel, reference_linear
 from kernel_variants import ALL, HERE, variant  # noqa: F401  (variant: the fixture)
+from cpu_profiles import AMD_ZEN5, ARM, INTEL_AMX, INTEL_AVX512, PROFILES
 from test_quant import random_blocks
 
 needs_native = pytest.mark.skipif(not native.available(), reason=f"native kernel: {native.reason()}")
@@ -133,7 +136,8 @@ def test_auto_takes_the_best_variant_this_cpu_runs(runtime):
 
 def test_which_variants_a_cpu_runs(monkeypatch):
     """By the CPU's flags, best first: AVX2 without AVX-512 runs avx2 and portable; an ARM CPU (or
-    an x86 one whose flags cannot be read) portable only."""
+    an x86 one whose flags cannot be read) portable only (the rule: dispatch.variants_for; config
+    asks it of this machine's profile)."""
     from outrider import config
 
     v3 = set(config.X86_V3)
@@ -141,15 +145,15 @@ def test_which_variants_a_cpu_runs(monkeypatch):
                         (set(config.X86_V4), ["avx512", "avx2", "portable"]),
                         (set(config.KERNEL_VARIANTS["amx"]), ["amx", "avx512-vnni", "avx512", "avx2", "portable"]),
                         (set(), ["portable"])]:
-        monkeypatch.setattr(config, "cpu_flags", lambda flags=flags: frozenset(flags))
-        monkeypatch.setattr(config.platform, "machine", lambda: "x86_64")
-        assert config.kernel_variants_here() == want, flags
-        monkeypatch.setattr(config.platform, "machine", lambda: "aarch64")
-        assert config.kernel_variants_here() == ["portable"]
+        x86 = replace(ARM, machine="x86_64", flags=frozenset(flags))
+        assert list(dispatch.variants_for(x86)) == want, flags
+        assert list(dispatch.variants_for(replace(x86, machine="aarch64"))) == ["portable"]
+    monkeypatch.setattr(cpu, "_HERE", [replace(ARM, flags=frozenset(config.X86_V3))])  # this machine an ARM one
+    assert config.kernel_variants_here() == ["portable"]
     with pytest.raises(config.ConfigError, match="kernel_variant=avx2 does not run on this CPU .*built for x86-64, "
                                                  "this is aarch64.*it runs: portable"):
         config.RuntimeConfig(kernel_variant="avx2")
-    monkeypatch.setattr(native.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(native_build.platform, "machine", lambda: "aarch64")
     assert "-march" not in " ".join(native.variant_flags("portable"))  # the compiler's own target
     assert native.variant_flags("portable")[:4] == ("-O3", "-ffp-contract=off", "-fopenmp", "-fPIC")
 
@@ -228,8 +232,8 @@ def test_a_filling_forward_may_take_the_gemm_and_keeps_the_values(bf16, monkeypa
     from outrider.kernels import quant_linear
 
     runtime(lossy_bf16_prefill=bf16, amx_prefill=False, gemm_prefill="on")  # the GEMM path, as on an Intel CPU
-    monkeypatch.setattr(quant_linear, "has_amx", lambda: True)  # the bfloat16 GEMM wherever this runs
-    rows = quant_linear.BULK_ROWS_BF16 if bf16 else quant_linear.BULK_ROWS
+    monkeypatch.setattr(cpu, "_PRETEND", [INTEL_AMX])  # the bfloat16 GEMM wherever this runs
+    rows = dispatch.BULK_ROWS_BF16 if bf16 else dispatch.BULK_ROWS
     blocks = quantize(torch.randn(200, 576, generator=torch.Generator().manual_seed(4)) * 0.05, "q4_1")
     weight = QuantLinear(blocks, kernel="native")
     x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(5))
@@ -255,25 +259,23 @@ def test_the_float_gemm_takes_a_prefill_only_on_intel_cpus(monkeypatch, runtime)
     filling forward keeps the row kernel, bit for bit; config gemm_prefill decides when on or off."""
     from outrider.kernels import quant_linear
 
-    for vendor, env, want in [("GenuineIntel", None, True), ("AuthenticAMD", None, False),
-                              ("AuthenticAMD", "1", True), ("GenuineIntel", "0", False)]:
-        monkeypatch.setattr(native, "cpu_vendor", lambda: vendor)
-        if env is None:
-            runtime(gemm_prefill=None)
-        else:
-            runtime(gemm_prefill=env)
-        assert quant_linear.gemm_prefill() is want, (vendor, env)
+    for profile, env, want in [(INTEL_AVX512, None, True), (AMD_ZEN5, None, False),
+                               (AMD_ZEN5, "1", True), (INTEL_AVX512, "0", False)]:
+        runtime(gemm_prefill=env)
+        with dispatch.pretending(profile):
+            assert dispatch.plan().gemm_prefill is want, (profile.name, env)
     runtime(gemm_prefill="off")
     runtime(amx_prefill=False)
     runtime(lossy_bf16_prefill=False)
     blocks = quantize(torch.randn(64, 576, generator=torch.Generator().manual_seed(4)) * 0.05, "q4_1")
-    x = torch.randn(quant_linear.BULK_ROWS, 576, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(dispatch.BULK_ROWS, 576, generator=torch.Generator().manual_seed(5))
     with quant_linear.filling():
         assert torch.equal(QuantLinear(blocks, kernel="native").linear(x), native.qmatmul(x, blocks))
 
 
 @needs_native
-def test_a_drafters_prefill_rounds_to_bf16_where_the_cpu_has_amx(monkeypatch, runtime):
+@pytest.mark.parametrize("profile", [INTEL_AMX, AMD_ZEN5], ids=lambda p: p.name)
+def test_a_drafters_prefill_rounds_to_bf16_where_the_cpu_has_amx(profile, monkeypatch, runtime):
     """filling(bf16=True), a draft model's prefill: the bfloat16 GEMM from BULK_ROWS_BF16 rows
     without config lossy_bf16_prefill (a drafter's numerics change only its proposals) where the
     CPU has AMX; elsewhere, and for a target's prefill, the kernel at that many rows."""
@@ -282,14 +284,15 @@ def test_a_drafters_prefill_rounds_to_bf16_where_the_cpu_has_amx(monkeypatch, ru
     runtime(lossy_bf16_prefill=False, amx_prefill=False)  # a target's prefill without matmul_amx.c
     blocks = quantize(torch.randn(64, 576, generator=torch.Generator().manual_seed(7)) * 0.05, "q4_1")
     weight = QuantLinear(blocks, kernel="native")
-    x = torch.randn(quant_linear.BULK_ROWS_BF16, 576, generator=torch.Generator().manual_seed(8))
+    x = torch.randn(dispatch.BULK_ROWS_BF16, 576, generator=torch.Generator().manual_seed(8))
+    monkeypatch.setattr(cpu, "_PRETEND", [profile])
     with quant_linear.filling():
         assert torch.equal(weight.linear(x), native.qmatmul(x, blocks))  # a target's prefill
     with quant_linear.filling(bf16=True):
         drafted = weight.linear(x)
     rounded = (x.to(torch.bfloat16) @ native.dequantize_rows(native.NativeWeight.of(blocks), 0, 64,
                                                               torch.bfloat16).t()).float()
-    if quant_linear.has_amx():
+    if profile.has_amx:
         assert torch.allclose(drafted, rounded, rtol=1e-2, atol=1e-2 * rounded.abs().max())
         assert not torch.equal(drafted, native.qmatmul(x, blocks))
     else:
@@ -309,14 +312,16 @@ def test_only_a_draft_models_prefill_may_round(tiny_folders):
 def test_bf16_prefill_is_off_unless_asked(monkeypatch, runtime):
     """The bfloat16 prefill changes the target's output (lossy): only config lossy_bf16_prefill
     turns it on, and only where the CPU has AMX."""
-    from outrider.kernels import quant_linear
-
-    runtime(lossy_bf16_prefill=None)
-    assert quant_linear.bf16_prefill() is False
+    for profile in PROFILES:
+        with dispatch.pretending(profile):
+            runtime(lossy_bf16_prefill=None)
+            assert dispatch.plan().lossy_bf16 is False
+            runtime(lossy_bf16_prefill="1")
+            assert dispatch.plan().lossy_bf16 is (profile is INTEL_AMX), profile.name  # AMX, tiles granted
     runtime(lossy_bf16_prefill="1")
-    amx = all(f in native._cpu_flags().split() for f in ("amx_bf16", "amx_tile"))
+    amx = all(f in cpu_flags() for f in ("amx_bf16", "amx_tile"))
     usable = amx and bool(getattr(torch._C._cpu, "_init_amx", lambda: False)())
-    assert quant_linear.bf16_prefill() is usable  # this CPU (AMX, tile registers granted) or none
+    assert dispatch.plan().lossy_bf16 is usable  # this CPU (AMX, tile registers granted) or none
 
 
 @needs_native

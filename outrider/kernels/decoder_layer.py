@@ -4,9 +4,10 @@
     x = layers.run(decoder, batch, cache, x, cos, sin, upto, hidden)   # x: [B, T, E] float32
 
 Used by models/decoder.py for the forwards that ask for logits (decode steps, verify rounds,
-draft steps) on a CPU, and for prefills where the CPU has the AMX tile unit (`fill`: their
-products through matmul_amx.c from quant_linear.TILE_ROWS rows; elsewhere prefills keep the torch path
-and its float GEMM for many rows). The torch layer (decoder.py) is the reference:
+draft steps) on a CPU, and for prefills where the CPU's rule takes it (kernels/dispatch.py
+Plan.prefill: `fill` is the path's code: their products through matmul_amx.c from
+dispatch.TILE_ROWS rows where the CPU has the AMX tile unit, the row and fill kernels elsewhere,
+unless the rule keeps the torch path and its float GEMM for many rows). The torch layer (decoder.py) is the reference:
 tests/test_native_layer.py compares the two, and checks that a row's result does not depend on
 the other rows of its batch.
 
@@ -84,7 +85,7 @@ class NativeLayers:
     weights: list  # per layer: (QWeight * 4) array (qkv, o, gate_up, down); their tensors stay alive in the decoder
     specs: ctypes.Array  # (LayerSpec * layers): each layer's weights and norms, for outrider_layers
     # every matrix in qmatmul_i8.c's int8-activation layout: the row kernel is then the fast path at
-    # any number of rows, a prefill's too (decoder._native_fill)
+    # any number of rows, a prefill's too (dispatch.Plan.prefill)
     lanes: bool = False
 
     @staticmethod
@@ -115,13 +116,13 @@ class NativeLayers:
         return cls(arrays, specs, lanes=all(k == "i8" for k in kernels))
 
     def run(self, decoder, batch, cache, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, upto: int,
-            hidden: dict, fill: int = 0, mass: torch.Tensor | None = None,
+            hidden: dict, *, fill: int = 0, mass: torch.Tensor | None = None,
             mass_at: torch.Tensor | None = None) -> torch.Tensor:
         """Layers 0..upto-1 over x [B, T, E] (a new tensor, updated in place); the K/V of the
         batch's rows go to `cache` as decoder.forward writes them; hidden[l] gets a copy of x
         after layer l for l in batch.hidden_layers. One native call for the layers between two
         taps (`run_one` below is the call a layer). fill: 0, the row kernel; 3 or 1, a prefill's
-        products on the tile unit (decoder_layer.c's matmul). mass [N, upto, G, L] float32 (zeroed
+        products on the tile unit (decoder_layer.c's matmul; dispatch.PrefillPath.fill). mass [N, upto, G, L] float32 (zeroed
         by the caller), mass_at [B * T] long (a row's entry, -1: not counted): the scores option."""
         c = decoder.config
         call = LayerCall(batch, cache, x, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
@@ -137,7 +138,7 @@ class NativeLayers:
         return call.x
 
     def run_one(self, decoder, batch, cache, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, upto: int,
-                hidden: dict, fill: int = 0, mass: torch.Tensor | None = None,
+                hidden: dict, *, fill: int = 0, mass: torch.Tensor | None = None,
                 mass_at: torch.Tensor | None = None) -> torch.Tensor:
         """`run`, one native call a layer (the reference for the span call; tests)."""
         c = decoder.config

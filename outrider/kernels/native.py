@@ -40,11 +40,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import platform
 import shutil
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -60,27 +58,6 @@ _state: dict = {}
 _loaded: dict[str, tuple] = {}  # variant -> (lib, path): every library loaded in this process
 _failed: dict[str, str] = {}  # variant -> why its build or load failed (not tried again in this process)
 _forced: list[str | None] = [None]  # use_variant()'s, over config kernel_variant
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def cpu_vendor() -> str:
-    """The CPU's vendor_id ("GenuineIntel", "AuthenticAMD", ...; "" where /proc/cpuinfo has none)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def _compiler() -> str | None:

@@ -54,8 +54,9 @@ import contextvars
 import torch
 import torch.nn.functional as F
 
-from ..config import current, note_kernel
-from . import cpu_linear, native
+from ..config import note_kernel
+from . import cpu_linear, dispatch, native
+from .dispatch import Product
 from .blocks import BLOCK, GROUP, QuantBlocks, dequantize
 
 _CHUNK_VALUES = 1 << 16  # blockwise: values dequantized at a time (256 KB of float32: stays in cache)
@@ -67,13 +68,12 @@ def reference_linear(x: torch.Tensor, blocks: QuantBlocks) -> torch.Tensor:
 
 
 # torch's int4 CPU kernel is vectorized on x86 (AVX2, AVX512); elsewhere it is a slow scalar loop
-_FAST_INT4 = (hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
-              and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"))
+_INT4_OP = hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")  # vectorised where dispatch.Plan.int4_fast
 _INT4_DTYPE = torch.bfloat16  # the activations the int4 kernel is fast with (see the docstring)
 
 
 def _int4pack_ok(blocks: QuantBlocks) -> bool:
-    return (_FAST_INT4 and blocks.device.type == "cpu" and blocks.shape[0] % 16 == 0
+    return (_INT4_OP and dispatch.plan().int4_fast and blocks.device.type == "cpu" and blocks.shape[0] % 16 == 0
             and blocks.kind in ("q8_0", "q4_0", "q4_1"))
 
 
@@ -177,36 +177,28 @@ def _matmul_int4pair(x: torch.Tensor, state: dict) -> torch.Tensor:
 # -- native: Outrider's C kernel ---------------------------------------------------------------------
 
 # A forward that only fills the cache (a prompt's prefill: no logits, every row a prompt token)
-# may multiply its many rows with the float GEMM on dequantized rows of the weight (`gemm_prefill`);
-# its results then differ from the kernel's in summation order, which nothing compares:
-# autoregressive decoding and speculation prefill a prompt alike, and every decode and verify row
-# still goes through the kernel (bit-identical whatever the number of rows). Opt-in and lossy
-# (`bf16_prefill`, OUTRIDER_LOSSY_BF16_PREFILL=1, CPUs with AMX): the GEMM in bfloat16, x and the
-# weight rows rounded to bfloat16, float32 sums. The prompt's K/V then carry bfloat16 rounding, so
-# the target's output can differ from the float32 prefill's; every method prefills alike, so greedy
-# speculative output still equals greedy autoregressive output under the same setting. A draft
-# model's prefill takes it whenever the CPU has AMX (`filling(bf16=True)`,
-# Decoder.drafter_prefill_bf16): a drafter's numerics change only what it proposes, never what is
-# committed.
-# Where the CPU has the AMX tile unit, a filling forward of TILE_ROWS rows or more takes matmul_amx.c
-# instead of the float GEMM: exact products (a block's integer codes and x split into three
-# bfloat16 parts whose sum is x exactly) and float32 sums; float32 like the GEMM, so not lossy in
-# the bfloat16 prefill's sense. Where the bfloat16 prefill is asked for (a drafter's, or the lossy
-# opt-in) matmul_amx.c rounds x to one bfloat16 part instead (the codes stay exact).
-# OUTRIDER_TILE_PREFILL=0 keeps the GEMMs. Which path when: docs/kernels.md, Prefill paths. The
-# speed and error of each (scripts/bench_fill.py), TILE_ROWS's and BULK_ROWS_BF16's measurements:
-# docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Prefill.
+# may multiply its many rows otherwise than decode rows: which way is the CPU's rule
+# (kernels/dispatch.py Plan.product, with the reasons and the measurements behind each). On the
+# AMX tile unit, matmul_amx.c (exact products, float32 sums); on Intel CPUs, the float GEMM on
+# dequantized rows (`gemm_prefill`: its results differ from the kernel's in summation order,
+# which nothing compares: autoregressive decoding and speculation prefill a prompt alike, and
+# every decode and verify row still goes through the kernel, bit-identical whatever the number
+# of rows). Lossy and opt-in (config lossy_bf16_prefill, CPUs with AMX): the GEMM in bfloat16 (x
+# and the weight rows rounded, float32 sums), so the prompt's K/V carry bfloat16 rounding; every
+# method prefills alike, so greedy speculative output still equals greedy autoregressive output
+# under the same setting. A draft model's prefill (`filling(bf16=True)`,
+# Decoder.drafter_prefill_bf16) takes bfloat16 wherever the CPU has AMX: a drafter's numerics
+# change only what it proposes, never what is committed. Which path when: docs/kernels.md,
+# Prefill paths. The speed and error of each (scripts/bench_fill.py), TILE_ROWS's and
+# BULK_ROWS_BF16's measurements: docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Prefill.
 _FILLING = contextvars.ContextVar("outrider_filling", default=False)
-TILE_ROWS = 24  # rows from which matmul_amx.c beats the kernel
-BULK_ROWS = 96  # rows from which a filling forward takes the GEMM (native is faster below ~64)
-BULK_ROWS_BF16 = 32  # the same for the bfloat16 GEMM (it takes less time than the kernel from 32 rows)
 _BULK_VALUES = 1 << 20  # weight values dequantized at a time (4 MB of float32: measured best of 2**18-2**22)
 
 
 @contextlib.contextmanager
 def filling(on: bool = True, bf16: bool = False):
-    """Within: linears of at least BULK_ROWS rows may take the dequantize-then-GEMM path; with
-    `bf16` (a drafter's prefill) the bfloat16 GEMM wherever the CPU has AMX, asked for or not."""
+    """Within: linears take a filling forward's products (dispatch.Plan.product); with `bf16` (a
+    drafter's prefill) the bfloat16 GEMM wherever the CPU has AMX, asked for or not."""
     token = _FILLING.set("bf16" if on and bf16 else on)
     try:
         yield
@@ -220,55 +212,22 @@ def _prepare_native(blocks: QuantBlocks, dtype: torch.dtype) -> dict:
     return {"weight": native.NativeWeight.of(blocks)}
 
 
-def tile_prefill() -> bool:
-    """Whether a filling forward's products of TILE_ROWS rows or more run on matmul_amx.c's tile kernel:
-    where it is built with AMX and the OS grants the tiles, unless config amx_prefill is off."""
-    return current().amx_prefill and native.amx_available()
-
-
-def bf16_prefill() -> bool:
-    """Whether a filling forward's GEMM runs in bfloat16 (lossy, off by default): with
-    config lossy_bf16_prefill on CPUs with a bf16 matrix unit (AMX, which torch's oneDNN uses;
-    speed: docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md, Prefill). Only prompt K/V is
-    computed so; decode and verify rows never are."""
-    return current().lossy_bf16_prefill and has_amx()
-
-
-def gemm_prefill() -> bool:
-    """Whether a filling forward's float32 products of BULK_ROWS rows or more take the float GEMM
-    on dequantized rows (else the row kernel, as decode rows do): on Intel CPUs, where torch's
-    BLAS (MKL) runs at its best, unless config gemm_prefill is off; elsewhere only when on. Decided
-    by the CPU, not by timing, so that every process on a machine prefills a prompt alike (the
-    same seed, the same text). On Intel CPUs MKL beats the row kernel at a prefill's rows, on an
-    AMD EPYC the row kernel does (docs/benchmarks/2026-11-30-intel-xeon-avx512-amx.md and
-    docs/benchmarks/2026-12-01-amd-epyc-zen5-avx512.md, Prefill)."""
-    choice = current().gemm_prefill
-    return choice == "on" or (choice == "auto" and native.cpu_vendor() == "GenuineIntel")
-
-
-def has_amx() -> bool:
-    """Whether this CPU has the bfloat16 tile unit and the kernel grants its registers."""
-    if _AMX[0] is None:
-        flags = native._cpu_flags().split()
-        _AMX[0] = "amx_bf16" in flags and "amx_tile" in flags and bool(
-            getattr(torch._C._cpu, "_init_amx", lambda: False)())
-    return _AMX[0]
-
-
-_AMX: list = [None]
-
-
 def _matmul_native(x: torch.Tensor, state: dict) -> torch.Tensor:
     weight = state["weight"]
     fill = _FILLING.get()
-    bf16 = bool(fill) and (bf16_prefill() or (fill == "bf16" and has_amx()))
-    if fill and x.shape[0] >= TILE_ROWS and tile_prefill():
-        y = native.amx_matmul(x, weight, lossy_bf16=bf16)  # bf16: x in one bfloat16 part, not three
-        if y is not None:  # None: a weight it does not take (out not a multiple of 16), for the paths below
+    if not fill:
+        return native.qmatmul(x, weight)
+    plan, drafter = dispatch.plan(), fill == "bf16"
+    how = plan.product(x.shape[0], drafter=drafter)
+    if how is Product.TILES:
+        y = native.amx_matmul(x, weight, lossy_bf16=plan.lossy_bf16 or (drafter and plan.drafter_bf16))
+        if y is not None:  # None: a weight it does not take (out not a multiple of 16), or no tiles here
             note_kernel("matmul_amx.c (prefill)")
             return y
-    if not fill or x.shape[0] < (BULK_ROWS_BF16 if bf16 else BULK_ROWS) or not (bf16 or gemm_prefill()):
+        how = plan.product(x.shape[0], drafter=drafter, tiles=False)
+    if how is Product.KERNEL:
         return native.qmatmul(x, weight)
+    bf16 = how is Product.GEMM_BF16
     note_kernel("dequantize + torch GEMM (prefill" + (", lossy bfloat16)" if bf16 else ")"))
     out_features, in_features = weight.shape
     x = x.to(torch.bfloat16 if bf16 else torch.float32)

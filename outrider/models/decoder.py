@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from ..config import cache_dir, note_kernel
-from ..kernels import cpu_linear, quant_linear
+from ..kernels import cpu_linear, dispatch, quant_linear
+from ..kernels.dispatch import PrefillPath
 from .batch import ForwardBatch, pack
 from .config import ModelConfig
 from .kv_cache import KVCache
@@ -60,6 +61,7 @@ class Decoder:
         # vocabulary; logits column i is token head_ids[i]); None: every token, in id order
         self.head_ids: torch.Tensor | None = None
         self._native = None  # kernels/decoder_layer.py NativeLayers, chosen at the first forward
+        self._linear_paths_chosen = False
         # a draft model's: its prompt may be multiplied in bfloat16 (quant_linear.filling; its
         # numerics change only what it proposes, never what is committed)
         self.drafter_prefill_bf16 = False
@@ -95,8 +97,7 @@ class Decoder:
         scores option, kernels/decoder_layer.py: the outputs are the same bits with it or without).
         """
         c = self.config
-        if not getattr(self, "_linear_paths_chosen", False):
-            self._choose_linear_paths()
+        self._choose_linear_paths()
         B, T = batch.tokens.shape
         if num_layers is None and self._native is not None and batch.fills_only:
             part = self._fill_part_rows(batch)
@@ -108,12 +109,13 @@ class Decoder:
         if 0 in batch.hidden_layers:
             hidden[0] = x
         layers = self.layers[: num_layers or len(self.layers)]
-        fill = self._native_fill(batch) if self._native is not None and batch.fills_only else None
+        path = self.prefill_path(batch) if batch.fills_only else None
         mass = at = None
-        if self._native is not None and (not batch.fills_only or fill is not None):  # one native call a span
+        if self._native is not None and path is not PrefillPath.TORCH:  # one native call a span
             if attention:
                 mass, at = self._attention_buffer(batch, cache, len(layers))
-            x = self._native.run(self, batch, cache, x, cos, sin, len(layers), hidden, fill or 0, mass, at)
+            x = self._native.run(self, batch, cache, x, cos, sin, len(layers), hidden,
+                                 fill=path.fill if path is not None else 0, mass=mass, mass_at=at)
         else:
             x = self._torch_layers(layers, batch, cache, x, cos, sin, hidden)
         if batch.logits_flat is not None:  # real rows only: padding gets no lm_head
@@ -196,7 +198,7 @@ class Decoder:
         if self._fill_rows_floats(batch.tokens.shape[1], batch.kv_len) <= NATIVE_FILL_FLOATS:
             return None
         part = NATIVE_FILL_FLOATS // self._fill_rows_floats(1, batch.kv_len)
-        return part if part >= 1 and self._native_fill_path(part) is not None else None
+        return part if part >= 1 and self._cpu_prefill(part) is not PrefillPath.TORCH else None
 
     def _fill_in_parts(self, batch: ForwardBatch, cache: KVCache, part: int) -> ForwardOutput:
         """One sequence's cache filled `part` rows at a time (its rows consecutive cache rows)."""
@@ -208,37 +210,32 @@ class Decoder:
             out = self.forward(piece, cache)
         return out
 
-    def _native_fill(self, batch: ForwardBatch) -> int | None:
-        """How a prefill (a forward that only fills the cache) runs natively: `_native_fill_path`
-        for its rows, or None (the torch layers) for a workspace past NATIVE_FILL_FLOATS."""
-        if self._fill_rows_floats(batch.tokens.numel(), batch.kv_len) > NATIVE_FILL_FLOATS:
-            return None
-        path = self._native_fill_path(batch.tokens.numel())
-        if path in (1, 3):
+    def prefill_path(self, batch: ForwardBatch) -> PrefillPath:
+        """How a prefill (a forward that only fills the cache) runs: the CPU's rule
+        (kernels/dispatch.py Plan.prefill: tiles, the native layer's row and fill kernels, or the
+        torch layers and their float GEMM), or the torch layers where the native layer does not
+        run this model or its workspace would pass NATIVE_FILL_FLOATS."""
+        self._choose_linear_paths()
+        if self._native is None or self._fill_rows_floats(batch.tokens.numel(), batch.kv_len) > NATIVE_FILL_FLOATS:
+            return PrefillPath.TORCH
+        path = self._cpu_prefill(batch.tokens.numel())
+        if path in (PrefillPath.TILES, PrefillPath.TILES_BF16):
             note_kernel("matmul_amx.c (prefill)")
         return path
 
-    def _native_fill_path(self, rows: int) -> int | None:
-        """None, the torch layers (a CPU whose float GEMM is taken for prefills,
-        quant_linear.gemm_prefill: Intel without the tile unit); 0, the native layer with
-        outrider_qmatmul's products (the row kernel, and qmatmul_fill.c from native.fill_rows()
-        rows: the same bits, so a prompt's K/V are a decode row's whatever the chunking; also
-        int8-activation weights, and fewer than TILE_ROWS rows on the tile unit); 3, its products
-        on the tile unit (matmul_amx.c); 1, the same with x rounded to bfloat16 (a drafter's
-        prefill, or the lossy opt-in)."""
-        lanes, tiles = self._native.lanes, quant_linear.tile_prefill()
-        bf16_gemm = quant_linear.bf16_prefill() or (self.drafter_prefill_bf16 and quant_linear.has_amx())
-        if not lanes and not tiles and (quant_linear.gemm_prefill() or bf16_gemm):
-            return None
-        if lanes or not tiles or rows < quant_linear.TILE_ROWS:
-            return 0
-        return 1 if self.drafter_prefill_bf16 or quant_linear.bf16_prefill() else 3
+    def _cpu_prefill(self, rows: int) -> PrefillPath:
+        """The CPU's rule for a prefill of `rows` rows in this model (its weights' layout, whether
+        it is a drafter's)."""
+        return dispatch.plan().prefill(rows, lanes=self._native.lanes, drafter=self.drafter_prefill_bf16)
 
     def _choose_linear_paths(self) -> None:
         """Measure the CPU's fastest matrix-product path for this model's weight shapes, once per
         process and shape (cpu_linear.py), before the first product uses one; and take the native
         layer (kernels/decoder_layer.py) when every layer's matrices run in the native kernel (set
-        config native_layer off for the torch layer: the reference, and a measurement baseline)."""
+        config native_layer off for the torch layer: the reference, and a measurement baseline).
+        Done once, at the first forward or the first question about paths."""
+        if self._linear_paths_chosen:
+            return
         from ..kernels.decoder_layer import NativeLayers
 
         self._native = NativeLayers.of(self)

@@ -125,14 +125,17 @@ class QuantTensors:
         self.name, _, compute = dtype_name.partition("-")  # "q4", "bf16-lossy" / "i8"
         self.fast = compute == "bf16-lossy"  # torch's int4 kernel in bfloat16: not lossless, named so
         self.i8 = compute == "i8"  # int8 activations (native/qmatmul_i8.c)
-        if self.i8:
-            from ..kernels import native
+        from ..kernels import dispatch, native
 
-            if not native.i8_available():
-                why = native.reason() or (f"the {native.variant()} kernel variant has no int8 activations: they need "
-                                          "AVX2, the avx2 variant or better")
-                raise ModelError(f"--dtype {dtype_name} needs Outrider's int8-activation kernel, which does not run "
-                                 f"here ({why}); use --dtype {self.name}")
+        plan = dispatch.plan()  # which dtypes run on this CPU; the library in use has the last word on -i8
+        if self.i8 and (not plan.i8 or not native.i8_available()):
+            why = native.reason() or (f"the {native.variant() if plan.i8 else plan.variant} kernel variant has no "
+                                      "int8 activations: they need AVX2, the avx2 variant or better")
+            raise ModelError(f"--dtype {dtype_name} needs Outrider's int8-activation kernel, which does not run "
+                             f"here ({why}); use --dtype {self.name}")
+        if self.fast and not plan.int4_fast:
+            raise ModelError(f"--dtype {dtype_name} needs torch's vectorised int4 kernel (an x86-64 CPU with "
+                             f"AVX2), which this CPU lacks; use --dtype {self.name} (exact)")
         self.floats = floats  # loader._Tensors over the folder's safetensors
         self.gguf = _NativeGGUF.open_if_native(folder / GGUF_NAME, self.name)
         if self.name == "gguf" and self.gguf is None:
