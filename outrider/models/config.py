@@ -2,7 +2,9 @@
 
 Only what changes the arithmetic is kept. Families differ by a few switches (biases on the
 Q/K/V projections, RMS norms on queries and keys, tied embeddings); `families.py` maps an
-architecture name to those switches and refuses the rest with a clear message.
+architecture name to those switches and refuses the rest with a clear message; a field that would
+change the arithmetic and is not read (RoPE scaling, sliding windows, soft-capping, ...) is refused
+too (`config_fields.py`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelError
+from .config_fields import refusal
 from .families import family_for
 
 
@@ -36,13 +39,10 @@ class ModelConfig:
     def from_dict(raw: dict, source: str = "config.json") -> "ModelConfig":
         archs = raw.get("architectures") or [raw.get("model_type", "?")]
         family = family_for(archs[0], source)
-        rope = raw.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", None):
-            raise ModelError(
-                f"{source}: rope scaling '{rope_type}' is not supported yet; "
-                "use a model without rope_scaling or open an issue"
-            )
+        why = refusal(raw, family)  # a field that would change the arithmetic, set: never run it wrong
+        if why:
+            raise ModelError(f"{source}: {why}; this model would not compute what it was trained to "
+                             "(docs/models.md lists what runs)")
         params = raw.get("rope_parameters") or {}
         try:
             hidden = int(raw["hidden_size"])

@@ -109,6 +109,45 @@ class _Tensors:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+class _Reading:
+    """A weight source that remembers what was read, so that a tensor the runtime does not read (a
+    bias on o_proj, a norm after attention, an attention sink) refuses the model rather than being
+    left out of its arithmetic."""
+
+    def __init__(self, source):
+        self.source = source
+        self.read: set[str] = set()
+
+    def has(self, name: str) -> bool:
+        return self.source.has(name)
+
+    def get(self, name: str, dtype: torch.dtype, device: torch.device):
+        self.read.add(name)
+        return self.source.get(name, dtype, device)
+
+    def projection(self, names: list[str], dtype: torch.dtype, device: torch.device, **kwargs):
+        self.read.update(names)
+        return self.source.projection(names, dtype, device, **kwargs)
+
+    def check_all_read(self, folder: Path, config: ModelConfig, tied: bool) -> None:
+        names = tensor_names(self.source)
+        spare = {"lm_head.weight"} if tied else set()  # a tied model's copy of its embedding
+        unread = sorted(n for n in names - self.read - spare if not n.endswith("rotary_emb.inv_freq"))  # buffers
+        if unread:
+            shown = ", ".join(unread[:3]) + (f" and {len(unread) - 3} more" if len(unread) > 3 else "")
+            raise ModelError(f"{folder}: {config.architecture} keeps tensors this runtime does not read ({shown}); "
+                             "they would change its output, so it is not supported yet")
+
+
+def tensor_names(source) -> set[str]:
+    """Every tensor name a weight source holds (Hugging Face names)."""
+    for attr in ("where", "tensors"):  # _Tensors; a GGUF's index
+        if hasattr(source, attr):
+            return set(getattr(source, attr))
+    inner = getattr(source, "gguf", None) or getattr(source, "floats", None)  # QuantTensors, GGUFFloats
+    return tensor_names(inner)
+
+
 def open_weights(folder: Path):
     """A folder's float weights: its safetensors, or, where it keeps only a GGUF (an imported
     one, catalog/imported.py), the GGUF's tensors dequantized at load (quant_load.GGUFFloats)."""
@@ -180,6 +219,7 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
         from .quant_load import QuantTensors
 
         weights = QuantTensors(folder, quantized, weights)
+    weights = _Reading(weights)
     get = lambda name: weights.get(name, dtype, device)  # noqa: E731
     proj = lambda *names: weights.projection(list(names), dtype, device)  # noqa: E731
     embed = get("model.embed_tokens.weight")
@@ -216,7 +256,9 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
         lm_head = proj(head)
     else:
         lm_head = embed if not quantized else proj("model.embed_tokens.weight")  # tied: the same blocks
-    decoder = Decoder(config, embed, layers, get("model.norm.weight"), lm_head, quantization=quantized)
+    final_norm = get("model.norm.weight")
+    weights.check_all_read(folder, config, tied=head is None)
+    decoder = Decoder(config, embed, layers, final_norm, lm_head, quantization=quantized)
     decoder.head_ids = head_ids
     if quantized or not isinstance(weights, _Tensors):
         del weights, get, proj

@@ -1,0 +1,88 @@
+"""What each `config.json` field means to the runtime: read, inert, or a change to the arithmetic
+that must be at its neutral value. A model whose config sets a field of the last kind to anything
+else is refused in one line, never run wrong (a Llama 3 config with `rope_parameters:
+{"rope_type": "llama3", ...}` decodes with plain RoPE otherwise, and its tokens differ from the
+second on).
+
+    refusal(raw, family) -> str | None     # why this config cannot run as written, or None
+
+tests/test_config_fields.py checks that every field transformers' own config class writes for each
+family is classified here, so a field added upstream fails the suite until someone says what it
+does. Fields no class writes (a checkpoint's own extras) are not refused: a hub config carries
+many; what they could change is caught again at load, where a tensor the runtime does not read is
+refused (weights/loader.py).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+# read by models/config.py (or a family's switch)
+READ = frozenset({
+    "architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
+    "max_position_embeddings", "tie_word_embeddings", "attention_bias",
+})
+
+# no effect on a forward's arithmetic at inference: names, ids, training and output switches
+INERT = frozenset({
+    "_name_or_path", "transformers_version", "dtype", "torch_dtype", "bos_token_id", "eos_token_id",
+    "pad_token_id", "use_cache", "output_attentions", "output_hidden_states", "return_dict", "id2label",
+    "label2id", "problem_type", "chunk_size_feed_forward", "is_encoder_decoder", "initializer_range",
+    "attention_dropout", "pretraining_tp", "auto_map", "max_window_layers", "tokenizer_class",
+    "use_return_dict", "tf_legacy_loss", "pruned_heads", "torchscript", "add_cross_attention",
+})
+
+
+def _rope_type(value) -> str:
+    if not value:
+        return "default"
+    return str(value.get("rope_type", value.get("type", "default")) or "default")
+
+
+def _sliding(raw: dict) -> bool:
+    """Whether some layer attends within a window shorter than the model's context."""
+    types = raw.get("layer_types")
+    if types and any(t != "full_attention" for t in types):
+        return True
+    window = raw.get("sliding_window")
+    if window is None or not raw.get("use_sliding_window", True):
+        return False
+    return int(window) < int(raw.get("max_position_embeddings", 1 << 30))
+
+
+# field -> (neutral?, what it is): set otherwise, the config is refused
+CHECKED: dict[str, tuple[Callable[[object, dict], bool], str]] = {
+    "rope_scaling": (lambda v, raw: _rope_type(v) == "default", "RoPE scaling"),
+    "rope_parameters": (lambda v, raw: _rope_type(v) == "default", "RoPE scaling"),
+    "sliding_window": (lambda v, raw: not _sliding(raw), "sliding-window attention"),
+    "use_sliding_window": (lambda v, raw: not _sliding(raw), "sliding-window attention"),
+    "layer_types": (lambda v, raw: not _sliding(raw), "sliding-window attention"),
+    "partial_rotary_factor": (lambda v, raw: v in (None, 1, 1.0), "partial rotary embeddings"),
+    "final_logit_softcapping": (lambda v, raw: v is None, "logit soft-capping"),
+    "attn_logit_softcapping": (lambda v, raw: v is None, "attention logit soft-capping"),
+    "attention_sink": (lambda v, raw: not v, "attention sinks"),
+    "hidden_act": (lambda v, raw: v in ("silu", "swish"), "an MLP activation other than SiLU"),
+    "mlp_bias": (lambda v, raw: not v, "biases on the MLP projections"),
+    "quantization_config": (lambda v, raw: not v, "pre-quantized weights (GPTQ, AWQ, ...)"),
+    "num_experts": (lambda v, raw: not v, "a mixture of experts"),
+}
+
+
+def refusal(raw: dict, family) -> str | None:
+    """Why `raw` (a config.json dict of `family`) cannot run as written, or None."""
+    for name, (neutral, what) in CHECKED.items():
+        if name in raw and not neutral(raw[name], raw):
+            shown = raw[name] if not isinstance(raw[name], (dict, list)) else _short(raw[name])
+            return f"{what} ({name}: {shown}) is not supported yet for {family.name}"
+    if raw.get("attention_bias") and family.name != "qwen2":
+        return f"attention_bias: true (a bias on o_proj as well as Q, K, V) is not supported yet for {family.name}"
+    return None
+
+
+def _short(value) -> str:
+    if isinstance(value, dict):
+        kind = _rope_type(value)
+        return f"rope_type {kind!r}" if kind != "default" else "{...}"
+    kinds = sorted(set(map(str, value)))
+    return f"[{', '.join(kinds)}]"

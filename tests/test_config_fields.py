@@ -1,0 +1,124 @@
+"""Never run a model wrong: every field transformers writes for a family is classified
+(models/config_fields.py), a field that changes the arithmetic and is not read refuses the model in
+one line (a Llama 3 config saved by transformers 5 carries its RoPE scaling as `rope_parameters`),
+and so does a tensor the runtime would not read."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from outrider.errors import ModelError
+from outrider.models.config import ModelConfig
+from outrider.models.config_fields import CHECKED, INERT, READ
+from outrider.weights.loader import load_decoder
+
+CLASSES = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
+
+
+@pytest.mark.parametrize("family", CLASSES)
+def test_every_field_transformers_writes_is_classified(family):
+    import transformers
+
+    written = set(getattr(transformers, CLASSES[family])().to_dict())
+    unknown = written - READ - INERT - set(CHECKED)
+    assert not unknown, f"{family}: say in models/config_fields.py what {sorted(unknown)} do"
+
+
+def _raw(**changes) -> dict:
+    raw = {"architectures": ["LlamaForCausalLM"], "vocab_size": 96, "hidden_size": 64, "intermediate_size": 112,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+    return {**raw, **changes}
+
+
+# (field, a value that changes the arithmetic, a value that does not)
+CASES = [
+    ("rope_scaling", {"rope_type": "llama3", "factor": 8.0}, None),
+    ("rope_scaling", {"type": "linear", "factor": 2.0}, {"rope_type": "default"}),
+    ("rope_parameters", {"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5}, {"rope_type": "default", "rope_theta": 5e5}),
+    ("rope_parameters", {"rope_type": "yarn", "factor": 4.0}, {"rope_theta": 1e4}),
+    ("sliding_window", 64, None),
+    ("layer_types", ["sliding_attention", "full_attention"], ["full_attention", "full_attention"]),
+    ("partial_rotary_factor", 0.5, 1.0),
+    ("final_logit_softcapping", 30.0, None),
+    ("attn_logit_softcapping", 50.0, None),
+    ("hidden_act", "gelu_pytorch_tanh", "silu"),
+    ("mlp_bias", True, False),
+    ("quantization_config", {"quant_method": "gptq"}, None),
+    ("attention_bias", True, False),
+]
+
+
+@pytest.mark.parametrize("field, bad, good", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_a_field_that_changes_the_arithmetic_refuses_in_one_line(field, bad, good):
+    with pytest.raises(ModelError, match="is not supported yet") as err:
+        ModelConfig.from_dict(_raw(**{field: bad}))
+    assert "\n" not in str(err.value)
+    ModelConfig.from_dict(_raw(**{field: good}))  # the neutral value runs
+
+
+def test_a_window_the_context_never_reaches_is_no_window():
+    """Qwen2.5's configs name a window with use_sliding_window false, or one as long as the context."""
+    qwen = {"architectures": ["Qwen2ForCausalLM"]}
+    ModelConfig.from_dict(_raw(**qwen, sliding_window=32768, use_sliding_window=False))
+    ModelConfig.from_dict(_raw(**qwen, sliding_window=256, use_sliding_window=True))  # = max_position_embeddings
+    with pytest.raises(ModelError, match="sliding-window attention"):
+        ModelConfig.from_dict(_raw(**qwen, sliding_window=128, use_sliding_window=True))
+    ModelConfig.from_dict(_raw(**qwen, attention_bias=True))  # Qwen2's biases are on Q, K, V only: read
+
+
+@pytest.fixture(scope="module")
+def llama3_folder(tmp_path_factory):
+    """A small random Llama with llama3 RoPE scaling, saved by transformers itself (5.x writes it as
+    rope_parameters)."""
+    import transformers as tf
+
+    config = tf.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                            rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+                                             "rope_theta": 500000.0})
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("llama3")
+    tf.LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def test_a_llama3_config_saved_by_transformers_is_refused(llama3_folder):
+    raw = json.loads((llama3_folder / "config.json").read_text())
+    assert "rope_scaling" not in raw or not raw["rope_scaling"]  # where transformers 5 puts it: rope_parameters
+    with pytest.raises(ModelError, match=r"RoPE scaling \(rope_parameters: rope_type 'llama3'\)") as err:
+        load_decoder(llama3_folder, "cpu", torch.float32)
+    assert "\n" not in str(err.value)
+
+
+def test_the_cli_refuses_it_in_one_line(llama3_folder):
+    run = subprocess.run([sys.executable, "-m", "outrider.cli", "generate", "--model", str(llama3_folder),
+                          "--max-new-tokens", "2", "hello"], capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "RoPE scaling" in lines[0], run.stderr
+
+
+def test_a_tensor_the_runtime_does_not_read_refuses_the_model(tiny_folders, tmp_path):
+    """An o_proj bias (a Llama with attention_bias, its config edited back to false) would be left
+    out of the arithmetic: the load names it instead."""
+    import shutil
+
+    folder = tmp_path / "extra"
+    shutil.copytree(tiny_folders["llama"], folder)
+    path = next(folder.glob("*.safetensors"))
+    tensors = load_file(str(path))
+    tensors["model.layers.1.self_attn.o_proj.bias"] = torch.zeros(64)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    with pytest.raises(ModelError, match=r"does not read \(model\.layers\.1\.self_attn\.o_proj\.bias\)") as err:
+        load_decoder(folder, "cpu", torch.float32)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ModelError, match="o_proj.bias"):
+        load_decoder(folder, "cpu", "q4")
+    load_decoder(tiny_folders["llama"], "cpu", torch.float32)  # every tensor read: loads
