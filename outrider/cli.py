@@ -92,6 +92,7 @@ def _use_config(args) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .serve.fields import MAX_BODY_MB
 
     parser = argparse.ArgumentParser(prog="outrider", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"outrider {__version__}")
@@ -166,11 +167,15 @@ def _parser() -> argparse.ArgumentParser:
                          formatter_class=HelpFormatter)
     srv.add_argument("--model", default=None, help="catalog name or model folder (default: smollm2-135m-instruct)")
     srv.add_argument("--drafter", default=None, help=f"{DRAFTERS}, as for generate (default: none, autoregressive)")
-    srv.add_argument("--tree", default=None, help="chain | static:2,2,1 | dynamic:K,N (model drafters; needs "
-                     f"--drafter) | ddtree:N (dflash; default: {TREE_DEFAULT})")
+    srv.add_argument("--tree", default=None, help="chain | static:2,2,1 | sampled:2,2,1 | dynamic:K,N (model "
+                     "drafters; needs --drafter; sampled: siblings drawn from q, so requests need temperature > 0: "
+                     f"a greedy one gets a 400) | ddtree:N (dflash; default: {TREE_DEFAULT})")
     srv.add_argument("--refiner", default=None, help=REFINER_HELP)
     srv.add_argument("--controller", default=None, help="fixed:N | adaptive[:MAX] | cost[:MAX] (needs --drafter; "
                      f"default: {CONTROLLER_DEFAULT['serve']}, which prices the whole batch and backs off as it grows)")
+    srv.add_argument("--verifier", default=None, help="a verifier by name, as for generate (needs --drafter; "
+                     "default: the best exact one for each request's sampling); a request it cannot verify gets a "
+                     "400 naming temperature")
     srv.add_argument("--max-tree-nodes", type=int, default=256, help="as for generate (default: %(default)s)")
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
     srv.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
@@ -187,6 +192,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="K/V rows all running requests may reserve (default: every slot full)")
     srv.add_argument("--chunk-size", type=int, default=512,
                      help="prompt tokens prefilled per step (default: %(default)s)")
+    srv.add_argument("--max-body-mb", type=int, default=MAX_BODY_MB,
+                     help="the largest request body in MiB; a larger one gets a 413 before it is read "
+                          "(default: %(default)s)")
     srv.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available, else cpu)")
     srv.add_argument("--dtype", default=None,
                      help=DTYPE_HELP)
@@ -307,9 +315,13 @@ def _serve(args) -> int:
     tree, controller = _speculation(args)
     from .serve.server import ServeOptions, serve
 
-    keys = ("model", "drafter", "max_tree_nodes", "host", "port", "api_key", "max_running",
-            "max_queue", "max_model_len", "max_kv_rows", "chunk_size", "device", "dtype", "threads", "kv_dtype",
-            "replicas", "address", "policy", "replica_restarts")
+    if args.drafter:  # a bad --tree, --controller or --verifier is refused before anything loads
+        from .engine.speculator import SpecOptions
+
+        SpecOptions(args.drafter, tree, controller, args.max_tree_nodes, args.verifier).check()
+    keys = ("model", "drafter", "verifier", "max_tree_nodes", "host", "port", "api_key", "max_running",
+            "max_queue", "max_model_len", "max_kv_rows", "chunk_size", "max_body_mb", "device", "dtype", "threads",
+            "kv_dtype", "replicas", "address", "policy", "replica_restarts")
     options = ServeOptions(**{k: getattr(args, k) for k in keys}, tree=tree, controller=controller)
     if options.check().replicas is None and options.address is None:
         return serve(options)
@@ -322,9 +334,10 @@ def _config(args) -> int:
     from dataclasses import fields
 
     from . import config
-    from .kernels import native
+    from .kernels import dispatch, native
 
     native.available()  # build or load the library, so its state is part of the record
+    dispatch.plan()  # and the CPU's decisions
     record = config.describe()
     if args.json:
         print(json.dumps(record, indent=2))
@@ -341,6 +354,7 @@ def _config(args) -> int:
     print(f"\ncpu: {cpu['model'] or cpu['machine']} ({cpu['vendor'] or '?'}); "
           f"instruction sets: {' '.join(cpu['isa']) or '-'}")
     print(f"torch {record['torch']}, {record['torch_threads']} threads; {record.get('native', '')}")
+    print(f"dispatch: {record['dispatch']}")
     return 0
 
 

@@ -52,7 +52,7 @@ def main() -> int:
         system = p.messages[0]["content"]
         block = system[system.index(before) + len(before):system.rindex(after)]
         functions = json.loads("[" + block.replace("\n", ",") + "]")
-        grammar = compiler.json_schema(tool_call_schema(functions))
+        grammar = compiler.json_schema(tool_call_schema(functions), strict=False)  # closed per function
         text = llm.tokenizer.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=False)
         jobs.append((p.id, llm.tokenizer(text, add_special_tokens=False)["input_ids"], grammar))
     methods = {"autoregressive": (None, True)}

@@ -93,7 +93,6 @@ def healthy(srv) -> bool:
     ({"prompt": "w5", "seed": 2**63}, "seed"),
     ({"prompt": "w5", "n": 0}, "n"),
     ({"prompt": "w5", "logprobs": 21}, "logprobs"),
-    ({"prompt": "w5", "stop": ["", "w6"]}, "stop"),
     ({"prompt": "", "max_tokens": 2}, "prompt"),
     ({"prompt": "w5", "max_tokens": 0}, "max_tokens"),  # 0 only with echo
 ])

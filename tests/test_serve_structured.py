@@ -125,6 +125,38 @@ def test_required_tool_call_with_the_openai_client(server):
     assert fits(json.loads(call.function.arguments), function["parameters"])
 
 
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}  # no additionalProperties
+
+
+def test_arguments_and_json_schema_outputs_are_strict_by_default(server):
+    """Issue 38: a function whose parameters name only `city` (additionalProperties unset). Under
+    JSON Schema's default SmolLM2 went on after "Paris" with "type", "properties", ... until
+    max_tokens (no tool call); strict, the grammar closes the object: one get_weather call with a
+    city argument and nothing else, speculative equal to plain. The same for a json_schema."""
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "Get the weather",
+                                             "parameters": CITY}}
+    call = {"messages": [{"role": "user", "content": "What is the weather in Paris?"}], "tools": [tool],
+            "tool_choice": "required", "max_tokens": 48}
+    answer = {"messages": [{"role": "user", "content": "Which city is the capital of France? Answer in JSON."}],
+              "response_format": {"type": "json_schema", "json_schema": {"name": "place", "schema": CITY}},
+              "max_tokens": 48}
+    fast, plain, fast_json, plain_json = together(
+        lambda: post(server, call), lambda: post(server, {**call, "speculate": False}),
+        lambda: post(server, answer), lambda: post(server, {**answer, "speculate": False}))
+    calls = []
+    for r in (fast, plain):
+        choice = ChatCompletionResponse.model_validate_json(r.content).choices[0]
+        assert choice.finish_reason == "tool_calls", r.text
+        (one,) = choice.message.tool_calls
+        arguments = json.loads(one.function.arguments)
+        assert one.function.name == "get_weather" and set(arguments) == {"city"}, r.text
+        calls.append(arguments)
+    assert calls[0] == calls[1] and calls[0]["city"] == "Paris"
+    texts = [ChatCompletionResponse.model_validate_json(r.content).choices[0] for r in (fast_json, plain_json)]
+    assert texts[0] == texts[1] and texts[0].finish_reason == "stop"
+    assert set(json.loads(texts[0].message.content)) == {"city"}
+
+
 def test_named_tool_call_whole_and_streamed(server):
     body = {"messages": ASK, "tools": [WEATHER, TIME], "max_tokens": 48,
             "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}

@@ -129,7 +129,8 @@ def _start(ray, options, policy, replicas: int, cpus: int, handles: list, stop, 
     metrics = ClusterMetrics(handles, alive=lambda: [v.index for v in router.views if v.alive])
     router = Router(handles, limits, policy, metrics, options.max_queue, on_fatal=on_fatal, on_stop=stop, log=log,
                     decode=decode, spawn=spawn, restarts=options.replica_restarts, start_s=START_S)
-    state = ServerState(front, router, metrics, limits.model_name, options.api_key, lock)
+    state = ServerState(front, router, metrics, limits.model_name, options.api_key, lock,
+                        max_body_bytes=options.max_body_mb << 20)
     return create_app(state), state
 
 

@@ -9,8 +9,11 @@ With an API key every route but /health and /openapi.json needs `Authorization: 
 "param", "code"}}`: 400 for a bad body (a body that is not `application/json` too, as vLLM),
 401 with `WWW-Authenticate: Bearer`, 404 for another model's name or an unknown route, 429
 (with Retry-After) when the queue is full, 500 when the engine failed the request, 503 while
-draining or restarting. A request is checked whole before it is queued (protocol.py; token ids
-in the vocabulary, prompt + max_tokens within --max-model-len). A handler never waits for the
+draining or restarting, 413 for a body over --max-body-mb (refused by its Content-Length before it
+is read, or as soon as a chunked body passes the limit). A request is checked whole before it is
+queued (protocol.py; token ids in the vocabulary, prompt + max_tokens within --max-model-len);
+a large body is parsed, and every prompt tokenized, in a worker thread, so that neither holds up
+the event loop (/health, the running streams). A handler never waits for the
 engine except by awaiting its job's queue, and a non-streaming handler watches for its client's
 disconnect at the same time, cancelling its job at once. `response_format` and tool calls (their
 grammar, the tools in the prompt, OpenAI's tool_calls shape) are tools.py's. What the handlers
@@ -32,6 +35,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.request import Request
+from ..errors import ConfigError
 from .errors import ApiError
 from .protocol import Parsed, parse_chat, parse_completion
 from .reply import error_response, reply_stream, reply_whole
@@ -41,6 +45,7 @@ from .schema import (ChatCompletionResponse, CompletionResponse, Health, ModelLi
 from .state import Plan, ServerState
 from .worker import Job
 
+LARGE_BODY = 1 << 18  # bytes: a body this large is parsed in a worker thread (milliseconds and more)
 GOLDEN = 0x9E3779B97F4A7C15  # seeds of n samples: seed + i * GOLDEN (mod 2**64), distinct and spread
 OPEN_PATHS = ("/health", "/openapi.json")
 ROUTES = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics"
@@ -108,7 +113,7 @@ def create_app(state: ServerState) -> FastAPI:
                  "max_model_len": state.worker.engine.max_len}
         return {"object": "list", "data": [model]}
 
-    post = errors(400, 401, 404, 429, 500, 503)
+    post = errors(400, 401, 404, 413, 429, 500, 503)
 
     @app.post("/v1/completions", openapi_extra=request_body("CompletionRequest"),
               responses={200: {"model": CompletionResponse, "content": stream("CompletionChunk"), "description": "the completion"},
@@ -161,23 +166,53 @@ def _check_unicode(body) -> None:
                                 "\\udcf3): send UTF-8 text", param) from None
 
 
+async def _read_body(http: HttpRequest, limit: int) -> bytes:
+    """The body, or a 413 as soon as it is known to exceed `limit` bytes: by its Content-Length
+    before any of it is read, or while a chunked one is read."""
+    length = http.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise _too_large(f"{int(length)} bytes", limit)
+    chunks, size = [], 0
+    async for chunk in http.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(f"more than {limit} bytes", limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: str, limit: int) -> ApiError:
+    return ApiError(413, f"the request body is {size}, over this server's limit of {limit} bytes "
+                         f"({limit / (1 << 20):g} MiB, --max-body-mb): send a shorter prompt, or start the server with "
+                         "a higher --max-body-mb", code="request_too_large")
+
+
+def _parse(raw: bytes, chat: bool, vocab: int) -> tuple[dict, Parsed]:
+    try:
+        body = json.loads(raw, parse_constant=_refuse_non_finite)
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise ApiError(400, f"the request body is not valid JSON ({str(err)[:200]})") from None
+    _check_unicode(body)
+    return body, (parse_chat(body, vocab) if chat else parse_completion(body, vocab))
+
+
 async def _generate(state: ServerState, http: HttpRequest, chat: bool):
     try:
         media = http.headers.get("content-type", "").split(";")[0].strip().lower()
         if media != "application/json":
             raise ApiError(400, f"the body must be JSON sent as Content-Type: application/json, got "
                                 f"{media or 'no Content-Type'} (as vLLM refuses it)", code="unsupported_media_type")
-        try:
-            body = json.loads(await http.body(), parse_constant=_refuse_non_finite)
-        except (ValueError, UnicodeDecodeError, RecursionError) as err:
-            raise ApiError(400, f"the request body is not valid JSON ({str(err)[:200]})") from None
-        _check_unicode(body)
-        parsed = parse_chat(body, state.vocab) if chat else parse_completion(body, state.vocab)
+        raw = await _read_body(http, state.max_body_bytes)
+        if len(raw) >= LARGE_BODY:
+            body, parsed = await asyncio.to_thread(_parse, raw, chat, state.vocab)
+        else:
+            body, parsed = _parse(raw, chat, state.vocab)
         if parsed.model is not None and parsed.model != state.model_name:
             raise ApiError(404, f"the model '{parsed.model}' does not exist: this server serves "
                                 f"'{state.model_name}'", "model", code="model_not_found")
         grammar = await state.structured.grammar(parsed)
-        plan = _plan(state, parsed, grammar)
+        prompts = await asyncio.to_thread(state.encode, parsed)  # seconds for a long prompt: off the loop
+        plan = _plan(state, parsed, prompts, grammar)
         plan.job.stream = parsed.stream
         plan.job.session = http.headers.get("x-session-id") or (body.get("user") or None)
         plan.job.headers = http.headers  # the cluster's router reads its routing headers (cluster/info.py)
@@ -190,10 +225,9 @@ async def _generate(state: ServerState, http: HttpRequest, chat: bool):
     return await reply_whole(state, http, plan, rid, chat)
 
 
-def _plan(state: ServerState, parsed: Parsed, grammar=None) -> Plan:
-    """Tokenize, check lengths against the context and the K/V rows, and make one Request a choice."""
+def _plan(state: ServerState, parsed: Parsed, prompts: list[list[int]], grammar=None) -> Plan:
+    """Check the prompts' lengths against the context and the K/V rows, and make one Request a choice."""
     engine, vocab = state.worker.engine, state.vocab
-    prompts = state.encode(parsed)
     param = parsed.prompt_param
     requests, prefill_from, texts = [], [], []
     for p, ids in enumerate(prompts):
@@ -225,9 +259,29 @@ def _plan(state: ServerState, parsed: Parsed, grammar=None) -> Plan:
                 engine.check(req)
             except ValueError as err:
                 raise ApiError(400, str(err), parsed.max_key) from None
+            _check_speculation(engine, req)
             requests.append(req)
             prefill_from.append(None if s == 0 else p * parsed.n)
     if len(requests) > state.worker.max_queue:
         raise ApiError(400, f"this request asks for {len(requests)} completions but the server queues at most "
                             f"{state.worker.max_queue} (--max-queue): lower n or send fewer prompts", "n")
     return Plan(parsed, prompts, texts, Job(requests, asyncio.get_running_loop(), prefill_from))
+
+
+def _check_speculation(engine, req: Request) -> None:
+    """Refuse, naming `temperature`, a request this server's speculation cannot verify: a sampled
+    tree (--tree sampled:...) when greedy, or a --verifier that does not fit its sampling."""
+    spec = getattr(engine, "speculation", None)  # a cluster's router: each replica checks its own
+    if spec is None or not req.speculate or req.max_draft_tokens == 0:
+        return
+    tree = spec.options.tree
+    if spec.options.shape.kind == "sampled" and req.params.greedy:
+        raise ApiError(400, f"this server drafts with --tree {tree}, which draws its draft siblings from the "
+                            "drafter's distribution and so needs temperature > 0: send a temperature above 0, or "
+                            "speculate: false to decode this greedy request without drafts", "temperature")
+    try:
+        spec.verifier_for(req.params)
+    except ConfigError as err:
+        raise ApiError(400, f"this server's speculation cannot verify these sampling parameters ({err}): send "
+                            "another temperature, or speculate: false to decode without drafts",
+                       "temperature") from None

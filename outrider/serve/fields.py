@@ -15,6 +15,8 @@ import numbers
 
 from .errors import bad, show
 
+MAX_BODY_MB = 4  # the default request body limit (serve --max-body-mb), in MiB: hundreds of thousands of tokens
+
 MAX_LOGPROBS = 20  # vLLM's --max-logprobs default; OpenAI's top_logprobs limit
 MAX_N = 128  # choices per request (n x prompts)
 INT64 = 2**63
@@ -29,7 +31,8 @@ IGNORED = "accepted, no effect"  # does not change the output (user, metadata ..
 # field -> (what, the neutral value or a note); "c": completions only, "h": chat only
 FIELDS: dict[str, tuple[str, str, str]] = {
     # field: (routes, treatment, note for the docs table)
-    "model": ("ch", HONOURED, "must name the served model (404 otherwise)"),
+    "model": ("ch", HONOURED, "optional, as in vLLM (OpenAI requires it): when given, it must name the served "
+                              "model (404 otherwise)"),
     "prompt": ("c", HONOURED, "a string, a list of strings, token ids or lists of token ids (ids in the vocabulary)"),
     "messages": ("h", HONOURED, "roles system, developer, user, assistant; text content or text parts; `name`"),
     "max_tokens": ("ch", HONOURED, "prompt + max_tokens must fit --max-model-len (400 otherwise, as vLLM); "
@@ -48,7 +51,8 @@ FIELDS: dict[str, tuple[str, str, str]] = {
                           "when greedy)"),
     "best_of": ("c", NEUTRAL, "null or equal to n (vLLM V1 refuses best_of > 1 too: it would rank samples "
                               "server-side)"),
-    "stop": ("ch", HONOURED, "a string or a list of non-empty strings; the text ends before the earliest"),
+    "stop": ("ch", HONOURED, "a string or a list of strings (empty ones ignored, as LLM.generate and the CLI do); "
+                             "the text ends before the earliest"),
     "stop_token_ids": ("ch", HONOURED, "vLLM extension: token ids that end the output (kept)"),
     "stream": ("ch", HONOURED, "server-sent events"),
     "stream_options": ("ch", HONOURED, "include_usage, continuous_usage_stats (vLLM); only with stream"),
@@ -65,8 +69,10 @@ FIELDS: dict[str, tuple[str, str, str]] = {
     "prompt_cache_key": ("h", IGNORED, "a string; a routing hint"),
     "safety_identifier": ("h", IGNORED, "a string; does not change the output"),
     "response_format": ("ch", HONOURED, "text, json_object, json_schema {name, schema, strict?}: the output "
-                                        "follows the grammar (llguidance), speculative or not"),
-    "tools": ("h", HONOURED, "function tools {type: function, function: {name, description?, parameters?}}"),
+                                        "follows the grammar (llguidance), speculative or not; objects closed "
+                                        "unless the schema opens them or strict is false"),
+    "tools": ("h", HONOURED, "function tools {type: function, function: {name, description?, parameters?, "
+                             "strict?}}; arguments strict unless strict is false"),
     "tool_choice": ("h", HONOURED, "\"none\", \"required\" or a named function: one call under a grammar; "
                                    "\"auto\" (the default with tools) refused as vLLM without a tool parser"),
     "parallel_tool_calls": ("h", IGNORED, "true/false; one call is produced"),

@@ -231,9 +231,7 @@ def _stops(stop) -> tuple[str, ...]:
     stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise bad("stop must be a string or a list of strings", "stop")
-    if any(s == "" for s in stops):
-        raise bad("stop cannot hold an empty string (as in vLLM): leave it out", "stop")
-    return tuple(dict.fromkeys(stops))
+    return tuple(dict.fromkeys(s for s in stops if s))  # an empty one is ignored, as LLM.generate and the CLI do
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

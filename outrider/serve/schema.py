@@ -121,7 +121,7 @@ def request_models(vocab: int) -> tuple[type[BaseModel], type[BaseModel]]:
         logit_bias: Optional[BiasMap] = Field(None, description="token id (as a string) -> bias")
         seed: Optional[Int64] = None
         n: Optional[Annotated[int, Field(ge=1, le=MAX_N)]] = Field(None, description="> 1 needs temperature > 0")
-        stop: Optional[Union[Annotated[str, Field(min_length=1)], list[Annotated[str, Field(min_length=1)]]]] = None
+        stop: Optional[Union[str, list[str]]] = Field(None, description="empty strings are ignored")
         stop_token_ids: Optional[list[TokenId]] = None
         stream: Optional[bool] = None
         stream_options: Optional[StreamOptions] = Field(None, description="only with stream: true")
@@ -349,6 +349,7 @@ def stream(chunk_model: str) -> dict:
 def errors(*statuses: int) -> dict:
     why = {400: "a bad body: the message names the field", 401: "a missing or wrong API key",
            404: "another model's name, or no such route", 405: "a method the route does not take",
+           413: "the body is over the server's limit (--max-body-mb)",
            429: "the queue is full (Retry-After)", 500: "the request failed in the engine",
            503: "the server is shutting down or restarting"}
     return {s: {"model": ErrorResponse, "description": why[s]} for s in statuses}

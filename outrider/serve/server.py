@@ -10,14 +10,17 @@ restarts the server rather than keep a live process that refuses everything.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import sys
 import threading
 from dataclasses import dataclass
 
 from ..config import summary_line
 from ..errors import ConfigError
+from .fields import MAX_BODY_MB
 
 EXTRA = "pip install 'outrider[serve]'"
 DEFAULT_MAX_MODEL_LEN = 2048
@@ -30,6 +33,7 @@ class ServeOptions:
     tree: str = "chain"
     controller: str = "cost"
     max_tree_nodes: int = 256
+    verifier: str | None = None  # a verifier by name, as generate's --verifier (None: the best exact one)
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
@@ -38,6 +42,7 @@ class ServeOptions:
     max_model_len: int | None = None  # None: min(DEFAULT_MAX_MODEL_LEN, the model's context)
     max_kv_rows: int | None = None
     chunk_size: int = 512
+    max_body_mb: int = MAX_BODY_MB  # a larger request body gets a 413
     device: str | None = None
     dtype: str | None = None
     threads: int | None = None
@@ -50,7 +55,8 @@ class ServeOptions:
 
     def check(self) -> "ServeOptions":
         """Refuse bad values by their flag's name, before anything loads."""
-        for key in ("max_running", "max_queue", "max_model_len", "chunk_size", "max_kv_rows", "replicas"):
+        for key in ("max_running", "max_queue", "max_model_len", "chunk_size", "max_kv_rows", "replicas",
+                    "max_body_mb"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
@@ -99,7 +105,7 @@ def engine_worker(options: ServeOptions, on_fatal=None):
 
     llm = LLM(options.model, drafter=options.drafter, tree=options.tree, controller=options.controller,
               device=options.device, dtype=options.dtype, threads=options.threads,
-              max_tree_nodes=options.max_tree_nodes, kv_dtype=options.kv_dtype)
+              max_tree_nodes=options.max_tree_nodes, kv_dtype=options.kv_dtype, verifier=options.verifier)
     lock = threading.Lock()  # the tokenizer is shared by the HTTP side and the engine thread
 
     def decode(ids: list[int]) -> str:
@@ -122,8 +128,36 @@ def build(options: ServeOptions, log=None, on_fatal=None):
     from .api import ServerState, create_app
 
     llm, worker, metrics, lock = engine_worker(options, on_fatal)
-    state = ServerState(llm, worker, metrics, llm.name, options.api_key, lock)
+    state = ServerState(llm, worker, metrics, llm.name, options.api_key, lock,
+                        max_body_bytes=options.max_body_mb << 20)
     return create_app(state), state
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before anything loads or is printed: a port in use (or one this
+    user may not bind) is one ConfigError line, not uvicorn's traceback after the "serving" line."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a port in TIME_WAIT is free
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port {port} is in use: pass --port N") from None
+        raise ConfigError(f"cannot listen on {host}:{port} ({err.strerror or err}): pass another --host or "
+                          "--port") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def sampled_tree_note(options: ServeOptions) -> str | None:
+    """A --tree sampled:... server drafts only for sampled requests: said at start, and a greedy
+    request is refused naming temperature (api.py)."""
+    if options.drafter and str(options.tree).startswith("sampled:"):
+        return (f"--tree {options.tree} draws draft siblings from the drafter's distribution: requests need "
+                "temperature > 0 (a greedy one gets a 400 naming temperature; speculate: false decodes it "
+                "without drafts)")
+    return None
 
 
 def serve(options: ServeOptions, log=print, builder=None) -> int:
@@ -145,7 +179,12 @@ def serve(options: ServeOptions, log=print, builder=None) -> int:
         if server is not None:
             server.should_exit = True
 
-    app, state = (builder or build)(options, on_fatal=on_fatal)
+    sock = listen(options.host, options.port)
+    try:
+        app, state = (builder or build)(options, on_fatal=on_fatal)
+    except BaseException:
+        sock.close()
+        raise
     state.worker.start()
 
     class DrainingServer(uvicorn.Server):
@@ -174,10 +213,14 @@ def serve(options: ServeOptions, log=print, builder=None) -> int:
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
                             timeout_graceful_shutdown=1)
     server = DrainingServer(config)
-    log(f"outrider serve: {state.model_name} on http://{options.host}:{options.port}/v1", file=sys.stderr)
+    port = sock.getsockname()[1]  # --port 0: the port the system chose
+    log(f"outrider serve: {state.model_name} on http://{options.host}:{port}/v1", file=sys.stderr)
     log(f"outrider serve: {summary_line()}", file=sys.stderr)
+    note = sampled_tree_note(options)
+    if note:
+        log(f"outrider serve: {note}", file=sys.stderr)
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         state.worker.stop(timeout=1)  # the step in progress (daemon thread: never blocks the exit)
     if aborted:  # everyone has had an answer; the interpreter's teardown (torch, transformers) takes

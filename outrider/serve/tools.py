@@ -69,7 +69,10 @@ def response_format(value) -> dict | None:
         raise bad("response_format.json_schema.schema must be a JSON schema object", p)
     _optional(spec, "strict", bool, "true or false", p, "response_format.json_schema.")
     _optional(spec, "description", str, "a string", p, "response_format.json_schema.")
-    return {"type": "json_schema", "json_schema": {"name": spec["name"], "schema": spec["schema"]}}
+    out = {"name": spec["name"], "schema": spec["schema"]}
+    if spec.get("strict") is False:  # the schema as written: objects open where it does not close them
+        out["strict"] = False
+    return {"type": "json_schema", "json_schema": out}
 
 
 def tools_and_choice(tools, tool_choice) -> tuple[list[dict] | None, bool, str | None]:
@@ -131,6 +134,8 @@ def _tools(tools) -> list[dict] | None:
         _optional(function, "parameters", dict, "a JSON schema object", p, f"{where}.function.")
         _optional(function, "strict", bool, "true or false", p, f"{where}.function.")
         out.append({k: function[k] for k in ("name", "description", "parameters") if function.get(k) is not None})
+        if function.get("strict") is False:  # its arguments as its parameters say, objects open by default
+            out[-1]["strict"] = False
     return out
 
 
@@ -199,7 +204,7 @@ def template_input(messages: list[dict], functions: list[dict] | None, native: b
                          for c in m["tool_calls"]]
                 m = {**m, "content": m["content"] or "", "tool_calls": calls}
             out.append(m)
-        return out, ({"tools": [{"type": "function", "function": f} for f in functions]} if functions else {})
+        return out, ({"tools": [{"type": "function", "function": _shown(f)} for f in functions]} if functions else {})
     out = []
     for m in messages:
         if "tool_calls" in m:
@@ -212,11 +217,17 @@ def template_input(messages: list[dict], functions: list[dict] | None, native: b
     if functions:
         from ..bench.workloads import TOOLCALL_SYSTEM
 
-        system = TOOLCALL_SYSTEM.format(functions="\n".join(json.dumps(f, ensure_ascii=False) for f in functions))
+        system = TOOLCALL_SYSTEM.format(functions="\n".join(json.dumps(_shown(f), ensure_ascii=False)
+                                                             for f in functions))
         if out and out[0]["role"] == "system":  # the client's own system message goes first in ours
             system = out.pop(0)["content"].strip() + "\n\n" + system
         out.insert(0, {"role": "system", "content": system})
     return out, {}
+
+
+def _shown(function: dict) -> dict:
+    """What the model is shown of a function: its name, description and parameters."""
+    return {k: v for k, v in function.items() if k != "strict"}
 
 
 def _loads(text: str):
@@ -252,8 +263,8 @@ class Structured:
         if parsed.tool_call:
             from ..spec.grammar import tool_call_schema
 
-            spec, param = {"type": "json_schema", "json_schema": {
-                "schema": tool_call_schema(parsed.tools, parsed.tool_name)}}, "tools"
+            spec, param = {"type": "json_schema", "json_schema": {  # strict per function: closed already
+                "schema": tool_call_schema(parsed.tools, parsed.tool_name), "strict": False}}, "tools"
         elif parsed.response_format is not None:
             spec, param = parsed.response_format, "response_format"
         else:

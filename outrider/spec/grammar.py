@@ -25,6 +25,12 @@ things make drafting grammar-aware (`Request.grammar_drafting`):
 llguidance is an optional extra (`pip install 'outrider[structured]'`): chosen over xgrammar for
 having no dependencies (xgrammar pulls triton and a TVM runtime) at a measured per-token cost
 well under a millisecond (docs/serving.md, Structured outputs).
+
+JSON schemas are strict by default (`closed_objects`), as OpenAI's strict mode and xgrammar's
+default: an object carries only the properties its schema names, unless the schema sets
+`additionalProperties` (or `unevaluatedProperties`) itself. JSON Schema's own default (any other
+property allowed) let a small model wander on past the last named property until max_tokens.
+`strict=False` (OpenAI's `"strict": false`) keeps the schema as written.
 """
 
 from __future__ import annotations
@@ -65,15 +71,21 @@ class GrammarCompiler:
         self.tokenizer = ll.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(eos_ids))
         self._matcher = ll.LLMatcher
 
-    def json_schema(self, schema: dict | str) -> "Grammar":
+    def json_schema(self, schema: dict | str, strict: bool = True) -> "Grammar":
+        """A grammar of `schema`; strict (the default): objects closed where the schema does not
+        say what else they may hold (`closed_objects`)."""
         try:
-            text = self._matcher.grammar_from_json_schema(schema if isinstance(schema, str) else json.dumps(schema))
+            if isinstance(schema, str):
+                schema = json.loads(schema)
+            if not isinstance(schema, dict):
+                raise ValueError(f"got {type(schema).__name__}")
+            text = self._matcher.grammar_from_json_schema(json.dumps(closed_objects(schema) if strict else schema))
         except ValueError as err:
             raise ConfigError(f"the JSON schema is not a JSON object: {err}") from None
         return self._checked(text, "JSON schema")
 
     def json_object(self) -> "Grammar":
-        return self.json_schema({"type": "object"})
+        return self.json_schema({"type": "object"}, strict=False)  # any object
 
     def lark(self, text: str) -> "Grammar":
         return self._checked(self._matcher.grammar_from_lark(text), "Lark grammar")
@@ -83,7 +95,8 @@ class GrammarCompiler:
 
     def compile(self, response_format: dict) -> "Grammar | None":
         """OpenAI's `response_format`: {"type": "text"} (None: no grammar), {"type":
-        "json_object"}, or {"type": "json_schema", "json_schema": {"name", "schema", ...}}."""
+        "json_object"}, or {"type": "json_schema", "json_schema": {"name", "schema", "strict"?}}
+        (strict unless "strict" is false)."""
         kind = response_format.get("type") if isinstance(response_format, dict) else None
         if kind == "text":
             return None
@@ -94,7 +107,7 @@ class GrammarCompiler:
             schema = spec.get("schema") if isinstance(spec, dict) else None
             if not isinstance(schema, dict):
                 raise ConfigError("response_format json_schema needs json_schema.schema: a JSON schema object")
-            return self.json_schema(schema)
+            return self.json_schema(schema, strict=spec.get("strict") is not False)
         raise ConfigError(f"response_format type must be text, json_object or json_schema, got {kind!r}")
 
     def _checked(self, text: str, what: str) -> "Grammar":
@@ -213,17 +226,78 @@ def parameters_schema(schema) -> dict:
 
 
 def tool_call_schema(functions: list[dict], name: str | None = None) -> dict:
-    """One call of one of `functions` (OpenAI function objects: name, description, parameters),
-    or of the one named `name`, as a JSON schema: {"name": its name, "arguments": its parameters}."""
+    """One call of one of `functions` (OpenAI function objects: name, description, parameters,
+    strict), or of the one named `name`, as a JSON schema: {"name": its name, "arguments": its
+    parameters}, the arguments strict (`closed_objects`) unless the function says "strict": false.
+    The schema is final: compile it with json_schema(schema, strict=False)."""
     chosen = [f for f in functions if name is None or f.get("name") == name]
     if not chosen:
         raise ConfigError(f"no function named {name!r} among the tools: " +
                           ", ".join(str(f.get("name")) for f in functions))
-    calls = [{"type": "object", "properties": {"name": {"const": f["name"]},
-                                               "arguments": parameters_schema(f.get("parameters") or
-                                                                              {"type": "object"})},
-              "required": ["name", "arguments"], "additionalProperties": False} for f in chosen]
+    calls = []
+    for f in chosen:
+        arguments = parameters_schema(f.get("parameters") or {"type": "object"})  # none: no arguments ({})
+        calls.append({"type": "object", "properties": {
+            "name": {"const": f["name"]},
+            "arguments": closed_objects(arguments) if f.get("strict") is not False else arguments},
+            "required": ["name", "arguments"], "additionalProperties": False})
     return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+
+# keywords whose value is a subschema, a list of them, or a map of names to them: those that give
+# an instance's parts their own schema (closed), and those that add to or test the schema beside
+# them (their objects left open: closing them would forbid what the schema beside them names)
+_PARTS = ("items", "additionalItems", "unevaluatedItems", "contains", "additionalProperties",
+          "unevaluatedProperties", "propertyNames")
+_BESIDE = ("not", "if", "then", "else")
+_UNIONS = ("anyOf", "oneOf")
+_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_OPEN_KEYS = ("additionalProperties", "unevaluatedProperties")  # the schema says what else an object holds
+_ADDING = ("allOf", "anyOf", "oneOf", "then", "else", "dependentSchemas", "$ref")  # may name more properties
+
+
+def closed_objects(schema):
+    """`schema` made strict (a copy): every object schema (type "object", or one that lists
+    properties) that does not set additionalProperties or unevaluatedProperties itself gets
+    additionalProperties false, so an object holds only the properties its schema names (those
+    in `required` count as named: {} where `properties` lacks them) and the patterns it lists.
+    Left as written: an object whose properties other schemas beside its own keywords may add to
+    (allOf, anyOf, oneOf, then / else, dependentSchemas, $ref), and those schemas, and the ones
+    that test it (not, if). Subschemas are walked whatever their place."""
+    return _closed(schema, close=True)
+
+
+def _is_object(schema: dict) -> bool:
+    kind = schema.get("type")
+    return kind == "object" or (isinstance(kind, list) and "object" in kind) or \
+        (kind is None and ("properties" in schema or "patternProperties" in schema))
+
+
+def _closed(schema, close: bool):
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    obj = _is_object(schema)
+    for key in (*_PARTS, *_BESIDE):
+        if isinstance(out.get(key), dict):
+            out[key] = _closed(out[key], close=key in _PARTS)
+    for key in ("prefixItems", "items", *_UNIONS):  # items: its old list form
+        if isinstance(out.get(key), list):
+            members_close = key not in _UNIONS or (close and not obj)
+            out[key] = [_closed(sub, close=members_close) for sub in out[key]]
+    if isinstance(out.get("allOf"), list):
+        out["allOf"] = [_closed(sub, close=False) for sub in out["allOf"]]
+    for key in (*_MAPS, "dependentSchemas"):
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _closed(sub, close=key in _MAPS) for name, sub in out[key].items()}
+    if close and obj and not any(key in schema for key in (*_OPEN_KEYS, *_ADDING)):
+        named = out.get("properties") if isinstance(out.get("properties"), dict) else {}
+        required = schema.get("required") if isinstance(schema.get("required"), list) else []
+        missing = [n for n in required if isinstance(n, str) and n not in named]
+        if missing:
+            out["properties"] = {**named, **{n: {} for n in missing}}
+        out["additionalProperties"] = False
+    return out
 
 
 def _subtree(kids: list[list[int]], node: int) -> list[int]:
