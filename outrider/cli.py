@@ -11,6 +11,7 @@ import json
 import sys
 
 from .bench.cli import bench_command
+from .bench.methods import preset_help
 from .catalog import cli as models_cli
 from .errors import OutriderError
 
@@ -133,11 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("mode", nargs="?", choices=("rollout",), default=None,
                        help="rollout: many samples per prompt at temperature 1 on one engine, speculation off "
                             "and on; the figure is the batch's makespan (bench/rollout.py)")
-    bench.add_argument("--preset", default=None,
-                       help=f"quick (default, {QUICK_TIME}), full, eagle3 (the shipped EAGLE-3 head "
-                            "against ngram and suffix), llamacpp (against llama.cpp; the peers extra), "
-                            "qwen-pair (the Qwen2.5-Coder 1.5B / 0.5B draft-model pair), qwen-pair-i8 (the "
-                            "same with int8 activations) or seeds (the 2026 papers' methods, docs/methods.md)")
+    bench.add_argument("--preset", default=None, help=preset_help())  # every file in bench/presets/
     bench.add_argument("--methods", default=None, help="a methods TOML file (see outrider/bench/presets/)")
     bench.add_argument("--model", action="append", default=None, help="target model(s), overriding the file")
     bench.add_argument("--workload", action="append", default=None,

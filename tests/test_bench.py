@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from outrider.bench.methods import load_config, parse_config, preset_path
+from outrider.bench.methods import load_config, parse_config, preset_names, preset_path
 from outrider.bench.run import plan, run_bench, write_results
 from outrider.bench.runner import PromptRun, aggregate, first_difference
 from outrider.cli import main
@@ -22,11 +22,56 @@ def write(tmp_path, text: str) -> Path:
 
 
 def test_presets_parse():
-    for name in ("quick", "full", "eagle3", "llamacpp", "qwen-pair", "qwen-pair-i8"):
+    shipped = {"quick", "full", "eagle3", "dflash", "llamacpp", "qwen-pair", "qwen-pair-i8", "seeds"}
+    assert shipped <= set(preset_names())
+    for name in preset_names():
         config = load_config(preset_path(name))
         assert config.methods and config.models and config.workloads
     with pytest.raises(ConfigError, match="unknown preset 'fast'"):
         preset_path("fast")
+
+
+def test_bench_help_lists_every_preset_in_the_folder():
+    from outrider.cli import _parser
+
+    bench = _parser()._subparsers._group_actions[0].choices["bench"]
+    text = next(a for a in bench._actions if a.dest == "preset").help
+    for name in preset_names():
+        assert f"{name} (" in text, name  # each with its `# summary:` line
+
+
+def test_usage_md_says_what_the_quick_preset_runs():
+    """docs/usage.md's bench section gives the quick preset's prompts a workload as its file does."""
+    import re
+
+    config = load_config(preset_path("quick"))
+    usage = (Path(__file__).parents[1] / "docs" / "usage.md").read_text()
+    line = next(x for x in usage.splitlines() if "bench --preset quick " in x and "#" in x)
+    assert re.search(r"(\d+) prompts a workload", line).group(1) == str(config.prompts), line
+
+
+def test_results_record_the_flags_that_ran(tiny_folders, tmp_path, capsys):
+    """--prompts and --max-new-tokens are what results.json's config and the report's
+    Configuration block show, not the methods file's own numbers."""
+    methods = write(tmp_path, f"""
+models = ["{tiny_folders['llama']}"]
+workloads = ["jsonl:{FIXTURES / 'prompts.jsonl'}"]
+prompts = 3
+max_new_tokens = 64
+
+[[method]]
+name = "ngram"
+drafter = "ngram"
+""")
+    out = tmp_path / "out"
+    assert main(["bench", "--methods", str(methods), "--prompts", "1", "--max-new-tokens", "4", "--threads", "1",
+                 "--out", str(out), "--no-progress"]) == 0, capsys.readouterr().err
+    results = json.loads((out / "results.json").read_text())
+    assert (results["config"]["prompts"], results["config"]["max_new_tokens"], results["config"]["threads"]) == (1, 4, 1)
+    assert [len(r["prompts"]) for r in results["runs"]] == [1, 1]
+    assert all(len(p["output_ids"]) <= 4 for r in results["runs"] for p in r["prompts"])
+    configuration = (out / "report.md").read_text().split("Configuration", 1)[1]
+    assert '"prompts": 1' in configuration and '"max_new_tokens": 4' in configuration
 
 
 @pytest.mark.parametrize("text,expect", [

@@ -179,8 +179,16 @@ def test_interrupt_then_resume_gives_the_run_an_uninterrupted_one_gives(tiny_fol
     assert "peer transformers ran on" in capsys.readouterr().err
     monkeypatch.undo()
     monkeypatch.setattr(bench_run, "load_decoder", lambda *a, **k: pytest.fail("loaded a model"))
-    assert bench(methods_file(tmp_path, tiny_folders["llama"], max_new_tokens=12), out, "--resume") == 2
-    assert "workloads[0].prompts[0][1]: 16 then, 12 now" in one_error_line(capsys)
+    changed = methods_file(tmp_path, tiny_folders["llama"], max_new_tokens=12)
+    assert bench(changed, out, "--resume") == 2
+    assert one_error_line(capsys) == (f"error: --methods {changed} sets max_new_tokens = 12, which differs from the "
+                                      "run's 16; drop --methods to resume the run as it was started, or pick another "
+                                      "--out")
+    for flags, named in ((["--max-new-tokens", "12"], "--max-new-tokens 12 differs from the run's 16; drop it"),
+                         (["--prompts", "1"], "--prompts 1 differs from the run, which left it unset; drop it"),
+                         (["--threads", "2"], "--threads 2 differs from the run's 1; drop it")):
+        assert main(["bench", "--out", str(out), "--resume", *flags]) == 2
+        assert named in one_error_line(capsys)
     monkeypatch.undo()
 
     calls.clear()
@@ -190,10 +198,44 @@ def test_interrupt_then_resume_gives_the_run_an_uninterrupted_one_gives(tiny_fol
         return real(*args, **kwargs)
 
     monkeypatch.setattr(bench_run, "run_ours", counted)
-    assert bench(methods, out, "--resume") == 0
+    # the run's own settings are read back: no methods file, no flags (README: --out DIR --resume)
+    assert main(["bench", "--out", str(out), "--resume", "--no-progress"]) == 0
     assert len(calls) == 1 + 3 * 2  # warm-up, then only the two prompts left
     resumed = json.loads((out / "results.json").read_text())
     assert fixed_figures(resumed) == fixed_figures(full)
     assert resumed["audit"] == full["audit"] and resumed["audit"]["ok"]
     assert (resumed["sessions"], full["sessions"]) == (3, 1)  # the failed peer resume opened one too
     assert (out / "report.html").exists()
+
+
+def test_resume_reads_the_runs_settings_and_names_the_flags_that_differ(tmp_path):
+    """A run started with `--preset quick --prompts 1 --max-new-tokens 32` resumes from its
+    run.json alone; what the command gives must agree, and a difference is named as written."""
+    from dataclasses import replace
+
+    from outrider.bench.methods import load_preset, with_overrides
+    from outrider.bench.settings import config_for
+    from outrider.cli import _parser
+
+    ran = with_overrides(load_preset("quick"), {"prompts": 1, "max_new_tokens": 32})
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"threads": 2, "settings": {"preset": "quick", "source": ran.source,
+                                                                         "config": ran.raw}}))
+
+    def config(*flags):
+        return config_for(_parser().parse_args(["bench", "--out", str(out), "--resume", *flags]), out)
+
+    resumed = config()
+    assert (resumed.preset, resumed.prompts, resumed.max_new_tokens) == ("quick", 1, 32)
+    assert [replace(m, line=0) for m in ran.methods] == list(resumed.methods) and resumed.workloads == ran.workloads
+    assert config("--max-new-tokens", "32", "--preset", "quick", "--prompts", "1").max_new_tokens == 32
+    for flags, message in (
+            (["--max-new-tokens", "64"], "--max-new-tokens 64 differs from the run's 32; drop it to resume the run "
+                                         "as it was started, or pick another --out"),
+            (["--workload", "toolcall"], "--workload toolcall differs from the run's humaneval toolcall code-edit"),
+            (["--preset", "quick"], "--preset quick sets prompts = 3, which differs from the run's 1; drop --preset"),
+            (["--preset", "eagle3"], "--preset eagle3 has other methods than the run in --out")):
+        with pytest.raises(ConfigError) as err:
+            config(*flags)
+        assert str(err.value).startswith(message) and "\n" not in str(err.value)

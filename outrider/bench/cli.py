@@ -8,13 +8,12 @@ import sys
 
 def bench_command(args) -> int:
     """`outrider bench [rollout]`: the methods side by side (or a rollout's makespan), a report."""
-    import dataclasses
     import time
     from pathlib import Path
 
-    from .methods import load_config, preset_path
     from .report import write_report
     from .run import needs_exit_failure, plan, run_bench, write_results
+    from .settings import config_for, saved_threads
     from .store import BenchInterrupted, check_out
     from .table import summary_table
     from ..errors import ConfigError
@@ -28,43 +27,23 @@ def bench_command(args) -> int:
         raise ConfigError("give --preset or --methods, not both")
     if args.resume and not args.out:
         raise ConfigError("--resume needs --out FOLDER: the folder of the interrupted run")
-    preset = None if args.methods else (args.preset or "quick")
-    config = load_config(args.methods or preset_path(preset))
-    overrides = {}
-    if args.model:
-        overrides["models"] = tuple(args.model)
-    if args.workload:
-        overrides["workloads"] = tuple(args.workload)
-    for key in ("prompts", "max_new_tokens", "threads"):
-        value = getattr(args, key)
-        if value is not None:
-            if value < 1:
-                raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
-            overrides[key] = value
-    if args.dtype is not None:
-        from ..weights.loader import parse_dtype
-
-        parse_dtype(args.dtype)
-        overrides["dtype"] = args.dtype
-    if args.kv_dtype is not None:
-        from ..weights.loader import parse_kv_dtype
-
-        parse_kv_dtype(args.kv_dtype)
-        overrides["kv_dtype"] = args.kv_dtype
-    config = dataclasses.replace(config, **overrides)
+    if args.resume:
+        check_out(Path(args.out), True)  # an unfinished run is there to read its settings from
+    config = config_for(args, Path(args.out) if args.out else None)
     out = Path(args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S"))
     check_out(out, args.resume)  # before anything is pulled or loaded
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     the_plan = plan(config, log=log)
     try:
-        results = run_bench(the_plan, threads=config.threads, log=log, progress=not args.no_progress,
+        threads = config.threads or (saved_threads(out) if args.resume else None)
+        results = run_bench(the_plan, threads=threads, log=log, progress=not args.no_progress,
                             out=out, resume=args.resume)
     except BenchInterrupted as stop:
         again = "--resume" if args.out else f"--out {out} --resume"
         print(f"interrupted: {stop.done} of {stop.total} prompts are saved in {out}; to finish, run the same "
               f"command with {again}", file=sys.stderr)
         return 130
-    results["preset"] = preset
+    results["preset"] = config.preset
     write_results(results, out)
     files = write_report(results, out)
     print(summary_table(results))

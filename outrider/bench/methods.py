@@ -33,7 +33,7 @@ before any model is loaded; errors name the file and, where there is one, the li
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -81,14 +81,50 @@ class BenchConfig:
     max_new_tokens: int | None = None
     threads: int | None = None
     dtype: str | None = None  # the targets' --dtype; None: each model's default (loader.auto_dtype)
-    raw: dict = field(default_factory=dict)
+    raw: dict = field(default_factory=dict)  # the file's TOML, with what overrides it folded in (with_overrides)
     kv_dtype: str | None = None  # the targets' --kv-dtype; None: the compute dtype
+    preset: str | None = None  # the preset's name when the file is one
+
+
+# The settings a command line can override, by key: the flag that does.
+FLAGS = {"models": "--model", "workloads": "--workload", "prompts": "--prompts",
+         "max_new_tokens": "--max-new-tokens", "threads": "--threads", "dtype": "--dtype", "kv_dtype": "--kv-dtype"}
+
+
+def with_overrides(config: BenchConfig, overrides: dict) -> BenchConfig:
+    """`config` with some of FLAGS' settings replaced, in its fields and in `raw` alike, so that
+    what a run records (results.json's config, run.json's settings) is what ran."""
+    raw = dict(config.raw)
+    for key, value in overrides.items():
+        raw[key] = list(value) if isinstance(value, tuple) else value
+    fields_ = {key: tuple(value) if isinstance(value, list) else value for key, value in overrides.items()}
+    return replace(config, raw=raw, **fields_)
+
+
+def preset_names() -> list[str]:
+    """The presets shipped in the presets folder, by name."""
+    return sorted(p.stem for p in PRESETS.glob("*.toml"))
+
+
+def preset_help() -> str:
+    """`bench --preset`'s help: every preset in the folder with its `# summary:` line."""
+    parts = []
+    for name in ["quick"] + [n for n in preset_names() if n != "quick"]:
+        summary = next((line.partition("# summary:")[2].strip()
+                        for line in (PRESETS / f"{name}.toml").read_text().splitlines()
+                        if line.startswith("# summary:")), "")
+        parts.append(f"{name} ({summary})" if summary else name)
+    return "; ".join(parts)
+
+
+def load_preset(name: str) -> BenchConfig:
+    return replace(load_config(preset_path(name)), preset=name)
 
 
 def preset_path(name: str) -> Path:
     path = PRESETS / f"{name}.toml"
     if not path.exists():
-        known = ", ".join(sorted(p.stem for p in PRESETS.glob("*.toml")))
+        known = ", ".join(preset_names())
         raise ConfigError(f"unknown preset '{name}': known presets are {known}")
     return path
 

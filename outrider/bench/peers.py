@@ -1,4 +1,4 @@
-"""Peers: other engines run on the same model and prompts, in the same process.
+"""Peers: other engines run on the same model and prompts, each in a child process of its own.
 
     transformers                  AutoModelForCausalLM.generate, greedy
     transformers-assisted         the same with assistant_model (a draft model)
@@ -7,21 +7,30 @@
     llama.cpp-prompt-lookup       the same with its prompt-lookup decoding
 
 Each peer takes prompt ids and returns a PromptRun. A peer that cannot run here (llama.cpp not
-installed, no original GGUF for a user folder) says why, and the bench reports it as skipped.
+installed, no original GGUF for a user folder) says why, and the bench reports it as skipped; one
+that crashes, exits, raises or hangs (peer_process.py) is one failed row with its reason, and the
+rest of the bench goes on.
+
+llama.cpp on a CPU with AMX tiles: llama-cpp-python 0.3.36, built from source with its defaults,
+segfaulted in its first completion on SmolLM2's GGUF on an Intel Xeon (Sapphire Rapids): the
+weights repacked into its "extra buffer types" (the AMX / repacked CPU buffers) crash, and with
+them off it runs. So on such a CPU the peer loads with `use_extra_bufts` off (llama.cpp's
+`--no-repack`), and the report says so. Llama() has no argument for it (0.3.36 swallows unknown
+keyword arguments silently), so the field is cleared in the model parameters it starts from.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import inspect
 import time
 from pathlib import Path
 
 import torch
 
+from .peer_process import PeerFailed, PeerProcess, PeerUnavailable  # noqa: F401 (run.py's imports)
 from .runner import PromptRun, run_transformers
-
-
-class PeerUnavailable(Exception):
-    """This peer cannot run on this machine or model; the message says why."""
 
 
 class TransformersPeer:
@@ -30,10 +39,8 @@ class TransformersPeer:
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
-        for folder in (model_path, assistant_path if kind == "transformers-assisted" else None):
-            if folder is not None and not any(Path(folder).glob("*.safetensors")):
-                raise PeerUnavailable(f"{folder} keeps only a GGUF (an imported model): transformers needs float "
-                                      "weights (a packaged model's folder has them)")
+        hf_logging.disable_progress_bar()
+        _check_transformers(model_path, kind, assistant_path)
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
         self.assistant = None
         if kind == "transformers-assisted":
@@ -46,20 +53,23 @@ class TransformersPeer:
 
 
 class LlamaCppPeer:
-    def __init__(self, gguf: Path, kind: str, threads: int, lookup: int = 10):
-        try:
-            from llama_cpp import Llama
-        except ImportError:
-            raise PeerUnavailable("llama-cpp-python is not installed (pip install -e '.[peers]')") from None
-        if not gguf.exists():
-            raise PeerUnavailable(f"no original GGUF at {gguf} (only catalog models keep one)")
+    def __init__(self, gguf: Path, kind: str, threads: int, lookup: int = 10, amx: bool | None = None):
+        _check_llama_cpp(gguf)
+        from llama_cpp import Llama
+
         draft = None
         if kind == "llama.cpp-prompt-lookup":
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
             draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup)
-        self.llm = Llama(model_path=str(gguf), n_ctx=4096, n_threads=threads, verbose=False, draft_model=draft,
-                         logits_all=draft is not None)
+        self.extra_buffer_types = not (amx_tiles() if amx is None else amx)
+        with _extra_buffer_types(Llama, self.extra_buffer_types) as extra:
+            self.llm = Llama(model_path=str(gguf), n_ctx=4096, n_threads=threads, verbose=False, draft_model=draft,
+                             logits_all=draft is not None, **extra)
+        self.note = None if self.extra_buffer_types else (
+            "loaded with llama.cpp's extra buffer types off (use_extra_bufts = false, as --no-repack): this CPU "
+            "has AMX tiles, where llama-cpp-python 0.3.36's repacked / AMX weight buffers crashed in the first "
+            "completion")
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> PromptRun:
         out: list[int] = []
@@ -74,7 +84,69 @@ class LlamaCppPeer:
         return PromptRun(out, seconds, {"new_tokens": len(out), "tokens_per_s": len(out) / seconds})
 
 
-def make_peer(kind: str, model_path: Path, *, assistant_path: Path | None, lookup: int, threads: int):
+def amx_tiles() -> bool:
+    """Whether this CPU has AMX tiles (where llama.cpp's extra buffer types crashed)."""
+    from ..config import cpu_flags
+
+    return "amx_tile" in cpu_flags()
+
+
+@contextlib.contextmanager
+def _extra_buffer_types(llama_class, on: bool):
+    """Yields the keyword arguments for Llama(); with `on` false, llama.cpp's extra buffer types
+    are off for the models loaded inside: by Llama's own argument where it has one, else in the
+    default model parameters Llama() starts from (llama_cpp.llama_model_default_params)."""
+    if on:
+        yield {}
+        return
+    if "use_extra_bufts" in inspect.signature(llama_class.__init__).parameters:
+        yield {"use_extra_bufts": False}
+        return
+    import llama_cpp.llama_cpp as native
+
+    original = native.llama_model_default_params
+
+    def without_extra_buffers():
+        params = original()
+        if hasattr(params, "use_extra_bufts"):
+            params.use_extra_bufts = False
+        return params
+
+    native.llama_model_default_params = without_extra_buffers
+    try:
+        yield {}
+    finally:
+        native.llama_model_default_params = original
+
+
+def _check_transformers(model_path: Path, kind: str, assistant_path: Path | None) -> None:
+    for folder in (model_path, assistant_path if kind == "transformers-assisted" else None):
+        if folder is not None and not any(Path(folder).glob("*.safetensors")):
+            raise PeerUnavailable(f"{folder} keeps only a GGUF (an imported model): transformers needs float "
+                                  "weights (a packaged model's folder has them)")
+
+
+def _check_llama_cpp(gguf: Path) -> None:
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise PeerUnavailable("llama-cpp-python is not installed (pip install -e '.[peers]')")
+    if not Path(gguf).exists():
+        raise PeerUnavailable(f"no original GGUF at {gguf} (only catalog models keep one)")
+
+
+def open_peer(kind: str, model_path: Path, assistant_path: Path | None, lookup: int, threads: int):
+    """The peer itself, in this process (the child's side of make_peer)."""
     if kind.startswith("transformers"):
-        return TransformersPeer(model_path, kind, assistant_path, lookup)
+        return TransformersPeer(Path(model_path), kind, assistant_path, lookup)
     return LlamaCppPeer(Path(model_path) / "original.gguf", kind, threads, lookup)
+
+
+def make_peer(kind: str, model_path: Path, *, assistant_path: Path | None, lookup: int, threads: int) -> PeerProcess:
+    """The peer in a child process. What can be seen from here to stop it (not installed, no
+    weights for it) raises PeerUnavailable before a process starts; a crash while it loads raises
+    PeerFailed."""
+    if kind.startswith("transformers"):
+        _check_transformers(Path(model_path), kind, assistant_path)
+    else:
+        _check_llama_cpp(Path(model_path) / "original.gguf")
+    return PeerProcess(open_peer, {"kind": kind, "model_path": Path(model_path), "assistant_path": assistant_path,
+                                   "lookup": lookup, "threads": threads}, threads)

@@ -46,7 +46,7 @@ class Loud(str):
 
 
 def _loud_if_bad(cell: str) -> str:
-    return Loud(cell) if "MISMATCH" in cell else cell
+    return Loud(cell) if "MISMATCH" in cell or cell == "FAILED" else cell
 
 
 # -- content ---------------------------------------------------------------------------------------
@@ -105,8 +105,13 @@ def _setup(results: dict) -> list[tuple]:
                 for w in loads])]
     skipped = results.get("skipped") or []
     if skipped:
-        b += [("h", 3, "Skipped"),
-              ("list", [f"{s.get('method')} on {s.get('model')}: {s.get('reason')}" for s in skipped])]
+        b += [("h", 3, "Skipped or failed peers"),
+              ("list", [f"{'FAILED: ' if s.get('failed') else 'skipped: '}{s.get('method')} on {s.get('model')}: "
+                        f"{s.get('reason')}" for s in skipped])]
+    notes = results.get("peer_notes") or []
+    if notes:
+        b += [("h", 3, "Peer settings"),
+              ("list", [f"{n.get('method')} on {n.get('model')}: {n.get('note')}" for n in notes])]
     b += [("h", 3, "Configuration"),
           ("code", json.dumps(results.get("config") or {}, indent=2, default=str, ensure_ascii=False))]
     return b

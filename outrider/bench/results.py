@@ -25,7 +25,7 @@ from .. import __version__
 from ..config import describe
 from ..catalog.packages import CATALOG
 from .runner import PromptRun
-from .store import RunStore
+from .store import SETTINGS, RunStore
 from .summary import summarize_run
 
 BASELINE = "autoregressive"
@@ -44,6 +44,8 @@ def identity(p, model_facts: dict[str, dict], threads: int) -> dict:
         "workloads": [{"name": w.name, "source": w.source, "chat": w.chat,
                        "prompts": [[q.id, w.budget(q)] for q in w.prompts]} for w in p.workloads],
         "threads": threads,
+        # not compared on --resume, read back by it (settings.py): the methods file as it ran
+        SETTINGS: {"preset": p.config.preset, "source": p.config.source, "config": p.config.raw},
     }
 
 
@@ -88,11 +90,12 @@ def assemble(p, store: RunStore, model_facts: dict[str, dict], threads: int) -> 
         "versions": _versions(),
         "runtime": describe(),  # the config in force, the CPU's instruction sets, the kernels that ran
         "models": model_facts,
-        "config": {"source": p.config.source, **p.config.raw},
+        "config": {"source": p.config.source, **p.config.raw},  # flags folded in: what ran
         "workloads": [{"name": w.name, "prompts": len(w.prompts), "chat": w.chat, "max_new_tokens": w.max_new_tokens,
                        "source": w.source, "description": w.description} for w in p.workloads],
         "runs": runs,
-        "skipped": list(store.skipped),
+        "skipped": list(store.skipped),  # "failed": true for a peer that crashed
+        "peer_notes": list(store.notes),
         "audit": {"ok": not mismatches, "mismatches": mismatches},
     }
 

@@ -8,7 +8,10 @@ Order of work, so that bad input fails before anything heavy happens:
        that it is the same run and reads the prompts finished before;
     4. per model (loaded only if a prompt is left): per workload run every unfinished prompt
        through every method back to back (interleaved, so a slow drift of the machine hits all
-       methods alike), saving the prompt's line as soon as it is done;
+       methods alike), saving the prompt's line as soon as it is done. Peers run each in a child
+       process (peer_process.py): one that crashes is saved as failed, and the run goes on
+       without it. A prompt finished in an earlier session is given to each method again
+       (_replay), so that it drafts the rest as an uninterrupted run would;
     5. the results, lossless audit included (each of our methods' greedy output against our
        autoregressive output), built from the saved prompts (results.assemble).
 """
@@ -30,7 +33,7 @@ from ..models.config import ModelConfig
 from ..weights.loader import auto_dtype, load_decoder, parse_dtype, parse_kv_dtype
 from ..engine.speculator import Speculator
 from .methods import BenchConfig
-from .peers import PeerUnavailable, make_peer
+from .peers import PeerFailed, PeerUnavailable, make_peer
 from .results import BASELINE, assemble, identity, method_names, model_facts
 from .results import needs_exit_failure, write_results  # noqa: F401 (the CLI's imports)
 from .runner import PromptRun, first_difference, run_ours
@@ -95,9 +98,10 @@ def run_bench(p: Plan, threads: int | None = None, log=print, progress: bool = T
     prompts = sum(len(w.prompts) for w in p.workloads) * len(p.config.models)
     if store.prompts:
         log(f"resuming: {len(store.prompts)} of {prompts} prompts were finished before")
-    total = sum(len(w.prompts) * (1 + sum(m.runs_on(model) for m in p.config.methods))
-                for model in p.config.models for w in p.workloads)
-    bar = tqdm(total=total, initial=sum(len(line["runs"]) for line in store.prompts.values()),
+    done = sum(len(line["runs"]) for line in store.prompts.values())
+    total = done + sum(len(method_names(p, model, store)) for model in p.config.models for w in p.workloads
+                       for q in w.prompts if not store.done(model, w.name, q.id))
+    bar = tqdm(total=total, initial=done,
                disable=not progress, file=sys.stderr, dynamic_ncols=True)
     try:
         for model in p.config.models:
@@ -125,8 +129,18 @@ def _run_model(p: Plan, model: str, store: RunStore, threads: int, bar, log) -> 
     target.kv_dtype = parse_kv_dtype(p.config.kv_dtype)
     tok = AutoTokenizer.from_pretrained(str(path))
     eos = eos_ids_of(path, tok)
-    peers = _peers(p, model, store, threads, log)
-    names = method_names(p, model, store)
+    peers: dict = {}
+    try:
+        _peers(p, model, store, threads, bar, log, peers)
+        _run_workloads(p, model, store, target, tok, eos, path, peers, bar, log)
+    finally:
+        for peer in peers.values():
+            peer.close()
+    del target
+
+
+def _run_workloads(p: Plan, model: str, store: RunStore, target, tok, eos: set[int], path: Path, peers: dict,
+                   bar, log) -> None:
     for w in p.workloads:
         if all(store.done(model, w.name, q.id) for q in w.prompts):
             continue
@@ -137,17 +151,21 @@ def _run_model(p: Plan, model: str, store: RunStore, threads: int, bar, log) -> 
         for i, prompt in enumerate(w.prompts):
             saved = store.done(model, w.name, prompt.id)
             if saved:
-                _replay(specs, ids[prompt.id], saved)
+                _replay(specs, target, ids[prompt.id], w.budget(prompt), eos, saved)
                 continue
             runs: dict[str, PromptRun] = {}
-            for name in names:
+            for name in method_names(p, model, store):
                 bar.set_description(f"{model} | {w.name} | {i + 1}/{len(w.prompts)} | {name}")
                 if name == BASELINE:
                     r = run_ours(target, None, ids[prompt.id], w.budget(prompt), eos)
                 elif name in specs:
                     r = run_ours(target, specs[name], ids[prompt.id], w.budget(prompt), eos)
                 else:
-                    r = peers[name].run(ids[prompt.id], w.budget(prompt))
+                    try:
+                        r = peers[name].run(ids[prompt.id], w.budget(prompt))
+                    except PeerFailed as why:
+                        _peer_failed(p, model, store, peers, name, f"{why} (on {w.name} prompt {prompt.id})", bar, log)
+                        continue
                 runs[name] = r
                 bar.set_postfix_str(f"{len(r.output_ids) / max(r.seconds, 1e-9):.1f} tok/s")
                 bar.update(1)
@@ -160,13 +178,27 @@ def _run_model(p: Plan, model: str, store: RunStore, threads: int, bar, log) -> 
             store.add_prompt(model, w.name, prompt.id, {
                 name: {"output_ids": r.output_ids, "seconds": r.seconds, "stats": r.stats}
                 for name, r in runs.items()})
-    del target
 
 
-def _peers(p: Plan, model: str, store: RunStore, threads: int, log) -> dict:
-    """The peers that run on `model`. One that cannot run here is skipped (and saved as skipped);
-    one that ran in an earlier part of this run must run now too."""
-    peers, skipped = {}, store.skipped_on(model)
+def _peer_failed(p: Plan, model: str, store: RunStore, peers: dict, name: str, reason: str, bar, log) -> None:
+    """A peer that crashed: saved as failed on `model` (its row says why); the run goes on without it."""
+    peers.pop(name).close()
+    store.add_skipped(model, name, reason, failed=True)
+    log(f"peer {name} failed on {model}: {reason}; the bench goes on without it")
+    _uncount(p, model, store, bar)
+
+
+def _uncount(p: Plan, model: str, store: RunStore, bar) -> None:
+    """Take a peer that will not run on `model` off the bar: one run a prompt left."""
+    bar.total -= sum(not store.done(model, w.name, q.id) for w in p.workloads for q in w.prompts)
+    bar.refresh()
+
+
+def _peers(p: Plan, model: str, store: RunStore, threads: int, bar, log, peers: dict) -> None:
+    """Start the peers that run on `model`, into `peers`. One that cannot run here is skipped (and
+    saved as skipped); one that crashes while it loads is saved as failed; one that ran in an
+    earlier part of this run must run now too."""
+    skipped = store.skipped_on(model)
     for m in p.config.methods:
         if not m.peer or not m.runs_on(model):
             continue
@@ -174,25 +206,48 @@ def _peers(p: Plan, model: str, store: RunStore, threads: int, log) -> dict:
             log(f"skipping peer {m.name} on {model}: {skipped[m.name]}")
             continue
         try:
-            peers[m.name] = make_peer(m.peer, p.model_paths[model], assistant_path=p.model_paths.get(m.assistant),
-                                      lookup=m.lookup, threads=threads)
+            peer = make_peer(m.peer, p.model_paths[model], assistant_path=p.model_paths.get(m.assistant),
+                             lookup=m.lookup, threads=threads)
         except PeerUnavailable as why:
             if any(key[0] == model and m.name in line["runs"] for key, line in store.prompts.items()):
                 raise ConfigError(f"peer {m.name} ran on {model} before this run was interrupted but cannot "
                                   f"run now ({why}); resume where it can run") from None
             store.add_skipped(model, m.name, str(why))
             log(f"skipping peer {m.name} on {model}: {why}")
-    return peers
+            _uncount(p, model, store, bar)
+            continue
+        except PeerFailed as why:
+            store.add_skipped(model, m.name, str(why), failed=True)
+            log(f"peer {m.name} failed on {model}: {why}; the bench goes on without it")
+            _uncount(p, model, store, bar)
+            continue
+        peers[m.name] = peer
+        note = getattr(peer, "note", None)
+        if note and m.name not in store.notes_on(model):
+            store.add_note(model, m.name, note)
+            log(f"peer {m.name} on {model}: {note}")
 
 
-def _replay(specs: dict[str, Speculator], prompt_ids: list[int], saved: dict) -> None:
-    """Show each drafter a prompt finished in an earlier session, as the loop would have shown it
-    (start, then finish with prompt + output): a drafter that learns across requests (suffix's
-    global tree) then drafts the rest exactly as in an uninterrupted run."""
+# Drafters whose state across prompts is what start and finish show them (suffix's global tree),
+# under controllers that keep nothing across prompts: a finished prompt is replayed by showing it.
+SHOWN = {"ngram", "suffix", "draft-model"}
+PER_PROMPT_CONTROLLERS = {"fixed", "adaptive"}
+
+
+def _replay(specs: dict[str, Speculator], target, prompt_ids: list[int], budget: int, eos: set[int],
+            saved: dict) -> None:
+    """Give each method what a prompt finished in an earlier session gave it, so that it drafts the
+    rest as in an uninterrupted run. A drafter in SHOWN under a per-prompt controller is shown the
+    prompt as the loop shows it (start, then finish with prompt + output). Any other (a head that
+    reads the target's features at start, the hybrid's running acceptance, a cost controller's
+    measurements) runs the prompt again, its figures discarded: only a run builds that state."""
     for name, spec in specs.items():
-        output = saved["runs"][name]["output_ids"]
-        spec.drafter.start(0, list(prompt_ids))
-        spec.drafter.finish(0, list(prompt_ids) + output)
+        if spec.options.kind in SHOWN and spec.options.controller.partition(":")[0] in PER_PROMPT_CONTROLLERS:
+            output = saved["runs"][name]["output_ids"]
+            spec.drafter.start(0, list(prompt_ids))
+            spec.drafter.finish(0, list(prompt_ids) + output)
+        else:
+            run_ours(target, spec, prompt_ids, budget, eos)
 
 
 def encode_prompt(tok, w: Workload, prompt) -> list[int]:

@@ -2,9 +2,12 @@
 
     OUT/run.json        the run's identity: models (with their sha256), methods, workloads with
                         their prompt ids and budgets, threads. `--resume` refuses a different one.
+                        Beside it, "settings": the methods file as it ran (flags folded in), which
+                        `--resume` reads back (settings.py); not part of the identity compared.
     OUT/prompts.jsonl   one JSON line per finished prompt: every method's output ids, seconds and
-                        stats; also a line per session started and per peer skipped. Each line is
-                        flushed and fsynced when written, so an interrupted run keeps them.
+                        stats; also a line per session started, per peer skipped or failed, and
+                        per note a peer gave of its settings. Each line is flushed and fsynced when
+                        written, so an interrupted run keeps them.
     OUT/results.json    written when the whole run is done (report.md, report.html beside it);
                         its presence marks a finished run.
 
@@ -24,6 +27,7 @@ from pathlib import Path
 from ..errors import ConfigError
 
 IDENTITY = "run.json"
+SETTINGS = "settings"  # run.json's key of the run's own settings (not compared)
 PROGRESS = "prompts.jsonl"
 RESULTS = "results.json"
 
@@ -68,7 +72,8 @@ class RunStore:
     out: Path | None
     identity: dict
     prompts: dict[tuple[str, str, str], dict] = field(default_factory=dict)  # (model, workload, id) -> line
-    skipped: list[dict] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)  # peers skipped (not here) or failed (crashed)
+    notes: list[dict] = field(default_factory=list)  # what a peer said of its own settings
     sessions: int = 0
 
     @staticmethod
@@ -79,7 +84,7 @@ class RunStore:
         store = RunStore(None if out is None else Path(out), identity)
         if store.out is not None and resume:
             saved = json.loads((store.out / IDENTITY).read_text(encoding="utf-8"))
-            change = difference(saved, identity)
+            change = difference(_compared(saved), _compared(identity))
             if change:
                 raise ConfigError(f"--out {out} holds a run with other settings ({change}); "
                                   "resume it with the settings it started with, or pick another --out")
@@ -105,8 +110,17 @@ class RunStore:
         return self._add({"kind": "prompt", "model": model, "workload": workload, "prompt": prompt_id,
                           "runs": runs})
 
-    def add_skipped(self, model: str, method: str, reason: str) -> None:
-        self._add({"kind": "skipped", "model": model, "method": method, "reason": reason})
+    def notes_on(self, model: str) -> dict[str, str]:
+        """Method name -> the note its peer gave on `model`."""
+        return {n["method"]: n["note"] for n in self.notes if n["model"] == model}
+
+    def add_skipped(self, model: str, method: str, reason: str, failed: bool = False) -> None:
+        """A peer that does not run on `model` from here on: not here (skipped), or crashed (failed)."""
+        self._add({"kind": "skipped", "model": model, "method": method, "reason": reason,
+                   **({"failed": True} if failed else {})})
+
+    def add_note(self, model: str, method: str, note: str) -> None:
+        self._add({"kind": "note", "model": model, "method": method, "note": note})
 
     def _add(self, line: dict) -> dict:
         text = json.dumps(line, ensure_ascii=False)
@@ -123,7 +137,9 @@ class RunStore:
         if line["kind"] == "prompt":
             self.prompts[(line["model"], line["workload"], line["prompt"])] = line
         elif line["kind"] == "skipped":
-            self.skipped.append({k: line[k] for k in ("model", "method", "reason")})
+            self.skipped.append({k: line[k] for k in ("model", "method", "reason", "failed") if k in line})
+        elif line["kind"] == "note":
+            self.notes.append({k: line[k] for k in ("model", "method", "note")})
         elif line["kind"] == "session":
             self.sessions += 1
 
@@ -144,6 +160,10 @@ class RunStore:
         if good < len(data):
             with open(path, "r+b") as f:
                 f.truncate(good)
+
+
+def _compared(identity: dict) -> dict:
+    return {k: v for k, v in identity.items() if k != SETTINGS}
 
 
 def difference(old, new, where: str = "") -> str | None:

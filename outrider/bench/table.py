@@ -10,6 +10,7 @@ last column says whether the greedy output equalled the baseline's token for tok
     MISMATCH@17     one of our methods differed, first at output token 17: a bug, said loudly
     differs@17      a peer differed (its numerics are not ours; peers are not audited)
     -               not known
+    FAILED          a peer that crashed (its reason is printed under the table)
 
 A figure that does not apply (a peer has no tau) or was not measured is shown as "-".
 """
@@ -181,7 +182,14 @@ def summary_grid(results: dict, model: str, vs_transformers: bool = False):
                     fmt(prefill_per_prompt(run), "{:.2f}s")]
         row.append(row_mark(results, model, m.name, loads))
         rows.append(row)
+    for gone in failed(results, model):  # a peer that crashed: its row, no figures
+        rows.append([f"{gone['method']} (peer)", "peer"] + [MISSING] * (len(per) * len(loads)) + ["FAILED"])
     return loads, per, rows
+
+
+def failed(results: dict, model: str) -> list[dict]:
+    """The peers that crashed on `model` (results["skipped"] entries marked failed)."""
+    return [s for s in results.get("skipped") or [] if s.get("failed") and s.get("model") == model]
 
 
 def _text_table(loads: list[str], per: list[str], rows: list[list[str]]) -> list[str]:
@@ -215,7 +223,8 @@ def summary_table(results: dict) -> str:
         out.append(f"{model}: tokens/s and x AR (speed-up over our autoregressive baseline, same run) over "
                    f"wall time, prefill included; decode = x AR without the prefill; tau = tokens per round; "
                    f"prefill = seconds a prompt")
-        out += _text_table(loads, per, rows) + [""]
+        out += _text_table(loads, per, rows)
+        out += [f"FAILED: peer {s['method']}: {s.get('reason')}" for s in failed(results, model)] + [""]
     if not out:
         return "no runs"
     audit = results.get("audit") or {}
