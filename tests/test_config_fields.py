@@ -18,7 +18,7 @@ from outrider.models.config import ModelConfig
 from outrider.models.config_fields import CHECKED, INERT, READ
 from outrider.weights.loader import load_decoder
 
-CLASSES = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
+CLASSES = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "qwen3_5": "Qwen3_5TextConfig"}
 
 
 @pytest.mark.parametrize("family", CLASSES)
@@ -122,3 +122,19 @@ def test_a_tensor_the_runtime_does_not_read_refuses_the_model(tiny_folders, tmp_
     with pytest.raises(ModelError, match="o_proj.bias"):
         load_decoder(folder, "cpu", "q4")
     load_decoder(tiny_folders["llama"], "cpu", torch.float32)  # every tensor read: loads
+
+
+def test_partial_rotary_inside_rope_parameters_is_seen():
+    with pytest.raises(ModelError, match=r"partial rotary embeddings \(partial_rotary_factor: 0.5\)"):
+        ModelConfig.from_dict(_raw(rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.5}))
+
+
+def test_a_hybrid_reads_its_own_fields_and_refuses_rope_scaling():
+    raw = _raw(architectures=["Qwen3_5ForCausalLM"], num_hidden_layers=4, linear_num_key_heads=2,
+               linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+               layer_types=["linear_attention"] * 3 + ["full_attention"],
+               rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.25})
+    c = ModelConfig.from_dict(raw)
+    assert c.layer_kinds == ("gated_delta",) * 3 + ("attention",) and c.rotary_dim == 4  # a quarter of 16
+    with pytest.raises(ModelError, match="RoPE scaling"):
+        ModelConfig.from_dict({**raw, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}})

@@ -14,7 +14,8 @@ from safetensors.torch import load_file, save_file
 CACHE = os.environ.get("OUTRIDER_TEST_TINY_CACHE")
 RNG = "torch-rng-state.safetensors"
 
-FAMILIES = ("llama", "qwen2", "qwen3")
+FAMILIES = ("llama", "qwen2", "qwen3")  # the attention families every runtime test covers
+HYBRIDS = ("qwen3_5",)  # families with gated-delta layers (tests/test_hybrid.py)
 
 
 def make_tiny(family: str, folder: Path, vocab: int = 96, seed: int = 0, layers: int = 3, tied: bool = False,
@@ -41,6 +42,12 @@ def make_tiny(family: str, folder: Path, vocab: int = 96, seed: int = 0, layers:
     elif family == "qwen3":
         config = tf.Qwen3Config(**common, head_dim=16, rope_theta=1e6)
         cls = tf.Qwen3ForCausalLM
+    elif family == "qwen3_5":  # a gated-delta hybrid: three gated-delta layers, then attention (models/qwen3_5.py)
+        config = tf.Qwen3_5TextConfig(**common, head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+                                      linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                       "partial_rotary_factor": 0.25})
+        cls = tf.Qwen3_5ForCausalLM
     else:
         raise ValueError(family)
     torch.manual_seed(seed)

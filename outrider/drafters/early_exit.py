@@ -36,7 +36,10 @@ def check_fits(k: int, target_config, target_path: Path) -> str | None:
 
 
 def build(k: int, shape, target, target_path: Path) -> ModelDrafter:
-    return ModelDrafter(target, shape, num_layers=k, name=f"early-exit:{k}", share_target_cache=True)
+    # over the target's own K/V cache; a gated-delta target's state holds the verify's rows until the
+    # commit, so the drafter keeps a state of its own there (its first K layers, prefilled once more)
+    shared = target.config.delta is None
+    return ModelDrafter(target, shape, num_layers=k, name=f"early-exit:{k}", share_target_cache=shared)
 
 
 register(DrafterEntry("early-exit", "early-exit:K", replace(ModelDrafter.capabilities, reads_target_cache=True),

@@ -105,6 +105,9 @@ class NativeLayers:
         QuantLinear (a float model, another kernel), or the model is not float32 on a CPU."""
         if not enabled() or library() is None or decoder.device.type != "cpu" or decoder.dtype != torch.float32:
             return None
+        c = decoder.config
+        if c.layer_kinds or c.rotary != c.head_dim or c.attn_output_gate:  # kinds decoder_layer.c does not run
+            return None
         arrays = [cls.matrices([w.qkv, w.o, w.gate_up, w.down]) for w in decoder.layers]
         if any(a is None for a in arrays):
             return None

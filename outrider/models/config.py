@@ -14,8 +14,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelError
-from .config_fields import refusal
+from .config_fields import partial_rotary, refusal
 from .families import family_for
+from .family import ATTENTION, GATED_DELTA
+
+
+@dataclass(frozen=True)
+class DeltaConfig:
+    """A gated-delta (linear attention) layer's sizes: its key heads share queries and keys across
+    num_v_heads / num_k_heads value heads; a short causal convolution of `conv_kernel` taps."""
+
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the convolution: queries, keys and values together."""
+        return 2 * self.num_k_heads * self.k_head_dim + self.num_v_heads * self.v_head_dim
 
 
 @dataclass(frozen=True)
@@ -34,6 +52,22 @@ class ModelConfig:
     tie_word_embeddings: bool
     qkv_bias: bool
     qk_norm: bool
+    layer_kinds: tuple[str, ...] = ()  # each layer's mixer (family.ATTENTION, GATED_DELTA); () : attention
+    rotary_dim: int = 0  # dimensions of a head that rotate (partial rotary); 0: all of head_dim
+    attn_output_gate: bool = False  # attention output times sigmoid(gate): q_proj's second half
+    norm_plus_one: bool = False  # norms scale by 1 + weight (folded into the weights at load)
+    delta: DeltaConfig | None = None  # the gated-delta layers' sizes (hybrids)
+
+    def kind(self, layer: int) -> str:
+        return self.layer_kinds[layer] if self.layer_kinds else ATTENTION
+
+    @property
+    def attention_layers(self) -> list[int]:
+        return [i for i in range(self.num_layers) if self.kind(i) == ATTENTION]
+
+    @property
+    def rotary(self) -> int:
+        return self.rotary_dim or self.head_dim
 
     @staticmethod
     def from_dict(raw: dict, source: str = "config.json") -> "ModelConfig":
@@ -62,6 +96,7 @@ class ModelConfig:
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 qkv_bias=family.qkv_bias(raw),
                 qk_norm=family.qk_norm,
+                **_kinds(raw, family, int(raw.get("head_dim") or hidden // heads)),
             )
         except KeyError as missing:
             raise ModelError(f"{source}: missing field {missing}; is this a causal LM config.json?") from None
@@ -76,3 +111,22 @@ class ModelConfig:
         except json.JSONDecodeError as err:
             raise ModelError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}); re-pull the model") from None
         return ModelConfig.from_dict(raw, str(path))
+
+
+def _kinds(raw: dict, family, head_dim: int) -> dict:
+    """The fields of a family beyond one Llama block: layer kinds, partial rotary, the output
+    gate, (1 + w) norms, and a hybrid's gated-delta sizes."""
+    kinds = family.layer_kinds(raw)
+    if len(kinds) != int(raw["num_hidden_layers"]):
+        raise ModelError(f"layer_types names {len(kinds)} layers, num_hidden_layers is {raw['num_hidden_layers']}")
+    rotary = int(head_dim * partial_rotary(raw)) if "partial_rotary_factor" in family.reads else 0
+    delta = None
+    if GATED_DELTA in kinds:
+        delta = DeltaConfig(int(raw["linear_num_key_heads"]), int(raw["linear_num_value_heads"]),
+                            int(raw["linear_key_head_dim"]), int(raw["linear_value_head_dim"]),
+                            int(raw["linear_conv_kernel_dim"]))
+        if delta.num_v_heads % delta.num_k_heads:
+            raise ModelError(f"linear_num_value_heads {delta.num_v_heads} is not a multiple of "
+                             f"linear_num_key_heads {delta.num_k_heads}")
+    return dict(layer_kinds=() if set(kinds) == {ATTENTION} else tuple(kinds), rotary_dim=rotary,
+                attn_output_gate=family.attn_output_gate, norm_plus_one=family.norm_plus_one, delta=delta)

@@ -22,6 +22,9 @@ READ = frozenset({
     "architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
     "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
     "max_position_embeddings", "tie_word_embeddings", "attention_bias",
+    # a gated-delta hybrid's (models/qwen3_5.py): its layers' sizes and where attention layers sit
+    "linear_conv_kernel_dim", "linear_key_head_dim", "linear_num_key_heads", "linear_num_value_heads",
+    "linear_value_head_dim", "full_attention_interval",
 })
 
 # no effect on a forward's arithmetic at inference: names, ids, training and output switches
@@ -58,7 +61,7 @@ CHECKED: dict[str, tuple[Callable[[object, dict], bool], str]] = {
     "sliding_window": (lambda v, raw: not _sliding(raw), "sliding-window attention"),
     "use_sliding_window": (lambda v, raw: not _sliding(raw), "sliding-window attention"),
     "layer_types": (lambda v, raw: not _sliding(raw), "sliding-window attention"),
-    "partial_rotary_factor": (lambda v, raw: v in (None, 1, 1.0), "partial rotary embeddings"),
+    "partial_rotary_factor": (lambda v, raw: partial_rotary(raw) == 1.0, "partial rotary embeddings"),
     "final_logit_softcapping": (lambda v, raw: v is None, "logit soft-capping"),
     "attn_logit_softcapping": (lambda v, raw: v is None, "attention logit soft-capping"),
     "attention_sink": (lambda v, raw: not v, "attention sinks"),
@@ -69,12 +72,23 @@ CHECKED: dict[str, tuple[Callable[[object, dict], bool], str]] = {
 }
 
 
+def partial_rotary(raw: dict) -> float:
+    """The share of each head's dimensions that rotate (transformers 5 keeps it in rope_parameters)."""
+    factor = raw.get("partial_rotary_factor", (raw.get("rope_parameters") or {}).get("partial_rotary_factor"))
+    return 1.0 if factor is None else float(factor)
+
+
 def refusal(raw: dict, family) -> str | None:
-    """Why `raw` (a config.json dict of `family`) cannot run as written, or None."""
+    """Why `raw` (a config.json dict of `family`) cannot run as written, or None. A family reads
+    some checked fields itself (`Family.reads`: a hybrid's layer_types, its partial rotary)."""
     for name, (neutral, what) in CHECKED.items():
-        if name in raw and not neutral(raw[name], raw):
+        if name in raw and name not in family.reads and not neutral(raw[name], raw):
             shown = raw[name] if not isinstance(raw[name], (dict, list)) else _short(raw[name])
             return f"{what} ({name}: {shown}) is not supported yet for {family.name}"
+    if "partial_rotary_factor" not in family.reads and partial_rotary(raw) != 1.0:  # where transformers 5 keeps it
+        return f"partial rotary embeddings (partial_rotary_factor: {partial_rotary(raw)}) is not supported yet for {family.name}"
+    if "rope_parameters" in family.reads and _rope_type(raw.get("rope_parameters")) != "default":
+        return f"RoPE scaling (rope_parameters: {_short(raw['rope_parameters'])}) is not supported yet for {family.name}"
     if raw.get("attention_bias") and family.name != "qwen2":
         return f"attention_bias: true (a bias on o_proj as well as Q, K, V) is not supported yet for {family.name}"
     return None

@@ -16,8 +16,13 @@ from ..kernels import cpu_linear, dispatch, quant_linear
 from ..kernels.dispatch import PrefillPath
 from .batch import ForwardBatch, pack
 from .config import ModelConfig
+from .attention_layer import SpanView, attention_mixer
+from .delta_layer import DeltaWeights, delta_mixer
+from .delta_state import DeltaState
+from .family import GATED_DELTA
 from .kv_cache import KVCache
-from .layers import apply_rotary, attention, embedding, fold_mask, linear, rms_norm, rotary_tables, swiglu_mlp
+from .layers import embedding, fold_mask, linear, rms_norm, rotary_tables, swiglu_mlp
+from .state import HybridState
 
 # The native layer's workspace for a prefill (every row's qkv, attention output, MLP activations
 # and attention scores at once, float32; kernels/decoder_layer.py LayerCall) past which the prefill keeps
@@ -27,15 +32,27 @@ NATIVE_FILL_FLOATS = 1 << 26
 
 @dataclass
 class LayerWeights:
+    """One layer: a token mixer of its kind (attention: qkv .. k_norm, gate; gated delta: `delta`,
+    the attention fields None), then the SwiGLU MLP."""
+
     input_norm: torch.Tensor  # [E]
-    qkv: torch.Tensor  # [(H + 2G) * D, E]
+    qkv: torch.Tensor | None  # [(H + 2G) * D, E]
     qkv_bias: torch.Tensor | None  # [(H + 2G) * D]
-    o: torch.Tensor  # [E, H * D]
+    o: torch.Tensor | None  # [E, H * D]
     q_norm: torch.Tensor | None  # [D]
     k_norm: torch.Tensor | None  # [D]
     post_norm: torch.Tensor  # [E]
     gate_up: torch.Tensor  # [2I, E]
     down: torch.Tensor  # [E, I]
+    gate: torch.Tensor | None = None  # [H * D, E]: attention's output gate (Qwen3.5)
+    delta: DeltaWeights | None = None  # a gated-delta layer's weights (delta_layer.py)
+
+    @property
+    def matrices(self) -> list:
+        """Its projection weights (what the CPU product paths are measured on)."""
+        if self.delta is not None:
+            return [self.delta.in_proj, self.delta.out, self.gate_up, self.down]
+        return [m for m in (self.qkv, self.o, self.gate, self.gate_up, self.down) if m is not None]
 
 
 @dataclass
@@ -70,7 +87,7 @@ class Decoder:
         self.kv_dtype: torch.dtype | None = None
         c = config
         self.inv_freq = 1.0 / (
-            c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=embed.device) / c.head_dim)
+            c.rope_theta ** (torch.arange(0, c.rotary, 2, dtype=torch.float32, device=embed.device) / c.rotary)
         )
 
     @property
@@ -82,10 +99,19 @@ class Decoder:
         """The compute dtype (activations, K/V); quantized weights compute in it too."""
         return self.embed.dtype
 
-    def new_cache(self, num_slots: int, max_len: int, num_layers: int | None = None) -> KVCache:
+    def new_cache(self, num_slots: int, max_len: int, num_layers: int | None = None):
+        """The slots' state for the first `num_layers` layers (all by default): a KVCache, or for a
+        model with gated-delta layers a HybridState (models/state.py)."""
         c = self.config
-        return KVCache(num_layers or c.num_layers, num_slots, max_len, c.num_kv_heads, c.head_dim,
-                       self.kv_dtype or self.dtype, self.device)
+        upto = num_layers or c.num_layers
+        dtype = self.kv_dtype or self.dtype
+        if c.delta is None:
+            return KVCache(upto, num_slots, max_len, c.num_kv_heads, c.head_dim, dtype, self.device)
+        attention = [l for l in c.attention_layers if l < upto]
+        kv = KVCache(len(attention), num_slots, max_len, c.num_kv_heads, c.head_dim, dtype, self.device)
+        delta = DeltaState([l for l in range(upto) if c.kind(l) == GATED_DELTA], num_slots, c.delta,
+                           self.dtype, self.device)
+        return HybridState(kv, delta, attention, upto)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: KVCache, num_layers: int | None = None,
@@ -134,45 +160,26 @@ class Decoder:
         padding = (batch.rows == cache.scratch_row) | (batch.rows < 0)  # [B, T]
         return mass, torch.where(padding, -1, entry).reshape(B * T)
 
-    def _torch_layers(self, layers, batch: ForwardBatch, cache: KVCache, x: torch.Tensor, cos, sin,
+    def _torch_layers(self, layers, batch: ForwardBatch, cache, x: torch.Tensor, cos, sin,
                       hidden: dict) -> torch.Tensor:
         """`layers` over x [B, T, E] in torch ops (the reference for kernels/decoder_layer.py, and every
-        prefill); hidden[l] gets x after layer l for l in batch.hidden_layers."""
+        prefill), each layer's mixer by its kind (attention_layer.py, delta_layer.py); hidden[l] gets
+        x after layer l for l in batch.hidden_layers."""
         c = self.config
-        B, T = batch.tokens.shape
-        H, G, D = c.num_heads, c.num_kv_heads, c.head_dim
-        slots = batch.slots
+        H, G = c.num_heads, c.num_kv_heads
         first, span, place = batch.span_first, batch.span_size, batch.span_place
         mask = batch.attn_mask if place is None else _span_mask(batch.attn_mask, place, span)
         folded = None if mask is None else fold_mask(mask, H // G, self.dtype)  # once for all layers
+        view = SpanView(mask, folded, place, first, span)
+        deltas = [i for i in range(len(layers)) if layers[i].delta is not None]
         with quant_linear.filling(batch.fills_only, bf16=self.drafter_prefill_bf16):  # many rows: a GEMM
             for index, w in enumerate(layers):
                 h = rms_norm(x, w.input_norm, c.rms_norm_eps)
-                qkv = linear(h, w.qkv, w.qkv_bias)  # [B, T, (H + 2G) * D]
-                v = qkv[..., (H + G) * D :].view(B, T, G, D)  # [B, T, G, D]
-                if w.q_norm is None:  # q and k rotated in one go: the same arithmetic, fewer ops
-                    qk = apply_rotary(qkv[..., : (H + G) * D].view(B, T, H + G, D).transpose(1, 2), cos, sin)
-                    q, k = qk[:, :H], qk[:, H:].transpose(1, 2)  # [B, H, T, D], [B, T, G, D]
+                if w.delta is not None:
+                    x = x + delta_mixer(w.delta, c.delta, h, batch, cache, index, c.rms_norm_eps,
+                                        last_delta_layer=index == deltas[-1])
                 else:
-                    q = rms_norm(qkv[..., : H * D].view(B, T, H, D).transpose(1, 2), w.q_norm, c.rms_norm_eps)
-                    k = rms_norm(qkv[..., H * D : (H + G) * D].view(B, T, G, D).transpose(1, 2), w.k_norm,
-                                 c.rms_norm_eps)
-                    q = apply_rotary(q, cos, sin)  # [B, H, T, D]
-                    k = apply_rotary(k, cos, sin).transpose(1, 2)  # [B, T, G, D]
-                k_cache, v_cache = cache.k[index], cache.v[index]
-                # Advanced indices split by a slice: the indexed view is [B, T, G, D].
-                k_cache[slots.unsqueeze(1), :, batch.rows] = k.to(k_cache.dtype)  # float16: rounded to nearest
-                v_cache[slots.unsqueeze(1), :, batch.rows] = v.to(v_cache.dtype)
-                keys = k_cache[first : first + span, :, : batch.kv_len]  # [S, G, L, D], a view
-                values = v_cache[first : first + span, :, : batch.kv_len]
-                if keys.dtype != q.dtype:  # a float16 cache (kv_dtype): its values, widened exactly
-                    keys, values = keys.to(q.dtype), values.to(q.dtype)
-                if place is None:
-                    out = attention(q, keys, values, mask, folded)  # [B, H, T, D]
-                else:  # slots with holes or out of order: queries go to their span rows (batch.py)
-                    q_span = q.new_zeros(span, H, T, D).index_copy_(0, place, q)  # [S, H, T, D]
-                    out = attention(q_span, keys, values, mask, folded).index_select(0, place)  # [B, H, T, D]
-                x = x + linear(out.transpose(1, 2).reshape(B, T, H * D), w.o)
+                    x = x + attention_mixer(w, c, h, batch, cache, index, cos, sin, view)
                 x = x + swiglu_mlp(rms_norm(x, w.post_norm, c.rms_norm_eps), w.gate_up, w.down)
                 if index + 1 in batch.hidden_layers:
                     hidden[index + 1] = x
@@ -242,7 +249,7 @@ class Decoder:
         if self._native is not None:
             note_kernel("decoder_layer.c" + (" (int8 activations)" if self._native.lanes else ""))
         if self.device.type == "cpu":
-            weights = [t for w in self.layers for t in (w.qkv, w.o, w.gate_up, w.down)] + [self.lm_head]
+            weights = [t for w in self.layers for t in w.matrices] + [self.lm_head]
             cpu_linear.prepare(weights, cache_dir() / "profiles")
         self._linear_paths_chosen = True
 

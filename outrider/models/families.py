@@ -7,13 +7,13 @@ that fits the shared decoder is one small file and one line below.
 from __future__ import annotations
 
 from ..errors import ModelError
-from . import llama, qwen2, qwen3
+from . import llama, qwen2, qwen3, qwen3_5
 from .family import Family
 
 
 def _registry() -> dict[str, Family]:
     table = {}
-    for family in (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY):
+    for family in (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY, qwen3_5.FAMILY):
         for arch in family.architectures:
             table[arch] = family
     return table

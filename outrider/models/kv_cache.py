@@ -55,7 +55,7 @@ class KVCache:
         place are skipped, so a chain (always contiguous) costs nothing.
         """
         moves = [(s, dst_start + i) for i, s in enumerate(src_rows) if s != dst_start + i]
-        if not moves:
+        if not moves or not self.k:  # in place, or no attention layers (a gated-delta drafter's)
             return
         src = torch.tensor([s for s, _ in moves], device=self.k[0].device)
         dst = torch.tensor([d for _, d in moves], device=self.k[0].device)
@@ -67,6 +67,13 @@ class KVCache:
         """Rows 0..n-1 of slot `src_slot` into slot `dst_slot` (a shared prompt's K/V)."""
         for cache in (*self.k, *self.v):
             cache[dst_slot, :, :n] = cache[src_slot, :, :n]
+
+    def can_copy_prefix(self, src_slot: int, n: int) -> bool:
+        """Any prefix of K/V rows can be copied."""
+        return True
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
 
     def ensure_capacity(self, slot_rows: int) -> None:
         """Grow every slot to hold at least `slot_rows` rows (doubling), keeping what is stored."""

@@ -17,6 +17,8 @@ from safetensors import SafetensorError, safe_open
 from ..errors import ConfigError, ModelError
 from ..models.config import ModelConfig
 from ..models.decoder import Decoder, LayerWeights
+from ..models.delta_layer import DeltaWeights
+from ..models.family import GATED_DELTA
 from ..catalog.marker import GGUF_NAME
 from .quant_load import QUANT_DTYPES
 
@@ -148,6 +150,42 @@ def tensor_names(source) -> set[str]:
     return tensor_names(inner)
 
 
+def _attention_layer(p: str, config: ModelConfig, get, proj, norm) -> LayerWeights:
+    """An attention layer's weights under Hugging Face's names (Llama, Qwen2, Qwen3, Qwen3.5)."""
+    attn, mlp = p + "self_attn.", p + "mlp."
+    qkv_bias = torch.cat([get(attn + f"{n}_proj.bias") for n in "qkv"]) if config.qkv_bias else None
+    gate = None
+    if config.attn_output_gate:  # q_proj holds each head's queries, then its gate: [H, 2, D, E]
+        H, D = config.num_heads, config.head_dim
+        both = get(attn + "q_proj.weight").view(H, 2, D, -1)
+        q, gate = both[:, 0].reshape(H * D, -1), both[:, 1].reshape(H * D, -1).contiguous()
+        qkv = torch.cat((q, get(attn + "k_proj.weight"), get(attn + "v_proj.weight")))
+    else:
+        qkv = proj(*[attn + f"{n}_proj.weight" for n in "qkv"])
+    return LayerWeights(
+        input_norm=norm(p + "input_layernorm.weight"), qkv=qkv, qkv_bias=qkv_bias, o=proj(attn + "o_proj.weight"),
+        q_norm=norm(attn + "q_norm.weight") if config.qk_norm else None,
+        k_norm=norm(attn + "k_norm.weight") if config.qk_norm else None,
+        post_norm=norm(p + "post_attention_layernorm.weight"),
+        gate_up=proj(mlp + "gate_proj.weight", mlp + "up_proj.weight"), down=proj(mlp + "down_proj.weight"),
+        gate=gate)
+
+
+def _delta_layer(p: str, config: ModelConfig, get, proj, norm) -> LayerWeights:
+    """A gated-delta layer's weights (Qwen3.5's `linear_attn`)."""
+    lin, mlp = p + "linear_attn.", p + "mlp."
+    delta = DeltaWeights(
+        in_proj=proj(*[lin + f"in_proj_{n}.weight" for n in ("qkv", "z", "b", "a")]),
+        conv=get(lin + "conv1d.weight").squeeze(1).contiguous(),  # [C, K]
+        a_neg=-get(lin + "A_log").float().exp(), dt_bias=get(lin + "dt_bias").float(),
+        norm=get(lin + "norm.weight"), out=proj(lin + "out_proj.weight"))
+    return LayerWeights(
+        input_norm=norm(p + "input_layernorm.weight"), qkv=None, qkv_bias=None, o=None, q_norm=None, k_norm=None,
+        post_norm=norm(p + "post_attention_layernorm.weight"),
+        gate_up=proj(mlp + "gate_proj.weight", mlp + "up_proj.weight"), down=proj(mlp + "down_proj.weight"),
+        delta=delta)
+
+
 def open_weights(folder: Path):
     """A folder's float weights: its safetensors, or, where it keeps only a GGUF (an imported
     one, catalog/imported.py), the GGUF's tensors dequantized at load (quant_load.GGUFFloats)."""
@@ -225,24 +263,12 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
     embed = get("model.embed_tokens.weight")
     if embed.shape[0] != config.vocab_size:
         raise ModelError(f"{folder}: embedding has {embed.shape[0]} rows but vocab_size is {config.vocab_size}")
-    layers = []
-    for i in range(config.num_layers):
-        p = f"model.layers.{i}."
-        attn, mlp = p + "self_attn.", p + "mlp."
-        qkv_bias = None
-        if config.qkv_bias:
-            qkv_bias = torch.cat([get(attn + f"{n}_proj.bias") for n in "qkv"])
-        layers.append(LayerWeights(
-            input_norm=get(p + "input_layernorm.weight"),
-            qkv=proj(*[attn + f"{n}_proj.weight" for n in "qkv"]),
-            qkv_bias=qkv_bias,
-            o=proj(attn + "o_proj.weight"),
-            q_norm=get(attn + "q_norm.weight") if config.qk_norm else None,
-            k_norm=get(attn + "k_norm.weight") if config.qk_norm else None,
-            post_norm=get(p + "post_attention_layernorm.weight"),
-            gate_up=proj(mlp + "gate_proj.weight", mlp + "up_proj.weight"),
-            down=proj(mlp + "down_proj.weight"),
-        ))
+    if quantized and (config.layer_kinds or config.attn_output_gate):
+        raise ModelError(f"{folder}: --dtype {quantized} is not supported yet for {config.architecture}; "
+                         "use --dtype float32")
+    norm = (lambda name: get(name) + 1) if config.norm_plus_one else get  # (1 + w) norms, folded once
+    layers = [(_delta_layer if config.kind(i) == GATED_DELTA else _attention_layer)(
+              f"model.layers.{i}.", config, get, proj, norm) for i in range(config.num_layers)]
     head = "lm_head.weight" if weights.has("lm_head.weight") and not config.tie_word_embeddings else None
     if head_ids is not None:
         if head_ids.numel() == 0 or int(head_ids.min()) < 0 or int(head_ids.max()) >= config.vocab_size:
@@ -256,7 +282,7 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
         lm_head = proj(head)
     else:
         lm_head = embed if not quantized else proj("model.embed_tokens.weight")  # tied: the same blocks
-    final_norm = get("model.norm.weight")
+    final_norm = norm("model.norm.weight")
     weights.check_all_read(folder, config, tied=head is None)
     decoder = Decoder(config, embed, layers, final_norm, lm_head, quantization=quantized)
     decoder.head_ids = head_ids

@@ -1,0 +1,80 @@
+"""A sequence's model state behind one interface, whatever its layers keep.
+
+What the engine, drafters, controllers and training need of a slot's state:
+
+    state.lengths[slot]                 positions held (host ints; never read from the device)
+    state.set_length(slot, n)           keep the first n positions (a rejected round: n unchanged;
+                                        a commit: more; 0: empty the slot)
+    state.compact(slot, rows, start)    the accepted tree path `rows` becomes positions start, ...
+    state.copy_rows(src, dst, n)        the first n positions of slot src into slot dst
+    state.can_copy_prefix(src, n)       whether copy_rows can give exactly those n
+    state.ensure_capacity(rows), free_rows(slot), max_len, scratch_row, num_slots
+    state.nbytes()                      bytes held
+
+`KVCache` (kv_cache.py) is the state of a model made only of attention layers: rows written by
+position, cut back by a length. `HybridState` below joins it (for the attention layers) with a
+`DeltaState` (delta_state.py: gated-delta layers, a state that cannot be cut back, whose tree
+rows are held until a commit folds the accepted path). A paged K/V store with shared prefixes is
+one more implementation of the same calls.
+"""
+
+from __future__ import annotations
+
+from .delta_state import DeltaState
+from .kv_cache import KVCache
+
+
+class HybridState:
+    def __init__(self, kv: KVCache, delta: DeltaState, attention_layers: list[int], num_layers: int):
+        self.kv, self.delta = kv, delta
+        self._at = {layer: i for i, layer in enumerate(attention_layers)}  # model layer -> K/V layer
+        self.num_layers = num_layers
+
+    # attention layers read and write their rows as in a KVCache: per model layer, None for the others
+    @property
+    def k(self) -> list:
+        return [self.kv.k[self._at[l]] if l in self._at else None for l in range(self.num_layers)]
+
+    @property
+    def v(self) -> list:
+        return [self.kv.v[self._at[l]] if l in self._at else None for l in range(self.num_layers)]
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.kv.lengths
+
+    @property
+    def num_slots(self) -> int:
+        return self.kv.num_slots
+
+    @property
+    def max_len(self) -> int:
+        return self.kv.max_len
+
+    @property
+    def scratch_row(self) -> int:
+        return self.kv.scratch_row
+
+    def free_rows(self, slot: int) -> int:
+        return self.kv.free_rows(slot)
+
+    def set_length(self, slot: int, length: int) -> None:
+        self.delta.keep(slot, length)  # first: it may refuse (a recurrent state is not cut back)
+        self.kv.set_length(slot, length)
+
+    def compact(self, slot: int, src_rows: list[int], dst_start: int) -> None:
+        self.kv.compact(slot, src_rows, dst_start)
+        self.delta.commit_path(slot, src_rows, dst_start)
+
+    def copy_rows(self, src_slot: int, dst_slot: int, n: int) -> None:
+        self.delta.copy_prefix(src_slot, dst_slot, n)
+        self.kv.copy_rows(src_slot, dst_slot, n)
+
+    def can_copy_prefix(self, src_slot: int, n: int) -> bool:
+        return self.delta.can_copy_prefix(src_slot, n)
+
+    def ensure_capacity(self, slot_rows: int) -> None:
+        self.kv.ensure_capacity(slot_rows)
+
+    def nbytes(self) -> int:
+        return self.kv.nbytes() + self.delta.nbytes()
