@@ -134,3 +134,13 @@ def test_generate_runs_it_from_the_command_line(folder, reference):
     out = reference.generate(torch.tensor([[5, 17, 33, 8, 5, 17, 33]]), max_new_tokens=12, do_sample=False,
                              eos_token_id=2, pad_token_id=0)
     assert ids == out[0, 7:].tolist()[: len(ids)]
+
+
+def test_a_draft_models_state_grows_its_slots_for_a_larger_batch(model, folder):
+    """Five sequences: the drafter's own state (four slots at first) doubles, every slot kept."""
+    requests = [Request([3 + i, 9, 4 + i, 11, 7], 10, SamplingParams(0.0)) for i in range(5)]
+    plain = [f.token_ids for f in generate_ids(model, requests, set())]
+    spec = Speculator.build(SpecOptions(f"draft-model:{folder}", "chain", "fixed:3"), model, folder)
+    fast = generate_ids(model, requests, set(), speculation=spec)
+    assert [f.token_ids for f in fast] == plain
+    assert spec.drafter.slots.cache.num_slots == 8

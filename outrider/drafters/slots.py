@@ -6,8 +6,10 @@ slots; the decoder attends over their span as a view). A sequence takes a slot a
 gives it back at `finish`; the lowest free slot is taken first, so the running sequences' slots
 stay close together and the span has few holes.
 
-When every slot is taken the cache is rebuilt with twice the slots (the stored rows copied over:
-rare, at most log2(peak batch) times a run); rows per slot grow by doubling (KVCache.ensure_capacity).
+When every slot is taken the state grows to twice the slots (`grow_slots`: the stored rows copied
+over, rare, at most log2(peak batch) times a run); rows per slot grow by doubling
+(`ensure_capacity`). The state is whatever the model keeps (models/state.py): K/V rows, or a
+hybrid's gated-delta state beside them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Callable
 
 from ..models.kv_cache import KVCache
 
-MakeCache = Callable[[int, int], KVCache]  # (num_slots, max_len) -> an empty cache
+MakeCache = Callable[[int, int], KVCache]  # (num_slots, max_len) -> an empty state (a KVCache or HybridState)
 
 
 class SlotCache:
@@ -42,11 +44,7 @@ class SlotCache:
         self.cache.ensure_capacity(rows)
 
     def _grow(self, num_slots: int) -> None:
-        old = self.cache
-        new = self.make(num_slots, old.max_len)
-        for src, dst in zip((*old.k, *old.v), (*new.k, *new.v)):
-            dst[: old.num_slots].copy_(src)  # [old slots, kv_heads, max_len + 1, head_dim]
-        new.lengths[: old.num_slots] = old.lengths
-        self._free.extend(range(old.num_slots, num_slots))
+        old = self.cache.num_slots
+        self.cache.grow_slots(num_slots)  # the state keeps what every slot holds
+        self._free.extend(range(old, num_slots))
         heapq.heapify(self._free)
-        self.cache = new

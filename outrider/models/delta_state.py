@@ -119,6 +119,17 @@ class DeltaState:
             moved = {start + i: h[row] for i, row in enumerate(rows) if row in h}
             h.update(moved)
 
+    def grow_slots(self, num_slots: int) -> None:
+        """Hold `num_slots` slots (more than now), keeping every slot's state."""
+        extra = num_slots - len(self.committed)
+        if extra <= 0:
+            return
+        for table in (self.S, self.conv):
+            for l, old in table.items():
+                table[l] = torch.cat((old, old.new_zeros(extra, *old.shape[1:])))
+        self.committed += [0] * extra
+        self.held += [{l: Held() for l in self.layers} for _ in range(extra)]
+
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         if n != self.committed[src]:
             raise ModelError(f"a gated-delta state keeps only its whole committed prefix ({self.committed[src]} "

@@ -75,6 +75,17 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
 
+    def grow_slots(self, num_slots: int) -> None:
+        """Hold `num_slots` slots (more than now), keeping every slot's rows and length."""
+        if num_slots <= self.num_slots:
+            return
+        for caches in (self.k, self.v):
+            for i, old in enumerate(caches):
+                grown = torch.zeros((num_slots, *old.shape[1:]), dtype=old.dtype, device=old.device)
+                grown[: old.shape[0]] = old
+                caches[i] = grown
+        self.lengths += [0] * (num_slots - len(self.lengths))
+
     def ensure_capacity(self, slot_rows: int) -> None:
         """Grow every slot to hold at least `slot_rows` rows (doubling), keeping what is stored."""
         if slot_rows <= self.max_len:

@@ -8,7 +8,7 @@ What the engine, drafters, controllers and training need of a slot's state:
     state.compact(slot, rows, start)    the accepted tree path `rows` becomes positions start, ...
     state.copy_rows(src, dst, n)        the first n positions of slot src into slot dst
     state.can_copy_prefix(src, n)       whether copy_rows can give exactly those n
-    state.ensure_capacity(rows), free_rows(slot), max_len, scratch_row, num_slots
+    state.ensure_capacity(rows), grow_slots(n), free_rows(slot), max_len, scratch_row, num_slots
     state.nbytes()                      bytes held
 
 `KVCache` (kv_cache.py) is the state of a model made only of attention layers: rows written by
@@ -75,6 +75,10 @@ class HybridState:
 
     def ensure_capacity(self, slot_rows: int) -> None:
         self.kv.ensure_capacity(slot_rows)
+
+    def grow_slots(self, num_slots: int) -> None:
+        self.kv.grow_slots(num_slots)
+        self.delta.grow_slots(num_slots)
 
     def nbytes(self) -> int:
         return self.kv.nbytes() + self.delta.nbytes()
