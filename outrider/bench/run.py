@@ -125,8 +125,7 @@ def _run_model(p: Plan, model: str, store: RunStore, threads: int, bar, log) -> 
     if all(store.done(model, w.name, q.id) for w in p.workloads for q in w.prompts):
         return
     path = p.model_paths[model]
-    target = load_decoder(path, None, parse_dtype(target_dtype(p, path)))
-    target.kv_dtype = parse_kv_dtype(p.config.kv_dtype)
+    target = load_decoder(path, None, parse_dtype(target_dtype(p, path)), kv_dtype=parse_kv_dtype(p.config.kv_dtype))
     tok = AutoTokenizer.from_pretrained(str(path))
     eos = eos_ids_of(path, tok)
     peers: dict = {}

@@ -104,9 +104,9 @@ def build(arg: DraftModel, shape, target, target_path: Path) -> ModelDrafter:
     dtype = parse_dtype(arg.dtype) if arg.dtype else own or target.dtype
     vocab = min(target.config.vocab_size, ModelConfig.load(path).vocab_size)
     ids = draft_vocab_ids(path, arg.vocab, vocab) if arg.vocab and arg.vocab < vocab else None
-    draft = load_decoder(path, target.device, dtype, head_ids=ids)
-    draft.drafter_prefill_bf16 = True  # the prompt in bfloat16 where the CPU has AMX: proposals only
-    draft.kv_dtype = target.kv_dtype  # the target's K/V cache type (--kv-dtype): proposals only, too
+    # a drafter's prompt in bfloat16 where the CPU has AMX, and the target's K/V cache type
+    # (--kv-dtype): both change only its proposals
+    draft = load_decoder(path, target.device, dtype, head_ids=ids, kv_dtype=target.kv_dtype, drafter=True)
     return ModelDrafter(draft, shape, name=f"draft-model:{arg}", target_vocab=target.config.vocab_size,
                         window=arg.window)
 

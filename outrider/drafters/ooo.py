@@ -327,8 +327,8 @@ def build(arg: OooArgument, shape, target, target_path: Path) -> OooDrafter:
     own = auto_dtype(path, target.device)  # as draft-model: its numerics change only the hint
     if own and native.i8_available():
         own += "-i8"
-    sidecar = load_decoder(path, target.device, own or target.dtype)  # its own object, even for the target's folder
-    sidecar.kv_dtype = target.kv_dtype
+    # its own object, even for the target's folder
+    sidecar = load_decoder(path, target.device, own or target.dtype, kv_dtype=target.kv_dtype)
     drafter = OooDrafter(sidecar, arg.tokens, stop_ids_of(path), vocab_limit=target.config.vocab_size)
     drafter.name = f"ooo:{arg}"
     return drafter

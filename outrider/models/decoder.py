@@ -67,7 +67,8 @@ class ForwardOutput:
 
 class Decoder:
     def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[LayerWeights],
-                 norm: torch.Tensor, lm_head: torch.Tensor, quantization: str | None = None):
+                 norm: torch.Tensor, lm_head: torch.Tensor, quantization: str | None = None, *,
+                 head_ids: torch.Tensor | None = None, kv_dtype: torch.dtype | None = None, drafter: bool = False):
         self.config = config
         self.embed = embed  # [vocab, E], or QuantBlocks when quantized
         self.layers = layers
@@ -76,15 +77,15 @@ class Decoder:
         self.quantization = quantization  # None, or "q8_0" / "q4": what load_decoder was asked for
         # long [n] sorted token ids when the head keeps only their rows (a drafter's reduced
         # vocabulary; logits column i is token head_ids[i]); None: every token, in id order
-        self.head_ids: torch.Tensor | None = None
+        self.head_ids = head_ids
         self._native = None  # kernels/decoder_layer.py NativeLayers, chosen at the first forward
         self._linear_paths_chosen = False
-        # a draft model's: its prompt may be multiplied in bfloat16 (quant_linear.filling; its
+        # a draft model's: its prompt may be multiplied in bfloat16 (dispatch.Plan.prefill; its
         # numerics change only what it proposes, never what is committed)
-        self.drafter_prefill_bf16 = False
+        self.drafter_prefill_bf16 = drafter
         # the K/V cache's dtype: None, the compute dtype; torch.float16 halves the bytes attention
         # reads (llama.cpp's default cache type; a model of its own, exact under speculation)
-        self.kv_dtype: torch.dtype | None = None
+        self.kv_dtype = kv_dtype
         c = config
         self.inv_freq = 1.0 / (
             c.rope_theta ** (torch.arange(0, c.rotary, 2, dtype=torch.float32, device=embed.device) / c.rotary)

@@ -241,12 +241,15 @@ def auto_dtype(folder: str | Path, device: torch.device | str | None = None) -> 
 
 
 def load_decoder(folder: str | Path, device: torch.device | str | None = None,
-                 dtype: torch.dtype | str | None = None, head_ids: torch.Tensor | None = None) -> Decoder:
+                 dtype: torch.dtype | str | None = None, head_ids: torch.Tensor | None = None, *,
+                 kv_dtype: torch.dtype | None = None, drafter: bool = False) -> Decoder:
     """dtype: a float dtype, or "q8_0" / "q4" / "gguf" (and the -bf16-lossy forms) for weights kept
     quantized (see weights/quant_load.py); None: the device's float default (callers wanting the model's
     own quantization pass `auto_dtype(folder, device)`). head_ids: long [n], sorted token ids:
     the output head keeps only their rows (a drafter's reduced vocabulary: logits column i is
-    token head_ids[i]; `Decoder.head_ids`)."""
+    token head_ids[i]; `Decoder.head_ids`). kv_dtype: the K/V cache's values (None: the compute
+    dtype); drafter: a draft model (its prompt may be multiplied in bfloat16, dispatch.py). Each is
+    fixed for the model's life."""
     folder = Path(folder)
     config = ModelConfig.load(folder)
     device = resolve_device(device)
@@ -284,8 +287,8 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
         lm_head = embed if not quantized else proj("model.embed_tokens.weight")  # tied: the same blocks
     final_norm = norm("model.norm.weight")
     weights.check_all_read(folder, config, tied=head is None)
-    decoder = Decoder(config, embed, layers, final_norm, lm_head, quantization=quantized)
-    decoder.head_ids = head_ids
+    decoder = Decoder(config, embed, layers, final_norm, lm_head, quantization=quantized, head_ids=head_ids,
+                      kv_dtype=kv_dtype, drafter=drafter)
     if quantized or not isinstance(weights, _Tensors):
         del weights, get, proj
         gc.collect()  # the GGUF reader's objects hold its memory map in cycles: unmap it now, not at some later collection
