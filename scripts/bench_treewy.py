@@ -11,9 +11,9 @@ last committed token), then the drafts (`static:2,2,2` holds 1 + 14 nodes).
 
 What is counted:
 - TreeWY: the rows `DeltaState.hold` keeps per node (models/delta_state.py), read off the tensors
-  it holds: the convolution input x (model dtype) and the stash k, u, gamma (float64). "logical"
-  is numel * element_size of the held tensors; "pinned" is the storage those tensors keep alive
-  (a held row is a view: x[i] of the in_proj output, u[i] of the solve's U).
+  it holds: the convolution input x (model dtype, a copy), the stash's k (float32: exact) and u,
+  gamma (float64). "logical" is numel * element_size of the held tensors; "pinned" is the
+  storage those tensors keep alive (u[i] is a view of the solve's U, which holds only the nodes).
 - Snapshots: the [HV, dk, dv] state per node as `snapshot_tree` returns it (float64, ours), and
   the float32 / bfloat16 figures of a runtime keeping its state in that dtype; plus the
   convolution window [K - 1, conv_dim] per node a snapshotting runtime keeps beside it (counted by

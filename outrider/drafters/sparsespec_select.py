@@ -80,5 +80,5 @@ def select_torch(target, source, slot: int, rows: torch.Tensor, length: int, spa
     out = []
     for index in range(len(target.layers)):
         q = queries(target, index, rows[:, index], positions)
-        out.append(select(q, source.k[index][slot, :, :length], sparsity).cpu())
+        out.append(select(q, source.keys(index, slot, length), sparsity).cpu())
     return torch.stack(out)

@@ -156,8 +156,7 @@ class DFlashHead:
         x = rows.unsqueeze(0)  # [1, m, H]
         for l, layer in enumerate(self.w.layers):
             k, v = self._kv(layer, x, cos, sin)  # [1, G, m, D]
-            cache.k[l][slot, :, start : start + m] = k[0]
-            cache.v[l][slot, :, start : start + m] = v[0]
+            cache.write_slot(l, slot, start, k[0], v[0])
 
     @torch.inference_mode()
     def block(self, cache: KVCache, slots: list[int], context: list[int], tokens: torch.Tensor):
@@ -181,8 +180,9 @@ class DFlashHead:
             q = rms_norm(linear(x, layer.q).view(S, B, nh, D), layer.q_norm, eps)
             q = apply_rotary(q.transpose(1, 2), cos, sin)  # [S, nh, B, D]
             k, v = self._kv(layer, x, cos, sin)  # [S, G, B, D]
-            keys = torch.cat((cache.k[l][index, :, :L], k), dim=2)  # [S, G, L + B, D]
-            values = torch.cat((cache.v[l][index, :, :L], v), dim=2)
+            held_k, held_v = cache.gather(l, index, L)  # [S, G, L, D]
+            keys = torch.cat((held_k, k), dim=2)  # [S, G, L + B, D]
+            values = torch.cat((held_v, v), dim=2)
             out = attention(q, keys, values, mask)  # [S, nh, B, D]
             h = h + linear(out.transpose(1, 2).reshape(S, B, nh * D), layer.o)
             h = h + swiglu_mlp(rms_norm(h, layer.post_norm, eps), layer.gate_up, layer.down)

@@ -132,13 +132,8 @@ class Eagle3Head:
         q, k, v = linear(x, w.qkv).split((nh * D, G * D, G * D), dim=-1)
         q = apply_rotary(q.view(B, T, nh, D).transpose(1, 2), cos, sin)  # [B, nh, T, D]
         k = apply_rotary(k.view(B, T, G, D).transpose(1, 2), cos, sin).transpose(1, 2)  # [B, T, G, D]
-        slots = batch.slots
-        k_cache, v_cache = cache.k[0], cache.v[0]
-        k_cache[slots.unsqueeze(1), :, batch.rows] = k
-        v_cache[slots.unsqueeze(1), :, batch.rows] = v.view(B, T, G, D)
-        first = batch.span_first
-        keys = k_cache[first : first + batch.span_size, :, : batch.kv_len]  # [B, G, L, D]
-        values = v_cache[first : first + batch.span_size, :, : batch.kv_len]
+        cache.write(0, batch.slots, batch.rows, k, v.view(B, T, G, D))
+        keys, values = cache.span(0, batch.span_first, batch.span_size, batch.kv_len)  # [B, G, L, D]
         out = attention(q, keys, values, batch.attn_mask)  # [B, nh, T, D]
         h = residual + linear(out.transpose(1, 2).reshape(B, T, nh * D), w.o)
         h = h + swiglu_mlp(rms_norm(h, w.post_norm, eps), w.gate_up, w.down)  # [B, T, H]

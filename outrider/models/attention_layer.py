@@ -47,13 +47,10 @@ def attention_mixer(w, c, h: torch.Tensor, batch, cache, index: int, cos, sin, v
             q, k = rms_norm(q, w.q_norm, c.rms_norm_eps), rms_norm(k, w.k_norm, c.rms_norm_eps)
         q = rotate(q, cos, sin, R)  # [B, H, T, D]
         k = rotate(k, cos, sin, R).transpose(1, 2)  # [B, T, G, D]
-    k_cache, v_cache = cache.k[index], cache.v[index]
-    slots = batch.slots
-    # Advanced indices split by a slice: the indexed view is [B, T, G, D].
-    k_cache[slots.unsqueeze(1), :, batch.rows] = k.to(k_cache.dtype)  # float16: rounded to nearest
-    v_cache[slots.unsqueeze(1), :, batch.rows] = v.to(v_cache.dtype)
-    keys = k_cache[view.first: view.first + view.span, :, : batch.kv_len]  # [S, G, L, D], a view
-    values = v_cache[view.first: view.first + view.span, :, : batch.kv_len]
+    kv = cache.kv if hasattr(cache, "kv") else cache  # a hybrid's attention layers: its KVCache
+    layer = cache.attention_index(index) if hasattr(cache, "kv") else index
+    kv.write(layer, batch.slots, batch.rows, k, v)
+    keys, values = kv.span(layer, view.first, view.span, batch.kv_len)  # [S, G, L, D], views
     if keys.dtype != q.dtype:  # a float16 cache (kv_dtype): its values, widened exactly
         keys, values = keys.to(q.dtype), values.to(q.dtype)
     if view.place is None:

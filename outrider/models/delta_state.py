@@ -34,7 +34,7 @@ from .gated_delta import STATE_DTYPE, Stash, fold
 @dataclass
 class Held:
     """One slot's held rows for one layer, by cache row: each row's convolution input x [C] and
-    stash k [HV, dk], u [HV, dv], gamma [HV] (gamma: from the committed state along its path). Like
+    stash k [HV, dk] (float32), u [HV, dv], gamma [HV] (gamma: from the committed state along its path). Like
     K/V rows, a row stays until written again or folded; which rows a node reads is its mask's."""
 
     rows: dict[int, tuple] = field(default_factory=dict)
@@ -68,8 +68,9 @@ class DeltaState:
     def hold(self, slot: int, layer: int, rows: list[int], x, k, u, gamma) -> None:
         """Write rows (a row written again replaces what it held)."""
         h = self.held[slot][layer].rows
+        k = k.to(torch.float32)  # exact: k was float32 before the state's arithmetic widened it
         for i, row in enumerate(rows):
-            h[row] = (x[i], k[i], u[i], gamma[i])
+            h[row] = (x[i].clone(), k[i], u[i], gamma[i])  # a copy: not a view keeping the whole projection
 
     def advance(self, slot: int, layer: int, state: torch.Tensor, conv_tail: torch.Tensor, count: int,
                 last_layer: bool) -> None:

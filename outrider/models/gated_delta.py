@@ -84,7 +84,7 @@ def tree_step(q, k, v, g, beta, state, ancestors, held: Stash | None = None, hel
     rhs = vh - gh.exp()[..., None] * torch.einsum("hkv,hnk->hnv", S, kh)  # [HV, N, dv]
     out = gh.exp()[..., None] * torch.einsum("hkv,hnk->hnv", S, qh)
     if held is not None and held.k.shape[0]:
-        hk, hu, hg = held.k.transpose(0, 1), held.u.transpose(0, 1), held.gamma.T  # [HV, P, ...]
+        hk, hu, hg = held.k.to(STATE_DTYPE).transpose(0, 1), held.u.transpose(0, 1), held.gamma.T  # [HV, P, ...]
         old = (gh[:, :, None] - hg[:, None, :]).masked_fill(~held_ancestors[None], -torch.inf).exp()  # [HV, N, P]
         rhs = rhs - (old * (kh @ hk.transpose(1, 2))) @ hu
         out = out + (old * (qh @ hk.transpose(1, 2))) @ hu
@@ -112,7 +112,7 @@ def fold(state: torch.Tensor, path: Stash) -> torch.Tensor:
         return S
     last = path.gamma[-1]  # [HV]
     weight = (last[None] - path.gamma).exp()  # [L, HV]
-    update = torch.einsum("lh,lhk,lhv->hkv", weight, path.k, path.u)
+    update = torch.einsum("lh,lhk,lhv->hkv", weight, path.k.to(STATE_DTYPE), path.u)
     return last.exp()[:, None, None] * S + update
 
 

@@ -75,6 +75,44 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
 
+    # -- what an attention layer writes and reads ------------------------------------------------
+    def write(self, layer: int, slots: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [B, T, G, D] to rows[b, t] (long [B, T]) of slots[b] (long [B]); a float16 cache
+        rounds them to nearest."""
+        # advanced indices split by a slice: the indexed view is [B, T, G, D]
+        self.k[layer][slots.unsqueeze(1), :, rows] = k.to(self.k[layer].dtype)
+        self.v[layer][slots.unsqueeze(1), :, rows] = v.to(self.v[layer].dtype)
+
+    def write_slot(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [G, m, D] to rows start .. start + m - 1 of one slot."""
+        self.k[layer][slot, :, start: start + k.shape[1]] = k
+        self.v[layer][slot, :, start: start + v.shape[1]] = v
+
+    def span(self, layer: int, first: int, size: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of slots first .. first + size - 1, rows 0 .. length - 1: [S, G, L, D] views."""
+        return (self.k[layer][first: first + size, :, :length], self.v[layer][first: first + size, :, :length])
+
+    def gather(self, layer: int, slots: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of `slots` (long [S]), rows 0 .. length - 1: [S, G, L, D] copies."""
+        return self.k[layer][slots, :, :length], self.v[layer][slots, :, :length]
+
+    def keys(self, layer: int, slot: int, length: int) -> torch.Tensor:
+        """A slot's first `length` keys of a layer, [kv_heads, length, head_dim] (a view: read only)."""
+        return self.k[layer][slot, :, :length]
+
+    def gather_from(self, source: "KVCache", src_slot: int, dst_slot: int, kept: torch.Tensor) -> None:
+        """Rows kept[l, g] (long [layers, G, k]: per layer and K/V head, positions of `source`'s
+        slot) into rows 0..k-1 of this cache's slot, per head: one index_select of K and of V a
+        layer (a head's row r is row g * rows + r of the slot viewed flat)."""
+        layers, G, k = kept.shape
+        rows, D = source.k[0].shape[2:]  # a head's rows in the source, its size
+        flat = (kept + torch.arange(G).view(1, G, 1) * rows).reshape(layers, G * k)  # [layers, G k]
+        for index in range(layers):
+            at = flat[index].to(self.k[index].device)  # [G k]
+            for own, src in ((self.k[index], source.k[index]), (self.v[index], source.v[index])):
+                picked = src[src_slot].reshape(G * rows, D).index_select(0, at)  # [G k, D]
+                own[dst_slot, :, :k] = picked.view(G, k, D)
+
     def grow_slots(self, num_slots: int) -> None:
         """Hold `num_slots` slots (more than now), keeping every slot's rows and length."""
         if num_slots <= self.num_slots:

@@ -30,6 +30,10 @@ class HybridState:
         self._at = {layer: i for i, layer in enumerate(attention_layers)}  # model layer -> K/V layer
         self.num_layers = num_layers
 
+    def attention_index(self, layer: int) -> int:
+        """The K/V layer of model layer `layer` (an attention layer)."""
+        return self._at[layer]
+
     # attention layers read and write their rows as in a KVCache: per model layer, None for the others
     @property
     def k(self) -> list:
