@@ -144,3 +144,33 @@ def test_a_draft_models_state_grows_its_slots_for_a_larger_batch(model, folder):
     fast = generate_ids(model, requests, set(), speculation=spec)
     assert [f.token_ids for f in fast] == plain
     assert spec.drafter.slots.cache.num_slots == 8
+
+
+def test_weights_kept_quantized_are_the_dequantized_model(folder):
+    """--dtype q8_0: every projection (q_proj's query and gate rows apart) in GGUF blocks, multiplied
+    by the native kernel: the float model with the blocks' values up to float rounding."""
+    from outrider.kernels.blocks import dequantize, quantize
+
+    quantized = load_decoder(folder, "cpu", "q8_0")
+    floats = load_decoder(folder, "cpu", torch.float32)
+    dq = lambda w: dequantize(quantize(w, "q8_0")).float()  # noqa: E731
+    for w in floats.layers:
+        for name in ("qkv", "o", "gate", "gate_up", "down"):
+            if getattr(w, name) is not None:
+                setattr(w, name, dq(getattr(w, name)))
+        if w.delta is not None:
+            w.delta.in_proj, w.delta.out = dq(w.delta.in_proj), dq(w.delta.out)
+    floats.lm_head, floats.embed = dq(floats.lm_head), dq(floats.embed)
+    tokens = torch.tensor(PROMPT)
+    got = quantized.forward(pack([0], [0], [tokens], scratch_row=32), quantized.new_cache(1, 32)).logits
+    want = floats.forward(pack([0], [0], [tokens], scratch_row=32), floats.new_cache(1, 32)).logits
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("drafter, tree", [("suffix", "chain"), ("early-exit:2", "static:2,2")])
+def test_greedy_speculation_on_a_quantized_hybrid_equals_plain(folder, drafter, tree):
+    model = load_decoder(folder, "cpu", "q4")
+    requests = [Request(PROMPT, 20, SamplingParams(0.0))]
+    plain = [f.token_ids for f in generate_ids(model, requests, set())]
+    spec = Speculator.build(SpecOptions(drafter, tree, "fixed:3"), model, folder)
+    assert [f.token_ids for f in generate_ids(model, requests, set(), speculation=spec)] == plain

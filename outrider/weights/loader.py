@@ -20,7 +20,7 @@ from ..models.decoder import Decoder, LayerWeights
 from ..models.delta_layer import DeltaWeights
 from ..models.family import GATED_DELTA
 from ..catalog.marker import GGUF_NAME
-from .quant_load import QUANT_DTYPES
+from .quant_load import QUANT_DTYPES, RowStack
 
 
 DEVICES = "cpu, cuda, cuda:N or mps"  # the forms `resolve_device` accepts
@@ -131,6 +131,14 @@ class _Reading:
         self.read.update(names)
         return self.source.projection(names, dtype, device, **kwargs)
 
+    def rows(self, name: str, index: torch.Tensor, dtype: torch.dtype, device: torch.device):
+        """Rows `index` (long [n]) of one weight: a float tensor, or kept quantized (exact: a
+        block is one row's)."""
+        self.read.add(name)
+        if hasattr(self.source, "_linear"):  # QuantTensors: blocks of the chosen rows
+            return self.source.projection([name], dtype, device, rows=index)
+        return self.source.get(name, dtype, device).index_select(0, index.to(device))
+
     def check_all_read(self, folder: Path, config: ModelConfig, tied: bool) -> None:
         names = tensor_names(self.source)
         spare = {"lm_head.weight"} if tied else set()  # a tied model's copy of its embedding
@@ -150,16 +158,18 @@ def tensor_names(source) -> set[str]:
     return tensor_names(inner)
 
 
-def _attention_layer(p: str, config: ModelConfig, get, proj, norm) -> LayerWeights:
+def _attention_layer(p: str, config: ModelConfig, get, proj, norm, rows) -> LayerWeights:
     """An attention layer's weights under Hugging Face's names (Llama, Qwen2, Qwen3, Qwen3.5)."""
     attn, mlp = p + "self_attn.", p + "mlp."
     qkv_bias = torch.cat([get(attn + f"{n}_proj.bias") for n in "qkv"]) if config.qkv_bias else None
     gate = None
-    if config.attn_output_gate:  # q_proj holds each head's queries, then its gate: [H, 2, D, E]
+    if config.attn_output_gate:  # q_proj's rows hold each head's queries, then its gate: [H, 2, D]
         H, D = config.num_heads, config.head_dim
-        both = get(attn + "q_proj.weight").view(H, 2, D, -1)
-        q, gate = both[:, 0].reshape(H * D, -1), both[:, 1].reshape(H * D, -1).contiguous()
-        qkv = torch.cat((q, get(attn + "k_proj.weight"), get(attn + "v_proj.weight")))
+        order = torch.arange(H * 2 * D).view(H, 2, D)
+        q = rows(attn + "q_proj.weight", order[:, 0].reshape(-1))  # [H D, E]
+        gate = rows(attn + "q_proj.weight", order[:, 1].reshape(-1))
+        kv = proj(attn + "k_proj.weight", attn + "v_proj.weight")
+        qkv = torch.cat((q, kv)) if isinstance(q, torch.Tensor) else RowStack([q, kv])
     else:
         qkv = proj(*[attn + f"{n}_proj.weight" for n in "qkv"])
     return LayerWeights(
@@ -171,7 +181,7 @@ def _attention_layer(p: str, config: ModelConfig, get, proj, norm) -> LayerWeigh
         gate=gate)
 
 
-def _delta_layer(p: str, config: ModelConfig, get, proj, norm) -> LayerWeights:
+def _delta_layer(p: str, config: ModelConfig, get, proj, norm, rows) -> LayerWeights:
     """A gated-delta layer's weights (Qwen3.5's `linear_attn`)."""
     lin, mlp = p + "linear_attn.", p + "mlp."
     delta = DeltaWeights(
@@ -266,12 +276,13 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
     embed = get("model.embed_tokens.weight")
     if embed.shape[0] != config.vocab_size:
         raise ModelError(f"{folder}: embedding has {embed.shape[0]} rows but vocab_size is {config.vocab_size}")
-    if quantized and (config.layer_kinds or config.attn_output_gate):
+    if quantized and config.layer_kinds and (quantized.endswith("-bf16-lossy") or quantized == "gguf"):
         raise ModelError(f"{folder}: --dtype {quantized} is not supported yet for {config.architecture}; "
-                         "use --dtype float32")
+                         "use --dtype float32, q8_0 or q4")
     norm = (lambda name: get(name) + 1) if config.norm_plus_one else get  # (1 + w) norms, folded once
+    rows = lambda name, index: weights.rows(name, index, dtype, device)  # noqa: E731
     layers = [(_delta_layer if config.kind(i) == GATED_DELTA else _attention_layer)(
-              f"model.layers.{i}.", config, get, proj, norm) for i in range(config.num_layers)]
+              f"model.layers.{i}.", config, get, proj, norm, rows) for i in range(config.num_layers)]
     head = "lm_head.weight" if weights.has("lm_head.weight") and not config.tie_word_embeddings else None
     if head_ids is not None:
         if head_ids.numel() == 0 or int(head_ids.min()) < 0 or int(head_ids.max()) >= config.vocab_size:
