@@ -153,7 +153,7 @@ def test_weights_kept_quantized_are_the_dequantized_model(folder):
 
     quantized = load_decoder(folder, "cpu", "q8_0")
     floats = load_decoder(folder, "cpu", torch.float32)
-    dq = lambda w: dequantize(quantize(w, "q8_0")).float()  # noqa: E731
+    dq = lambda w: w if w.shape[1] % 32 else dequantize(quantize(w, "q8_0")).float()  # noqa: E731  (as the loader)
     for w in floats.layers:
         for name in ("qkv", "o", "gate", "gate_up", "down"):
             if getattr(w, name) is not None:
