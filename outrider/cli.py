@@ -33,11 +33,14 @@ REFINER_HELP = ("block refiners, chained in order: ddtree, retrace[:SHARE], cure
 TREE_DEFAULT = "chain"
 CONTROLLER_DEFAULT = {"generate": "fixed:4", "serve": "cost"}
 DRAFTERS = "{drafters}"  # in a help string: the registered drafters, read from the registry when help is shown
+CONTROLLERS = "{controllers}"  # the same for the controllers (control/controllers.py)
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """Fills DRAFTERS in a help string with the drafters registered in drafters/registry.py (their
-    usage, as `--drafter` spells them), only when help is shown: one list, no copy to keep in step."""
+    """Fills DRAFTERS and CONTROLLERS in a help string with the drafters registered in
+    drafters/registry.py and the controllers of control/controllers.py (their usage, as
+    `--drafter` / `--controller` spell them), only when help is shown: one list, no copy to keep
+    in step."""
 
     def _get_help_string(self, action):
         text = super()._get_help_string(action)
@@ -46,6 +49,10 @@ class HelpFormatter(argparse.HelpFormatter):
 
             usages = " | ".join(e.usage for e in entries().values())
             text = text.replace(DRAFTERS, usages.replace("%", "%%"))
+        if text and CONTROLLERS in text:
+            from .control.controllers import controller_usages
+
+            text = text.replace(CONTROLLERS, " | ".join(controller_usages()).replace("%", "%%"))
         return text
 
 
@@ -85,6 +92,8 @@ def _use_config(args) -> None:
     from . import config
 
     changes = config.parse_assignments(getattr(args, "config", None))
+    if changes:  # every --config value checked, one that --threads then overrides too
+        config.current().replace(**changes)
     if getattr(args, "threads", None) is not None:
         changes["threads"] = args.threads
     if changes:
@@ -119,10 +128,11 @@ def _parser() -> argparse.ArgumentParser:
                      f"drafters; needs --drafter; sampled: siblings drawn from q, temperature > 0) | ddtree:N (block "
                      f"drafters: dflash; default: {TREE_DEFAULT})")
     gen.add_argument("--refiner", default=None, help=REFINER_HELP)
-    gen.add_argument("--controller", default=None, help="fixed:N | adaptive[:MAX] | cost[:MAX] (needs --drafter; "
+    gen.add_argument("--controller", default=None, help=f"{CONTROLLERS} (needs --drafter; "
                      f"default: {CONTROLLER_DEFAULT['generate']})")
     gen.add_argument("--verifier", default=None, help="a verifier by name (needs --drafter; default: the best exact "
-                     "one); resispec-lossy is LOSSY (docs/methods.md#resispec)")
+                     "one, the walk with --seed, so that a seed gives one text whatever the controller drafts: "
+                     "docs/usage.md#seeds); resispec-lossy is LOSSY (docs/methods.md#resispec)")
     gen.add_argument("--max-tree-nodes", type=int, default=256,
                      help="refuse drafters/trees/controllers whose rounds could hold more draft nodes (default 256)")
     gen.add_argument("--stats", action="store_true", help="print speculation statistics to stderr")

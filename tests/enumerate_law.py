@@ -7,6 +7,9 @@ run's **weight** (the product of the probabilities of the branches it took) on i
 result is the exact law of `fn`'s outcome (up to float64 rounding), provided `fn` is
 deterministic given its draws.
 
+`EnumeratingUniforms` does the same with the draws keyed as PositionalRandom keys them (position,
+stream, index): draws with one key share one uniform, so coupled drafting is enumerated exactly.
+
 Worked example, fn = two fair coins, outcome = number of heads:
     scripts [0, 0] [0, 1] [1, 0] [1, 1]      (branch 0 is True/heads)
     weights  1/4    1/4    1/4    1/4     -> law {2: 1/4, 1: 1/2, 0: 1/4}
@@ -32,6 +35,7 @@ from typing import Callable, Hashable
 import torch
 
 from outrider.sampling import SamplingParams
+from outrider.spec.random import ACCEPT, DRAFTING, TOKEN
 from outrider.spec.types import DraftTree, VerifyResult
 from outrider.spec.verify_chain import target_probs
 
@@ -80,6 +84,76 @@ class EnumeratingRandom:
         return self
 
 
+class EnumeratingUniforms:
+    """The rng protocol with PositionalRandom's keys: the uniform behind a draw is that of
+    (absolute position, stream, index), so draws with one key share one uniform, as a coupled
+    drafter's draft and the walk's token do (spec/random.py; drafters/capabilities.py `couples`).
+
+    What is known of a key's uniform is an interval, [0, 1) before its first draw. A draw cuts
+    [0, 1) at its thresholds (a categorical: its inverse-CDF buckets, token i covering
+    [cdf[i-1], cdf[i]) as `categorical_from_uniform` draws; uniform_below(prob): [0, prob) for
+    True), takes the scripted piece among those meeting the interval, with weight its share of
+    the interval, and narrows the interval to it. So the enumeration is exact for any sharing
+    of uniforms between draws, and reduces to EnumeratingRandom when no key is drawn twice.
+
+    Worked example, two categoricals on one key, p = [0.5, 0.5] then q = [0.25, 0.75]:
+        p's buckets [0, .5) [.5, 1); q's [0, .25) [.25, 1)
+        (0, 0): .25    (0, 1): .25    (1, 1): .5    (1, 0): 0 (never taken)
+    """
+
+    def __init__(self, script: list[int], first: int = 0, stream_base: int = 0, tape: dict | None = None) -> None:
+        self.first, self.stream_base = first, stream_base
+        self.tape = tape if tape is not None else {"script": script, "options": [], "weight": 1.0, "draws": 0,
+                                                   "known": {}}
+
+    # what _enumerate reads
+    script = property(lambda self: self.tape["script"])
+    options = property(lambda self: self.tape["options"])
+    weight = property(lambda self: self.tape["weight"])
+    draws = property(lambda self: self.tape["draws"])
+
+    def _draw(self, cuts: list[float], offset: int, stream: int, index: int) -> int:
+        """Piece i of [0, 1) is [cuts[i], cuts[i + 1]); returns the piece taken."""
+        tape = self.tape
+        key = (self.first + offset, self.stream_base + stream, index)
+        lo, hi = tape["known"].get(key, (0.0, 1.0))
+        parts = [(max(lo, a), min(hi, b)) for a, b in zip(cuts[:-1], cuts[1:])]
+        live = [(i, (b - a) / (hi - lo)) for i, (a, b) in enumerate(parts) if b > a]
+        if tape["draws"] == len(tape["script"]):
+            tape["script"].append(0)
+        i, w = live[tape["script"][tape["draws"]]]
+        tape["options"].append(len(live))
+        tape["draws"] += 1
+        tape["weight"] *= w
+        tape["known"][key] = parts[i]
+        return i
+
+    def uniform_below(self, prob: float, offset: int = 0, index: int = 0) -> bool:
+        prob = min(max(float(prob), 0.0), 1.0)
+        return self._draw([0.0, prob, 1.0], offset, ACCEPT, index) == 0
+
+    def uniform_below_rows(self, probs: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
+        offsets = [0] * len(probs) if offsets is None else offsets.tolist()
+        return torch.tensor([self.uniform_below(p, o) for p, o in zip(probs.tolist(), offsets)], dtype=torch.bool)
+
+    def categorical(self, probs: torch.Tensor, offset: int = 0, index: int = 0) -> int:
+        probs = probs.double() / probs.double().sum()  # [vocab]
+        cdf = probs.cumsum(0)
+        last = int(torch.nonzero(probs > 0).max())
+        cdf[last:] = 1.0  # the last token of positive mass takes what rounding leaves, as categorical_from_uniform
+        return self._draw([0.0, *cdf.tolist()], offset, TOKEN, index)
+
+    def categorical_rows(self, probs: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
+        offsets = [0] * len(probs) if offsets is None else offsets.tolist()
+        return torch.tensor([self.categorical(row, o) for row, o in zip(probs, offsets)], dtype=torch.long)
+
+    def at(self, first: int) -> "EnumeratingUniforms":
+        return EnumeratingUniforms([], first, self.stream_base, self.tape)
+
+    def drafting(self) -> "EnumeratingUniforms":
+        return EnumeratingUniforms([], self.first, self.stream_base + DRAFTING, self.tape)
+
+
 @contextmanager
 def one_thread():
     """Tiny tensors gain nothing from intra-op threads, and on a loaded machine waking the
@@ -92,17 +166,18 @@ def one_thread():
         torch.set_num_threads(threads)
 
 
-def enumerate_law(fn: Callable[[EnumeratingRandom], Hashable]) -> Law:
-    """The exact law of fn(rng)'s outcome over every branch of every draw."""
+def enumerate_law(fn: Callable[[EnumeratingRandom], Hashable], make=EnumeratingRandom) -> Law:
+    """The exact law of fn(rng)'s outcome over every branch of every draw; `make(script)` builds
+    the rng (EnumeratingUniforms: draws keyed as PositionalRandom keys them share their uniform)."""
     with one_thread():
-        return _enumerate(fn)
+        return _enumerate(fn, make)
 
 
-def _enumerate(fn: Callable[[EnumeratingRandom], Hashable]) -> Law:
+def _enumerate(fn: Callable[[EnumeratingRandom], Hashable], make=EnumeratingRandom) -> Law:
     law: Law = defaultdict(float)
     script: list[int] = []
     while True:
-        rng = EnumeratingRandom(script)
+        rng = make(script)
         outcome = fn(rng)
         assert rng.draws == len(script), "fn made fewer draws than its script: not deterministic given its draws"
         law[outcome] += rng.weight

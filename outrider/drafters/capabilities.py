@@ -69,6 +69,14 @@ class Capabilities:
         cache (early exit): the engine hands it that cache (`attach_target_cache`) and each
         sequence's slot (`start(..., target_slot=)`); it writes only rows past the committed
         prefix, which the verify forward overwrites.
+    couples: its sampled chain can be drawn with the verifier's own token uniforms: started with
+        `start(..., coupled=True)`, it draws its draft at absolute position t as
+        `categorical(q_t, u_t)`, u_t the uniform of (seed, t, TOKEN) that the walk's committed
+        token `categorical(p_t, u_t)` uses (spec/random.py). The engine asks for it only where the
+        verifier is a walk (a seeded request: spec/verifiers.py), whose committed tokens never
+        depend on the drafts, so it stays exact and accepts a draft whenever p_t and q_t put u_t
+        in the same token (every time when p_t == q_t). Without it the chain draws from the
+        drafter's own streams, independent of the verifier's, as rejection sampling needs.
     needs_attention: it reads the verify forward's attention scores (ForwardOutput.attention: per
         layer, K/V head and key, the weights the sequence's verified rows gave it): the engine asks
         the forward for them and hands each sequence's [layers, G, kv_len], or None where the
@@ -80,6 +88,7 @@ class Capabilities:
     needs_hidden: tuple[int, ...] = field(default=())
     reads_target_cache: bool = False
     needs_attention: bool = False
+    couples: bool = False
 
     def __post_init__(self):
         if not self.trees:

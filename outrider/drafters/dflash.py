@@ -55,7 +55,7 @@ TREES = {
 class _State:
     slot: int
     params: SamplingParams
-    rng: PositionalRandom
+    rng: PositionalRandom  # the request's drafting streams (coupled: its TOKEN draws, capabilities.py)
     pending: PendingRows  # [m, H] context rows of committed positions not yet written (pending.py)
     rows: int = 0  # context rows in the cache (positions 0 .. rows-1)
     previous: VerifyResult | None = None
@@ -75,7 +75,7 @@ class DFlashDrafter:
         self.refiners = tuple(refiners)
         if shape.kind == "ddtree" and not self.refiners:
             self.refiners = (make_refiner("ddtree"),)
-        self.capabilities = Capabilities(trees=TREES, needs_hidden=tuple(taps))
+        self.capabilities = Capabilities(trees=TREES, needs_hidden=tuple(taps), couples=True)
         self.vocab = head.config.vocab_size
         self.slots = SlotCache(head.new_cache)
         self._states: dict[int, _State] = {}
@@ -90,9 +90,10 @@ class DFlashDrafter:
         return depth if self.shape.is_chain else self.shape.max_nodes
 
     def start(self, seq_id: int, prompt: list[int], params: SamplingParams | None = None,
-              hidden: torch.Tensor | None = None) -> None:
+              hidden: torch.Tensor | None = None, coupled: bool = False) -> None:
         """hidden: [len(prompt) - 1, n, Ht] the prompt's features at the declared layers (the
-        last prompt token is the first root); None for a one-token prompt."""
+        last prompt token is the first root); None for a one-token prompt. coupled: draw the
+        sampled chain with the verifier's own token uniforms (capabilities.py `couples`)."""
         params = params or SamplingParams()
         rows = 0 if hidden is None else hidden.shape[0]
         if rows != len(prompt) - 1:
@@ -102,7 +103,8 @@ class DFlashDrafter:
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**63 - 1, ()))
         c = self.head.config
         pending = self.head.fuse(hidden) if rows else self.head.w.norm.new_zeros(0, c.hidden_size)
-        self._states[seq_id] = _State(self.slots.take(), params, PositionalRandom(seed).drafting(), PendingRows(pending))
+        rng = PositionalRandom(seed) if coupled else PositionalRandom(seed).drafting()  # else apart from the verifier's
+        self._states[seq_id] = _State(self.slots.take(), params, rng, PendingRows(pending))
 
     def update(self, seq_id: int, result: VerifyResult, hidden: torch.Tensor | None = None) -> None:
         """hidden: [1 + num_accepted, n, Ht] the target's features of the root and accepted nodes."""
@@ -225,5 +227,5 @@ def build(argument: str, shape: TreeShape, target, target_path: Path) -> DFlashD
     return DFlashDrafter(head, shape, head.config.taps(target.config.num_layers), refiners, name=label)
 
 
-register(DrafterEntry("dflash", USAGE, Capabilities(trees=TREES), build=build,
+register(DrafterEntry("dflash", USAGE, Capabilities(trees=TREES, couples=True), build=build,
                       parse_argument=parse_argument, check_fits=check_fits, refinable=True))

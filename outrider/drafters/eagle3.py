@@ -77,7 +77,7 @@ TREES = {
 class _State:
     slot: int  # this sequence's slot in the head's cache
     params: SamplingParams
-    rng: PositionalRandom  # the request's drafting streams
+    rng: PositionalRandom  # the request's drafting streams (coupled: its TOKEN draws, capabilities.py)
     pending: PendingRows  # [m, H] fused features of committed positions not yet written
     rows: int = 0  # committed head rows in the cache
     last_hidden: torch.Tensor | None = None  # [H] output hidden of row rows-1
@@ -96,7 +96,7 @@ class Eagle3Drafter:
         self.shape = shape
         self.name = name
         self.batched = batched
-        self.capabilities = Capabilities(trees=TREES, needs_hidden=tuple(taps))
+        self.capabilities = Capabilities(trees=TREES, needs_hidden=tuple(taps), couples=True)
         self.vocab = head.config.vocab_size
         self.slots = SlotCache(head.new_cache)
         self._states: dict[int, _State] = {}
@@ -115,10 +115,11 @@ class Eagle3Drafter:
         return self.shape.max_drafts(depth)
 
     def start(self, seq_id: int, prompt: list[int], params: SamplingParams | None = None,
-              hidden: torch.Tensor | None = None) -> None:
+              hidden: torch.Tensor | None = None, coupled: bool = False) -> None:
         """hidden: [len(prompt) - 1, 3, Ht] the prompt's features at the declared layers (the
         last prompt token is the first root: its features come with the first round); None
-        for a one-token prompt. Takes a slot and writes the prompt's rows."""
+        for a one-token prompt. Takes a slot and writes the prompt's rows. coupled: draw the
+        sampled chain with the verifier's own token uniforms (capabilities.py `couples`)."""
         params = params or SamplingParams()
         rows = 0 if hidden is None else hidden.shape[0]
         if rows != len(prompt) - 1:
@@ -127,7 +128,8 @@ class Eagle3Drafter:
         self.finish(seq_id, prompt)  # a state left by an interrupted run gives its slot back
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**63 - 1, ()))
         pending = self.head.fuse(hidden) if rows else self.head.w.norm.new_zeros(0, self.head.config.hidden_size)
-        st = _State(self.slots.take(), params, PositionalRandom(seed).drafting(), PendingRows(pending))
+        rng = PositionalRandom(seed) if coupled else PositionalRandom(seed).drafting()  # else apart from the verifier's
+        st = _State(self.slots.take(), params, rng, PendingRows(pending))
         self._states[seq_id] = st
         if self.window is None:
             return  # the prompt's rows are written at the first proposal, with the rows added by then
@@ -375,5 +377,5 @@ def build(path: str, shape: TreeShape, target, target_path: Path) -> Eagle3Draft
                          + (f",vocab={vocab}" if vocab else ""), window=window)
 
 
-register(DrafterEntry("eagle3", USAGE, Capabilities(trees=TREES), build=build,
+register(DrafterEntry("eagle3", USAGE, Capabilities(trees=TREES, couples=True), build=build,
                       parse_argument=parse_argument, check_fits=check_fits, windowed=True))

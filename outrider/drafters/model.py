@@ -51,7 +51,7 @@ from .window import Window, reclaim
 class _State:
     slot: int  # this sequence's slot in the drafter's cache
     params: SamplingParams
-    rng: PositionalRandom  # the request's drafting streams (sampled chains draw from q)
+    rng: PositionalRandom  # the request's drafting streams (sampled chains draw from q); coupled: its TOKEN draws
     cached: int = 0  # rows of committed tokens in the cache
     base: int = 0  # len(tokens) - 1 at the last proposal: row of the root
     fed: set[int] = field(default_factory=set)  # tree nodes whose K/V this round wrote
@@ -71,7 +71,7 @@ class ModelDrafter(TreeGrowers):
         "static": Drafts("tree"),  # top-b children of q: not draws
         "sampled": Drafts("tree", gives_probs=True, without_replacement=True),  # b draws from q per node
         "dynamic": Drafts("tree"),  # best nodes by cumulative log q: not draws
-    })
+    }, couples=True)
 
     def __init__(self, decoder: Decoder, shape: TreeShape, *, num_layers: int | None = None,
                  name: str = "draft-model", target_vocab: int | None = None, batched: bool = True,
@@ -123,14 +123,15 @@ class ModelDrafter(TreeGrowers):
         return self.shape.max_drafts(depth)
 
     def start(self, seq_id: int, prompt: list[int], params: SamplingParams | None = None,
-              target_slot: int | None = None) -> None:
+              target_slot: int | None = None, coupled: bool = False) -> None:
         """Take a slot and write the prompt's K/V but the last token's (the first round's root);
         over the target's cache, use the sequence's `target_slot`, whose prompt rows the
-        target's prefill wrote."""
+        target's prefill wrote. coupled: draw the sampled chain with the verifier's own token
+        uniforms (capabilities.py `couples`; the engine asks for it under a walk only)."""
         params = params or SamplingParams()
         self.finish(seq_id, prompt)  # a state left by an interrupted run gives its slot back
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**63 - 1, ()))
-        rng = PositionalRandom(seed).drafting()  # apart from the verifier's
+        rng = PositionalRandom(seed) if coupled else PositionalRandom(seed).drafting()  # else apart from the verifier's
         if self.target_cache is not None:
             if target_slot is None:
                 raise ValueError(f"{self.name} drafts over the target's cache: start() needs the sequence's target_slot")

@@ -123,10 +123,10 @@ class SparseDrafter(ModelDrafter):
         self.source = cache  # read, never written: self.cache stays the drafter's own
 
     def start(self, seq_id: int, prompt: list[int], params: SamplingParams | None = None,
-              target_slot: int | None = None, hidden: torch.Tensor | None = None) -> None:
+              target_slot: int | None = None, hidden: torch.Tensor | None = None, coupled: bool = False) -> None:
         if self.source is None or target_slot is None:
             raise ValueError(f"{self.name} drafts from the target's cache: attach it, and give start() the target_slot")
-        super().start(seq_id, prompt[-1:], params)  # a slot of its own, nothing written
+        super().start(seq_id, prompt[-1:], params, coupled=coupled)  # a slot of its own, nothing written
         self._states[seq_id].cached = len(prompt) - 1
         self._target_slots[seq_id] = target_slot
         self._rows[seq_id] = None if hidden is None else hidden[-QUERY_ROWS:]

@@ -119,8 +119,7 @@ class EngineLoop:
         rows = self.check(request)
         params = with_seed(request.params)
         speculate = self._drafts(request)
-        verify = (self.speculation.verifier_for(params) if speculate
-                  else choose_verifier("chain", False, params).verifier)
+        verify = self._verifier(request, params, speculate)
         rid = self._next_id
         self._next_id += 1
         prompt = list(request.prompt_ids)
@@ -135,6 +134,17 @@ class EngineLoop:
         self.scheduler.add(seq)
         self._seqs[rid] = seq
         return rid
+
+    def _verifier(self, request: Request, params, speculate: bool):
+        """The request's verifier. A sampled request that gave its own seed gets the walk (unless
+        a verifier is named): it commits the tokens plain sampling draws with that seed, so its
+        text never depends on what the controller drafts (docs/usage.md#seeds); an unseeded one
+        the verifier of most acceptance."""
+        if not speculate:
+            return choose_verifier("chain", False, params).verifier
+        if request.params.seed is not None and not params.greedy:
+            return self.speculation.verifier_for(params, seeded=True)
+        return self.speculation.verifier_for(params)
 
     def cancel(self, request_id: int) -> None:
         """Stop a request at the next step (its slot is freed then); unknown or finished ids are ignored."""
@@ -239,6 +249,8 @@ class EngineLoop:
                 or source.tokens[: source.prompt_len] != seq.tokens[: seq.prompt_len]):
             return False
         n = seq.prompt_len - 1
+        if not self.cache.can_copy_prefix(source.slot, n):  # a recurrent state holds only its whole prefix
+            return False
         self.cache.copy_rows(source.slot, seq.slot, n)
         seq.prefilled = n
         self.cache.set_length(seq.slot, n)

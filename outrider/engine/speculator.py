@@ -14,6 +14,10 @@ the drafter declares (drafters/capabilities.py); nothing here knows a drafter by
     controllers fixed:N | adaptive[:MAX] | cost[:MAX] | the registered ones (libraspec[:MAX], ...)
     verifiers   None: the best exact one (spec/verifiers.choose_verifier) | a registered name
 
+A request with a seed gets the walk (unless a verifier is named): its text is plain sampling's
+with that seed whatever the controller drafts; a drafter that declares `couples` then draws its
+sampled chain with the walk's own uniforms (`start`; drafters/capabilities.py).
+
 A controller with a `trim` method gets every proposal before it is verified and returns the trees
 to verify, each a subtree of the drafter's (control/libraspec.py).
 """
@@ -35,7 +39,7 @@ from ..models.decoder import Decoder
 from ..sampling import SamplingParams
 from ..spec.shapes import TreeShape, parse_shape
 from ..spec.types import DraftTree, VerifyResult
-from ..spec.verifiers import VERIFIERS, choose_verifier
+from ..spec.verifiers import VERIFIERS, choose_verifier, is_walk
 
 MAX_TREE_NODES = 256  # draft nodes per sequence per round, unless the user raises it
 
@@ -109,11 +113,12 @@ class SpecOptions:
         if self.verifier is not None:
             self.verifier_choice(params, drafts)
 
-    def verifier_choice(self, params: SamplingParams, drafts: Drafts | None = None):
-        """The verifier for these parameters: the named one, or the best exact one; ConfigError if none fits."""
+    def verifier_choice(self, params: SamplingParams, drafts: Drafts | None = None, seeded: bool = False):
+        """The verifier for these parameters: the named one, or the best exact one (the walk for a
+        request that gave a seed: `seeded`); ConfigError if none fits."""
         drafts = drafts or self.entry()[0].capabilities.drafts(self.shape.kind)
         choice = choose_verifier(drafts.tree_kind, drafts.gives_probs, params,
-                                 without_replacement=drafts.without_replacement, name=self.verifier)
+                                 without_replacement=drafts.without_replacement, name=self.verifier, seeded=seeded)
         if not choice.ok:
             raise ConfigError(f"{self.label()}: {choice.reason}")
         return choice
@@ -159,6 +164,8 @@ class Speculator:
         self.hidden_layers: tuple[int, ...] = capabilities.needs_hidden  # tapped in prefill and verify
         self.reads_target_cache = capabilities.reads_target_cache  # early exit: drafts over the target's K/V
         self.attention = capabilities.needs_attention  # the verify forward's attention scores (sparsespec)
+        # a sampled chain drawn with the walk's own uniforms where the walk verifies it (start)
+        self.couples = capabilities.couples and self.drafts.gives_probs and self.tree_kind == "chain"
         # sequences not yet proposed for: a head drafter writes a prompt's rows at its first
         # proposal (eagle3.py, dflash.py), a one-off the controller's draft times leave out
         self._fresh: set[int] = set()
@@ -191,9 +198,11 @@ class Speculator:
                                       batch_profile_factory=batch_profile)
         return Speculator(options, drafter, controller, shape)
 
-    def verifier_for(self, params: SamplingParams):
+    def verifier_for(self, params: SamplingParams, seeded: bool = False):
+        """The verifier of a request sampled with `params`; `seeded`: it gave a seed of its own,
+        so it gets the walk unless a verifier is named (the same seed, the same text)."""
         self.options.check_sampling(params, self.drafts)
-        return self.options.verifier_choice(params, self.drafts).verifier
+        return self.options.verifier_choice(params, self.drafts, seeded).verifier
 
     @property
     def max_tree_size(self) -> int:
@@ -207,10 +216,13 @@ class Speculator:
         """A sequence whose prompt is in the cache. prompt_hidden: the prefill forward's taps,
         chunk by chunk (layer -> [n, E]), covering every prompt token but the last; a drafter
         that declares needs_hidden gets them as `hidden` [len(prompt) - 1, layers, E] (None for
-        a one-token prompt)."""
+        a one-token prompt). Where the sequence's verifier is a walk and the drafter samples a
+        chain it can couple, the drafter draws it with the walk's own uniforms (`coupled`)."""
         self.controller.start(seq.seq_id)
         self._fresh.add(seq.seq_id)
         extra = {}  # what the drafter declared it reads
+        if self.couples and not seq.params.greedy and is_walk(seq.verify):
+            extra["coupled"] = True
         if self.reads_target_cache:
             extra["target_slot"] = seq.slot
         if self.hidden_layers:

@@ -8,9 +8,10 @@ absolute position of the token it decides, its stream (accept test, token, draft
 
 - the same seed gives the same text whatever the drafter's state, the controller's draft lengths
   or the rest of the batch (no hidden counter advances differently);
-- the tree walk (drafters without probabilities) commits at position t the token that plain
-  sampling would commit there, `categorical(p_t, u_t)` with the same u_t: with the same seed,
-  n-gram and suffix speculation give *exactly* the autoregressive sample, not only its law;
+- the tree walk commits at position t the token that plain sampling would commit there,
+  `categorical(p_t, u_t)` with the same u_t: with the same seed, speculation verified by the walk
+  (drafters without probabilities, and every request that gives a seed: spec/verifiers.py) gives
+  *exactly* the autoregressive sample, not only its law;
 - the same integers on every device (the mixing is integer arithmetic, CPU and CUDA alike).
 
 Why reusing a position's uniform across rounds stays exact: a round consults the draws of the
@@ -18,8 +19,11 @@ positions up to its first rejection and commits exactly those positions; draws a
 positions decided nothing, so they are still independent of everything committed when the
 next round (which starts after the committed positions) uses them. Within a round every
 consulted draw has its own key: accept tests use (ACCEPT, offset, sibling index), committed
-tokens (TOKEN, offset, 0), a drafter's samples its own streams. Siblings at the same depth of a
-tree share their position's uniform, but a walk visits one node per depth.
+tokens (TOKEN, offset, 0), a drafter's samples its own streams, except a chain drafted for the
+walk: coupled, it draws its draft at t with the walk's own (TOKEN, t, 0) uniform, which the walk's
+committed tokens never depend on through the drafts (drafters/capabilities.py `couples`).
+Siblings at the same depth of a tree share their position's uniform, but a walk visits one node
+per depth.
 
 The protocol (offset 0 is the first new token, the one after the root; an rng view made by
 `at(first)` maps it to absolute position `first`):

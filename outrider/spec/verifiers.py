@@ -12,8 +12,18 @@ Every verifier has the signature `verify(tree, target_logits [n, vocab], params,
     greedy                   chain -> greedy_chain          tree -> greedy_tree
     sampling, probabilities  chain -> rejection_chain       tree -> multidraft[_without_replacement]
     sampling, none           chain -> chain_walk            tree -> tree_walk
+    sampling, seeded         chain -> chain_walk            tree -> tree_walk
 
-A combination that cannot be verified exactly is refused with a reason, never run lossy.
+A request with a seed (`seeded=True`) is verified by the walk whatever its drafts: the walks
+(`walks=True`) commit at each position exactly `categorical(p_t, u_t)`, the token plain sampling
+with that seed draws there, and accept a draft only when it equals that token. So drafting
+changes the speed, never the text: the same seed gives the same text whatever the controller
+decides (docs/usage.md#seeds). A drafter that samples its chain may then draw each draft with the
+same uniform from its own q (coupled drafting, engine/speculator.py), which keeps acceptance up.
+Unseeded requests get the verifier of most acceptance (rejection sampling, multi-draft).
+
+A combination that cannot be verified exactly is refused with a reason, never run lossy; so is
+a verifier that needs draft_probs at temperature 0, where drafters draft greedily and give none.
 
 Lossy verifiers (`lossy=True`, named so: `resispec-lossy`, spec/verify_resispec.py) are never
 chosen by default; only by name (`--verifier NAME`), and the lossless tests leave them out.
@@ -47,6 +57,7 @@ class Entry:
     greedy_only: bool  # exact at temperature 0 only
     without_replacement: bool | None = None  # the sibling mode it assumes on trees (None: any)
     lossy: bool = False  # not exact: chosen only by name, never by default
+    walks: bool = False  # commits categorical(p_t, u_t) at each position whatever the drafts (the seeded default)
 
 
 VERIFIERS: dict[str, Entry] = {
@@ -55,9 +66,9 @@ VERIFIERS: dict[str, Entry] = {
     "greedy_reference": Entry(verify_greedy_reference, TREE_KINDS, False, True),
     "rejection_chain": Entry(verify_chain, ("chain",), True, False),
     "rejection_chain_reference": Entry(verify_chain_reference, ("chain",), True, False),
-    "chain_walk": Entry(verify_chain_walk, ("chain",), False, False),
-    "tree_walk": Entry(verify_tree_walk, TREE_KINDS, False, False),
-    "tree_walk_reference": Entry(verify_tree_walk_reference, TREE_KINDS, False, False),
+    "chain_walk": Entry(verify_chain_walk, ("chain",), False, False, walks=True),
+    "tree_walk": Entry(verify_tree_walk, TREE_KINDS, False, False, walks=True),
+    "tree_walk_reference": Entry(verify_tree_walk_reference, TREE_KINDS, False, False, walks=True),
     "multidraft": Entry(MultiDraftVerifier(without_replacement=False), TREE_KINDS, True, False, False),
     "multidraft_without_replacement": Entry(MultiDraftVerifier(without_replacement=True), TREE_KINDS, True, False, True),
     # lossy (docs/methods.md#resispec): siblings drawn without replacement, as `--tree sampled:...` draws them
@@ -68,6 +79,12 @@ VERIFIERS: dict[str, Entry] = {
 def lossless_names() -> tuple[str, ...]:
     """The exact verifiers (the lossless tests run these)."""
     return tuple(name for name, entry in VERIFIERS.items() if not entry.lossy)
+
+
+def is_walk(verify: Verifier) -> bool:
+    """Whether `verify` is a walk: it commits categorical(p_t, u_t) with the TOKEN uniform at each
+    position, whatever the drafts, so a drafter may draw its chain with those same uniforms."""
+    return any(entry.walks and entry.verify is verify for entry in VERIFIERS.values())
 
 
 @dataclass(frozen=True)
@@ -90,12 +107,14 @@ def choose_verifier(
     *,
     without_replacement: bool = False,
     name: str | None = None,
+    seeded: bool = False,
 ) -> VerifierChoice:
-    """The best exact verifier for this combination, or the one called `name` if it fits."""
+    """The best exact verifier for this combination, or the one called `name` if it fits.
+    seeded: the request gave a seed, so its text must be plain sampling's (the walk; `name` wins)."""
     if tree_kind not in TREE_KINDS:
         return VerifierChoice("", None, f"tree_kind must be one of {TREE_KINDS}, got {tree_kind!r}")
     if name is None:
-        name = _default(tree_kind, gives_probs, sampling, without_replacement)
+        name = _default(tree_kind, gives_probs, sampling, without_replacement, seeded)
     entry = VERIFIERS.get(name)
     if entry is None:
         return VerifierChoice(name, None, f"no verifier called {name!r}; known: {', '.join(VERIFIERS)}")
@@ -106,10 +125,11 @@ def choose_verifier(
     return VerifierChoice(name, entry.verify, f"{name}: {exact} for a {tree_kind}{_facts(gives_probs, sampling)}")
 
 
-def _default(tree_kind: str, gives_probs: bool, sampling: SamplingParams, without_replacement: bool) -> str:
+def _default(tree_kind: str, gives_probs: bool, sampling: SamplingParams, without_replacement: bool,
+             seeded: bool) -> str:
     if sampling.greedy:
         return f"greedy_{tree_kind}"
-    if not gives_probs:
+    if seeded or not gives_probs:
         return f"{tree_kind}_walk"
     if tree_kind == "chain":
         return "rejection_chain"
@@ -125,6 +145,9 @@ def _refusal(
         return f"{name} is exact only at temperature 0 (got {sampling.temperature}); use a sampling verifier"
     if entry.needs_probs and not gives_probs:
         return f"{name} needs drafts drawn from draft_probs; this drafter gives none (use tree_walk)"
+    if entry.needs_probs and sampling.greedy:
+        return (f"{name} needs drafts drawn from draft_probs, which drafters draw only when sampling; at "
+                f"temperature 0 use greedy_{tree_kind} (the default)")
     assumes = entry.without_replacement
     if tree_kind == "tree" and assumes is not None and assumes != without_replacement:
         return f"{name} assumes siblings drawn {_mode(assumes)}, but this drafter draws them {_mode(without_replacement)}"
