@@ -201,7 +201,7 @@ def overriding(**changes):
 
 
 def cache_dir() -> Path:
-    """Where models, kernels and profiles are kept (config cache_dir; $OUTRIDER_CACHE)."""
+    """Where models, kernels and profiles are kept (config cache_dir; $OUTRIDER_CACHE_DIR, or the older $OUTRIDER_CACHE)."""
     return current().cache_dir
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from ..errors import ConfigError
 from ..models.batch import pack
 from ..models.decoder import Decoder
 from ..sampling import SamplingParams
@@ -81,6 +82,9 @@ class ModelDrafter(TreeGrowers):
         the last W positions only, in a bounded cache of its own (window.py)."""
         if window is not None and share_target_cache:
             raise ValueError(f"{name}: a window needs a cache of the drafter's own, not the target's")
+        if window is not None and decoder.config.delta is not None:
+            raise ConfigError(f"{name}: a window drops K/V rows, and this model's gated-delta layers keep a "
+                              "recurrent state instead; drop window=")
         self.window = window
         self.decoder = decoder
         self.shape = shape

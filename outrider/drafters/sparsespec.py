@@ -86,6 +86,9 @@ def parse_argument(text: str) -> Sparsity:
 
 
 def check_fits(sparsity: Sparsity, target_config, target_path: Path) -> str | None:
+    if getattr(target_config, "delta", None) is not None:
+        return ("sparsespec drafts over the target's own K/V rows, and this target's gated-delta layers keep "
+                "a recurrent state instead; use a draft model, early-exit or a lookup drafter")
     context = int(target_config.max_position_embeddings)
     if sparsity.budget >= context:
         return (f"a BUDGET of {sparsity.budget} keys is the target's whole context of {context} tokens, so nothing "
@@ -187,17 +190,8 @@ class SparseDrafter(ModelDrafter):
 
     @torch.inference_mode()
     def _gather(self, target_slot: int, own_slot: int, kept: torch.Tensor) -> None:
-        """Copy the kept rows [layers, G, k] of the target's slot to rows 0..k-1 of the drafter's slot:
-        per layer, one row index_select of each of K and V (a row of head g at g * rows + position)."""
-        layers, G, k = kept.shape
-        cache, source = self.cache, self.source
-        rows, D = source.k[0].shape[2:]  # a head's rows in the target's cache, its size
-        flat = (kept + torch.arange(G).view(1, G, 1) * rows).reshape(layers, G * k)  # [layers, G k]
-        for index in range(layers):
-            at = flat[index].to(cache.k[index].device)  # [G k]
-            for own, src in ((cache.k[index], source.k[index]), (cache.v[index], source.v[index])):
-                picked = src[target_slot].reshape(G * rows, D).index_select(0, at)  # [G k, D]
-                own[own_slot, :, :k] = picked.view(G, k, D)
+        """Copy the kept rows [layers, G, k] of the target's slot to rows 0..k-1 of the drafter's slot."""
+        self.cache.gather_from(self.source, target_slot, own_slot, kept)
 
 
 def build(sparsity: Sparsity, shape, target, target_path: Path) -> SparseDrafter:
