@@ -178,7 +178,7 @@ def _parser() -> argparse.ArgumentParser:
                      "drafters; needs --drafter; sampled: siblings drawn from q, so requests need temperature > 0: "
                      f"a greedy one gets a 400) | ddtree:N (dflash; default: {TREE_DEFAULT})")
     srv.add_argument("--refiner", default=None, help=REFINER_HELP)
-    srv.add_argument("--controller", default=None, help="fixed:N | adaptive[:MAX] | cost[:MAX] (needs --drafter; "
+    srv.add_argument("--controller", default=None, help=f"{CONTROLLERS} (needs --drafter; "
                      f"default: {CONTROLLER_DEFAULT['serve']}, which prices the whole batch and backs off as it grows)")
     srv.add_argument("--verifier", default=None, help="a verifier by name, as for generate (needs --drafter; "
                      "default: the best exact one for each request's sampling); a request it cannot verify gets a "

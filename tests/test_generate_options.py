@@ -93,3 +93,14 @@ def test_usage_md_documents_the_llm_signature():
         names.append(f"{parameter.name}={default}")
     assert documented == ", ".join(names[:1] + ["*"] + names[1:])
     assert "`verifier`" in text.split("`LLM(")[1].split("## Seeds")[0]  # and says what it does
+
+
+def test_serve_help_lists_every_controller_too():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "outrider.cli", "serve", "--help"], capture_output=True, text=True,
+                         timeout=120).stdout
+    flat = " ".join(out.split())
+    for usage in ("fixed:N", "cost[:MAX]", "libraspec[:MAX]", "threshold:T[,MAX]", "entropy[:MAX]"):
+        assert usage in flat, usage
