@@ -18,7 +18,8 @@ from outrider.models.config import ModelConfig
 from outrider.models.config_fields import CHECKED, INERT, READ
 from outrider.weights.loader import load_decoder
 
-CLASSES = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "qwen3_5": "Qwen3_5TextConfig"}
+CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
+           "qwen3_5": "Qwen3_5TextConfig"}
 
 
 @pytest.mark.parametrize("family", CLASSES)

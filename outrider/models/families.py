@@ -1,19 +1,34 @@
 """Which architectures the runtime runs, and the switches that tell them apart.
 
-One entry per family; `llama.py`, `qwen2.py` and `qwen3.py` each declare theirs. Adding a family
-that fits the shared decoder is one small file and one line below.
+One entry per family; `llama.py`, `mistral.py`, `qwen2.py`, `qwen3.py` and `qwen3_5.py` each
+declare theirs. Adding a family that fits the layer kinds the decoder runs is one small file and
+one line below, or a `register_family(FAMILY)` call from your own code (docs/adding-a-family.md).
 """
 
 from __future__ import annotations
 
 from ..errors import ModelError
-from . import llama, qwen2, qwen3, qwen3_5
+from . import llama, mistral, qwen2, qwen3, qwen3_5
 from .family import Family
+
+
+BUILT_IN = (llama.FAMILY, mistral.FAMILY, qwen2.FAMILY, qwen3.FAMILY, qwen3_5.FAMILY)
+_ADDED: list[Family] = []  # register_family's
+
+
+def register_family(family: Family) -> None:
+    """Run `family`'s architectures (a family of your own; replaces one of the same name)."""
+    unregister_family(family.name)
+    _ADDED.append(family)
+
+
+def unregister_family(name: str) -> None:
+    _ADDED[:] = [f for f in _ADDED if f.name != name]
 
 
 def _registry() -> dict[str, Family]:
     table = {}
-    for family in (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY, qwen3_5.FAMILY):
+    for family in (*BUILT_IN, *_ADDED):
         for arch in family.architectures:
             table[arch] = family
     return table
