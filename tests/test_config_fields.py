@@ -1,7 +1,8 @@
 """Never run a model wrong: every field transformers writes for a family is classified
 (models/config_fields.py), a field that changes the arithmetic and is not read refuses the model in
-one line (a Llama 3 config saved by transformers 5 carries its RoPE scaling as `rope_parameters`),
-and so does a tensor the runtime would not read."""
+one line (a Llama 3 config saved by transformers 5 carries its RoPE scaling as `rope_parameters`:
+it ran with plain RoPE; now llama3 is implemented, and a type that is not, such as dynamic, is
+refused), and so does a tensor the runtime would not read."""
 
 from __future__ import annotations
 
@@ -39,10 +40,13 @@ def _raw(**changes) -> dict:
 
 # (field, a value that changes the arithmetic, a value that does not)
 CASES = [
-    ("rope_scaling", {"rope_type": "llama3", "factor": 8.0}, None),
-    ("rope_scaling", {"type": "linear", "factor": 2.0}, {"rope_type": "default"}),
-    ("rope_parameters", {"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5}, {"rope_type": "default", "rope_theta": 5e5}),
-    ("rope_parameters", {"rope_type": "yarn", "factor": 4.0}, {"rope_theta": 1e4}),
+    # RoPE types models/rope.py does not implement (default, linear, llama3 and yarn run: tests/test_rope.py)
+    ("rope_scaling", {"rope_type": "dynamic", "factor": 8.0}, None),
+    ("rope_scaling", {"type": "longrope", "factor": 2.0}, {"type": "linear", "factor": 2.0}),
+    ("rope_parameters", {"rope_type": "dynamic", "factor": 8.0, "rope_theta": 5e5}, {"rope_type": "default", "rope_theta": 5e5}),
+    ("rope_parameters", {"rope_type": "longrope", "factor": 4.0},
+     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 64}),
     ("sliding_window", 64, None),
     ("layer_types", ["sliding_attention", "full_attention"], ["full_attention", "full_attention"]),
     ("partial_rotary_factor", 0.5, 1.0),
@@ -74,32 +78,39 @@ def test_a_window_the_context_never_reaches_is_no_window():
 
 
 @pytest.fixture(scope="module")
-def llama3_folder(tmp_path_factory):
-    """A small random Llama with llama3 RoPE scaling, saved by transformers itself (5.x writes it as
-    rope_parameters)."""
+def rope_folders(tmp_path_factory):
+    """Small random Llamas saved by transformers itself (5.x writes the RoPE type under
+    rope_parameters): one with llama3 scaling, one with dynamic NTK (not implemented)."""
     import transformers as tf
 
-    config = tf.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                            rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
-                                             "rope_theta": 500000.0})
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("llama3")
-    tf.LlamaForCausalLM(config).save_pretrained(folder)
-    return folder
+    folders = {}
+    for kind, rope in (("llama3", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+                       ("dynamic", {"rope_type": "dynamic", "factor": 2.0})):
+        config = tf.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                rope_parameters={**rope, "rope_theta": 500000.0})
+        torch.manual_seed(0)
+        folders[kind] = tmp_path_factory.mktemp(kind)
+        tf.LlamaForCausalLM(config).save_pretrained(folders[kind])
+    return folders
 
 
-def test_a_llama3_config_saved_by_transformers_is_refused(llama3_folder):
-    raw = json.loads((llama3_folder / "config.json").read_text())
+def test_a_llama3_config_saved_by_transformers_runs_with_its_scaling(rope_folders):
+    """It was run with plain RoPE, silently; now with llama3's frequencies (tests/test_rope.py
+    checks logits and tokens against transformers)."""
+    raw = json.loads((rope_folders["llama3"] / "config.json").read_text())
     assert "rope_scaling" not in raw or not raw["rope_scaling"]  # where transformers 5 puts it: rope_parameters
-    with pytest.raises(ModelError, match=r"RoPE scaling \(rope_parameters: rope_type 'llama3'\)") as err:
-        load_decoder(llama3_folder, "cpu", torch.float32)
+    model = load_decoder(rope_folders["llama3"], "cpu", torch.float32)
+    plain = 1.0 / (500000.0 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16))
+    assert model.config.rope.rope_type == "llama3" and not torch.equal(model.inv_freq, plain)
+
+
+def test_a_type_not_implemented_is_refused_by_load_and_cli_in_one_line(rope_folders):
+    with pytest.raises(ModelError, match=r"RoPE scaling \(rope_parameters: rope_type 'dynamic'\)") as err:
+        load_decoder(rope_folders["dynamic"], "cpu", torch.float32)
     assert "\n" not in str(err.value)
-
-
-def test_the_cli_refuses_it_in_one_line(llama3_folder):
-    run = subprocess.run([sys.executable, "-m", "outrider.cli", "generate", "--model", str(llama3_folder),
+    run = subprocess.run([sys.executable, "-m", "outrider.cli", "generate", "--model", str(rope_folders["dynamic"]),
                           "--max-new-tokens", "2", "hello"], capture_output=True, text=True, timeout=300)
     assert run.returncode != 0
     lines = [line for line in run.stderr.splitlines() if line.strip()]
@@ -138,4 +149,4 @@ def test_a_hybrid_reads_its_own_fields_and_refuses_rope_scaling():
     c = ModelConfig.from_dict(raw)
     assert c.layer_kinds == ("gated_delta",) * 3 + ("attention",) and c.rotary_dim == 4  # a quarter of 16
     with pytest.raises(ModelError, match="RoPE scaling"):
-        ModelConfig.from_dict({**raw, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}})
+        ModelConfig.from_dict({**raw, "rope_parameters": {"rope_type": "dynamic", "factor": 4.0}})

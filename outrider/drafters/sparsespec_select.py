@@ -53,7 +53,7 @@ def queries(target, index: int, hidden: torch.Tensor, positions: torch.Tensor) -
     hidden [n, E], at positions [n] (long)."""
     c, w = target.config, target.layers[index]
     H, D, n = c.num_heads, c.head_dim, hidden.shape[0]
-    cos, sin = rotary_tables(positions.view(1, n).to(target.device), target.inv_freq, target.dtype)
+    cos, sin = rotary_tables(positions.view(1, n).to(target.device), target.inv_freq, target.dtype, target.rope_scale)
     h = rms_norm(hidden.unsqueeze(0).to(target.dtype), w.input_norm, c.rms_norm_eps)  # [1, n, E]
     q = linear(h, w.qkv, w.qkv_bias)[..., : H * D].view(1, n, H, D).transpose(1, 2)  # [1, H, n, D]
     if w.q_norm is not None:

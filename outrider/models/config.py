@@ -17,6 +17,7 @@ from ..errors import ModelError
 from .config_fields import partial_rotary, refusal
 from .families import family_for
 from .family import ATTENTION, GATED_DELTA
+from .rope import RopeSpec
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class ModelConfig:
     attn_output_gate: bool = False  # attention output times sigmoid(gate): q_proj's second half
     norm_plus_one: bool = False  # norms scale by 1 + weight (folded into the weights at load)
     delta: DeltaConfig | None = None  # the gated-delta layers' sizes (hybrids)
+    rope: RopeSpec = RopeSpec()  # the rotary embedding's type and parameters (models/rope.py)
 
     def kind(self, layer: int) -> str:
         return self.layer_kinds[layer] if self.layer_kinds else ATTENTION
@@ -96,6 +98,7 @@ class ModelConfig:
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 qkv_bias=family.qkv_bias(raw),
                 qk_norm=family.qk_norm,
+                rope=RopeSpec.of(raw),
                 **_kinds(raw, family, int(raw.get("head_dim") or hidden // heads)),
             )
         except KeyError as missing:

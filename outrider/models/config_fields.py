@@ -10,12 +10,15 @@ tests/test_config_fields.py checks that every field transformers' own config cla
 family is classified here, so a field added upstream fails the suite until someone says what it
 does. Fields no class writes (a checkpoint's own extras) are not refused: a hub config carries
 many; what they could change is caught again at load, where a tensor the runtime does not read is
-refused (weights/loader.py).
+refused (weights/loader.py). RoPE types the runtime implements (models/rope.py: default, linear,
+llama3, yarn) are read; the others (dynamic, longrope, ...) are refused.
 """
 
 from __future__ import annotations
 
 from typing import Callable
+
+from .rope import TYPES as ROPE_TYPES
 
 # read by models/config.py (or a family's switch)
 READ = frozenset({
@@ -56,8 +59,8 @@ def _sliding(raw: dict) -> bool:
 
 # field -> (neutral?, what it is): set otherwise, the config is refused
 CHECKED: dict[str, tuple[Callable[[object, dict], bool], str]] = {
-    "rope_scaling": (lambda v, raw: _rope_type(v) == "default", "RoPE scaling"),
-    "rope_parameters": (lambda v, raw: _rope_type(v) == "default", "RoPE scaling"),
+    "rope_scaling": (lambda v, raw: _rope_type(v) in ROPE_TYPES, "RoPE scaling"),
+    "rope_parameters": (lambda v, raw: _rope_type(v) in ROPE_TYPES, "RoPE scaling"),
     "sliding_window": (lambda v, raw: not _sliding(raw), "sliding-window attention"),
     "use_sliding_window": (lambda v, raw: not _sliding(raw), "sliding-window attention"),
     "layer_types": (lambda v, raw: not _sliding(raw), "sliding-window attention"),
@@ -87,7 +90,7 @@ def refusal(raw: dict, family) -> str | None:
             return f"{what} ({name}: {shown}) is not supported yet for {family.name}"
     if "partial_rotary_factor" not in family.reads and partial_rotary(raw) != 1.0:  # where transformers 5 keeps it
         return f"partial rotary embeddings (partial_rotary_factor: {partial_rotary(raw)}) is not supported yet for {family.name}"
-    if "rope_parameters" in family.reads and _rope_type(raw.get("rope_parameters")) != "default":
+    if "rope_parameters" in family.reads and _rope_type(raw.get("rope_parameters")) not in ROPE_TYPES:
         return f"RoPE scaling (rope_parameters: {_short(raw['rope_parameters'])}) is not supported yet for {family.name}"
     if raw.get("attention_bias") and family.name != "qwen2":
         return f"attention_bias: true (a bias on o_proj as well as Q, K, V) is not supported yet for {family.name}"

@@ -22,6 +22,7 @@ from .delta_state import DeltaState
 from .family import GATED_DELTA
 from .kv_cache import KVCache
 from .layers import embedding, fold_mask, linear, rms_norm, rotary_tables, swiglu_mlp
+from .rope import frequencies
 from .state import HybridState
 
 # The native layer's workspace for a prefill (every row's qkv, attention output, MLP activations
@@ -87,9 +88,9 @@ class Decoder:
         # reads (llama.cpp's default cache type; a model of its own, exact under speculation)
         self.kv_dtype = kv_dtype
         c = config
-        self.inv_freq = 1.0 / (
-            c.rope_theta ** (torch.arange(0, c.rotary, 2, dtype=torch.float32, device=embed.device) / c.rotary)
-        )
+        # [rotary / 2] float32, and the factor cos and sin are scaled by (YaRN's; 1 otherwise)
+        self.inv_freq, self.rope_scale = frequencies(c.rope, c.rotary, c.max_position_embeddings)
+        self.inv_freq = self.inv_freq.to(embed.device)
 
     @property
     def device(self) -> torch.device:
@@ -130,7 +131,7 @@ class Decoder:
             part = self._fill_part_rows(batch)
             if part is not None:  # one long prompt past the native workspace: in parts, the same bits
                 return self._fill_in_parts(batch, cache, part)
-        cos, sin = rotary_tables(batch.positions, self.inv_freq, self.dtype)
+        cos, sin = rotary_tables(batch.positions, self.inv_freq, self.dtype, self.rope_scale)
         x = embedding(batch.tokens, self.embed)  # [B, T, E]
         hidden = {}
         if 0 in batch.hidden_layers:

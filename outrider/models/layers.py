@@ -46,10 +46,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x.to(dtype)
 
 
-def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
-    """positions: [B, T] long, inv_freq: [D/2] -> cos, sin: [B, 1, T, D] (half-split layout)."""
+def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, scale: float = 1.0):
+    """positions: [B, T] long, inv_freq: [D/2] -> cos, sin: [B, 1, T, D] (half-split layout), times
+    `scale` (YaRN's attention factor; models/rope.py)."""
     freqs = positions.unsqueeze(-1).float() * inv_freq  # [B, T, D/2]
     emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [B, 1, T, D]
+    if scale != 1.0:
+        return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
