@@ -244,6 +244,10 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("--name", default=None, help="the model's name (default: the file's name without .gguf)")
     imp.add_argument("--force", action="store_true", help="replace a model imported under this name")
     imp.set_defaults(run=models_cli.import_command)
+    chk = msub.add_parser("check", help="say in one line whether a model runs here, or what of it does not "
+                          "(its architecture, a config field, a tensor); reads no weights")
+    chk.add_argument("model", help="a catalog name, a Hugging Face folder, or a .gguf file")
+    chk.set_defaults(run=models_cli.check_command)
     path = msub.add_parser("path", help="print the folder of a pulled or imported model")
     path.add_argument("name")
     path.set_defaults(run=models_cli.path_command)

@@ -55,3 +55,30 @@ def path_command(args) -> int:
 
     print(resolve_model(args.name))
     return 0
+
+
+def check_command(args) -> int:
+    """One line: what of a model folder is not supported (the architecture, a config field, a
+    tensor), or that it runs, with what it is; exit 1 when it does not."""
+    from ..errors import ModelError
+    from ..weights.loader import load_decoder
+    from .resolve import resolve_model
+
+    folder = resolve_model(args.model)
+    try:
+        if not any(folder.glob("*.safetensors")):  # a GGUF of one's own: its tensors were mapped at import
+            from ..models.config import ModelConfig
+
+            c = ModelConfig.load(folder)
+            print(f"supported: {folder}: {c.architecture} (a GGUF), {c.num_layers} layers, vocab {c.vocab_size}")
+            return 0
+        model = load_decoder(folder, shapes_only=True)
+    except ModelError as err:
+        print(f"unsupported: {err}")
+        return 1
+    c = model.config
+    kinds = sorted(set(c.layer_kinds or ("attention",)))
+    rope = c.rope.rope_type + (f", rotary {c.rotary} of {c.head_dim}" if c.rotary != c.head_dim else "")
+    print(f"supported: {folder}: {c.architecture}, {c.num_layers} layers ({', '.join(kinds)}), "
+          f"hidden {c.hidden_size}, vocab {c.vocab_size}, RoPE {rope}")
+    return 0

@@ -149,6 +149,26 @@ class _Reading:
                              "they would change its output, so it is not supported yet")
 
 
+class _Shapes:
+    """A folder's safetensors as names and shapes only: meta tensors, no data read."""
+
+    def __init__(self, folder: Path):
+        self.floats = _Tensors(folder)
+
+    def has(self, name: str) -> bool:
+        return self.floats.has(name)
+
+    def get(self, name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if not self.floats.has(name):
+            raise ModelError(f"weights are missing tensor '{name}'; the folder is incomplete or not this architecture")
+        shape = self.floats.handles[self.floats.where[name]].get_slice(name).get_shape()
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    def projection(self, names: list[str], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        parts = [self.get(name, dtype, device) for name in names]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 def tensor_names(source) -> set[str]:
     """Every tensor name a weight source holds (Hugging Face names)."""
     for attr in ("where", "tensors"):  # _Tensors; a GGUF's index
@@ -252,20 +272,21 @@ def auto_dtype(folder: str | Path, device: torch.device | str | None = None) -> 
 
 def load_decoder(folder: str | Path, device: torch.device | str | None = None,
                  dtype: torch.dtype | str | None = None, head_ids: torch.Tensor | None = None, *,
-                 kv_dtype: torch.dtype | None = None, drafter: bool = False) -> Decoder:
+                 kv_dtype: torch.dtype | None = None, drafter: bool = False, shapes_only: bool = False) -> Decoder:
     """dtype: a float dtype, or "q8_0" / "q4" / "gguf" (and the -bf16-lossy forms) for weights kept
     quantized (see weights/quant_load.py); None: the device's float default (callers wanting the model's
     own quantization pass `auto_dtype(folder, device)`). head_ids: long [n], sorted token ids:
     the output head keeps only their rows (a drafter's reduced vocabulary: logits column i is
     token head_ids[i]; `Decoder.head_ids`). kv_dtype: the K/V cache's values (None: the compute
     dtype); drafter: a draft model (its prompt may be multiplied in bfloat16, dispatch.py). Each is
-    fixed for the model's life."""
+    fixed for the model's life. shapes_only: read no weight, only names and shapes (every check of
+    the load, on the meta device: `outrider models check`)."""
     folder = Path(folder)
     config = ModelConfig.load(folder)
-    device = resolve_device(device)
+    device = torch.device("meta") if shapes_only else resolve_device(device)
     quantized = dtype if isinstance(dtype, str) else None
-    dtype = default_dtype(device) if quantized or dtype is None else dtype
-    weights = open_weights(folder)
+    dtype = torch.float32 if shapes_only else default_dtype(device) if quantized or dtype is None else dtype
+    weights = _Shapes(folder) if shapes_only else open_weights(folder)
     if quantized:
         from .quant_load import QuantTensors
 
