@@ -40,7 +40,7 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     from outrider.catalog.resolve import resolve_model
-    from outrider.drafters.base import Budget
+    from outrider.spec.types import Budget
     from outrider.drafters.sparsespec import QUERY_ROWS, SparseDrafter, parse_argument
     from outrider.models.batch import pack
     from outrider.spec.shapes import parse_shape

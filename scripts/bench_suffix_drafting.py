@@ -27,10 +27,9 @@ import re
 import statistics
 import time
 
-from outrider.drafters.base import Budget
 from outrider.drafters.ngram import NgramDrafter
 from outrider.drafters.suffix import SuffixDrafter
-from outrider.spec.types import DraftTree, VerifyResult
+from outrider.spec.types import Budget, DraftTree, VerifyResult
 
 WORD = re.compile(r"\w+|\s+|[^\w\s]")
 

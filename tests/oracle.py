@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import torch
 
+from outrider.drafters.base import DrafterBase
 from outrider.drafters.capabilities import Capabilities, Drafts
 from outrider.spec.types import DraftTree
 
 
-class OracleDrafter:
+class OracleDrafter(DrafterBase):
     name = "oracle"
     capabilities = Capabilities({"chain": Drafts("chain"), "static": Drafts("tree"), "dynamic": Drafts("tree")})
 

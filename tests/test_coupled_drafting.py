@@ -62,14 +62,14 @@ DRAFTERS = {
 def recorded_run(target, spec: Speculator, seed: int) -> tuple[list, list]:
     """Completions of PROMPTS with this seed, and every proposal as (first position it drafts, its tree)."""
     proposals = []
-    propose = spec.propose_batch
+    propose = spec.drafter.propose_batch
 
-    def recording(seqs, free_rows, batch_size=None):
-        trees, failed = propose(seqs, free_rows, batch_size)
-        proposals.extend((len(seq.tokens), tree) for seq, tree in zip(seqs, trees))
-        return trees, failed
+    def recording(seq_ids, tokens, budgets):
+        trees = propose(seq_ids, tokens, budgets)
+        proposals.extend((len(t), tree) for t, tree in zip(tokens, trees))
+        return trees
 
-    spec.propose_batch = recording
+    spec.drafter.propose_batch = recording
     params = SamplingParams(PARAMS.temperature, PARAMS.top_k, seed=seed)
     done = generate_ids(target, [Request(list(p), 12, params) for p in PROMPTS], set(), speculation=spec)
     return done, proposals

@@ -5,10 +5,9 @@ import random
 
 import pytest
 
-from outrider.drafters.base import Budget
 from outrider.drafters.ngram import NgramDrafter
 from outrider.errors import ConfigError
-from outrider.spec.types import DraftTree, VerifyResult
+from outrider.spec.types import Budget, DraftTree, VerifyResult
 
 
 def drafts_of(tree: DraftTree) -> list[int]:

@@ -18,7 +18,7 @@ from outrider.control.controllers import AdaptiveController, FixedController
 from outrider.control.cost import CostController
 from outrider.control.profile import VerifyCostProfile
 from outrider.drafters import registry
-from outrider.drafters.base import Budget
+from outrider.drafters.base import DrafterBase
 from outrider.drafters.capabilities import Capabilities, Drafts
 from outrider.drafters.model import ModelDrafter
 from outrider.drafters.registry import DrafterEntry, register, unregister
@@ -30,7 +30,7 @@ from outrider.weights.loader import load_decoder
 from outrider.sampling import SamplingParams
 from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.spec.shapes import parse_shape
-from outrider.spec.types import DraftTree
+from outrider.spec.types import Budget, DraftTree
 from outrider.spec.verifiers import VERIFIERS
 
 BUILT_IN_NAMES = ("ngram", "suffix", "draft-model", "early-exit", "hybrid")
@@ -113,7 +113,7 @@ def test_a_hand_built_speculator_reads_the_registered_or_the_class_declaration(v
 
 
 # -- a drafter that is one file: defined and registered here, nothing else edited ----------------
-class RecentTokens:
+class RecentTokens(DrafterBase):
     """Guesses that the next token is one of the last `width` distinct committed tokens, each
     followed by what followed it the last time it was seen: a tree of `width` branches."""
 

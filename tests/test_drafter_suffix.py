@@ -6,11 +6,10 @@ import random
 
 import pytest
 
-from outrider.drafters.base import Budget
 from outrider.drafters.suffix import SuffixDrafter, speculate
 from outrider.drafters.suffix_tree import SuffixTree
 from outrider.errors import ConfigError
-from outrider.spec.types import DraftTree, VerifyResult
+from outrider.spec.types import Budget, DraftTree, VerifyResult
 
 
 def brute_counts(sequences: list[list[int]], max_depth: int) -> dict[tuple[int, ...], int]:

@@ -12,6 +12,7 @@ from eagle3_tiny import target_with_head
 from enumerate_law import one_thread
 
 from outrider.control.controllers import FixedController
+from outrider.drafters.base import DrafterBase
 from outrider.drafters.capabilities import Capabilities, Drafts
 from outrider.engine.generate import generate_ids
 from outrider.engine.request import Request
@@ -84,7 +85,7 @@ def test_sampled_trees_equal_plain_sampling(setup):
 
 
 # -- the wiring: what a drafter that declares needs_hidden receives -------------------------------
-class Recorder:
+class Recorder(DrafterBase):
     """Drafts a chain from a known output (one wrong token every other round) and records the
     hidden states it is given."""
 

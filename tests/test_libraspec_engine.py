@@ -19,7 +19,6 @@ from tiny import make_tiny
 from outrider.control.controllers import FixedController
 from outrider.control.libraspec import LibraSpecController, ThresholdController
 from outrider.control.profile import VerifyCostProfile
-from outrider.drafters.base import Budget
 from outrider.drafters.model import ModelDrafter
 from outrider.drafters.suffix import SuffixDrafter
 from outrider.engine.generate import generate_ids
@@ -27,6 +26,7 @@ from outrider.engine.request import Request
 from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.sampling import SamplingParams
 from outrider.spec.shapes import parse_shape
+from outrider.spec.types import Budget, DraftTree
 from outrider.weights.loader import load_decoder
 
 
@@ -234,8 +234,9 @@ def test_smollm2_greedy_output_is_autoregressive(smollm2_decoder, smollm2_tokeni
         assert sum(sp.round_stats.accepted_by_position) > 0
 
 
-def test_fixed_controllers_have_no_trim():
-    assert not hasattr(FixedController(4), "trim")  # the speculator verifies their trees as drafted
+def test_fixed_controllers_keep_every_draft():
+    trees = [DraftTree.chain(1, [2, 3]), DraftTree.root_only(4)]
+    assert FixedController(4).trim([0, 1], trees, 2) is trees  # the round verifies their trees as drafted
 
 
 def test_the_seeds_preset_runs_libraspec_beside_its_baselines():

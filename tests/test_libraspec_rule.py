@@ -26,12 +26,11 @@ from enumerate_law import (
 from outrider.control.controllers import parse_controller
 from outrider.control.libraspec_trim import Offer, marginal_trim, subtree, threshold_trim
 from outrider.control.profile import VerifyCostProfile
-from outrider.drafters.base import Budget
 from outrider.engine.speculator import SpecOptions
 from outrider.errors import ConfigError
 from outrider.sampling import SamplingParams
 from outrider.spec.tree import tree_problem
-from outrider.spec.types import DraftTree
+from outrider.spec.types import Budget, DraftTree
 from outrider.spec.verify_chain import verify_chain_reference
 from outrider.spec.verify_multidraft import MultiDraftVerifier
 

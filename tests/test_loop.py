@@ -13,6 +13,7 @@ from enumerate_law import one_thread
 
 from outrider.control.controllers import FixedController
 from outrider.drafters.ngram import NgramDrafter
+from outrider.engine.constrain import constrain as constrain_trees
 from outrider.engine.generate import generate_ids
 from outrider.engine.loop import EngineLoop
 from outrider.engine.request import Request
@@ -145,27 +146,45 @@ def test_time_figures_add_up_within_the_total(target):
 
 # --- what no output token shows (mutation testing, issue 29, the loop group's survivors) ---------
 
-class Spy(Speculator):
-    """n-grams, recording what the engine tells the speculator: the cache and batch it prepares
-    for, each proposal's sequences, free rows and batch size, each verify time observed."""
+class SpyController(FixedController):
+    """fixed:3, recording the budgets asked for (sequences, batch size) and the verify times seen."""
 
     def __init__(self):
-        super().__init__(SpecOptions("ngram", "chain", "fixed:3"), NgramDrafter(), FixedController(3),
-                         parse_shape("chain"))
-        self.prepared, self.proposed, self.verified = [], [], []
+        super().__init__(3)
+        self.asked, self.verified = [], []
+
+    def budgets(self, seq_ids, batch_size, nodes_for):
+        self.asked.append((list(seq_ids), batch_size))
+        return super().budgets(seq_ids, batch_size, nodes_for)
+
+    def observe_verify_time(self, batch_size, width, seconds):
+        self.verified.append((batch_size, width, seconds))
+
+
+class SpyDrafter(NgramDrafter):
+    """n-grams, recording each proposal's sequences, node budgets and widest tree."""
+
+    def __init__(self):
+        super().__init__()
+        self.proposed = []
+
+    def propose_batch(self, seq_ids, tokens, budgets):
+        trees = super().propose_batch(seq_ids, tokens, budgets)
+        self.proposed.append((list(seq_ids), [b.nodes for b in budgets], max(t.size for t in trees)))
+        return trees
+
+
+class Spy(Speculator):
+    """n-grams under fixed:3, recording what the engine tells the speculator (the cache and batch it
+    prepares for), its controller (budgets, verify times) and its drafter (proposals)."""
+
+    def __init__(self):
+        super().__init__(SpecOptions("ngram", "chain", "fixed:3"), SpyDrafter(), SpyController(), parse_shape("chain"))
+        self.prepared = []
 
     def prepare(self, cache, max_batch):
         self.prepared.append((cache, max_batch))
         super().prepare(cache, max_batch)
-
-    def propose_batch(self, seqs, free_rows, batch_size=None):
-        trees, failed = super().propose_batch(seqs, free_rows, batch_size)
-        self.proposed.append(([s.seq_id for s in seqs], list(free_rows), batch_size, max(t.size for t in trees)))
-        return trees, failed
-
-    def observe_verify_time(self, batch_size, width, seconds):
-        self.verified.append((batch_size, width, seconds))
-        super().observe_verify_time(batch_size, width, seconds)
 
 
 def test_defaults_refusals_and_the_rows_a_request_reserves(target):
@@ -205,10 +224,11 @@ def test_defaults_refusals_and_the_rows_a_request_reserves(target):
 
 
 def test_what_the_engine_tells_the_speculator(target):
-    """prepare gets the engine's cache and slot count; a proposal is asked for the requests that
-    draft (not speculate=False, not max_draft_tokens=0; max_draft_tokens=1 does), with each one's
-    free rows capped at max_draft_tokens + 1 and the round's whole batch size; the verify time
-    observed is the round's batch, its widest tree and seconds within the step."""
+    """prepare gets the engine's cache and slot count; budgets are asked for the requests that
+    draft (not speculate=False, not max_draft_tokens=0; max_draft_tokens=1 does) with the round's
+    whole batch size, and each one's nodes are capped by its free rows, themselves capped at
+    max_draft_tokens + 1 (the root's row included); the verify time observed is the round's
+    batch, its widest tree and seconds within the step."""
     spec = Spy()
     engine = EngineLoop(target, set(), spec, max_running=4, max_len=64)
     assert spec.prepared == [(engine.cache, 4)] and spec.prepared[0][0] is engine.cache
@@ -219,9 +239,10 @@ def test_what_the_engine_tells_the_speculator(target):
     begin = time.perf_counter()
     engine.step()
     wall = time.perf_counter() - begin
-    assert spec.proposed[0][:3] == ([ids[0], ids[1]], [64 - 6, 2], 4)
-    (batch, width, seconds), = spec.verified
-    assert (batch, width) == (4, spec.proposed[0][3]) and 0.0 < seconds < wall
+    assert spec.controller.asked[0] == ([ids[0], ids[1]], 4)
+    assert spec.drafter.proposed[0][:2] == ([ids[0], ids[1]], [3, 1])  # 58 free rows: 3 nodes; 2: 1
+    (batch, width, seconds), = spec.controller.verified
+    assert (batch, width) == (4, spec.drafter.proposed[0][2]) and 0.0 < seconds < wall
     done, _ = drain(engine)
     for i, p in zip(ids, prompts):
         assert done[i].token_ids == alone(target, p, 8), i
@@ -315,7 +336,7 @@ class Forcing:
 
 
 def test_a_grammar_drafts_its_forced_tokens_and_prunes_where_the_verifier_allows(target):
-    """engine._constrain with stand-in grammars: forced tokens (at most the tree's headroom and the
+    """engine/constrain.py with stand-in grammars: forced tokens (at most the tree's headroom and the
     slot's free rows less the root) replace a drafter's tree no longer than them, after the last
     committed token, with point-mass draft_probs where the drafter gave draft_probs; the tree is
     pruned where the request drafts grammar-aware and its verifier reads no draft_probs or is
@@ -335,8 +356,9 @@ def test_a_grammar_drafts_its_forced_tokens_and_prunes_where_the_verifier_allows
     def constrain(seq, grammar, drafts, probs=None):
         seq.grammar = grammar
         trees = [DraftTree.root_only(plain.tokens[-1]), DraftTree.chain(seq.tokens[-1], drafts, probs)]
-        errors = engine._constrain([plain, seq], trees, {})  # the request without a grammar first
-        return trees[1], errors
+        made, errors = constrain_trees([plain, seq], trees, {}, engine.cache, engine.headroom, 96)  # no grammar first
+        assert made[0] is trees[0] and trees[1].tokens.tolist() == [seq.tokens[-1], *drafts]  # a new list
+        return made[1], errors
 
     g = Forcing([50, 51, 52, 53, 54])  # as many forced tokens as drafts (3, the headroom less the root)
     tree, errors = constrain(greedy, g, [60, 61, 62])

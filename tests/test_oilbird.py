@@ -17,7 +17,6 @@ import pytest
 import torch
 from enumerate_law import one_thread
 
-from outrider.drafters.base import Budget
 from outrider.drafters.ngram import NgramDrafter
 from outrider.drafters.oilbird import BASES, OilbirdArgument, OilbirdDrafter, merge, parse_argument
 from outrider.drafters.registry import parse_drafter
@@ -27,7 +26,7 @@ from outrider.engine.request import Request
 from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.errors import ConfigError
 from outrider.models.batch import pack
-from outrider.spec.types import VerifyResult
+from outrider.spec.types import Budget, VerifyResult
 from outrider.weights.loader import load_decoder
 
 # 61 is fresh (never seen); the state that predicted the root 7 after it is the state at 50,

@@ -16,14 +16,13 @@ import pytest
 from enumerate_law import one_thread
 from tiny import add_tokenizer
 
-from outrider.drafters.base import Budget
 from outrider.drafters.ooo import Hint, OooDrafter, parse_argument
 from outrider.drafters.registry import parse_drafter
 from outrider.engine.generate import generate_ids
 from outrider.engine.request import Request
 from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.errors import ConfigError
-from outrider.spec.types import VerifyResult
+from outrider.spec.types import Budget, VerifyResult
 from outrider.weights.loader import load_decoder
 
 

@@ -14,14 +14,13 @@ from eagle3_tiny import target_with_head
 from enumerate_law import one_thread
 from test_eagle3_spec import PROMPTS
 
-from outrider.drafters.base import Budget
 from outrider.drafters.pending import PendingRows
 from outrider.engine.generate import generate_ids
 from outrider.engine.request import Request
 from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.heads.eagle3 import Eagle3Head
 from outrider.models.batch import pack
-from outrider.spec.types import VerifyResult
+from outrider.spec.types import Budget, VerifyResult
 from outrider.weights.loader import load_decoder
 
 

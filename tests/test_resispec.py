@@ -17,13 +17,12 @@ from enumerate_law import ToyModel, autoregressive_law, enumerate_law, generatio
 from test_cli_errors import one_line_error
 from test_spec_sampling_exact import BOUND, CASES, chi_square_p_value, exact_law, models, run_many  # noqa: F401
 
-from outrider.drafters.base import Budget
 from outrider.drafters.eagle3 import Eagle3Drafter
 from outrider.drafters.siblings import draw_siblings
 from outrider.engine.speculator import SpecOptions
 from outrider.errors import ConfigError
 from outrider.sampling import SamplingParams
-from outrider.spec.types import DraftTree
+from outrider.spec.types import Budget, DraftTree
 from outrider.spec.verifiers import VERIFIERS, choose_verifier, lossless_names
 from outrider.spec.verify_multidraft import MultiDraftVerifier
 from outrider.spec.verify_resispec import ResiSpecVerifier

@@ -1,5 +1,6 @@
-"""engine/round.py called directly: what one round commits, writes to the K/V cache and counts
-(mutation testing, issue 29: the counters and time shares the bench and the controllers read)."""
+"""A round's steps called directly (engine/verify.py, engine/commit.py) and engine/round.py's
+time shares: what one round commits, writes to the K/V cache and counts (mutation testing, issue
+29: the counters and time shares the bench and the controllers read)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,16 @@ import torch
 
 from enumerate_law import one_thread
 
+from outrider.control.controllers import FixedController
+from outrider.drafters.ngram import NgramDrafter
+from outrider.engine.commit import commit
 from outrider.engine.generate import generate_ids
 from outrider.engine.loop import EngineLoop
 from outrider.engine.request import Request
-from outrider.engine.round import run_round
+from outrider.engine.speculator import SpecOptions, Speculator
+from outrider.engine.verify import Forward, verify
 from outrider.models.batch import pack
+from outrider.spec.shapes import parse_shape
 from outrider.spec.types import DraftTree
 from outrider.weights.loader import load_decoder
 
@@ -48,23 +54,44 @@ def started(target, prompts=PROMPTS):
     return engine, seqs, refs
 
 
+def verified(target, cache, seqs, trees):
+    """The round's verify and commit steps on given trees: each sequence's result (None where it
+    failed) and the failures by batch index."""
+    forward = Forward.run(target, cache, seqs, trees, list(range(len(seqs))))
+    results, failed = verify(seqs, trees, forward)
+    failed |= commit(cache, seqs, trees, results, forward)
+    return [results.get(b) for b in range(len(seqs))], failed
+
+
+class Slow(NgramDrafter):
+    """n-grams, each proposal taking at least `seconds`."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+
+    def propose_batch(self, seq_ids, tokens, budgets):
+        time.sleep(self.seconds)
+        return super().propose_batch(seq_ids, tokens, budgets)
+
+
 def test_a_round_shares_its_time_among_its_sequences(target):
-    """draft_s (the proposal's time, passed in) and the round's own time are split evenly."""
-    engine, seqs, _ = started(target)
-    for s in seqs:
-        s.stats.draft_s, s.stats.verify_s = 1.0, 2.0
-    trees = [DraftTree.root_only(s.tokens[-1]) for s in seqs]
+    """The proposal's time and the verification's are split evenly among the round's sequences,
+    and a step's shares add up to no more than the step."""
+    spec = Speculator(SpecOptions("ngram", "chain", "fixed:3"), Slow(0.05), FixedController(3), parse_shape("chain"))
+    engine = EngineLoop(target, set(), spec, max_running=2, max_len=64)
+    for p in PROMPTS:
+        engine.add(Request(p, 12))
+    engine.step()  # the prompts, and a first round
+    seqs = list(engine.scheduler.running)
+    before = [(s.stats.draft_s, s.stats.verify_s) for s in seqs]
     begin = time.perf_counter()
-    run_round(target, engine.cache, seqs, trees, draft_s=0.5)
+    engine.step()  # one round
     wall = time.perf_counter() - begin
-    spent = [s.stats.verify_s - 2.0 for s in seqs]
-    assert [s.stats.draft_s for s in seqs] == [1.25, 1.25]
-    assert spent[0] == spent[1] and 0.0 < sum(spent) <= wall
-    run_round(target, engine.cache, seqs[:1], trees[:1])  # no proposal time given: none counted
-    assert seqs[0].stats.draft_s == 1.25
-    one = time.perf_counter()
-    run_round(target, engine.cache, seqs[1:], [DraftTree.root_only(seqs[1].tokens[-1])], draft_s=0.5)
-    assert seqs[1].stats.draft_s == 1.75 and 0.0 < seqs[1].stats.verify_s - 2.0 - spent[1] <= time.perf_counter() - one
+    drafted = [s.stats.draft_s - d for s, (d, _) in zip(seqs, before)]
+    spent = [s.stats.verify_s - v for s, (_, v) in zip(seqs, before)]
+    assert drafted[0] == drafted[1] and 0.05 <= sum(drafted)
+    assert spent[0] == spent[1] and 0.0 < sum(spent) and sum(drafted) + sum(spent) <= wall
 
 
 def test_a_round_commits_counts_and_keeps_the_cache_in_step(target):
@@ -78,8 +105,8 @@ def test_a_round_commits_counts_and_keeps_the_cache_in_step(target):
     tree_a = DraftTree(torch.tensor([a.tokens[-1], (refs[0][0] + 1) % 96, refs[0][0], refs[0][1], refs[0][2]]),
                        torch.tensor([-1, 0, 0, 2, 3]))  # node 1 a wrong sibling: the path is 0, 2, 3, 4
     tree_b = DraftTree.chain(b.tokens[-1], [wrong, 7])
-    outcome = run_round(target, engine.cache, seqs, [tree_a, tree_b])
-    assert outcome.failed == {} and [r.accepted_nodes for r in outcome.results] == [[2, 3, 4], []]
+    results, failed = verified(target, engine.cache, seqs, [tree_a, tree_b])
+    assert failed == {} and [r.accepted_nodes for r in results] == [[2, 3, 4], []]
     assert a.output == refs[0][:4] and b.output == refs[1][:1]
     assert [engine.cache.lengths[s.slot] for s in seqs] == [lens[0] + 4, lens[1] + 1]
     for s, want in ((a, dict(rounds=1, committed=4, drafted=4, accepted_by_position=[1, 1, 1],
@@ -89,16 +116,14 @@ def test_a_round_commits_counts_and_keeps_the_cache_in_step(target):
                              proposed_by_position=[1, 1], accepted_length_hist=[1], committed_by_round=[1]))):
         assert {k: getattr(s.stats, k) for k in want} == want
     # a second round: root-only for a (nothing drafted), a one-draft chain accepted for b
-    outcome = run_round(target, engine.cache, seqs, [DraftTree.root_only(a.tokens[-1]),
-                                                     DraftTree.chain(b.tokens[-1], [refs[1][1]])])
+    verified(target, engine.cache, seqs, [DraftTree.root_only(a.tokens[-1]), DraftTree.chain(b.tokens[-1], [refs[1][1]])])
     assert a.output == refs[0][:5] and b.output == refs[1][:3]
     assert (a.stats.rounds, a.stats.committed, a.stats.drafted, a.stats.committed_by_round) == (2, 5, 4, [4, 1])
     assert (a.stats.accepted_length_hist, a.stats.proposed_by_position) == ([1, 0, 0, 1], [1, 1, 1])
     assert (b.stats.accepted_by_position, b.stats.proposed_by_position, b.stats.accepted_length_hist) == \
         ([1, 0], [2, 1], [1, 1])
     # a third: a one-draft chain accepted for a, root-only for b (counts that grow past 1)
-    run_round(target, engine.cache, seqs, [DraftTree.chain(a.tokens[-1], [refs[0][5]]),
-                                           DraftTree.root_only(b.tokens[-1])])
+    verified(target, engine.cache, seqs, [DraftTree.chain(a.tokens[-1], [refs[0][5]]), DraftTree.root_only(b.tokens[-1])])
     assert a.output == refs[0][:7] and b.output == refs[1][:4]
     assert (a.stats.accepted_by_position, a.stats.proposed_by_position, a.stats.accepted_length_hist) == \
         ([2, 1, 1], [2, 1, 1], [1, 1, 0, 1])
@@ -146,14 +171,14 @@ def test_the_round_applies_the_processing_and_the_grammar_to_the_target_logits(t
     b.allowed[0, forced] = True  # the root's row: only `forced`; node 1 (a wrong draft) allows all
     b.allowed[1] = True
     trees = [DraftTree.root_only(a.tokens[-1]), DraftTree.chain(b.tokens[-1], [(forced + 1) % 96])]
-    outcome = run_round(target, engine.cache, [a, b], trees)
-    assert outcome.failed == {} and a.output == [biased] and b.output == [forced]
+    _, failed = verified(target, engine.cache, [a, b], trees)
+    assert failed == {} and a.output == [biased] and b.output == [forced]
     assert b.grammar.committed == [[forced]] and b.allowed is None  # the masks were this round's only
     b.grammar.fail = True
-    outcome = run_round(target, engine.cache, [a, b], [DraftTree.root_only(a.tokens[-1]),
-                                                     DraftTree.root_only(b.tokens[-1])])
-    assert outcome.failed == {1: "the grammar refused a committed token: for the test"}
-    assert a.output == [biased, biased] and outcome.results[0] is not None
+    results, failed = verified(target, engine.cache, [a, b], [DraftTree.root_only(a.tokens[-1]),
+                                                              DraftTree.root_only(b.tokens[-1])])
+    assert failed == {1: "the grammar refused a committed token: for the test"}
+    assert a.output == [biased, biased] and results[0] is not None
 
 
 def test_the_processing_and_the_grammar_apply_when_every_sequence_has_them(target):
@@ -172,13 +197,13 @@ def test_the_processing_and_the_grammar_apply_when_every_sequence_has_them(targe
     engine._prefill()
     a, b = engine.scheduler.running
     assert a.processor is not None and a.allowed is None
-    outcome = run_round(target, engine.cache, [a], [DraftTree.root_only(a.tokens[-1])])
-    assert outcome.failed == {} and a.output == [biased]  # the processing alone in its round
+    _, failed = verified(target, engine.cache, [a], [DraftTree.root_only(a.tokens[-1])])
+    assert failed == {} and a.output == [biased]  # the processing alone in its round
     b.allowed = torch.zeros(1, 96, dtype=torch.bool)
     b.allowed[0, forced] = True
     assert b.processor is None
-    outcome = run_round(target, engine.cache, [b], [DraftTree.root_only(b.tokens[-1])])
-    assert outcome.failed == {} and b.output == [forced]  # a grammar's mask alone in its round
+    _, failed = verified(target, engine.cache, [b], [DraftTree.root_only(b.tokens[-1])])
+    assert failed == {} and b.output == [forced]  # a grammar's mask alone in its round
 
 
 def test_a_ragged_rounds_padding_writes_the_caches_scratch_row(target, monkeypatch):
@@ -195,8 +220,8 @@ def test_a_ragged_rounds_padding_writes_the_caches_scratch_row(target, monkeypat
 
     monkeypatch.setattr(target, "forward", recording)
     lens = [engine.cache.lengths[s.slot] for s in seqs]
-    run_round(target, engine.cache, seqs, [DraftTree.chain(a.tokens[-1], refs[0][:4]),
-                                           DraftTree.chain(b.tokens[-1], refs[1][:2])])
+    verified(target, engine.cache, seqs, [DraftTree.chain(a.tokens[-1], refs[0][:4]),
+                                          DraftTree.chain(b.tokens[-1], refs[1][:2])])
     scratch = engine.cache.scratch_row
     assert scratch == 64 and seen == [[list(range(lens[0], lens[0] + 5)),
                                        list(range(lens[1], lens[1] + 3)) + [scratch, scratch]]]

@@ -117,7 +117,7 @@ def test_the_sparse_draft_equals_full_attention_over_the_kept_keys(tiny_folders,
     and drafts equal the slow reference's, per layer and K/V head; the target's cache is untouched;
     and full attention differs, so the selection restricts something."""
     from outrider.drafters.grow import Feed
-    from outrider.drafters.base import Budget
+    from outrider.spec.types import Budget
     from outrider.models.batch import pack
     from outrider.spec.shapes import parse_shape
 

@@ -7,6 +7,7 @@ from enumerate_law import one_thread
 from tiny import make_tiny
 
 from outrider.control.controllers import FixedController
+from outrider.drafters.base import DrafterBase
 from outrider.drafters.model import ModelDrafter
 from outrider.errors import ConfigError
 from outrider.engine.generate import generate_ids
@@ -83,7 +84,7 @@ def test_model_drafter_cache_across_its_capacity(two_layers, tree):
 
 def test_fed_nodes_bound_what_each_shape_writes(two_layers):
     """Count the rows a ModelDrafter really feeds in one proposal against shape.fed_nodes."""
-    from outrider.drafters.base import Budget
+    from outrider.spec.types import Budget
 
     _, target = two_layers
     for text in ("chain", "static:3,2,1", "static:2,2,2,2", "dynamic:4,8", "dynamic:2,3"):
@@ -109,7 +110,7 @@ def test_tree_problem_names_each_defect():
     assert "int64" in tree_problem(ok.tokens.int(), ok.parents, None, 96)
 
 
-class BrokenDrafter:
+class BrokenDrafter(DrafterBase):
     """Proposes a tree whose node 2 points at itself."""
 
     name, gives_probs = "broken", False

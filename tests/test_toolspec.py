@@ -19,7 +19,6 @@ import pytest
 from enumerate_law import one_thread
 
 from outrider.bench.workloads import load_workload, toolcall_messages
-from outrider.drafters.base import Budget
 from outrider.drafters.suffix import SuffixDrafter
 from outrider.drafters.toolspec import Codec, ToolSpecDrafter, parse_argument
 from outrider.drafters.toolspec_fsm import CallState
@@ -29,7 +28,7 @@ from outrider.engine.request import Request
 from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.errors import ConfigError
 from outrider.sampling import SamplingParams
-from outrider.spec.types import VerifyResult
+from outrider.spec.types import Budget, VerifyResult
 from outrider.weights.loader import load_decoder
 
 FIXTURES = Path(__file__).parent / "fixtures"

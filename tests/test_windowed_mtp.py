@@ -16,7 +16,6 @@ from eagle3_tiny import target_with_head
 from enumerate_law import one_thread
 
 from outrider.control.controllers import FixedController
-from outrider.drafters.base import Budget
 from outrider.drafters.model import ModelDrafter
 from outrider.drafters.registry import parse_drafter
 from outrider.drafters.window import Window
@@ -26,6 +25,7 @@ from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.errors import ConfigError
 from outrider.models.batch import pack
 from outrider.spec.shapes import parse_shape
+from outrider.spec.types import Budget
 from outrider.weights.loader import load_decoder
 
 SHAPES = ["chain", "static:2,2,1", "dynamic:3,8"]

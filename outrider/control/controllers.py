@@ -15,8 +15,8 @@
 A controller sees only round statistics: it never changes what is committed, so every
 controller is lossless.
 
-Another controller is a class with the `Controller` methods (`PerSequence` gives the batch hooks
-of one whose depth is each sequence's own business) and one `register_controller(NAME, factory)`
+Another controller is a class with the `Controller` methods (control/base.py; `PerSequence` gives
+the defaults of all but `start`, `budget` and `observe`) and one `register_controller(NAME, factory)`
 call, after which `--controller NAME[:ARGUMENT]` builds it (docs/adding-a-method.md). The
 package's own registered controllers live in the modules of `REGISTERED_BUILT_IN`, imported before
 the first registration or look-up:
@@ -33,64 +33,13 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
-from ..drafters.base import Budget
 from ..errors import ConfigError
 from ..spec.tree import depths
-from ..spec.types import DraftTree, VerifyResult
+from ..spec.types import Budget, DraftTree, VerifyResult
+from .base import Controller, PerSequence
 from .cost import CostController
-
-
-class Controller(Protocol):
-    name: str
-    max_depth: int
-
-    def start(self, seq_id: int) -> None: ...
-
-    def budget(self, seq_id: int) -> Budget: ...
-
-    def observe(self, seq_id: int, tree: DraftTree, result: VerifyResult) -> None: ...
-
-    def observe_draft_time(self, seconds: float, depth: int) -> None:
-        """A proposal `depth` deep took `seconds` (one sequence's share; measured by the speculator)."""
-
-    def budgets(self, seq_ids: list[int], batch_size: int, nodes_for: Callable[[int], int]) -> list[Budget]:
-        """Budgets for the drafting sequences of one round whose verify forward carries
-        `batch_size` sequences (drafting or not); nodes_for(depth): the tree nodes at that depth."""
-
-    def observe_verify_time(self, batch_size: int, width: int, seconds: float) -> None:
-        """A verify forward over `batch_size` sequences padded to `width` tokens took this long."""
-
-    def prepare(self, max_batch: int) -> None:
-        """Rounds of up to `max_batch` sequences are coming: measure what that needs now."""
-
-    def finish(self, seq_id: int) -> None:
-        """The sequence ended: forget its state (a server sees an unbounded stream of them)."""
-
-    # Optional (the speculator calls it where it exists):
-    # def trim(self, seq_ids: list[int], trees: list[DraftTree], batch_size: int) -> list[DraftTree]:
-    #     """The drafter's trees for these sequences -> the trees to verify, each a subtree of its own
-    #     (parents before children; draft_probs and confidence rows kept with their nodes). Called
-    #     after every proposal, before verification, for a round of `batch_size` sequences."""
-
-
-class PerSequence:
-    """The batch hooks of a controller whose budget is each sequence's own business: a round's
-    budgets are each sequence's `budget`, and verify times, batch sizes and endings are ignored
-    (a subclass that keeps per-sequence state overrides `finish` to drop it)."""
-
-    def budgets(self, seq_ids: list[int], batch_size: int, nodes_for: Callable[[int], int]) -> list[Budget]:
-        return [self.budget(s) for s in seq_ids]
-
-    def observe_verify_time(self, batch_size: int, width: int, seconds: float) -> None:
-        pass
-
-    def prepare(self, max_batch: int) -> None:
-        pass
-
-    def finish(self, seq_id: int) -> None:
-        pass
 
 
 class FixedController(PerSequence):

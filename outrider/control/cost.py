@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..drafters.base import Budget
 from ..spec.tree import depths
-from ..spec.types import DraftTree, VerifyResult
+from ..spec.types import Budget, DraftTree, VerifyResult
+from .base import PerSequence
 
 
 @dataclass
@@ -60,7 +60,7 @@ class _Exploration:
         return best + 1
 
 
-class CostController:
+class CostController(PerSequence):
     """Draft to the depth that maximises expected committed tokens per second of round time.
 
     expected(d) = 1 + sum_{i<=d} prod_{j<=i} a_j   (a_j: acceptance at depth j given depth j-1

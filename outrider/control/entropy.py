@@ -34,10 +34,10 @@ from __future__ import annotations
 import bisect
 from typing import Callable
 
-from ..drafters.base import Budget
 from ..errors import ConfigError
-from ..spec.types import DraftTree, VerifyResult
-from .controllers import PerSequence, register_controller
+from ..spec.types import Budget, DraftTree, VerifyResult
+from .base import PerSequence
+from .controllers import register_controller
 
 EDGES = (0.1, 0.3, 0.7, 1.5, 3.0)  # nats: six bins
 DEFAULT_MAX = 8

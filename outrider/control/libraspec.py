@@ -53,10 +53,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..drafters.base import Budget
 from ..errors import ConfigError
 from ..spec.tree import depths
-from ..spec.types import DraftTree, VerifyResult
+from ..spec.types import Budget, DraftTree, VerifyResult
+from .base import PerSequence
 from .controllers import register_controller
 from .cost import CostController
 from .libraspec_trim import marginal_trim, threshold_trim
@@ -84,7 +84,7 @@ class _DraftFit:
             self.step = self.fixed = st / n / (sd / n + 1.0)
 
 
-class LibraSpecController:
+class LibraSpecController(PerSequence):
     """`libraspec[:MAX]`: draft up to MAX deep, verify what pays (see the module's notes)."""
 
     def __init__(self, profile_factory, max_depth: int = DEFAULT_MAX, batch_profile_factory=None):
@@ -198,7 +198,7 @@ class LibraSpecController:
             self.prices.prepare(max_batch)
 
 
-class ThresholdController:
+class ThresholdController(PerSequence):
     """`threshold:T[,MAX]`: draft up to MAX deep, stopping a path below confidence T (drafters
     that read `Budget.min_confidence`), and verify the nodes whose gain is at least T."""
 

@@ -1,6 +1,6 @@
 """Drafters: anything that proposes a draft tree for the target to verify.
 
-    base.py           the protocol (start, propose, update, finish) and the draft budget
+    base.py           the protocol (every hook the engine calls) and DrafterBase, their defaults
     capabilities.py   what a drafter declares: tree kinds, gives_probs, siblings, needs_hidden,
                       needs_attention
     registry.py       drafters by name: argument parser, capabilities, fit check, build

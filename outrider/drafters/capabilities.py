@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-TREE_KINDS = ("chain", "tree")  # what a verifier receives (spec/verifiers.py)
+from ..spec.types import TREE_KINDS
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ from ..errors import ConfigError
 from ..sampling import SamplingParams
 from ..spec.random import PositionalRandom
 from ..spec.shapes import TreeShape
-from ..spec.types import DraftTree, VerifyResult
-from .base import Budget
+from ..spec.types import Budget, DraftTree, VerifyResult
+from .base import DrafterBase
 from .block import Block, greedy_chain, sampled_chain
 from .capabilities import Capabilities, Drafts
 from .refiners import make_refiner, parse_refiners
@@ -62,7 +62,7 @@ class _State:
     previous_tree: DraftTree | None = None
 
 
-class DFlashDrafter:
+class DFlashDrafter(DrafterBase):
     """Drafts with a DFlash head; `refiners` (refiners/) turn each block into the verified tree."""
 
     def __init__(self, head, shape: TreeShape, taps: tuple[int, ...], refiners: tuple = (), name: str = "dflash"):

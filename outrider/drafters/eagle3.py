@@ -53,8 +53,8 @@ from ..models.batch import pack
 from ..sampling import SamplingParams, warp_probs
 from ..spec.random import PositionalRandom
 from ..spec.shapes import TreeShape
-from ..spec.types import DraftTree, VerifyResult
-from .base import Budget, ancestors_kept
+from ..spec.types import Budget, DraftTree, VerifyResult
+from .base import DrafterBase, ancestors_kept
 from .capabilities import Capabilities, Drafts
 from .draft_model import draft_vocab_ids
 from .eagle3_options import USAGE, argument_options, check_fits, head_dtype, parse_argument, split_dtype  # noqa: F401 (tests)
@@ -85,7 +85,7 @@ class _State:
     shift: int = 0  # positions minus cache rows past the sink (a window reclaimed the rows between)
 
 
-class Eagle3Drafter:
+class Eagle3Drafter(DrafterBase):
     """Drafts with an EAGLE-3 head; `capabilities.needs_hidden` are this head's target layers.
     batched=False drafts each sequence with forwards of its own (the slow reference, grow.py)."""
 

@@ -34,8 +34,8 @@ import torch
 from ..errors import ConfigError
 from ..sampling import SamplingParams
 from ..spec.shapes import TreeShape
-from ..spec.types import DraftTree, VerifyResult
-from .base import Budget, propose_batch, update_batch
+from ..spec.types import Budget, DraftTree, VerifyResult
+from .base import DrafterBase
 from .capabilities import Capabilities, Drafts
 from .registry import DrafterEntry, parse_drafter, register
 from .suffix import SuffixDrafter
@@ -73,15 +73,14 @@ def parse_argument(text: str) -> HybridArgument:
     return HybridArgument(text, entry, argument, depth)
 
 
-class HybridDrafter:
+class HybridDrafter(DrafterBase):
     """Suffix trees where they are confident, another drafter's proposals elsewhere."""
 
     capabilities = Capabilities(trees=TREES)
 
     def __init__(self, suffix: SuffixDrafter, other, other_name: str, depth: int | None = None,
                  min_score: float = MIN_SCORE):
-        own = getattr(other, "capabilities", None)
-        if isinstance(own, Capabilities) and own.reads_target_cache:
+        if other.capabilities.reads_target_cache:
             raise ConfigError(f"--drafter hybrid:{other_name}: a drafter over the target's own cache cannot skip "
                               "rounds; use eagle3:NAME or draft-model:NAME")
         self.suffix = suffix
@@ -89,8 +88,7 @@ class HybridDrafter:
         self.depth = depth
         self.min_score = min_score
         self.name = f"hybrid:{other_name}" if depth is None else f"hybrid:{depth},{other_name}"
-        needs = own.needs_hidden if isinstance(own, Capabilities) else ()
-        self.capabilities = replace(type(self).capabilities, needs_hidden=needs)
+        self.capabilities = replace(type(self).capabilities, needs_hidden=other.capabilities.needs_hidden)
         self.suffix_rounds = 0  # proposals taken from the suffix trees (the rest: the other drafter's)
         self.other_rounds = 0
         self.other_accepted = min_score  # running mean of the tokens the other drafter's proposals had accepted
@@ -131,8 +129,8 @@ class HybridDrafter:
         self.suffix_rounds += len(seq_ids) - len(rest)
         self.other_rounds += len(rest)
         if rest:
-            others = propose_batch(self.other, [seq_ids[i] for i in rest], [tokens[i] for i in rest],
-                                   [self._other_budget(budgets[i]) for i in rest])
+            others = self.other.propose_batch([seq_ids[i] for i in rest], [tokens[i] for i in rest],
+                                              [self._other_budget(budgets[i]) for i in rest])
             for i, tree in zip(rest, others):
                 trees[i] = DraftTree(tree.tokens, tree.parents, confidence=tree.confidence)  # no q: module notes
         return trees
@@ -145,7 +143,7 @@ class HybridDrafter:
             self.suffix.update(seq_id, result)
             if seq_id in self._by_other:
                 self.other_accepted += RATE * (result.num_accepted - self.other_accepted)
-        update_batch(self.other, seq_ids, results, hidden)
+        self.other.update_batch(seq_ids, results, hidden)
 
     def finish(self, seq_id: int, tokens: list[int]) -> None:
         self._by_other.discard(seq_id)

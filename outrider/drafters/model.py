@@ -39,8 +39,8 @@ from ..sampling import SamplingParams
 from ..spec.random import PositionalRandom
 from ..spec.shapes import TreeShape
 from ..spec.tree import children as children_of
-from ..spec.types import DraftTree, VerifyResult
-from .base import Budget
+from ..spec.types import Budget, DraftTree, VerifyResult
+from .base import DrafterBase
 from .capabilities import Capabilities, Drafts
 from .grow import Feed, grow_alone, grow_together
 from .model_growers import TreeGrowers
@@ -61,7 +61,7 @@ class _State:
     shift: int = 0  # positions minus cache rows past the sink (a window reclaimed the rows between)
 
 
-class ModelDrafter(TreeGrowers):
+class ModelDrafter(TreeGrowers, DrafterBase):
     """Drafts with a `Decoder` of its own (or the target's first layers); registered as the
     `draft-model` (draft_model.py) and `early-exit` (early_exit.py) drafters.
 

@@ -21,8 +21,8 @@ from dataclasses import replace
 import torch
 
 from ..sampling import SamplingParams, warp_probs
-from ..spec.types import DraftTree
-from .base import Budget, ancestors_kept
+from ..spec.types import Budget, DraftTree
+from .base import ancestors_kept
 from .grow import Feed, Grower, done
 from .siblings import draw_siblings
 

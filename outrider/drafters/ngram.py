@@ -31,8 +31,8 @@ import torch
 
 from ..errors import ConfigError
 from ..sampling import SamplingParams
-from ..spec.types import DraftTree, VerifyResult
-from .base import Budget, catch_up
+from ..spec.types import Budget, DraftTree, VerifyResult
+from .base import DrafterBase, catch_up
 from .capabilities import Capabilities, Drafts
 from .registry import DrafterEntry, register
 
@@ -45,7 +45,7 @@ class NgramState:
     follower: dict[tuple[int, ...], int] = field(default_factory=dict)  # n-gram -> index after it
 
 
-class NgramDrafter:
+class NgramDrafter(DrafterBase):
     """Prompt lookup: the chain that followed the most recent earlier match of the last n-gram."""
 
     name = "ngram"

@@ -62,8 +62,8 @@ import torch
 
 from ..errors import ConfigError
 from ..sampling import SamplingParams
-from ..spec.types import DraftTree, VerifyResult
-from .base import Budget, missing_tail
+from ..spec.types import Budget, DraftTree, VerifyResult
+from .base import DrafterBase, missing_tail
 from .capabilities import Capabilities
 from .merge import merge, paths
 from .oilbird_base import BASE, BASES, MB, SIM, K, OilbirdArgument, make_base, parse_argument  # noqa: F401 (tests)
@@ -121,7 +121,7 @@ class Stats:
     semantic_accepted: int = 0  # accepted tokens beyond what the base's tree alone held
 
 
-class OilbirdDrafter:
+class OilbirdDrafter(DrafterBase):
     """A lexical base's speculation merged with the continuations of the nearest hidden states."""
 
     name = "oilbird"
@@ -249,7 +249,7 @@ class OilbirdDrafter:
             own.tokens += tail
         self._sync(own, tokens)
         lexical = self.base.speculation(seq_id, tokens, budget)
-        min_prob = max(self.min_prob, getattr(budget, "min_confidence", 0.0))
+        min_prob = max(self.min_prob, budget.min_confidence)
         semantic = self.lookup(own, tokens[-1], budget.depth)
         spec, from_semantic = merge(lexical, semantic, budget.nodes, min_prob)
         self.counts.semantic_drafted += from_semantic
@@ -369,7 +369,7 @@ class OilbirdDrafter:
 def build(arg: OilbirdArgument, shape, target, target_path: Path) -> OilbirdDrafter:
     c = target.config
     drafter = OilbirdDrafter(c.num_layers, arg.k, arg.sim, arg.mb, hidden_size=c.hidden_size,
-                             norm_weight=getattr(target, "norm", None), eps=c.rms_norm_eps, base=arg.base)
+                             norm_weight=target.norm, eps=c.rms_norm_eps, base=arg.base)
     drafter.name = "oilbird" if arg == OilbirdArgument() else f"oilbird:{arg}"
     return drafter
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from .base import Budget
+from ..spec.types import Budget
 from .ngram import NgramDrafter
 from .suffix import Speculation, SuffixDrafter
 

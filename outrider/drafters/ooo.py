@@ -50,8 +50,7 @@ import torch
 from ..errors import ConfigError, OutriderError
 from ..models.batch import pack
 from ..sampling import SamplingParams
-from ..spec.types import DraftTree, VerifyResult
-from .base import Budget
+from ..spec.types import Budget, DraftTree, VerifyResult
 from .merge import accepted_beyond, merge, paths
 from .registry import DrafterEntry, register
 from .suffix import SuffixDrafter, spec_tree
@@ -227,7 +226,7 @@ class OooDrafter(SuffixDrafter):
         suffix = self.speculation(state, budget)
         cont = self.continuation(hint, tokens, budget.depth)
         from_hint = [(tuple(cont[:d]), HINT_SCORE) for d in range(1, len(cont) + 1)]
-        min_prob = max(self.min_prob, getattr(budget, "min_confidence", 0.0))
+        min_prob = max(self.min_prob, budget.min_confidence)
         spec, new = merge(suffix, from_hint, budget.nodes, min_prob)
         self.counts.hint_drafted += new
         hint.suffix_paths = paths(suffix.tokens, suffix.parents)

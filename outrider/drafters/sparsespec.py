@@ -47,8 +47,7 @@ import torch
 
 from ..errors import ConfigError
 from ..sampling import SamplingParams
-from ..spec.types import DraftTree, VerifyResult
-from .base import Budget
+from ..spec.types import Budget, DraftTree, VerifyResult
 from .model import ModelDrafter
 from .registry import DrafterEntry, register
 from .sparsespec_select import keep, select, select_torch  # noqa: F401  (select: the tests' and scripts')
@@ -86,7 +85,7 @@ def parse_argument(text: str) -> Sparsity:
 
 
 def check_fits(sparsity: Sparsity, target_config, target_path: Path) -> str | None:
-    if getattr(target_config, "delta", None) is not None:
+    if target_config.delta is not None:
         return ("sparsespec drafts over the target's own K/V rows, and this target's gated-delta layers keep "
                 "a recurrent state instead; use a draft model, early-exit or a lookup drafter")
     context = int(target_config.max_position_embeddings)

@@ -53,8 +53,8 @@ import torch
 
 from ..errors import ConfigError
 from ..sampling import SamplingParams
-from ..spec.types import DraftTree, VerifyResult
-from .base import Budget, catch_up
+from ..spec.types import Budget, DraftTree, VerifyResult
+from .base import DrafterBase, catch_up
 from .capabilities import Capabilities, Drafts
 from .registry import DrafterEntry, register
 from .suffix_tree import Position, SuffixTree, has_continuation, step
@@ -151,7 +151,7 @@ def spec_tree(root: int, spec: Speculation) -> DraftTree:
     )
 
 
-class SuffixDrafter:
+class SuffixDrafter(DrafterBase):
     """Speculation trees from a per-request and a global suffix tree (training-free)."""
 
     name = "suffix"
@@ -246,7 +246,7 @@ class SuffixDrafter:
         a length's node cap (min(budget.nodes, alpha * length)) cannot beat the best score. A path
         stops below `min_prob` or below the budget's `min_confidence`, whichever is higher.
         """
-        min_prob = max(self.min_prob, getattr(budget, "min_confidence", 0.0))
+        min_prob = max(self.min_prob, budget.min_confidence)
         best = Speculation()
         sources = (state.tree, state.tree.repeated_suffixes()), (self.global_tree, self._global_matches(state))
         for tree, matches in sources:

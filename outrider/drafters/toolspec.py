@@ -39,8 +39,7 @@ import torch
 
 from ..errors import ConfigError
 from ..sampling import SamplingParams
-from ..spec.types import DraftTree, VerifyResult
-from .base import Budget
+from ..spec.types import Budget, DraftTree, VerifyResult
 from .merge import accepted_beyond, merge, paths
 from .registry import DrafterEntry, register
 from .suffix import Speculation, SuffixDrafter, spec_tree
@@ -140,7 +139,7 @@ class ToolSpecDrafter(SuffixDrafter):
         self._read(call, tokens)
         suffix = self.speculation(state, budget) if self.retrieval else Speculation()
         from_schema = self.schema_paths(call, tokens, budget.depth)
-        min_prob = max(self.min_prob, getattr(budget, "min_confidence", 0.0))
+        min_prob = max(self.min_prob, budget.min_confidence)
         spec, new = merge(suffix, from_schema, budget.nodes, min_prob)
         self.counts.schema_drafted += new
         call.suffix_paths = paths(suffix.tokens, suffix.parents)

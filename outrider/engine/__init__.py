@@ -4,7 +4,10 @@
     sequence.py     the one record a request carries from admission to its Completion
     loop.py         EngineLoop: admit, prefill a chunk, one round, retire; step by step
     scheduler.py    which requests hold a K/V slot (continuous batching)
-    round.py        one speculative round for a batch: draft, verify in one forward, commit
+    round.py        one speculative round for the batch, top to bottom: propose, constrain, verify,
+                    commit, stop, observe; its steps in drafting.py (propose, observe: the drafter
+                    and the controller), constrain.py (grammars), verify.py (the one forward and
+                    the verifiers) and commit.py (the slot state, tokens, counters)
     speculator.py   drafter + tree shape + controller + verifier, checked up front
     stopping.py     EOS, max new tokens, context and stop strings inside a multi-token round
     text_stream.py  incremental detokenization with stop strings

@@ -12,9 +12,9 @@ One step, between rounds and then one round (engine/round.py):
 3. prefill: write the K/V of up to `chunk_size` prompt tokens of the requests still prefilling,
    oldest first, in one forward; a long prompt takes several steps while the others keep
    decoding. A prompt's last token is not prefilled: it is the first round's root;
-4. one round (`run_round`) for every request whose prompt is in the cache; then the stopping
-   rules (engine/stopping.py: EOS, max new tokens, context, stop strings) retire those that are
-   done.
+4. one round (engine/round.py `run_round`: propose, constrain, verify, commit, stop, observe)
+   for every request whose prompt is in the cache; the requests that the stopping rules
+   (engine/stopping.py: EOS, max new tokens, context, stop strings) or a fault ended retire.
 
 Each request is one `Sequence` record (engine/sequence.py) from `add` to its Completion. It has
 its own sampling settings and randomness (drawn by output position, spec/random.py) and may turn
@@ -41,16 +41,15 @@ import torch
 from ..errors import ConfigError
 from ..models.batch import pack
 from ..models.decoder import Decoder
-from ..spec.grammar import GrammarError, forced_chain
 from ..spec.processing import PathProcessor
 from ..spec.random import PositionalRandom
-from ..spec.types import DraftTree
 from ..spec.verifiers import choose_verifier
+from .commit import token_logprobs
+from .drafting import why as failure
 from .request import Completion, Request, TokenLogprob, check_request
-from .round import run_round, token_logprobs
+from .round import run_round
 from .scheduler import Scheduler
 from .sequence import Sequence, with_seed
-from .stopping import stop_after_round
 from .text_stream import TextStream
 
 Decode = Callable[[list[int]], str]  # token ids -> text, special tokens skipped (engine/text_stream.py)
@@ -268,93 +267,27 @@ class EngineLoop:
         return []
 
     def _round(self, seqs: list[Sequence]) -> list[Event]:
-        spec = self.speculation
-        start = time.perf_counter()
-        trees, failed = self._propose(seqs)
-        failed.update(self._constrain(seqs, trees, failed))
-        drafted = time.perf_counter()
-        taps = spec.hidden_layers if spec is not None else ()
+        """One round (engine/round.py) for the decoding requests, as events: each one's new tokens
+        and text, and a Completion for those that stopped or failed."""
         before = [len(s.output) for s in seqs]
-        live = [b for b in range(len(seqs)) if b not in failed]  # may be none: every proposal failed
-        outcome = run_round(self.target, self.cache, [seqs[b] for b in live], [trees[b] for b in live], taps,
-                            draft_s=drafted - start, attention=spec is not None and spec.attention)
-        for i, why in outcome.failed.items():
-            failed[live[i]] = why
-        results = {live[i]: r for i, r in enumerate(outcome.results) if r is not None}
-        hidden = {live[i]: h for i, h in enumerate(outcome.hidden)}
-        scores = {live[i]: a for i, a in enumerate(outcome.attention)}
-        if spec is not None and live:  # the batch's verify cost as it is now, for the cost controller
-            spec.observe_verify_time(len(live), max(trees[b].size for b in live), time.perf_counter() - drafted)
-        stops = {b: stop_after_round(seqs[b], len(r.tokens), self.eos_ids, self.cache.free_rows(seqs[b].slot))
-                 for b, r in results.items()}
-        drafting = [b for b in results if seqs[b].speculate]
-        failed.update(self._follow(seqs, drafting, trees, results, hidden, scores))
+        end = run_round(self.target, self.cache, self.speculation, seqs, self.eos_ids)
         events = []
         for b, seq in enumerate(seqs):
             new = seq.output[before[b]:]
             logprobs = seq.logprobs[before[b]:] if seq.logprobs is not None else []
-            if b in failed:
-                events.append(self._fail(seq, failed[b]))
+            if b in end.failed:
+                events.append(self._fail(seq, end.failed[b]))
                 continue
-            reason, text = stops[b]
+            reason, text = end.stops[b]
             event = Event(seq.seq_id, new, text, logprobs=logprobs)
             if reason is not None:
                 event = self._finish(seq, reason, new, text, logprobs=logprobs)
             events.append(event)
         return events
 
-    def _propose(self, seqs: list[Sequence]) -> tuple[list[DraftTree], dict[int, str]]:
-        """A tree per sequence (root-only where it does not draft) from one drafter call, and the
-        sequences whose proposal raised (batch index -> why; engine/speculator.py)."""
-        trees = [DraftTree.root_only(seq.tokens[-1]) for seq in seqs]
-        drafting = [b for b, s in enumerate(seqs) if s.speculate]
-        if not drafting:
-            return trees, {}
-        free = {}
-        for b in drafting:
-            rows, cap = self.cache.free_rows(seqs[b].slot), seqs[b].request.max_draft_tokens
-            free[b] = rows if cap is None else min(rows, cap + 1)
-        proposed, errors = self.speculation.propose_batch([seqs[b] for b in drafting], [free[b] for b in drafting],
-                                                          len(seqs))
-        for b, tree in zip(drafting, proposed):
-            trees[b] = tree
-        return trees, {drafting[i]: _why("the drafter failed to propose", err) for i, err in errors.items()}
-
-    def _constrain(self, seqs: list[Sequence], trees: list[DraftTree], failed: dict[int, str]) -> dict[int, str]:
-        """For each sequence with a grammar: its forced tokens as the tree (grammar-aware drafting,
-        where it drafts), the tree pruned at forbidden tokens where the verifier allows it, and
-        the allowed tokens at each node (spec/grammar.py); the sequences whose grammar failed."""
-        errors = {}
-        for b, seq in enumerate(seqs):
-            if seq.grammar is None or b in failed:
-                continue
-            tree, aware = trees[b], seq.speculate and seq.request.grammar_drafting
-            try:
-                limit = min(self.headroom - 1, self.cache.free_rows(seq.slot) - 1)
-                forced = seq.grammar.forced(limit) if aware else []
-                if forced and len(forced) >= tree.size - 1:  # certain tokens beat as many guesses
-                    tree = forced_chain(seq.tokens[-1], forced, self.target.config.vocab_size,
-                                        with_probs=tree.draft_probs is not None)
-                prune = aware and (tree.draft_probs is None or seq.params.greedy)
-                trees[b], seq.allowed = seq.grammar.constrain(tree, prune)
-            except GrammarError as err:
-                errors[b] = str(err)
-        return errors
-
-    def _follow(self, seqs, drafting: list[int], trees: list[DraftTree], results: dict, hidden: dict,
-                scores: dict) -> dict[int, str]:
-        """The drafter follows what the drafting sequences committed: the batch indices whose
-        drafter state broke, with why (engine/speculator.py)."""
-        if not drafting:
-            return {}
-        errors = self.speculation.update_batch([seqs[b] for b in drafting], [trees[b] for b in drafting],
-                                               [results[b] for b in drafting], [hidden[b] for b in drafting],
-                                               [scores.get(b) for b in drafting])
-        return {drafting[i]: _why("the drafter failed to follow the commit", err) for i, err in errors.items()}
-
     def _fail(self, seq: Sequence, why: str, err: Exception | None = None) -> Event:
         """End `seq` alone with finish_reason "error"."""
-        return self._finish(seq, "error", [], error=_why(why, err) if err is not None else why)
+        return self._finish(seq, "error", [], error=failure(why, err) if err is not None else why)
 
     def _finish(self, seq: Sequence, reason: str, new: list[int], text: str = "", *, logprobs=(),
                 error: str | None = None) -> Event:
@@ -366,11 +299,8 @@ class EngineLoop:
                 try:
                     self.speculation.finish(seq)
                 except Exception as err:
-                    error = error or _why("the drafter failed to finish", err)
+                    error = error or failure("the drafter failed to finish", err)
             self.scheduler.release(seq)
         completion, rest = seq.completion(reason, error)
         return Event(seq.seq_id, new, text + rest, completion, list(logprobs))
 
-
-def _why(what: str, err: Exception) -> str:
-    return f"{what}: {type(err).__name__}: {err}"

@@ -35,6 +35,7 @@ class Sequence:
     rng: PositionalRandom  # the request's randomness, by output position (spec/random.py)
     verify: Verifier  # exact for this sequence's drafts and sampling (spec/verifiers.py)
     speculate: bool = False  # drafts this round (the engine drafts and the request allows it)
+    proposed: bool = False  # has had a proposal (a head's first writes the prompt's rows: not a round's time)
     text: TextStream | None = None  # its stable text and stop strings (None: no tokenizer)
     processor: PathProcessor | None = None  # logit bias and penalties (None: the params have none)
     grammar: GrammarState | None = None  # its grammar's state after the committed output (spec/grammar.py)

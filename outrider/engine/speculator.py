@@ -18,27 +18,28 @@ A request with a seed gets the walk (unless a verifier is named): its text is pl
 with that seed whatever the controller drafts; a drafter that declares `couples` then draws its
 sampled chain with the walk's own uniforms (`start`; drafters/capabilities.py).
 
-A controller with a `trim` method gets every proposal before it is verified and returns the trees
-to verify, each a subtree of the drafter's (control/libraspec.py).
+The speculator holds the drafter and the controller and calls them around the rounds (`prepare`
+once per engine, `start` and `finish` per sequence); a round calls them itself (engine/round.py,
+engine/drafting.py), through the hooks their protocols declare (drafters/base.py,
+control/base.py), which the speculator checks it has when it is built.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..control import base as control_base
 from ..control.controllers import Controller, parse_controller
-from ..drafters.base import Budget, Drafter, propose_batch, update_batch
+from ..drafters.base import Drafter, missing_hooks
 from ..drafters.capabilities import Drafts
 from ..drafters.registry import DrafterEntry, builders_of, declared, parse_drafter
 from ..errors import ConfigError
 from ..models.decoder import Decoder
 from ..sampling import SamplingParams
 from ..spec.shapes import TreeShape, parse_shape
-from ..spec.types import DraftTree, VerifyResult
 from ..spec.verifiers import VERIFIERS, choose_verifier, is_walk
 
 MAX_TREE_NODES = 256  # draft nodes per sequence per round, unless the user raises it
@@ -166,9 +167,14 @@ class Speculator:
         self.attention = capabilities.needs_attention  # the verify forward's attention scores (sparsespec)
         # a sampled chain drawn with the walk's own uniforms where the walk verifies it (start)
         self.couples = capabilities.couples and self.drafts.gives_probs and self.tree_kind == "chain"
-        # sequences not yet proposed for: a head drafter writes a prompt's rows at its first
-        # proposal (eagle3.py, dflash.py), a one-off the controller's draft times leave out
-        self._fresh: set[int] = set()
+        missing = missing_hooks(drafter, capabilities)
+        if missing:
+            raise TypeError(f"drafter {options.kind!r} ({type(drafter).__name__}) lacks {', '.join(missing)}; "
+                            "subclass drafters.base.DrafterBase for the defaults")
+        missing = control_base.missing_hooks(controller)
+        if missing:
+            raise TypeError(f"controller {controller.name!r} ({type(controller).__name__}) lacks {', '.join(missing)}; "
+                            "subclass control.base.PerSequence for the defaults")
         options.check_nodes(self.max_tree_size - 1, controller.max_depth)
 
     # -- construction -------------------------------------------------------------------------
@@ -211,7 +217,7 @@ class Speculator:
     def nodes_for(self, depth: int) -> int:
         return self.drafter.max_nodes(depth)
 
-    # -- the loop's hooks ---------------------------------------------------------------------
+    # -- around the rounds ---------------------------------------------------------------------
     def start(self, seq, prompt_hidden: list[dict[int, torch.Tensor]] | None = None) -> None:
         """A sequence whose prompt is in the cache. prompt_hidden: the prefill forward's taps,
         chunk by chunk (layer -> [n, E]), covering every prompt token but the last; a drafter
@@ -219,14 +225,13 @@ class Speculator:
         a one-token prompt). Where the sequence's verifier is a walk and the drafter samples a
         chain it can couple, the drafter draws it with the walk's own uniforms (`coupled`)."""
         self.controller.start(seq.seq_id)
-        self._fresh.add(seq.seq_id)
         extra = {}  # what the drafter declared it reads
         if self.couples and not seq.params.greedy and is_walk(seq.verify):
             extra["coupled"] = True
         if self.reads_target_cache:
             extra["target_slot"] = seq.slot
         if self.hidden_layers:
-            chunks = [self._stack(h) for h in prompt_hidden or ()]
+            chunks = [self.stacked(h) for h in prompt_hidden or ()]
             extra["hidden"] = torch.cat(chunks) if chunks else None  # None: a one-token prompt
         self.drafter.start(seq.seq_id, list(seq.tokens), seq.params, **extra)
 
@@ -239,90 +244,7 @@ class Speculator:
         if max_batch > 1:
             self.controller.prepare(max_batch)
 
-    def propose_batch(self, seqs, free_rows: list[int], batch_size: int | None = None
-                      ) -> tuple[list[DraftTree], dict[int, Exception]]:
-        """A tree per sequence, the drafter called once for all that draft this round (a model
-        drafter: one forward per draft depth for the batch). free_rows[b]: K/V rows sequence b
-        may still write (the root's included); batch_size: sequences in this round's verify
-        forward, drafting or not (default len(seqs)); a sequence whose budget is 0 gets the root
-        alone. When the drafter raises, each sequence is asked alone, so the failures returned
-        (index -> exception; those get the root alone) are the sequences whose proposal raises."""
-        trees: list[DraftTree | None] = [None] * len(seqs)
-        todo: list[tuple[int, Budget]] = []
-        budgets = self.controller.budgets([seq.seq_id for seq in seqs], batch_size or len(seqs), self.nodes_for)
-        for i, (seq, free, budget) in enumerate(zip(seqs, free_rows, budgets)):
-            nodes = min(self.nodes_for(budget.depth), free - 1)
-            if budget.depth < 1 or nodes < 1:
-                trees[i] = DraftTree.root_only(seq.tokens[-1])
-            else:
-                todo.append((i, replace(budget, nodes=nodes)))
-        failed: dict[int, Exception] = {}
-        if todo:
-            start = time.perf_counter()
-            try:
-                drafted = propose_batch(self.drafter, [seqs[i].seq_id for i, _ in todo],
-                                        [seqs[i].tokens for i, _ in todo], [b for _, b in todo])
-            except Exception:
-                drafted = []
-                for i, budget in todo:
-                    try:
-                        drafted += propose_batch(self.drafter, [seqs[i].seq_id], [seqs[i].tokens], [budget])
-                    except Exception as err:  # noqa: PERF203  (a fault of this sequence's drafter state)
-                        failed[i] = err
-                        drafted.append(DraftTree.root_only(seqs[i].tokens[-1]))
-            # one sequence's share of the proposal (the controller weighs it against one
-            # sequence's verify cost), and its depth; not where a sequence had its first (its
-            # prompt's rows written: 20 ms where a round's drafts take 1-3, SmolLM2's head)
-            depth = max(b.depth for _, b in todo)
-            first = [seqs[i].seq_id for i, _ in todo if seqs[i].seq_id in self._fresh]
-            if not first:
-                self.controller.observe_draft_time((time.perf_counter() - start) / len(todo), depth)
-            self._fresh.difference_update(first)
-            trim = getattr(self.controller, "trim", None)  # a controller may keep fewer drafts to verify
-            if trim is not None:
-                drafted = trim([seqs[i].seq_id for i, _ in todo], drafted, batch_size or len(seqs))
-            for (i, _), tree in zip(todo, drafted):
-                trees[i] = tree
-        return trees, failed
-
-    def observe_verify_time(self, batch_size: int, width: int, seconds: float) -> None:
-        """The round's verify (forward and verifiers) over `batch_size` sequences padded to `width`."""
-        self.controller.observe_verify_time(batch_size, width, seconds)
-
-    def update_batch(self, seqs, trees: list[DraftTree], results: list[VerifyResult],
-                     hidden: list[dict[int, torch.Tensor]], attention: list | None = None) -> dict[int, Exception]:
-        """trees[b]: the tree verified for sequence b (the drafter's, or what a grammar made of it:
-        engine/loop.py), results[b] its result; hidden[b]: the taps on the accepted path (layer ->
-        [1 + num_accepted, E], engine/round.py), given to the drafter stacked in its declared
-        order, or None; attention[b]: the verify forward's scores, for a drafter that declares
-        needs_attention (observe_attention, before its update). Returns
-        the sequences whose drafter state is broken (index -> exception): for a drafter that
-        follows one sequence at a time, those whose update raised; for one with a batched
-        `update_batch` that raised, every sequence of the call (what it did is unknown)."""
-        for seq, tree, result in zip(seqs, trees, results):
-            self.controller.observe(seq.seq_id, tree, result)
-        stacked = [self._stack(h) if self.hidden_layers else None for h in hidden]
-        ids = [seq.seq_id for seq in seqs]
-        if self.attention:
-            try:
-                self.drafter.observe_attention(ids, attention if attention is not None else [None] * len(ids))
-            except Exception as err:
-                return {i: err for i in range(len(seqs))}
-        if getattr(self.drafter, "update_batch", None) is not None:
-            try:
-                update_batch(self.drafter, ids, results, stacked)
-            except Exception as err:
-                return {i: err for i in range(len(seqs))}
-            return {}
-        failed = {}
-        for i, (seq_id, result, h) in enumerate(zip(ids, results, stacked)):
-            try:
-                self.drafter.update(seq_id, result, h)
-            except Exception as err:  # noqa: PERF203
-                failed[i] = err
-        return failed
-
-    def _stack(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
+    def stacked(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
         """layer -> [n, E] -> [n, len(hidden_layers), E], in the declared order."""
         missing = [layer for layer in self.hidden_layers if layer not in hidden]
         if missing:
@@ -331,6 +253,5 @@ class Speculator:
         return torch.stack([hidden[layer] for layer in self.hidden_layers], dim=1)
 
     def finish(self, seq) -> None:
-        self._fresh.discard(seq.seq_id)
         self.controller.finish(seq.seq_id)
         self.drafter.finish(seq.seq_id, list(seq.tokens))

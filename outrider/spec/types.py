@@ -19,13 +19,37 @@ product along the path of the probability it gave each token (its q for a model 
 count share for suffix trees), so `confidence[0] == 1` and a child never exceeds its parent. In
 the example, with q(a) = 0.6, q(b) = 0.3 and q(c | a) = 0.5: confidence = [1, 0.6, 0.3, 0.3].
 Only speculation-length controllers read it (control/libraspec.py); verifiers never do.
+
+A **budget** is how much a controller lets a drafter draft for one sequence this round; the
+**tree kind** is what a verifier receives, a chain or any tree (a drafter declares it per
+`--tree` kind: drafters/capabilities.py; spec/verifiers.py chooses from it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+TREE_KINDS = ("chain", "tree")  # what a verifier receives: parents [-1, 0, ..., k-1], or any tree
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much to draft this round: at most `depth` tokens deep and `nodes` drafts in all.
+
+    A drafter with confidences may stop a path early once its probability (the product of the
+    draft probabilities along it) falls below `min_confidence`. A model drafter drafting a chain
+    calls `stop(entropies)` after each draft, with the entropies (nats) of the distributions the
+    drafts so far came from, and drafts no deeper once it says True (`--controller entropy`,
+    control/entropy.py); other drafters and trees ignore it.
+    """
+
+    depth: int
+    nodes: int
+    min_confidence: float = 0.0
+    stop: Callable[[list[float]], bool] | None = None
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from typing import Callable
 import torch
 
 from ..sampling import SamplingParams
-from .types import DraftTree, VerifyResult
+from .types import TREE_KINDS, DraftTree, VerifyResult
 from .verify_chain import verify_chain, verify_chain_reference
 from .verify_greedy import verify_greedy_chain, verify_greedy_reference, verify_greedy_tree
 from .verify_multidraft import MultiDraftVerifier
@@ -45,8 +45,6 @@ from .verify_resispec import ResiSpecVerifier
 from .verify_tree import verify_chain_walk, verify_tree_walk, verify_tree_walk_reference
 
 Verifier = Callable[[DraftTree, torch.Tensor, SamplingParams, object], VerifyResult]
-
-TREE_KINDS = ("chain", "tree")
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,16 @@ Duplicate siblings (same token, same parent) see the same context, so the first 
 all; a drafter should not send them. Exact for temperature 0 only: greedy verification at a
 positive temperature would be lossy, and the registry (verifiers.py) refuses it.
 
-Three forms of one walk: `verify_greedy_reference` (a Python loop over nodes, `walk`), and two
-vectorized ones with a single host sync, `follow_chain` for chains and `follow_tree` for trees.
-A batched round (round.py) reads every greedy slot's choices to the host at once and runs
-`walk` on each: one host sync for the whole batch.
+Three forms of one walk: `walk` (a Python loop over nodes, on host lists; the reference
+`verify_greedy_reference` reads the argmax and runs it), and two vectorized ones with a single
+host read, `follow_chain` for chains and `follow_tree` for trees.
+
+The registered greedy verifiers (`greedy_chain`, `greedy_tree`: spec/verifiers.py) are
+`GreedyVerifier`s. Called with one tree's logits, as every verifier can be, one reads that tree's
+argmax (`follow_chain` / `follow_tree`: one host read). A round does better: it reads the argmax
+of every real row of the batch in one host transfer (`choices`, in engine/verify.py) and hands
+each greedy sequence its own rows' choices (`from_choices`, which walks them on the host), so a
+batch of greedy sequences costs one host read a round, whatever its size.
 """
 
 from __future__ import annotations
@@ -45,18 +51,29 @@ def walk(tokens: list[int], parents: list[int], choice: list[int]) -> VerifyResu
         node = nxt
 
 
-def verify_greedy_chain(
-    tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams | None = None, rng: object = None
-) -> VerifyResult:
-    """Greedy on a chain, vectorized. target_logits: [n, vocab]."""
-    return follow_chain(tree, target_logits.argmax(-1))
+class GreedyVerifier:
+    """A greedy verifier: the walk on the target's argmax, exact at temperature 0 (module notes).
+
+    follow: `follow_chain` (greedy_chain: chains only) or `follow_tree` (greedy_tree: any tree).
+    """
+
+    def __init__(self, follow):
+        self.follow = follow
+
+    def __call__(self, tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams | None = None,
+                 rng: object = None) -> VerifyResult:
+        """The registry's signature: one tree alone, vectorized. target_logits: [n, vocab]."""
+        return self.follow(tree, target_logits.argmax(-1))
+
+    def from_choices(self, tree: DraftTree, choice: list[int]) -> VerifyResult:
+        """The same result from the argmax of the tree's rows already on the host (`choices`)."""
+        return walk(tree.tokens.tolist(), tree.parents.tolist(), choice)
 
 
-def verify_greedy_tree(
-    tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams | None = None, rng: object = None
-) -> VerifyResult:
-    """Greedy on any tree, vectorized. target_logits: [n, vocab]."""
-    return follow_tree(tree, target_logits.argmax(-1))
+def choices(logits: torch.Tensor) -> torch.Tensor:
+    """logits [rows, vocab] -> [rows] long: each row's argmax, what a greedy verifier commits after
+    that row's node. A round reads it for every real row at once (`GreedyVerifier.from_choices`)."""
+    return logits.argmax(-1)
 
 
 def follow_chain(tree: DraftTree, choice: torch.Tensor) -> VerifyResult:
@@ -104,3 +121,7 @@ def follow_tree(tree: DraftTree, choice: torch.Tensor) -> VerifyResult:
     accepted = [i for i in range(1, n) if host[0][i]]
     leaf = accepted[-1] if accepted else 0
     return VerifyResult(accepted, [host[2][i] for i in accepted] + [host[1][leaf]])
+
+
+verify_greedy_chain = GreedyVerifier(follow_chain)  # registered as greedy_chain
+verify_greedy_tree = GreedyVerifier(follow_tree)  # registered as greedy_tree
