@@ -21,6 +21,7 @@ from outrider.drafters import registry
 from outrider.drafters.base import DrafterBase
 from outrider.drafters.capabilities import Capabilities, Drafts
 from outrider.drafters.model import ModelDrafter
+from outrider.drafters.ngram import NgramDrafter
 from outrider.drafters.registry import DrafterEntry, register, unregister
 from outrider.errors import ConfigError
 from outrider.engine.generate import generate_ids
@@ -110,6 +111,58 @@ def test_a_hand_built_speculator_reads_the_registered_or_the_class_declaration(v
 
     with pytest.raises(TypeError, match="not registered.*declares no capabilities"):
         Speculator(SpecOptions("undeclared"), Undeclared(), FixedController(2), chain)
+
+
+def test_a_drafter_or_controller_without_a_hook_the_engine_calls_is_refused_when_built():
+    """The hooks are declared (drafters/base.py, control/base.py), never looked for in a round:
+    what lacks one the engine would call is refused in one line, naming it, before any request."""
+    chain = parse_shape("chain")
+
+    class PerSequenceOnly:  # the protocol before the batch hooks were declared
+        name, capabilities = "old", Capabilities(trees={"chain": Drafts("chain")})
+
+        def max_nodes(self, depth):
+            return depth
+
+        def start(self, seq_id, prompt, params=None):
+            pass
+
+        def propose(self, seq_id, tokens, budget):
+            return DraftTree.root_only(tokens[-1])
+
+        def update(self, seq_id, result, hidden=None):
+            pass
+
+        def finish(self, seq_id, tokens):
+            pass
+
+    with pytest.raises(TypeError) as err:
+        Speculator(SpecOptions("old"), PerSequenceOnly(), FixedController(2), chain)
+    assert str(err.value) == ("drafter 'old' (PerSequenceOnly) lacks propose_batch, update_batch; "
+                              "subclass drafters.base.DrafterBase for the defaults")
+
+    class Scores(DrafterBase):  # declares that it reads the verify's scores, keeps the base's refusal
+        name = "scores"
+        capabilities = Capabilities(trees={"chain": Drafts("chain")}, needs_attention=True)
+
+        def max_nodes(self, depth):
+            return depth
+
+    with pytest.raises(TypeError, match=r"^drafter 'scores' \(Scores\) lacks observe_attention;"):
+        Speculator(SpecOptions("scores"), Scores(), FixedController(2), chain)
+
+    class NoTrim:  # every hook of the Controller protocol but trim
+        name, max_depth = "no-trim", 2
+
+        def __getattr__(self, hook):
+            if hook == "trim":
+                raise AttributeError(hook)
+            return lambda *args: None
+
+    with pytest.raises(TypeError) as err:
+        Speculator(SpecOptions("ngram"), NgramDrafter(), NoTrim(), chain)
+    assert str(err.value) == ("controller 'no-trim' (NoTrim) lacks trim; "
+                              "subclass control.base.PerSequence for the defaults")
 
 
 # -- a drafter that is one file: defined and registered here, nothing else edited ----------------

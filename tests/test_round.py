@@ -225,3 +225,39 @@ def test_a_ragged_rounds_padding_writes_the_caches_scratch_row(target, monkeypat
     scratch = engine.cache.scratch_row
     assert scratch == 64 and seen == [[list(range(lens[0], lens[0] + 5)),
                                        list(range(lens[1], lens[1] + 3)) + [scratch, scratch]]]
+
+
+def test_greedy_rounds_go_through_the_registered_greedy_verifier(target, monkeypatch):
+    """Each greedy sequence of a round is verified by its registered verifier (greedy_chain here),
+    given its own rows' argmax from the round's one read of every row (one `choices` a round,
+    whatever the batch): the output is the target's own."""
+    from outrider.engine import verify as verify_step
+    from outrider.spec.verify_greedy import GreedyVerifier
+
+    calls, reads, verifies = [], [], []
+    from_choices, choices, forward = GreedyVerifier.from_choices, verify_step.choices, target.forward
+
+    def counted(self, tree, choice):
+        calls.append((tree.size, len(choice)))
+        return from_choices(self, tree, choice)
+
+    def read(logits):
+        reads.append(logits.shape[0])
+        return choices(logits)
+
+    def forwarded(batch, cache):
+        verifies.append(not batch.fills_only)
+        return forward(batch, cache)
+
+    monkeypatch.setattr(GreedyVerifier, "from_choices", counted)
+    monkeypatch.setattr(verify_step, "choices", read)
+    monkeypatch.setattr(target, "forward", forwarded)
+    plain = [generate_ids(target, [Request(p, 12)], set())[0].token_ids for p in PROMPTS]  # greedy_chain too
+    assert len(calls) == 2 * 12 and all(n == m == 1 for n, m in calls)
+    calls.clear(), reads.clear(), verifies.clear()
+    spec = Speculator(SpecOptions("ngram", "chain", "fixed:3"), NgramDrafter(), FixedController(3), parse_shape("chain"))
+    done = generate_ids(target, [Request(p, 12) for p in PROMPTS], set(), speculation=spec)
+    assert [c.token_ids for c in done] == plain
+    assert len(calls) == sum(c.round_stats.rounds for c in done) and all(n == m for n, m in calls)
+    assert max(n for n, _ in calls) > 1  # some rounds drafted
+    assert len(reads) == sum(verifies) < len(calls)  # one read a round, not one a sequence

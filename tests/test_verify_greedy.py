@@ -92,3 +92,18 @@ def test_deep_paths_are_checked_to_the_root():
             logits = torch.nn.functional.one_hot(torch.ones(len(tokens), dtype=torch.long), 3).float()  # choice 1
             result = verify_greedy_tree(tree, logits)
             assert result == verify_greedy_reference(tree, logits) and result.num_accepted == bad - 1
+
+
+def test_the_registered_greedy_verifiers_give_the_same_result_from_host_choices():
+    """greedy_chain and greedy_tree are GreedyVerifiers: alone they read their own argmax; a round
+    hands them their rows' argmax read for the whole batch (from_choices), with the same result."""
+    from outrider.spec.verifiers import VERIFIERS
+    from outrider.spec.verify_greedy import GreedyVerifier
+
+    gen = torch.Generator().manual_seed(2)
+    for name, chain in (("greedy_chain", True), ("greedy_tree", True), ("greedy_tree", False)):
+        verify = VERIFIERS[name].verify
+        assert isinstance(verify, GreedyVerifier)
+        for _ in range(100):
+            tree, logits = random_case(gen, chain=chain)
+            assert verify.from_choices(tree, logits.argmax(-1).tolist()) == verify(tree, logits)

@@ -97,7 +97,8 @@ class SequenceFaults(Exception):
 class DrafterBase:
     """The defaults of the hooks a drafter need not write: the batch hooks call the per-sequence
     ones in turn, a sequence is started and finished with nothing to keep, and the hooks behind a
-    capability refuse (a drafter that declares the capability writes its own)."""
+    capability refuse (a drafter that declares the capability writes its own; the speculator
+    refuses, when it is built, one that declares it and keeps the refusal)."""
 
     def start(self, seq_id: int, prompt: list[int], params: SamplingParams | None = None, **declared) -> None:
         """Keeps nothing (a drafter with state per sequence overrides it)."""
@@ -135,10 +136,11 @@ class DrafterBase:
 
 def missing_hooks(drafter, capabilities: Capabilities) -> list[str]:
     """The hooks the engine would call on `drafter` (those of HOOKS, and the ones its
-    capabilities ask for) that it does not have."""
-    wanted = HOOKS + ("observe_attention",) * capabilities.needs_attention \
+    capabilities ask for) that it does not have, DrafterBase's refusals counted as missing."""
+    declared = ("observe_attention",) * capabilities.needs_attention \
         + ("attach_target_cache",) * capabilities.reads_target_cache
-    return [hook for hook in wanted if not callable(getattr(drafter, hook, None))]
+    return [hook for hook in HOOKS + declared if not callable(getattr(drafter, hook, None))
+            or (hook in declared and getattr(type(drafter), hook, None) is getattr(DrafterBase, hook))]
 
 
 def missing_tail(known: list[int], tokens: list[int]) -> list[int] | None:
