@@ -137,7 +137,9 @@ def test_aggregate_arithmetic():
     assert first_difference([1, 2], [1, 2, 3]) == 2
 
 
-def tiny_config(folder: Path, extra: str = "") -> dict:
+def tiny_config(folder: Path, extra: str = "", peer: bool = True) -> dict:
+    """Two of our methods and, with `peer`, transformers as a peer (a spawned child process that
+    imports torch and transformers: seconds, so only where a test is about peers)."""
     import tomllib
 
     text = f"""
@@ -154,12 +156,14 @@ name = "early-exit"
 drafter = "early-exit:1"
 tree = "static:2,1"
 controller = "fixed:2"
-
+"""
+    if peer:
+        text += """
 [[method]]
 name = "transformers"
 peer = "transformers"
-{extra}"""
-    return tomllib.loads(text)
+"""
+    return tomllib.loads(text + extra)
 
 
 def test_whole_run_on_a_tiny_model_writes_results_and_report(tiny_folders, tmp_path):
@@ -207,7 +211,8 @@ def test_audit_catches_a_method_that_perturbs_a_token(tiny_folders, monkeypatch)
         return broken
 
     monkeypatch.setattr(speculator.Speculator, "verifier_for", perturbing)
-    config = parse_config(tiny_config(tiny_folders["llama"]), "tiny.toml")
+    # no peer: the audit is of our methods only (results.assemble), so a peer's row is not in it
+    config = parse_config(tiny_config(tiny_folders["llama"], peer=False), "tiny.toml")
     results = run_bench(plan(config), threads=1, progress=False)
     assert not results["audit"]["ok"]
     bad = {m["method"] for m in results["audit"]["mismatches"]}
@@ -226,7 +231,7 @@ def test_a_float16_cache_runs_every_method_losslessly(tiny_folders, monkeypatch)
     monkeypatch.setattr(Decoder, "new_cache", lambda self, *a, **k: made.append(original(self, *a, **k)) or made[-1])
     import torch
 
-    raw = tiny_config(tiny_folders["llama"])
+    raw = tiny_config(tiny_folders["llama"], peer=False)  # the cache type is ours: a peer runs its own
     config = parse_config({**raw, "kv_dtype": "float16"}, "tiny.toml")
     assert config.kv_dtype == "float16"
     results = bench_run.run_bench(plan(config), threads=1, progress=False)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from outrider.bench import peers
 from outrider.bench import run as bench_run
 from outrider.bench.store import PROGRESS, RunStore, check_out, difference
 from outrider.cli import main
@@ -144,9 +145,27 @@ def fixed_figures(results: dict) -> list:
             for r in results["runs"]]
 
 
+class InProcessPeer:
+    """A peer built in this process (peers.open_peer, the child's side of make_peer), closed as the
+    bench closes a PeerProcess. Resuming is not about the process boundary, and a spawned child
+    imports torch and transformers afresh (seconds each, three times here); test_bench_peers.py
+    and test_bench.py's whole run start real child processes."""
+
+    def __init__(self, kind, model_path, *, assistant_path, lookup, threads):
+        self.peer = peers.open_peer(kind, model_path, assistant_path, lookup, threads)
+        self.note = getattr(self.peer, "note", None)
+
+    def run(self, prompt_ids, max_new_tokens):
+        return self.peer.run(prompt_ids, max_new_tokens)
+
+    def close(self):
+        pass
+
+
 def test_interrupt_then_resume_gives_the_run_an_uninterrupted_one_gives(tiny_folders, tmp_path, capsys,
                                                                           monkeypatch):
     methods = methods_file(tmp_path, tiny_folders["llama"])
+    monkeypatch.setattr(bench_run, "make_peer", InProcessPeer)
     assert bench(methods, tmp_path / "full") == 0
     full = json.loads((tmp_path / "full" / "results.json").read_text())
     capsys.readouterr()
@@ -198,6 +217,7 @@ def test_interrupt_then_resume_gives_the_run_an_uninterrupted_one_gives(tiny_fol
         return real(*args, **kwargs)
 
     monkeypatch.setattr(bench_run, "run_ours", counted)
+    monkeypatch.setattr(bench_run, "make_peer", InProcessPeer)
     # the run's own settings are read back: no methods file, no flags (README: --out DIR --resume)
     assert main(["bench", "--out", str(out), "--resume", "--no-progress"]) == 0
     assert len(calls) == 1 + 3 * 2  # warm-up, then only the two prompts left
