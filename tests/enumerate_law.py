@@ -137,21 +137,39 @@ class EnumeratingUniforms:
         return torch.tensor([self.uniform_below(p, o) for p, o in zip(probs.tolist(), offsets)], dtype=torch.bool)
 
     def categorical(self, probs: torch.Tensor, offset: int = 0, index: int = 0) -> int:
-        probs = probs.double() / probs.double().sum()  # [vocab]
-        cdf = probs.cumsum(0)
-        last = int(torch.nonzero(probs > 0).max())
-        cdf[last:] = 1.0  # the last token of positive mass takes what rounding leaves, as categorical_from_uniform
-        return self._draw([0.0, *cdf.tolist()], offset, TOKEN, index)
+        return self._draw(_buckets(tuple(probs.double().tolist())), offset, TOKEN, index)
 
     def categorical_rows(self, probs: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
-        offsets = [0] * len(probs) if offsets is None else offsets.tolist()
-        return torch.tensor([self.categorical(row, o) for row, o in zip(probs, offsets)], dtype=torch.long)
+        rows = probs.double().tolist()  # [n][vocab]
+        offsets = [0] * len(rows) if offsets is None else offsets.tolist()
+        return torch.tensor([self._draw(_buckets(tuple(row)), o, TOKEN, 0) for row, o in zip(rows, offsets)],
+                            dtype=torch.long)
 
     def at(self, first: int) -> "EnumeratingUniforms":
         return EnumeratingUniforms([], first, self.stream_base, self.tape)
 
     def drafting(self) -> "EnumeratingUniforms":
         return EnumeratingUniforms([], self.first, self.stream_base + DRAFTING, self.tape)
+
+
+_BUCKETS: dict[tuple[float, ...], list[float]] = {}
+
+
+def _buckets(probs: tuple[float, ...]) -> list[float]:
+    """The cuts of a categorical draw from `probs` (float64 values): [0, cdf[0], ..., 1], token i
+    covering [cdf[i-1], cdf[i]). Memoised by value: an enumeration draws from the same few rows
+    many thousands of times (one whole run per branch), and the cuts are a function of the values."""
+    cuts = _BUCKETS.get(probs)
+    if cuts is None:
+        if len(_BUCKETS) > 100_000:
+            _BUCKETS.clear()
+        row = torch.tensor(probs, dtype=torch.float64)
+        row = row / row.sum()  # [vocab]
+        cdf = row.cumsum(0)
+        last = int(torch.nonzero(row > 0).max())
+        cdf[last:] = 1.0  # the last token of positive mass takes what rounding leaves, as categorical_from_uniform
+        cuts = _BUCKETS[probs] = [0.0, *cdf.tolist()]
+    return cuts
 
 
 @contextmanager

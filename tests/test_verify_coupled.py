@@ -19,6 +19,8 @@ reuses the draft's uniform: why unseeded requests, so verified, never couple); a
 another stream (exact in law, but not the autoregressive sample).
 """
 
+from functools import lru_cache
+
 import pytest
 import torch
 from enumerate_law import (
@@ -51,6 +53,14 @@ WALKS = {"chain_walk": verify_chain_walk, "tree_walk": verify_tree_walk,
          "tree_walk_reference": verify_tree_walk_reference}
 
 
+@lru_cache(maxsize=None)
+def warped(model: ToyModel, last_two: tuple[int, int], params: SamplingParams) -> torch.Tensor:
+    """target_probs of a toy model's logits after a context ending in `last_two` (all its logits
+    depend on), computed once: an enumeration runs the whole generation once per branch, so the
+    same few contexts come back thousands of times. The verifiers still warp their own logits."""
+    return target_probs(model.logits(list(last_two)), params)  # [vocab]
+
+
 def coupled_chain(drafter: ToyModel, depth: int, params: SamplingParams):
     """A sampled chain `depth` deep whose draft at offset d is drawn from q (the drafter's warped
     distribution) with the verifier's own TOKEN uniform at that position, as a coupled model
@@ -59,7 +69,7 @@ def coupled_chain(drafter: ToyModel, depth: int, params: SamplingParams):
     def propose(committed: list[int], rng) -> DraftTree:
         context, drafts, qs = list(committed), [], []
         for d in range(depth):
-            q = target_probs(drafter.logits(context), params)  # [vocab]
+            q = warped(drafter, tuple(context[-2:]), params)  # [vocab]
             x = rng.categorical(q, offset=d)  # the walk's draw at this position: the same uniform
             drafts.append(x)
             qs.append(q)
@@ -74,7 +84,7 @@ def plain(prompt: list[int], length: int, rng, params: SamplingParams) -> tuple[
     """Plain sampling with the same rng: position t's token is categorical(p_t, u_t), u_t of (t, TOKEN, 0)."""
     committed = list(prompt)
     while len(committed) < len(prompt) + length:
-        committed.append(rng.at(len(committed)).categorical(target_probs(TARGET.logits(committed), params)))
+        committed.append(rng.at(len(committed)).categorical(warped(TARGET, tuple(committed[-2:]), params)))
     return tuple(committed[len(prompt):])
 
 
