@@ -34,12 +34,19 @@ def folder(request, tmp_path_factory):
     return make_family(request.param, tmp_path_factory.mktemp("lanes") / request.param)
 
 
+@pytest.fixture(scope="module")
+def loaded(folder):
+    """The family's q4 model, loaded once (a load was most of each test's time). What a forward
+    depends on is set per test: the config (read at each forward, kernels/dispatch.py), the variant
+    (native.library() at each call) and the cache's type (read by new_cache)."""
+    return load_decoder(folder, "cpu", "q4")
+
+
 @pytest.fixture(params=["float32", "float16"])
-def model(request, folder, runtime):
+def model(request, loaded, runtime):
     runtime(amx_prefill=False, gemm_prefill="off")  # the prefill in the native layer
-    m = load_decoder(folder, "cpu", "q4")
-    m.kv_dtype = getattr(torch, request.param)
-    return m
+    loaded.kv_dtype = getattr(torch, request.param)
+    return loaded
 
 
 def feed(m, cache, start: int, tokens, parents=None, logits="all"):
