@@ -6,8 +6,6 @@ back. The recurrence's algebra (TreeWY) is tests/test_gated_delta.py's."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -124,13 +122,18 @@ def test_drafters_that_need_k_v_rows_refuse_it(model, folder):
         Speculator.build(SpecOptions("sparsespec:128", "chain", "fixed:2"), model, folder)
 
 
-def test_generate_runs_it_from_the_command_line(folder, reference):
-    run = subprocess.run([sys.executable, "-m", "outrider.cli", "generate", "--model", str(folder), "--json",
-                          "--max-new-tokens", "12", "--drafter", "suffix", "w5 w17 w33 w8 w5 w17 w33"],
-                         capture_output=True, text=True, timeout=300, env={**__import__("os").environ,
-                                                                          "HF_HUB_OFFLINE": "1"})
-    assert run.returncode == 0, run.stderr
-    ids = json.loads(run.stdout)["token_ids"]
+def test_generate_runs_it_from_the_command_line(folder, reference, capsys, monkeypatch):
+    """The CLI's whole path (arguments, loading, speculation, --json) in this process: a fresh
+    interpreter would only add an import of torch (families are registered statically,
+    models/families.py), and tests/test_config_fields.py runs `python -m outrider.cli` itself."""
+    from outrider.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code = main(["generate", "--model", str(folder), "--json", "--max-new-tokens", "12", "--drafter", "suffix",
+                 "w5 w17 w33 w8 w5 w17 w33"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    ids = json.loads(captured.out)["token_ids"]
     out = reference.generate(torch.tensor([[5, 17, 33, 8, 5, 17, 33]]), max_new_tokens=12, do_sample=False,
                              eos_token_id=2, pad_token_id=0)
     assert ids == out[0, 7:].tolist()[: len(ids)]
