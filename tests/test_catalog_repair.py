@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import shutil
 import threading
 from pathlib import Path
 
@@ -39,9 +40,25 @@ def marker(folder: Path) -> dict:
     return json.loads((folder / "outrider.json").read_text())
 
 
+_PRISTINE: dict[str, Path] = {}  # the fake entry's GGUF sha256 -> a copy of the cache a real pull left
+
+
 @pytest.fixture
-def pulled(fake_entry, cache) -> Path:  # noqa: F811
-    return pulling.pull("tiny-test", log=lambda line: None)
+def pulled(fake_entry, cache, tmp_path_factory) -> Path:  # noqa: F811
+    """The cache as a pull of 'tiny-test' leaves it (its lock file included). The first test pulls
+    for real (pip fetches the fake wheels: about a second); the others get a copy of that cache,
+    the same bytes, to damage and repair. test_catalog.py and the repairs here pull for real."""
+    entry, _ = fake_entry
+    saved = _PRISTINE.get(entry.sha256)
+    if saved is None:
+        folder = pulling.pull("tiny-test", log=lambda line: None)
+        saved = tmp_path_factory.mktemp("pristine-pull") / "cache"
+        shutil.copytree(cache, saved, symlinks=True)
+        _PRISTINE[entry.sha256] = saved
+        return folder
+    shutil.copytree(saved, cache, symlinks=True, dirs_exist_ok=True)
+    assert pulling.check("tiny-test", deep=True).intact
+    return packages.model_path("tiny-test")
 
 
 def test_marker_records_size_and_sha256_of_every_file(pulled):
