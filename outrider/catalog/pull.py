@@ -78,6 +78,10 @@ def pull(name: str, log: Callable[[str], None] = print, force: bool = False) -> 
     `force`, it is converted again from its kept GGUF if that still has the pinned sha256, else
     fetched again. Safe to interrupt: a new folder is built aside and replaces the old one only
     once complete. A cache that cannot be written is a one-line ModelError."""
+    from .composed import COMPOSED, pull_composed
+
+    if name in COMPOSED:  # a base model plus layers shipped in the package (catalog/composed.py)
+        return pull_composed(name, log=log, force=force)
     catalog_entry = entry(name)
     final = model_path(name)
     if not force:

@@ -37,6 +37,12 @@ def resolve_model(name_or_path: str | os.PathLike, log: Callable[[str], None] | 
     A pulled folder gets the quick check (files present with their recorded sizes), so a
     truncated or missing file is refused here with what to run, not deep in the loader."""
     text = str(name_or_path)
+    from .composed import COMPOSED, composed_path, is_composed
+
+    if text in COMPOSED:  # a base model plus layers shipped in the package (catalog/composed.py)
+        if not is_composed(composed_path(text)):
+            raise ModelError(f"model '{text}' is not pulled yet: run `outrider models pull {text}`")
+        return composed_path(text)
     if text in CATALOG:
         found = check(text)
         if not found.found:
@@ -70,4 +76,6 @@ def resolve_model(name_or_path: str | os.PathLike, log: Callable[[str], None] | 
 
 def known_names() -> str:
     """The catalog's names and the imported models' (for an error message)."""
-    return ", ".join([*CATALOG, *(r["name"] for r in list_imported())])
+    from .composed import COMPOSED
+
+    return ", ".join([*CATALOG, *COMPOSED, *(r["name"] for r in list_imported())])

@@ -1,6 +1,6 @@
 """Which architectures the runtime runs, and the switches that tell them apart.
 
-One entry per family; `llama.py`, `mistral.py`, `qwen2.py`, `qwen3.py` and `qwen3_5.py` each
+One entry per family; `llama.py`, `mistral.py`, `qwen2.py`, `qwen3.py`, `qwen3_5.py` and `llama_hybrid.py` each
 declare theirs. Adding a family that fits the layer kinds the decoder runs is one small file and
 one line below, or a `register_family(FAMILY)` call from your own code (docs/adding-a-family.md).
 """
@@ -8,11 +8,11 @@ one line below, or a `register_family(FAMILY)` call from your own code (docs/add
 from __future__ import annotations
 
 from ..errors import ModelError
-from . import llama, mistral, qwen2, qwen3, qwen3_5
+from . import llama, llama_hybrid, mistral, qwen2, qwen3, qwen3_5
 from .family import Family
 
 
-BUILT_IN = (llama.FAMILY, mistral.FAMILY, qwen2.FAMILY, qwen3.FAMILY, qwen3_5.FAMILY)
+BUILT_IN = (llama.FAMILY, mistral.FAMILY, qwen2.FAMILY, qwen3.FAMILY, qwen3_5.FAMILY, llama_hybrid.FAMILY)
 _ADDED: list[Family] = []  # register_family's
 
 

@@ -1,0 +1,89 @@
+"""Models made of a pulled catalog model and layers shipped inside the package: a base's tensors,
+minus those of the layers replaced, plus the shipped ones, in a folder of their own.
+
+    COMPOSED["smollm2-135m-gdn"]           # base "smollm2-135m-instruct" + models/shipped/smollm2-135m-gdn
+    compose(base_folder, shipped, folder)  # writes the folder (config.json, model.safetensors, tokenizer)
+    pull_composed("smollm2-135m-gdn")      # pulls the base if need be, composes into the cache
+
+The shipped folder holds `hybrid.json` (the fields added to the base's config.json), the new
+layers' safetensors (any float dtype; written float32 here, as the base's converted folder is) and
+`recipe.json` (how they were made; its `files` sha256 are checked before composing). The marker
+`outrider-composed.json` is written last: a folder without it is incomplete and composed again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..config import cache_dir
+from ..errors import ModelError
+
+SHIPPED = Path(__file__).resolve().parent.parent / "models" / "shipped"
+COMPOSED = {"smollm2-135m-gdn": ("smollm2-135m-instruct", SHIPPED / "smollm2-135m-gdn")}
+MARKER = "outrider-composed.json"
+COPIED = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+
+
+def composed_path(name: str) -> Path:
+    return cache_dir() / "models" / name
+
+
+def is_composed(folder: Path) -> bool:
+    return (Path(folder) / MARKER).is_file() and (Path(folder) / "model.safetensors").is_file()
+
+
+def compose(base: Path, shipped: Path, folder: Path) -> Path:
+    """Write `folder` from the base model folder and a shipped hybrid folder; returns `folder`."""
+    base, shipped, folder = Path(base), Path(shipped), Path(folder)
+    recipe = json.loads((shipped / "recipe.json").read_text())
+    new: dict[str, torch.Tensor] = {}
+    for name, digest in recipe["files"].items():
+        if hashlib.sha256((shipped / name).read_bytes()).hexdigest() != digest:
+            raise ModelError(f"{shipped / name} does not have the sha256 recipe.json records; reinstall outrider")
+        new.update(load_file(str(shipped / name)))
+    hybrid = json.loads((shipped / "hybrid.json").read_text())
+    raw = json.loads((base / "config.json").read_text())
+    replaced = [i for i, t in enumerate(hybrid["layer_types"]) if t == "linear_attention"]
+    if len(hybrid["layer_types"]) != int(raw["num_hidden_layers"]):
+        raise ModelError(f"{shipped}: hybrid.json names {len(hybrid['layer_types'])} layers, the base has "
+                         f"{raw['num_hidden_layers']}")
+    dropped = tuple(f"model.layers.{i}.self_attn." for i in replaced)
+    tensors = {k: v for k, v in load_file(str(base / "model.safetensors")).items() if not k.startswith(dropped)}
+    tensors.update({k: v.float() for k, v in new.items()})
+    part = folder.parent / f".{folder.name}.partial-{os.getpid()}"
+    shutil.rmtree(part, ignore_errors=True)
+    part.mkdir(parents=True)
+    (part / "config.json").write_text(json.dumps({**raw, **hybrid}, indent=2) + "\n")
+    save_file(tensors, str(part / "model.safetensors"), metadata={"format": "pt"})
+    for name in COPIED:
+        if (base / name).is_file():
+            shutil.copy2(base / name, part / name)
+    (part / MARKER).write_text(json.dumps({"base": str(base), "shipped": str(shipped),
+                                           "files": recipe["files"]}, indent=1) + "\n")
+    if folder.exists():
+        shutil.rmtree(folder)
+    part.rename(folder)
+    return folder
+
+
+def pull_composed(name: str, log: Callable[[str], None] = print, force: bool = False) -> Path:
+    """The composed model `name` in the cache: its base pulled (catalog/pull.py) and composed."""
+    from .pull import pull
+
+    base_name, shipped = COMPOSED[name]
+    folder = composed_path(name)
+    if is_composed(folder) and not force:
+        recorded = json.loads((folder / MARKER).read_text()).get("files")
+        if recorded == json.loads((shipped / "recipe.json").read_text())["files"]:
+            return folder
+    base = pull(base_name, log=log)
+    log(f"composing {name}: {base_name} + {shipped}")
+    return compose(base, shipped, folder)
