@@ -27,6 +27,9 @@ the first registration or look-up:
     entropy[:MAX]        (entropy.py) a model drafter's chain stops once, by the drafts' entropies and
                          the measured step and verify times, one more draft would lower the
                          expected tokens per second (SparseSpec-L's controller)
+    specla[:MAX[,T]]     SpecLA (specla.py): drops draft nodes of path confidence below T before
+                         verification, then sizes the tree by expected accepted tokens against a
+                         verify cost that counts the target's state bytes (specla_cost.py)
 """
 
 from __future__ import annotations
@@ -106,8 +109,8 @@ class AdaptiveController(PerSequence):
 
 BUILT_IN = ("fixed", "adaptive", "cost")  # parsed by parse_controller itself
 BUILT_IN_USAGES = ("fixed:N (0-64)", "adaptive[:MAX]", "cost[:MAX]")
-REGISTERED_BUILT_IN = ("libraspec", "entropy")  # modules of this package that call register_controller
-_REGISTERED: dict[str, tuple[str, Callable[..., Controller], bool]] = {}  # name -> (usage, factory, profiles)
+REGISTERED_BUILT_IN = ("libraspec", "entropy", "specla")  # modules of this package that call register_controller
+_REGISTERED: dict[str, tuple[str, Callable[..., Controller], bool, bool]] = {}  # name -> (usage, factory, profiles, reads_model)
 _LOADED = [False]
 
 
@@ -121,7 +124,7 @@ def _load_built_in() -> None:
 
 
 def register_controller(name: str, factory: Callable[..., Controller], usage: str | None = None,
-                        profiles: bool = False) -> None:
+                        profiles: bool = False, reads_model: bool = False) -> None:
     """Make `--controller NAME[:ARGUMENT]` build `factory(ARGUMENT)` ("" when there is no colon).
 
     The factory parses its argument and raises ConfigError saying what to pass (parse_controller
@@ -129,7 +132,10 @@ def register_controller(name: str, factory: Callable[..., Controller], usage: st
     (default: `name`). With `profiles`, the factory is called as
     `factory(ARGUMENT, profile_factory, batch_profile_factory)` (parse_controller's; either may be
     None, and the profile one may return None when options are only being checked: call them when
-    first needed). The module that defines the controller calls this when it is imported.
+    first needed). With `reads_model` as well, the call has a fourth argument, the target model
+    (a Decoder: its config and weights, for a controller that prices the target's state, as
+    SpecLA's does), None when options are only being checked. The module that defines the
+    controller calls this when it is imported.
     ValueError if another controller, built-in or registered, has the name."""
     _load_built_in()
     if not name or ":" in name or name != name.strip():
@@ -137,7 +143,7 @@ def register_controller(name: str, factory: Callable[..., Controller], usage: st
     old = _REGISTERED.get(name)
     if name in BUILT_IN or (old is not None and old[1] is not factory):
         raise ValueError(f"a controller called {name!r} is already registered; pick another name")
-    _REGISTERED[name] = (usage or name, factory, profiles)
+    _REGISTERED[name] = (usage or name, factory, profiles or reads_model, reads_model)
 
 
 def unregister_controller(name: str) -> None:
@@ -149,18 +155,21 @@ def controller_usages() -> list[str]:
     """How `--controller` spells every controller: the built-in ones, then the registered ones
     (the CLI's help and parse_controller's refusal read this one list)."""
     _load_built_in()
-    return [*BUILT_IN_USAGES, *(usage for usage, _, _ in _REGISTERED.values())]
+    return [*BUILT_IN_USAGES, *(entry[0] for entry in _REGISTERED.values())]
 
 
-def parse_controller(text: str, profile_factory=None, batch_profile_factory=None) -> Controller:
+def parse_controller(text: str, profile_factory=None, batch_profile_factory=None, model=None) -> Controller:
     """`fixed:N`, `adaptive[:MAX]`, `cost[:MAX]` or a registered `NAME[:ARGUMENT]`;
     `profile_factory()` gives the cost profile, `batch_profile_factory(max_batch)` the batch one
-    (batch_cost.py) when a batch first needs it."""
+    (batch_cost.py) when a batch first needs it; `model`: the target, for a controller registered
+    with reads_model (None: options only checked)."""
     _load_built_in()
     kind, _, arg = text.partition(":")
     if kind in _REGISTERED:
-        _, factory, profiles = _REGISTERED[kind]
+        _, factory, profiles, reads_model = _REGISTERED[kind]
         try:
+            if reads_model:
+                return factory(arg, profile_factory, batch_profile_factory, model)
             return factory(arg, profile_factory, batch_profile_factory) if profiles else factory(arg)
         except ConfigError as err:
             raise ConfigError(f"--controller {text!r}: {err}") from None

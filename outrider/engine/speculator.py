@@ -201,7 +201,7 @@ class Speculator:
             return load_or_measure_batch(target_path, target, cache_dir() / "profiles", max_batch, log)
 
         controller = parse_controller(options.controller, profile_factory=profile,
-                                      batch_profile_factory=batch_profile)
+                                      batch_profile_factory=batch_profile, model=target)
         return Speculator(options, drafter, controller, shape)
 
     def verifier_for(self, params: SamplingParams, seeded: bool = False):
