@@ -15,7 +15,7 @@ CACHE = os.environ.get("OUTRIDER_TEST_TINY_CACHE")
 RNG = "torch-rng-state.safetensors"
 
 FAMILIES = ("llama", "qwen2", "qwen3")  # the attention families every runtime test covers
-HYBRIDS = ("qwen3_5",)  # families with gated-delta layers (tests/test_hybrid.py)
+HYBRIDS = ("qwen3_5", "qwen3_next")  # families with gated-delta layers (tests/test_hybrid.py, test_qwen3_next.py)
 
 
 def make_tiny(family: str, folder: Path, vocab: int = 96, seed: int = 0, layers: int = 3, tied: bool = False,
@@ -48,6 +48,14 @@ def make_tiny(family: str, folder: Path, vocab: int = 96, seed: int = 0, layers:
                                       rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                        "partial_rotary_factor": 0.25})
         cls = tf.Qwen3_5ForCausalLM
+    elif family == "qwen3_next":  # the Qwen3.5 layout with MoE MLPs (layer 1 dense; models/qwen3_next.py)
+        config = tf.Qwen3NextConfig(**common, head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+                                    linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                                    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                                    shared_expert_intermediate_size=64, decoder_sparse_step=1, mlp_only_layers=[1],
+                                    rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                     "partial_rotary_factor": 0.25})
+        cls = tf.Qwen3NextForCausalLM
     else:
         raise ValueError(family)
     torch.manual_seed(seed)

@@ -106,7 +106,8 @@ class NativeLayers:
         if not enabled() or library() is None or decoder.device.type != "cpu" or decoder.dtype != torch.float32:
             return None
         c = decoder.config
-        if c.layer_kinds or c.rotary != c.head_dim or c.attn_output_gate:  # kinds decoder_layer.c does not run
+        # kinds decoder_layer.c does not run: other mixers, MoE MLPs, partial rotary, the output gate
+        if c.layer_kinds or c.mlp_kinds or c.rotary != c.head_dim or c.attn_output_gate:
             return None
         arrays = [cls.matrices([w.qkv, w.o, w.gate_up, w.down]) for w in decoder.layers]
         if any(a is None for a in arrays):

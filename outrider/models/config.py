@@ -16,7 +16,8 @@ from pathlib import Path
 from ..errors import ModelError
 from .config_fields import partial_rotary, refusal
 from .families import family_for
-from .family import ATTENTION, GATED_DELTA
+from .family import ATTENTION, DENSE, GATED_DELTA, MOE
+from .moe_config import MoeConfig
 from .rope import RopeSpec
 
 
@@ -30,6 +31,7 @@ class DeltaConfig:
     k_head_dim: int
     v_head_dim: int
     conv_kernel: int
+    grouped: bool = False  # its in_proj on disk grouped per key head (Qwen3-Next; family.delta_grouped)
 
     @property
     def conv_dim(self) -> int:
@@ -59,9 +61,14 @@ class ModelConfig:
     norm_plus_one: bool = False  # norms scale by 1 + weight (folded into the weights at load)
     delta: DeltaConfig | None = None  # the gated-delta layers' sizes (hybrids)
     rope: RopeSpec = RopeSpec()  # the rotary embedding's type and parameters (models/rope.py)
+    mlp_kinds: tuple[str, ...] = ()  # each layer's MLP (family.DENSE, MOE); (): dense everywhere
+    moe: MoeConfig | None = None  # the sparse MLPs' router and sizes (moe_config.py)
 
     def kind(self, layer: int) -> str:
         return self.layer_kinds[layer] if self.layer_kinds else ATTENTION
+
+    def mlp_kind(self, layer: int) -> str:
+        return self.mlp_kinds[layer] if self.mlp_kinds else DENSE
 
     @property
     def attention_layers(self) -> list[int]:
@@ -118,7 +125,7 @@ class ModelConfig:
 
 def _kinds(raw: dict, family, head_dim: int) -> dict:
     """The fields of a family beyond one Llama block: layer kinds, partial rotary, the output
-    gate, (1 + w) norms, and a hybrid's gated-delta sizes."""
+    gate, (1 + w) norms, a hybrid's gated-delta sizes, and MLP kinds with the experts' sizes."""
     kinds = family.layer_kinds(raw)
     if len(kinds) != int(raw["num_hidden_layers"]):
         raise ModelError(f"layer_types names {len(kinds)} layers, num_hidden_layers is {raw['num_hidden_layers']}")
@@ -127,9 +134,13 @@ def _kinds(raw: dict, family, head_dim: int) -> dict:
     if GATED_DELTA in kinds:
         delta = DeltaConfig(int(raw["linear_num_key_heads"]), int(raw["linear_num_value_heads"]),
                             int(raw["linear_key_head_dim"]), int(raw["linear_value_head_dim"]),
-                            int(raw["linear_conv_kernel_dim"]))
+                            int(raw["linear_conv_kernel_dim"]), family.delta_grouped)
         if delta.num_v_heads % delta.num_k_heads:
             raise ModelError(f"linear_num_value_heads {delta.num_v_heads} is not a multiple of "
                              f"linear_num_key_heads {delta.num_k_heads}")
+    mlps = family.mlp_kinds(raw)
+    if len(mlps) != len(kinds):
+        raise ModelError(f"{family.name} names {len(mlps)} MLPs for {len(kinds)} layers")
     return dict(layer_kinds=() if set(kinds) == {ATTENTION} else tuple(kinds), rotary_dim=rotary,
-                attn_output_gate=family.attn_output_gate, norm_plus_one=family.norm_plus_one, delta=delta)
+                attn_output_gate=family.attn_output_gate, norm_plus_one=family.norm_plus_one, delta=delta,
+                mlp_kinds=() if set(mlps) == {DENSE} else tuple(mlps), moe=family.moe(raw) if MOE in mlps else None)

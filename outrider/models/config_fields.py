@@ -28,6 +28,10 @@ READ = frozenset({
     # a gated-delta hybrid's (models/qwen3_5.py): its layers' sizes and where attention layers sit
     "linear_conv_kernel_dim", "linear_key_head_dim", "linear_num_key_heads", "linear_num_value_heads",
     "linear_value_head_dim", "full_attention_interval",
+    # a mixture of experts' (models/moe_config.py; `num_experts` itself is checked: only a family
+    # with MoE MLPs reads it): the experts' sizes, the router's k and renormalisation, which layers
+    "moe_intermediate_size", "shared_expert_intermediate_size", "num_experts_per_tok", "norm_topk_prob",
+    "decoder_sparse_step", "mlp_only_layers",
 })
 
 # no effect on a forward's arithmetic at inference: names, ids, training and output switches
@@ -37,6 +41,7 @@ INERT = frozenset({
     "label2id", "problem_type", "chunk_size_feed_forward", "is_encoder_decoder", "initializer_range",
     "attention_dropout", "pretraining_tp", "auto_map", "max_window_layers", "tokenizer_class",
     "use_return_dict", "tf_legacy_loss", "pruned_heads", "torchscript", "add_cross_attention",
+    "output_router_logits", "router_aux_loss_coef",  # an MoE's training loss
 })
 
 

@@ -22,6 +22,7 @@ from .delta_state import DeltaState
 from .family import GATED_DELTA
 from .kv_cache import KVCache
 from .layers import embedding, fold_mask, linear, rms_norm, rotary_tables, swiglu_mlp
+from .moe_layer import MoeWeights, moe_mlp
 from .rope import frequencies
 from .state import HybridState
 
@@ -34,7 +35,8 @@ NATIVE_FILL_FLOATS = 1 << 26
 @dataclass
 class LayerWeights:
     """One layer: a token mixer of its kind (attention: qkv .. k_norm, gate; gated delta: `delta`,
-    the attention fields None), then the SwiGLU MLP."""
+    the attention fields None), then an MLP of its kind (the SwiGLU's gate_up and down; a mixture of
+    experts: `moe`, gate_up and down None)."""
 
     input_norm: torch.Tensor  # [E]
     qkv: torch.Tensor | None  # [(H + 2G) * D, E]
@@ -43,17 +45,19 @@ class LayerWeights:
     q_norm: torch.Tensor | None  # [D]
     k_norm: torch.Tensor | None  # [D]
     post_norm: torch.Tensor  # [E]
-    gate_up: torch.Tensor  # [2I, E]
-    down: torch.Tensor  # [E, I]
+    gate_up: torch.Tensor | None  # [2I, E]
+    down: torch.Tensor | None  # [E, I]
     gate: torch.Tensor | None = None  # [H * D, E]: attention's output gate (Qwen3.5)
     delta: DeltaWeights | None = None  # a gated-delta layer's weights (delta_layer.py)
+    moe: MoeWeights | None = None  # a mixture-of-experts MLP's weights (moe_layer.py)
 
     @property
     def matrices(self) -> list:
         """Its projection weights (what the CPU product paths are measured on)."""
+        mlp = self.moe.matrices if self.moe is not None else [self.gate_up, self.down]
         if self.delta is not None:
-            return [self.delta.in_proj, self.delta.out, self.gate_up, self.down]
-        return [m for m in (self.qkv, self.o, self.gate, self.gate_up, self.down) if m is not None]
+            return [self.delta.in_proj, self.delta.out, *mlp]
+        return [m for m in (self.qkv, self.o, self.gate, *mlp) if m is not None]
 
 
 @dataclass
@@ -165,7 +169,8 @@ class Decoder:
     def _torch_layers(self, layers, batch: ForwardBatch, cache, x: torch.Tensor, cos, sin,
                       hidden: dict) -> torch.Tensor:
         """`layers` over x [B, T, E] in torch ops (the reference for kernels/decoder_layer.py, and every
-        prefill), each layer's mixer by its kind (attention_layer.py, delta_layer.py); hidden[l] gets
+        prefill), each layer's mixer and MLP by its kind (attention_layer.py, delta_layer.py;
+        layers.swiglu_mlp, moe_layer.py); hidden[l] gets
         x after layer l for l in batch.hidden_layers."""
         c = self.config
         H, G = c.num_heads, c.num_kv_heads
@@ -182,7 +187,8 @@ class Decoder:
                                         last_delta_layer=index == deltas[-1])
                 else:
                     x = x + attention_mixer(w, c, h, batch, cache, index, cos, sin, view)
-                x = x + swiglu_mlp(rms_norm(x, w.post_norm, c.rms_norm_eps), w.gate_up, w.down)
+                h = rms_norm(x, w.post_norm, c.rms_norm_eps)
+                x = x + (swiglu_mlp(h, w.gate_up, w.down) if w.moe is None else moe_mlp(w.moe, c.moe, h))
                 if index + 1 in batch.hidden_layers:
                     hidden[index + 1] = x
         return x

@@ -1,5 +1,5 @@
-"""What tells one decoder family from another: a few switches read from its config.json, and the
-kind of each layer's token mixer."""
+"""What tells one decoder family from another: a few switches read from its config.json, the
+kind of each layer's token mixer, and the kind of each layer's MLP."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 ATTENTION, GATED_DELTA = "attention", "gated_delta"  # the layer kinds (models/decoder.py runs each)
+DENSE, MOE = "dense", "moe"  # the MLP kinds: SwiGLU (layers.swiglu_mlp), a mixture of experts (moe_layer.py)
 
 
 @dataclass(frozen=True)
@@ -19,4 +20,11 @@ class Family:
     layer_kinds: Callable[[dict], tuple[str, ...]] = lambda raw: (ATTENTION,) * int(raw["num_hidden_layers"])
     attn_output_gate: bool = False  # attention's output times sigmoid of a second half of q_proj (Qwen3.5)
     norm_plus_one: bool = False  # RMS norms scale by (1 + weight) (zero-centred weights, Qwen3.5)
+    # each layer's MLP kind from the raw config (default: the dense SwiGLU everywhere), and the
+    # MoeConfig of its sparse layers (moe_config.py: qwen_mlp_kinds, qwen_moe); None without
+    mlp_kinds: Callable[[dict], tuple[str, ...]] = lambda raw: (DENSE,) * int(raw["num_hidden_layers"])
+    moe: Callable[[dict], object] = lambda raw: None
+    # the gated-delta in_proj as Qwen3-Next keeps it: in_proj_qkvz and in_proj_ba, rows grouped per
+    # key head (weights/loader.py reorders them); False: Qwen3.5's in_proj_qkv, _z, _b, _a
+    delta_grouped: bool = False
     reads: frozenset = field(default_factory=frozenset)  # checked config fields it implements (config_fields.py)

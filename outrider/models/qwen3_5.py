@@ -25,6 +25,9 @@ def _kinds(raw: dict) -> tuple[str, ...]:
     return tuple(KINDS[t] for t in types)
 
 
+layer_kinds = _kinds  # each layer's mixer kind; Qwen3-Next's are laid out the same way (qwen3_next.py)
+
+
 FAMILY = Family(
     name="qwen3_5",
     architectures=("Qwen3_5ForCausalLM", "Qwen3_5TextForCausalLM"),

@@ -20,6 +20,7 @@ from ..models.decoder import Decoder, LayerWeights
 from ..models.delta_layer import DeltaWeights
 from ..models.family import GATED_DELTA
 from ..catalog.marker import GGUF_NAME
+from .mlp_load import Source, mlp_weights
 from .quant_load import QUANT_DTYPES, RowStack
 
 
@@ -142,7 +143,10 @@ class _Reading:
     def check_all_read(self, folder: Path, config: ModelConfig, tied: bool) -> None:
         names = tensor_names(self.source)
         spare = {"lm_head.weight"} if tied else set()  # a tied model's copy of its embedding
-        unread = sorted(n for n in names - self.read - spare if not n.endswith("rotary_emb.inv_freq"))  # buffers
+        # buffers, and a multi-token-prediction head beside the model (Qwen3.5, Qwen3-Next: `mtp.*`,
+        # which transformers does not load either): neither is in the model's forward
+        unread = sorted(n for n in names - self.read - spare
+                        if not n.endswith("rotary_emb.inv_freq") and not n.startswith("mtp."))
         if unread:
             shown = ", ".join(unread[:3]) + (f" and {len(unread) - 3} more" if len(unread) > 3 else "")
             raise ModelError(f"{folder}: {config.architecture} keeps tensors this runtime does not read ({shown}); "
@@ -178,9 +182,9 @@ def tensor_names(source) -> set[str]:
     return tensor_names(inner)
 
 
-def _attention_layer(p: str, config: ModelConfig, get, proj, norm, rows) -> LayerWeights:
+def _attention_layer(p: str, config: ModelConfig, get, proj, norm, rows, mlp: dict) -> LayerWeights:
     """An attention layer's weights under Hugging Face's names (Llama, Qwen2, Qwen3, Qwen3.5)."""
-    attn, mlp = p + "self_attn.", p + "mlp."
+    attn = p + "self_attn."
     qkv_bias = torch.cat([get(attn + f"{n}_proj.bias") for n in "qkv"]) if config.qkv_bias else None
     gate = None
     if config.attn_output_gate:  # q_proj's rows hold each head's queries, then its gate: [H, 2, D]
@@ -196,24 +200,39 @@ def _attention_layer(p: str, config: ModelConfig, get, proj, norm, rows) -> Laye
         input_norm=norm(p + "input_layernorm.weight"), qkv=qkv, qkv_bias=qkv_bias, o=proj(attn + "o_proj.weight"),
         q_norm=norm(attn + "q_norm.weight") if config.qk_norm else None,
         k_norm=norm(attn + "k_norm.weight") if config.qk_norm else None,
-        post_norm=norm(p + "post_attention_layernorm.weight"),
-        gate_up=proj(mlp + "gate_proj.weight", mlp + "up_proj.weight"), down=proj(mlp + "down_proj.weight"),
-        gate=gate)
+        post_norm=norm(p + "post_attention_layernorm.weight"), gate=gate, **mlp)
 
 
-def _delta_layer(p: str, config: ModelConfig, get, proj, norm, rows) -> LayerWeights:
-    """A gated-delta layer's weights (Qwen3.5's `linear_attn`)."""
-    lin, mlp = p + "linear_attn.", p + "mlp."
+def _delta_layer(p: str, config: ModelConfig, get, proj, norm, rows, mlp: dict) -> LayerWeights:
+    """A gated-delta layer's weights (Qwen3.5's and Qwen3-Next's `linear_attn`)."""
+    lin = p + "linear_attn."
+    if config.delta.grouped:
+        in_proj = _grouped_in_proj(lin, config.delta, rows)
+    else:
+        in_proj = proj(*[lin + f"in_proj_{n}.weight" for n in ("qkv", "z", "b", "a")])
     delta = DeltaWeights(
-        in_proj=proj(*[lin + f"in_proj_{n}.weight" for n in ("qkv", "z", "b", "a")]),
+        in_proj=in_proj,
         conv=get(lin + "conv1d.weight").squeeze(1).contiguous(),  # [C, K]
         a_neg=-get(lin + "A_log").float().exp(), dt_bias=get(lin + "dt_bias").float(),
         norm=get(lin + "norm.weight"), out=proj(lin + "out_proj.weight"))
     return LayerWeights(
         input_norm=norm(p + "input_layernorm.weight"), qkv=None, qkv_bias=None, o=None, q_norm=None, k_norm=None,
-        post_norm=norm(p + "post_attention_layernorm.weight"),
-        gate_up=proj(mlp + "gate_proj.weight", mlp + "up_proj.weight"), down=proj(mlp + "down_proj.weight"),
-        delta=delta)
+        post_norm=norm(p + "post_attention_layernorm.weight"), delta=delta, **mlp)
+
+
+def _grouped_in_proj(lin: str, d, rows):
+    """Qwen3-Next's in_proj_qkvz [HK (2 dk + 2 r dv), E] and in_proj_ba [HK 2r, E] (r = HV / HK value
+    heads a key head; per key head h: its q, k, then its r value heads' v and z; their b, then a;
+    value head h r + j) reordered into the gated-delta mixer's in_proj: q k v (all heads), z, b, a."""
+    HK, dk, dv, r = d.num_k_heads, d.k_head_dim, d.v_head_dim, d.num_v_heads // d.num_k_heads
+    qkvz = torch.arange(HK * (2 * dk + 2 * r * dv)).view(HK, -1)  # [HK, 2 dk + 2 r dv] row numbers
+    ba = torch.arange(HK * 2 * r).view(HK, 2 * r)
+    cuts = [0, dk, 2 * dk, 2 * dk + r * dv, 2 * dk + 2 * r * dv]
+    order = torch.cat([qkvz[:, a:b].reshape(-1) for a, b in zip(cuts, cuts[1:])])  # q, k, v, z
+    first = rows(lin + "in_proj_qkvz.weight", order)  # [C + HV dv, E]
+    second = rows(lin + "in_proj_ba.weight", torch.cat((ba[:, :r].reshape(-1), ba[:, r:].reshape(-1))))  # [2 HV, E]
+    return torch.cat((first, second)) if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) \
+        else RowStack([first, second])
 
 
 def open_weights(folder: Path):
@@ -302,8 +321,11 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
                          "use --dtype float32, q8_0 or q4")
     norm = (lambda name: get(name) + 1) if config.norm_plus_one else get  # (1 + w) norms, folded once
     rows = lambda name, index: weights.rows(name, index, dtype, device)  # noqa: E731
+    source = Source(get, proj, weights.has, quantized)
     layers = [(_delta_layer if config.kind(i) == GATED_DELTA else _attention_layer)(
-              f"model.layers.{i}.", config, get, proj, norm, rows) for i in range(config.num_layers)]
+              f"model.layers.{i}.", config, get, proj, norm, rows,
+              mlp_weights(f"model.layers.{i}.mlp.", config.mlp_kind(i), config, source))
+              for i in range(config.num_layers)]
     head = "lm_head.weight" if weights.has("lm_head.weight") and not config.tie_word_embeddings else None
     if head_ids is not None:
         if head_ids.numel() == 0 or int(head_ids.min()) < 0 or int(head_ids.max()) >= config.vocab_size:

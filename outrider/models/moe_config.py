@@ -1,0 +1,58 @@
+"""A mixture-of-experts MLP's configuration, and how the Qwen MoE configs state it.
+
+    MoeConfig                       the router and the experts' sizes (moe_layer.py computes with it)
+    qwen_mlp_kinds(raw)             each layer's MLP kind: family.MOE or family.DENSE
+    qwen_moe(raw)                   the MoeConfig of a Qwen MoE config.json
+
+Qwen2-MoE, Qwen3-MoE and Qwen3-Next write the same fields: `num_experts` routed experts of
+`moe_intermediate_size`, `num_experts_per_tok` chosen by a softmax router (renormalised over the
+chosen when `norm_topk_prob`), a shared expert of `shared_expert_intermediate_size` scaled by
+sigmoid of its own gate (Qwen2-MoE, Qwen3-Next; none in Qwen3-MoE), and which layers are sparse:
+every `decoder_sparse_step`-th layer but those in `mlp_only_layers`, which keep the dense SwiGLU
+MLP of `intermediate_size`. Other families (Mixtral, DeepSeek: issue 41) add readers of their
+own fields here, onto the same MoeConfig.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ModelError
+from .family import DENSE, MOE
+
+SCORINGS = ("softmax",)  # router scorings moe_layer.route implements (DeepSeek V3's sigmoid: issue 41)
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    num_experts: int  # N routed experts
+    top_k: int  # experts chosen per token
+    expert_size: int  # each routed expert's intermediate size I_e
+    norm_topk_prob: bool  # the chosen experts' probabilities renormalised to sum to 1
+    shared_size: int = 0  # the shared expert's intermediate size; 0: no shared expert
+    shared_gate: bool = False  # the shared expert's output times sigmoid(x . w) (Qwen's shared_expert_gate)
+    scoring: str = "softmax"  # how router logits become probabilities
+
+    def __post_init__(self):
+        if not 0 < self.top_k <= self.num_experts:
+            raise ModelError(f"num_experts_per_tok {self.top_k} must be between 1 and num_experts {self.num_experts}")
+        if self.scoring not in SCORINGS:
+            raise ModelError(f"a {self.scoring} router is not supported yet (supported: {', '.join(SCORINGS)})")
+
+
+def qwen_mlp_kinds(raw: dict) -> tuple[str, ...]:
+    """Layer i is sparse when num_experts > 0, i is not in mlp_only_layers and (i + 1) is a multiple
+    of decoder_sparse_step (transformers' Qwen3NextDecoderLayer, Qwen3MoeDecoderLayer)."""
+    layers = int(raw["num_hidden_layers"])
+    experts = int(raw.get("num_experts") or 0)
+    step = int(raw.get("decoder_sparse_step") or 1)
+    dense = set(raw.get("mlp_only_layers") or ())
+    return tuple(MOE if experts > 0 and i not in dense and (i + 1) % step == 0 else DENSE for i in range(layers))
+
+
+def qwen_moe(raw: dict, shared: bool) -> MoeConfig:
+    """shared: the family has Qwen's gated shared expert (Qwen2-MoE, Qwen3-Next)."""
+    return MoeConfig(num_experts=int(raw["num_experts"]), top_k=int(raw["num_experts_per_tok"]),
+                     expert_size=int(raw["moe_intermediate_size"]),
+                     norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+                     shared_size=int(raw["shared_expert_intermediate_size"]) if shared else 0, shared_gate=shared)
