@@ -8,7 +8,8 @@ positions, per layer kind (shapes from the model's config; E hidden, V vocabular
     gated delta    fixed:    the committed state S [HV, dk, dv] read, the convolution's last K - 1
                              inputs [K - 1, C] read, and at commit S read and written (the fold)
                    per node, compact factors (TreeWY, ours): the node's stash written, HV (dk + dv
-                             + 1) values, and its convolution input [C]
+                             + 1) values (k in float32, u and gamma in the state's dtype, as
+                             DeltaState.hold keeps them), and its convolution input [C]
                    per node, snapshots (the baseline SpecLA and TreeWY replace): the node's own
                              state [HV, dk, dv] and window [K - 1, C] written, then read by its
                              children or the commit
@@ -92,7 +93,7 @@ class StateBytes:
         if layout not in LAYOUTS:
             raise ValueError(f"layout {layout!r}: one of {', '.join(LAYOUTS)}")
         if layout == "factors":
-            delta = self.HV * (self.dk + self.dv + 1) * self.state + self.conv_dim * self.act
+            delta = self.HV * (4 * self.dk + (self.dv + 1) * self.state) + self.conv_dim * self.act
         else:
             delta = 2 * (self.HV * self.dk * self.dv * self.state + (self.conv_kernel - 1) * self.conv_dim * self.act)
         return self.delta_layers * delta + self.attention_layers * 2 * self.kv_heads * self.head_dim * self.kv
