@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import DeltaConfig
-from .gated_delta import chunked, tree_step
+from .gated_delta import chunked
 from .layers import linear
 
 
@@ -83,7 +83,7 @@ def _slot(w, cfg, x, g, beta, batch, i, slot, rows, delta, layer, last_delta_lay
     inputs = torch.cat((history, held_x, x))
     conv = F.silu((inputs[window] * w.conv.T).sum(1))  # [n, C]
     q, k, v = _qkv(conv, cfg)
-    o, new = tree_step(q, k, v, g, beta, S, ancestors, stash, held_ancestors)
+    o, new = delta.ops.tree_step(q, k, v, g, beta, S, ancestors, stash, held_ancestors)  # native or torch
     delta.hold(slot, layer, rows, x, new.k, new.u, new.gamma)
     return o
 

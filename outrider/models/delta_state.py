@@ -28,7 +28,7 @@ import torch
 
 from ..errors import ModelError
 from .config import DeltaConfig
-from .gated_delta import STATE_DTYPE, Stash, fold
+from .gated_delta import STATE_DTYPE, Stash
 
 
 @dataclass
@@ -52,6 +52,10 @@ class DeltaState:
                  device: torch.device | str):
         self.layers = list(layers)  # the model's layer ids of its gated-delta layers
         self.cfg, self.dtype, self.device = cfg, dtype, device
+        # where the verify step and the fold run: csrc/gated_delta.c, or the torch reference (fixed here)
+        from ..kernels.delta_native import DeltaOps
+
+        self.ops = DeltaOps.choose(device)
         HV, dk, dv = cfg.num_v_heads, cfg.k_head_dim, cfg.v_head_dim
         self.S = {l: torch.zeros(num_slots, HV, dk, dv, dtype=STATE_DTYPE, device=device) for l in layers}
         self.conv = {l: torch.zeros(num_slots, cfg.conv_kernel - 1, cfg.conv_dim, dtype=dtype, device=device)
@@ -106,7 +110,7 @@ class DeltaState:
             if missing:
                 raise ModelError(f"slot {slot}: rows {missing[:3]} were never written; cannot commit up to {n}")
             x, path = h.take(want)
-            self.S[l][slot] = fold(self.S[l][slot], path)
+            self.ops.fold_into(self.S[l][slot], path)
             inputs = torch.cat((self.conv[l][slot], x))
             self.conv[l][slot] = inputs[inputs.shape[0] - (self.cfg.conv_kernel - 1):]
             last = path.gamma[-1]

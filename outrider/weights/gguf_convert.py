@@ -1,4 +1,4 @@
-"""Convert a GGUF file (llama, qwen2, qwen3) into a Hugging Face style folder.
+"""Convert a GGUF file (llama, qwen2, qwen3; qwen35's metadata) into a Hugging Face style folder.
 
     convert_gguf("SmolLM2.Q4_1.gguf", "out/")   # -> out/config.json, model.safetensors,
                                                  #    tokenizer.json, tokenizer_config.json,
@@ -13,6 +13,8 @@ Two things llama.cpp's converter changes that we undo or recover:
 - for the llama architecture it permutes the rows of the Q and K projections from the
   "rotate half" rotary layout (Hugging Face) to the interleaved-pairs layout (llama.cpp); see
   `unpermute_rotary_rows`. qwen2 and qwen3 are written unpermuted.
+- for the qwen35 gated-delta hybrid it renames, reorders and folds more (gguf_hybrid.py); such a
+  file is read in place (an imported folder), its weights not written out here.
 - the end-of-generation tokens: the GGUF names one `eos_token_id`, but a chat model stops on its
   end-of-turn token too. `generation_config.json` lists all of them (see `end_of_generation_ids`).
 
@@ -32,6 +34,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ModelError
+from . import gguf_hybrid
 
 GGUF_NAME = "original.gguf"  # the GGUF a model folder keeps beside its converted files
 
@@ -40,6 +43,7 @@ ARCHITECTURES = {
     "llama": ("llama", "LlamaForCausalLM", True),
     "qwen2": ("qwen2", "Qwen2ForCausalLM", False),
     "qwen3": ("qwen3", "Qwen3ForCausalLM", False),
+    gguf_hybrid.ARCH: (*gguf_hybrid.MODEL, False),
 }
 
 _GLOBAL_TENSORS = {
@@ -70,6 +74,9 @@ _CONTROL, _USER_DEFINED = 3, 4  # gguf.TokenType values
 
 def hf_tensor_name(gguf_name: str) -> str:
     """`blk.3.attn_q.bias` -> `model.layers.3.self_attn.q_proj.bias`; unknown names raise ModelError."""
+    hybrid = gguf_hybrid.hf_name(gguf_name)
+    if hybrid is not None:
+        return hybrid
     base, _, suffix = gguf_name.rpartition(".")
     if base in _GLOBAL_TENSORS and suffix == "weight":
         return f"{_GLOBAL_TENSORS[base]}.weight"
@@ -113,8 +120,11 @@ def hf_config(meta: dict, tensors: dict[str, tuple[int, ...]]) -> dict:
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
     kv_heads = int(key("attention.head_count_kv", heads))
     head_dim = int(key("attention.key_length", hidden // heads))
-    q_rows = tensors["blk.0.attn_q.weight"][0]
-    if q_rows != heads * head_dim or int(key("rope.dimension_count", head_dim)) != head_dim:
+    first_q = next((n for n in tensors if n.startswith("blk.") and n.endswith(".attn_q.weight")), None)
+    q_rows = tensors[first_q][0] if first_q else None
+    hybrid = arch == gguf_hybrid.ARCH
+    q_per_head = 2 * head_dim if hybrid else head_dim  # a hybrid's q_proj: each head's queries, then its gate
+    if q_rows != heads * q_per_head or (int(key("rope.dimension_count", head_dim)) != head_dim and not hybrid):
         raise ModelError(f"GGUF shapes disagree with its metadata (q rows {q_rows}, {heads} heads of "
                          f"{head_dim}) or use partial rotary; this file is not supported")
     tied = "output.weight" not in tensors
@@ -151,6 +161,10 @@ def hf_config(meta: dict, tensors: dict[str, tuple[int, ...]]) -> dict:
         config.update(use_sliding_window=False, sliding_window=None)
     if arch == "qwen3":
         config.update(attention_bias="blk.0.attn_q.bias" in tensors)
+    if hybrid:
+        fields = gguf_hybrid.config_fields(meta, head_dim)
+        config["rope_parameters"]["partial_rotary_factor"] = fields.pop("partial_rotary_factor")
+        config.update(fields)
     return config
 
 
@@ -275,6 +289,9 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, log: Callable[[str]
     meta = read_metadata(reader)
     shapes = {t.name: tuple(int(n) for n in reversed(t.shape)) for t in reader.tensors}
     config = hf_config(meta, shapes)
+    if weights and meta["general.architecture"] == gguf_hybrid.ARCH:
+        raise ModelError(f"{gguf_path.name}: a {gguf_hybrid.ARCH} GGUF is read in place, not converted to "
+                         "safetensors; import it (outrider models import FILE.gguf, or --model FILE.gguf)")
     out_dir.mkdir(parents=True, exist_ok=True)
     log(f"converting {gguf_path.name}: {config['model_type']}, {config['num_hidden_layers']} layers, "
         f"{len(shapes)} tensors" + (" -> float32 safetensors" if weights else " (its metadata; the weights stay in it)"))

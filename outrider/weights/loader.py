@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import re
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -21,6 +22,7 @@ from ..models.delta_layer import DeltaWeights
 from ..models.family import GATED_DELTA
 from ..catalog.marker import GGUF_NAME
 from .mlp_load import Source, mlp_weights
+from .gguf_hybrid import A_NEG
 from .quant_load import QUANT_DTYPES, RowStack
 
 
@@ -203,7 +205,7 @@ def _attention_layer(p: str, config: ModelConfig, get, proj, norm, rows, mlp: di
         post_norm=norm(p + "post_attention_layernorm.weight"), gate=gate, **mlp)
 
 
-def _delta_layer(p: str, config: ModelConfig, get, proj, norm, rows, mlp: dict) -> LayerWeights:
+def _delta_layer(p: str, config: ModelConfig, get, proj, norm, rows, mlp: dict, has=lambda name: False) -> LayerWeights:
     """A gated-delta layer's weights (Qwen3.5's and Qwen3-Next's `linear_attn`)."""
     lin = p + "linear_attn."
     if config.delta.grouped:
@@ -213,7 +215,8 @@ def _delta_layer(p: str, config: ModelConfig, get, proj, norm, rows, mlp: dict) 
     delta = DeltaWeights(
         in_proj=in_proj,
         conv=get(lin + "conv1d.weight").squeeze(1).contiguous(),  # [C, K]
-        a_neg=-get(lin + "A_log").float().exp(), dt_bias=get(lin + "dt_bias").float(),
+        a_neg=get(p + A_NEG).float() if has(p + A_NEG) else -get(lin + "A_log").float().exp(),  # a GGUF keeps it
+        dt_bias=get(lin + "dt_bias").float(),
         norm=get(lin + "norm.weight"), out=proj(lin + "out_proj.weight"))
     return LayerWeights(
         input_norm=norm(p + "input_layernorm.weight"), qkv=None, qkv_bias=None, o=None, q_norm=None, k_norm=None,
@@ -235,14 +238,21 @@ def _grouped_in_proj(lin: str, d, rows):
         else RowStack([first, second])
 
 
-def open_weights(folder: Path):
+def open_weights(folder: Path, shapes_only: bool = False):
     """A folder's float weights: its safetensors, or, where it keeps only a GGUF (an imported
-    one, catalog/imported.py), the GGUF's tensors dequantized at load (quant_load.GGUFFloats)."""
+    one, catalog/imported.py), the GGUF's tensors dequantized at load (quant_load.GGUFFloats).
+    shapes_only: names and shapes, no data (_Shapes, quant_load.GGUFShapes)."""
     if not any(folder.glob("*.safetensors")) and (folder / GGUF_NAME).is_file():
-        from .quant_load import GGUFFloats
+        from .quant_load import GGUFFloats, GGUFShapes
 
-        return GGUFFloats(folder / GGUF_NAME)
-    return _Tensors(folder)
+        return (GGUFShapes if shapes_only else GGUFFloats)(folder / GGUF_NAME)
+    return _Shapes(folder) if shapes_only else _Tensors(folder)
+
+
+def norms_folded(source) -> bool:
+    """Whether `source` keeps the (1 + w) RMS norms with the 1 already added (a hybrid's GGUF, as
+    llama.cpp's converter writes it: gguf_hybrid.py), so the loader takes them as they are."""
+    return bool(getattr(getattr(source, "source", source), "norms_folded", False))
 
 
 DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -305,7 +315,7 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
     device = torch.device("meta") if shapes_only else resolve_device(device)
     quantized = dtype if isinstance(dtype, str) else None
     dtype = torch.float32 if shapes_only else default_dtype(device) if quantized or dtype is None else dtype
-    weights = _Shapes(folder) if shapes_only else open_weights(folder)
+    weights = open_weights(folder, shapes_only)
     if quantized:
         from .quant_load import QuantTensors
 
@@ -316,13 +326,15 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
     embed = get("model.embed_tokens.weight")
     if embed.shape[0] != config.vocab_size:
         raise ModelError(f"{folder}: embedding has {embed.shape[0]} rows but vocab_size is {config.vocab_size}")
-    if quantized and config.layer_kinds and (quantized.endswith("-bf16-lossy") or quantized == "gguf"):
+    if quantized and config.layer_kinds and quantized.endswith("-bf16-lossy"):
         raise ModelError(f"{folder}: --dtype {quantized} is not supported yet for {config.architecture}; "
-                         "use --dtype float32, q8_0 or q4")
-    norm = (lambda name: get(name) + 1) if config.norm_plus_one else get  # (1 + w) norms, folded once
+                         "use --dtype float32, q8_0, q4 or (a GGUF's own blocks) gguf")
+    folded = config.norm_plus_one and not norms_folded(weights)  # a hybrid's GGUF keeps them folded
+    norm = (lambda name: get(name) + 1) if folded else get  # (1 + w) norms, folded once
     rows = lambda name, index: weights.rows(name, index, dtype, device)  # noqa: E731
     source = Source(get, proj, weights.has, quantized)
-    layers = [(_delta_layer if config.kind(i) == GATED_DELTA else _attention_layer)(
+    delta_layer = partial(_delta_layer, has=weights.has)  # has: a GGUF keeps -exp(A_log) (gguf_hybrid.py)
+    layers = [(delta_layer if config.kind(i) == GATED_DELTA else _attention_layer)(
               f"model.layers.{i}.", config, get, proj, norm, rows,
               mlp_weights(f"model.layers.{i}.mlp.", config.mlp_kind(i), config, source))
               for i in range(config.num_layers)]

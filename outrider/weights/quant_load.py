@@ -50,6 +50,7 @@ import torch
 from ..errors import ModelError
 from .gguf_index import GGUFIndex
 from .gguf_convert import ARCHITECTURES, hf_tensor_name, unpermute_rotary_rows
+from . import gguf_hybrid
 from ..catalog.marker import GGUF_NAME
 from ..kernels.blocks import BLOCK, SUPPORTED_GGUF, QuantBlocks, cat_rows, check_gguf_kind, quantize
 from .quant_convert import gguf_blocks
@@ -61,7 +62,7 @@ _FAMILY = {"q8_0": "Q8", "q4": "Q4"}  # a GGUF is used natively when its project
 _AT_LOAD = {"q8_0": ("q8_0", "q8_0"), "q4": ("q4_1", "q8_0"), "q4_0": ("q4_0", "q4_0")}  # (projections, head and embedding)
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 _TABLES = ("model.embed_tokens.weight", "lm_head.weight")
-_PROJECTION = re.compile(r"blk\.\d+\.(attn_(q|k|v|output)|ffn_(gate|up|down))\.weight")
+_PROJECTION = re.compile(r"blk\.\d+\.(attn_(q|k|v|output|qkv|gate)|ffn_(gate|up|down)|ssm_(alpha|beta|out))\.weight")
 
 
 def warn(line: str) -> None:
@@ -141,6 +142,7 @@ class QuantTensors:
         if self.name == "gguf" and self.gguf is None:
             raise ModelError(f"{folder} keeps no GGUF ({GGUF_NAME}): --dtype gguf runs a GGUF's own blocks; "
                              "use --dtype q4 or q8_0 to quantize its float weights at load")
+        self.norms_folded = getattr(self.gguf or floats, "norms_folded", False)  # loader.norms_folded
         self.cache: dict[str, QuantBlocks | torch.Tensor] = {}
 
     @property
@@ -171,6 +173,9 @@ class QuantTensors:
         parts = [self._weight(n) for n in names]
         if rows is not None:
             parts = [p.rows(rows) if isinstance(p, QuantBlocks) else p.index_select(0, rows) for p in parts]
+        columns = self.gguf.columns(names[0]) if self.gguf and len(names) == 1 else None
+        if columns is not None and isinstance(parts[0], QuantBlocks):  # a hybrid's ssm_out (gguf_hybrid.py)
+            return gguf_hybrid.InputOrder(self._linear(parts[0], dtype, device), columns)
         if all(isinstance(p, QuantBlocks) for p in parts) and len({p.kind for p in parts}) == 1:
             return self._linear(cat_rows(parts), dtype, device)
         if all(isinstance(p, torch.Tensor) for p in parts):
@@ -203,12 +208,16 @@ class QuantTensors:
 
 class _NativeGGUF:
     """A GGUF's tensors under Hugging Face names: quantized ones as their own blocks (llama Q/K
-    rows put back in Hugging Face order), float ones as float32."""
+    rows, a hybrid's value heads put back in Hugging Face order: gguf_hybrid.py), float ones as
+    float32."""
 
     def __init__(self, index: GGUFIndex):
         self.path = index.path
         self.tensors = {hf_tensor_name(name): t for name, t in index.tensors.items()}
         arch = str(index.meta["general.architecture"])
+        hybrid = arch == gguf_hybrid.ARCH
+        self.order = gguf_hybrid.VHeadOrder(index.meta) if hybrid else None
+        self.norms_folded = hybrid  # (1 + w) norms stored with the 1 added (loader.norms_folded)
         permuted = ARCHITECTURES.get(arch, (None, None, False))[2]
         heads = int(index.meta[f"{arch}.attention.head_count"])
         kv_heads = int(index.meta.get(f"{arch}.attention.head_count_kv", heads))
@@ -257,14 +266,25 @@ class _NativeGGUF:
                 return unpermute_rotary_rows(rows, heads)
         return rows
 
+    def columns(self, name: str) -> np.ndarray | None:
+        """long [in]: a hybrid's ssm_out columns in Hugging Face order, as file columns; else None."""
+        return self.order.columns(name) if self.order else None
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The tensor's Hugging Face shape."""
+        shape = self._tensor(name).shape
+        return (shape[0], 1, shape[1]) if self.order and name.endswith("conv1d.weight") else shape
+
     def floats(self, name: str) -> torch.Tensor:
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
         tensor = self._tensor(name)
         values = np.asarray(dequantize(tensor.data, GGMLQuantizationType[tensor.type]), dtype=np.float32)
-        values = values.reshape(tensor.shape)
-        return torch.from_numpy(np.array(self._unpermute(name, values)))  # a writable copy
+        values = self._unpermute(name, values.reshape(tensor.shape))
+        if self.order:
+            values = gguf_hybrid.undo_float(self.order, name, values)
+        return torch.from_numpy(np.array(values))  # a writable copy
 
     def weight(self, name: str) -> QuantBlocks | torch.Tensor:
         tensor = self._tensor(name)
@@ -272,6 +292,9 @@ class _NativeGGUF:
             return self.floats(name)
         kind = check_gguf_kind(tensor.type, tensor.name)
         raw = self._unpermute(name, np.asarray(tensor.data))  # uint8 [out, blocks * bytes]
+        rows = self.order.rows(name, raw.shape[0]) if self.order else None
+        if rows is not None:
+            raw = raw[rows]  # whole rows of blocks; the columns of ssm_out: `columns`
         return gguf_blocks(raw, kind, tensor.name)
 
 
@@ -283,6 +306,7 @@ class GGUFFloats:
 
     def __init__(self, path: Path):
         self.gguf = _NativeGGUF(GGUFIndex.open(path))
+        self.norms_folded = self.gguf.norms_folded
 
     def has(self, name: str) -> bool:
         return self.gguf.has(name)
@@ -293,3 +317,11 @@ class GGUFFloats:
     def projection(self, names: list[str], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         parts = [self.get(name, dtype, device) for name in names]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+class GGUFShapes(GGUFFloats):
+    """A GGUF's tensors as names and Hugging Face shapes only: meta tensors, no data read
+    (`outrider models check` on an imported GGUF: loader.load_decoder(shapes_only=True))."""
+
+    def get(self, name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(self.gguf.shape(name), dtype=dtype, device="meta")

@@ -1,0 +1,159 @@
+"""A gated-delta hybrid's GGUF (llama.cpp architecture `qwen35`, Qwen3.5's text model) read under
+Hugging Face's names, with what llama.cpp's converter changed undone exactly.
+
+What the converter (llama.cpp's convert_hf_to_gguf.py, conversion/qwen.py: Qwen3_5TextModel over
+_LinearAttentionVReorderBase over Qwen3NextModel; read in llama-cpp-python 0.3.36's vendored copy)
+writes for a Qwen3.5 checkpoint, and how it is read back here:
+
+- names: `linear_attn.in_proj_qkv / _z / _a / _b` -> `blk.N.attn_qkv / attn_gate / ssm_alpha /
+  ssm_beta`, `conv1d` -> `ssm_conv1d`, `dt_bias` -> `ssm_dt.bias`, `A_log` -> `ssm_a`,
+  `linear_attn.norm` -> `ssm_norm`, `out_proj` -> `ssm_out`, `post_attention_layernorm` ->
+  `post_attention_norm`; attention and MLP as Qwen3's (`attn_q` keeps q_proj's rows as they are:
+  each head's queries then its gate). `hf_name` maps them back.
+- `ssm_a` holds -exp(A_log), the decay the runtime multiplies by (DeltaWeights.a_neg): read as is,
+  under the name `linear_attn.a_neg` (not a Hugging Face name; the loader takes it instead of
+  computing -exp(A_log)), so nothing is recomputed.
+- RMS norms that scale by (1 + w) (input, post-attention, final, q_norm, k_norm; not the gated
+  `linear_attn.norm`) are stored with the 1 added: `NORMS_FOLDED` tells the loader to take them
+  as stored rather than add 1 again (exact: no subtract-then-add round trip).
+- `ssm_conv1d` is the depthwise kernel squeezed to [channels, K]; read back as [channels, 1, K].
+- value heads, where there are more of them than key heads (HV = r HK), are reordered from grouped
+  by key head, [k0v0 .. k0v(r-1), k1v0 ..], to tiled, [k0v0, k1v0, .., k0v1, k1v1, ..]: the V
+  rows of attn_qkv, the rows of attn_gate, ssm_alpha, ssm_beta, ssm_a, ssm_dt, the V channels of
+  ssm_conv1d, and the columns of ssm_out. `VHeadOrder` gives the index that puts each back: rows
+  are gathered (a quantized row is whole blocks, so blocks are gathered too); ssm_out's columns
+  are gathered in float, and a quantized ssm_out multiplies its input gathered into the file's
+  order instead (`InputOrder`), since a block may span two heads.
+- multi-token-prediction blocks (`nextn_predict_layers` > 0: blocks past the model's layers, a
+  draft head the model's own output never reads) are refused in one line: not read yet.
+
+Qwen3.5's interleaved multimodal RoPE sections (`rope.dimension_sections`) give every rotary
+frequency the same position for text, which is plain partial RoPE (`rope.dimension_count` of
+`attention.key_length`), what the runtime runs.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+
+from ..errors import ModelError
+
+ARCH = "qwen35"
+MODEL = ("qwen3_5_text", "Qwen3_5ForCausalLM")  # Hugging Face model_type, architecture
+
+# gguf name within a block -> Hugging Face name within `model.layers.N.`
+LAYER_TENSORS = {
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "attn_qkv.weight": "linear_attn.in_proj_qkv.weight",
+    "attn_gate.weight": "linear_attn.in_proj_z.weight",
+    "ssm_alpha.weight": "linear_attn.in_proj_a.weight",
+    "ssm_beta.weight": "linear_attn.in_proj_b.weight",
+    "ssm_conv1d.weight": "linear_attn.conv1d.weight",
+    "ssm_dt.bias": "linear_attn.dt_bias",
+    "ssm_a": "linear_attn.a_neg",
+    "ssm_norm.weight": "linear_attn.norm.weight",
+    "ssm_out.weight": "linear_attn.out_proj.weight",
+}
+_BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
+A_NEG = "linear_attn.a_neg"  # -exp(A_log) as the GGUF stores it
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """`blk.0.ssm_a` -> `model.layers.0.linear_attn.a_neg`; None for a name not of this layout."""
+    match = _BLOCK.fullmatch(gguf_name)
+    if match and match.group(2) in LAYER_TENSORS:
+        return f"model.layers.{match.group(1)}.{LAYER_TENSORS[match.group(2)]}"
+    return None
+
+
+def config_fields(meta: dict, head_dim: int) -> dict:
+    """The hybrid's own config.json fields from a `qwen35` GGUF's metadata (arrays included)."""
+    key = lambda name, default=None: meta.get(f"{ARCH}.{name}", default)  # noqa: E731
+    nextn = int(key("nextn_predict_layers", 0) or 0)
+    if nextn:
+        raise ModelError(f"this GGUF keeps {nextn} multi-token-prediction layer(s) ({ARCH}.nextn_predict_layers), "
+                         "which Outrider does not read yet; convert the model with llama.cpp's --no-mtp")
+    layers = int(key("block_count"))
+    recurrent = key("attention.recurrent_layers")
+    if recurrent is not None:
+        recurrent = [bool(r) for r in recurrent][:layers]
+    else:
+        interval = int(key("full_attention_interval", 4))
+        recurrent = [(i + 1) % interval != 0 for i in range(layers)]
+    v_heads, inner = int(key("ssm.time_step_rank")), int(key("ssm.inner_size"))
+    rotary = int(key("rope.dimension_count", head_dim))
+    return {
+        "layer_types": ["linear_attention" if r else "full_attention" for r in recurrent],
+        "full_attention_interval": int(key("full_attention_interval", 4)),
+        "linear_conv_kernel_dim": int(key("ssm.conv_kernel")),
+        "linear_key_head_dim": int(key("ssm.state_size")),
+        "linear_num_key_heads": int(key("ssm.group_count")),
+        "linear_num_value_heads": v_heads,
+        "linear_value_head_dim": inner // v_heads,
+        "attention_bias": False,
+        "partial_rotary_factor": rotary / head_dim,
+    }
+
+
+class VHeadOrder:
+    """Where the converter moved each value head (module docstring), and the indices that undo it."""
+
+    def __init__(self, meta: dict):
+        key = lambda name: int(meta[f"{ARCH}.{name}"])  # noqa: E731
+        self.k_heads, self.v_heads = key("ssm.group_count"), key("ssm.time_step_rank")
+        self.k_dim, self.v_dim = key("ssm.state_size"), key("ssm.inner_size") // self.v_heads
+
+    def undo(self, head_dim: int) -> np.ndarray:
+        """long [v_heads * head_dim]: file position of each Hugging Face position (hf = file[undo])."""
+        r = self.v_heads // self.k_heads
+        moved = np.arange(self.v_heads * head_dim).reshape(self.k_heads, r, head_dim).swapaxes(0, 1).reshape(-1)
+        return np.argsort(moved)  # moved[i]: the Hugging Face position the file keeps at i
+
+    def rows(self, name: str, n: int) -> np.ndarray | None:
+        """long [n]: the rows of `name` (a Hugging Face name) in Hugging Face order, as file rows."""
+        if self.k_heads == self.v_heads or "linear_attn." not in name:
+            return None
+        qk = 2 * self.k_heads * self.k_dim  # q and k channels of in_proj_qkv and conv1d: not moved
+        if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+            return np.concatenate((np.arange(qk), qk + self.undo(self.v_dim)))
+        if name.endswith("in_proj_z.weight"):
+            return self.undo(self.v_dim)
+        if name.endswith(("in_proj_a.weight", "in_proj_b.weight", "dt_bias", A_NEG)):
+            return self.undo(1)
+        return None
+
+    def columns(self, name: str) -> np.ndarray | None:
+        """long [HV dv]: out_proj's columns in Hugging Face order, as file columns; None elsewhere."""
+        if self.k_heads == self.v_heads or not name.endswith("linear_attn.out_proj.weight"):
+            return None
+        return self.undo(self.v_dim)
+
+
+def undo_float(order: VHeadOrder, name: str, values: np.ndarray) -> np.ndarray:
+    """A tensor's float values (file layout, Hugging Face name) in Hugging Face layout."""
+    rows = order.rows(name, values.shape[0])
+    if rows is not None:
+        values = values[rows]
+    columns = order.columns(name)
+    if columns is not None:
+        values = values[:, columns]
+    if name.endswith("conv1d.weight") and values.ndim == 2:
+        values = values[:, None, :]  # [C, K] -> [C, 1, K], Hugging Face's Conv1d weight
+    return values
+
+
+class InputOrder:
+    """A projection whose input columns the file keeps in another order: y = W_file x[columns]
+    (x: [..., in] in Hugging Face order), equal to W_hf x up to the summation order."""
+
+    def __init__(self, weight, columns: np.ndarray):
+        self.weight = weight
+        self.columns = torch.from_numpy(np.ascontiguousarray(columns))
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        from ..models.layers import linear
+
+        return linear(x.index_select(-1, self.columns.to(x.device)), self.weight, bias)
