@@ -19,7 +19,7 @@ CSRC = Path(__file__).with_name("csrc")
 SOURCE = CSRC / "qmatmul.c"
 SOURCES = (SOURCE, *(CSRC / f for f in ("decoder_layer.c", "attention.c", "matmul_amx.c", "qmatmul_i8.c",
                                        "qmatmul_i8_avx2.c", "qmatmul_i8_avx_vnni.c", "qmatmul_i8_pack.c",
-                                       "qmatmul_fill.c")))  # one library
+                                       "qmatmul_fill.c", "gated_delta.c")))  # one library
 HEADERS = tuple(CSRC / h for h in ("isa.h", "block_kinds.h", "block_decode.h", "qmatmul_i8.h",
                                    "qmatmul_i8_avx2_dot.h", "attention.h", "attention_lanes.h",
                                    "attention_heads.h"))  # in its key
@@ -148,3 +148,7 @@ def bind_entry_points(lib) -> None:
     lib.outrider_i8_row_bytes.restype = i64
     lib.outrider_i8_pack.argtypes = [ctypes.c_int, i64, ptr, ptr, ptr, i64, i64, ptr, ctypes.c_int]
     lib.outrider_i8_pack.restype = ctypes.c_int
+    lib.outrider_delta_tree.argtypes = [i64, i64, i64, i64, i64, *[ptr] * 14, ctypes.c_int]
+    lib.outrider_delta_tree.restype = ctypes.c_int
+    lib.outrider_delta_fold.argtypes = [i64, i64, i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int]
+    lib.outrider_delta_fold.restype = None
