@@ -20,7 +20,7 @@ from outrider.models.config_fields import CHECKED, INERT, READ
 from outrider.weights.loader import load_decoder
 
 CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
-           "qwen3_5": "Qwen3_5TextConfig", "qwen3_next": "Qwen3NextConfig"}
+           "qwen3_5": "Qwen3_5TextConfig", "qwen3_next": "Qwen3NextConfig", "gemma3": "Gemma3TextConfig"}
 
 
 @pytest.mark.parametrize("family", CLASSES)

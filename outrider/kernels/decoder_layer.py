@@ -110,7 +110,7 @@ class NativeLayers:
         if c.layer_kinds or c.mlp_kinds or c.rotary != c.head_dim or c.attn_output_gate:
             return None
         arrays = [cls.matrices([w.qkv, w.o, w.gate_up, w.down]) for w in decoder.layers]
-        if any(a is None for a in arrays):
+        if not c.plain_block or any(a is None for a in arrays):  # Gemma 3's windows, sandwich norms ...: torch layers
             return None
         specs = (LayerSpec * len(arrays))(*[
             LayerSpec(_ptr(w.input_norm), _ptr(w.post_norm), _ptr(w.qkv_bias), _ptr(w.q_norm), _ptr(w.k_norm),

@@ -51,13 +51,14 @@ def attention_mixer(w, c, h: torch.Tensor, batch, cache, index: int, cos, sin, v
     layer = cache.attention_index(index) if hasattr(cache, "kv") else index
     kv.write(layer, batch.slots, batch.rows, k, v)
     keys, values = kv.span(layer, view.first, view.span, batch.kv_len)  # [S, G, L, D], views
+    scale = c.attn_scale or None  # the family's (Gemma 3's query_pre_attn_scalar ** -0.5), or SDPA's D ** -0.5
     if keys.dtype != q.dtype:  # a float16 cache (kv_dtype): its values, widened exactly
         keys, values = keys.to(q.dtype), values.to(q.dtype)
     if view.place is None:
-        out = attention(q, keys, values, view.mask, view.folded)  # [B, H, T, D]
+        out = attention(q, keys, values, view.mask, view.folded, scale)  # [B, H, T, D]
     else:  # slots with holes or out of order: queries go to their span rows (batch.py)
         q_span = q.new_zeros(view.span, H, T, D).index_copy_(0, view.place, q)  # [S, H, T, D]
-        out = attention(q_span, keys, values, view.mask, view.folded).index_select(0, view.place)  # [B, H, T, D]
+        out = attention(q_span, keys, values, view.mask, view.folded, scale).index_select(0, view.place)  # [B, H, T, D]
     out = out.transpose(1, 2).reshape(B, T, H * D)
     if w.gate is not None:  # Qwen3.5: each head's output gated by sigmoid of its gate rows
         out = out * torch.sigmoid(linear(h, w.gate))

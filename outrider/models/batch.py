@@ -45,6 +45,10 @@ class ForwardBatch:
     span_place: torch.Tensor | None = None  # [B] long: batch row b is span row span_place[b]; None: b
     logits_flat: torch.Tensor | None = None  # [N] long: score only these rows of the flattened [B * T]
     # (pack's logits="real": every real row, no padding); the logits come back [N, vocab]
+    # [B, kv_len] long: the position each cache row read holds (a tree's node its depth's, a windowed
+    # drafter's shifted rows theirs: key_positions); None: row r holds position r. Read by sliding-window
+    # layers only (models/sliding.py)
+    key_pos: torch.Tensor | None = None
 
     @property
     def fills_only(self) -> bool:
@@ -133,6 +137,7 @@ def _pack(slot_ids, cache_lens, new_tokens, parents, logits, hidden_layers, scra
         if attn_mask is None:
             attn_mask = _mask(cache_lens, tree, kv_len)
         attn_mask = _windowed(attn_mask, cache_lens, node_pos, shifts, positions, real, window)
+    key_pos = key_positions(cache_lens, node_pos, shifts or [0] * B, window[0] if window else kv_len, kv_len)
     logits_flat = None
     if logits == "all":
         logits_rows = None
@@ -165,6 +170,7 @@ def _pack(slot_ids, cache_lens, new_tokens, parents, logits, hidden_layers, scra
         span_size=span_size,
         span_place=None if place is None else to(place),
         logits_flat=None if logits_flat is None else to(logits_flat),
+        key_pos=to(key_pos),
     )
 
 

@@ -58,6 +58,15 @@ class ModelConfig:
     layer_kinds: tuple[str, ...] = ()  # each layer's mixer (family.ATTENTION, GATED_DELTA); () : attention
     rotary_dim: int = 0  # dimensions of a head that rotate (partial rotary); 0: all of head_dim
     attn_output_gate: bool = False  # attention output times sigmoid(gate): q_proj's second half
+    # Gemma 3's (models/gemma3.py): each layer's sliding window (0: the whole context; (): none), the
+    # RoPE of the sliding-window layers, the attention scale (0: head_dim ** -0.5), norms on the
+    # attention's and the MLP's outputs, embeddings times sqrt(hidden_size), the gated MLP's activation
+    layer_windows: tuple[int, ...] = ()
+    rope_local: RopeSpec | None = None
+    attn_scale: float = 0.0
+    sandwich_norms: bool = False
+    embed_scale: bool = False
+    activation: str = "silu"  # "silu" (SwiGLU) or "gelu_tanh" (GELU with tanh, gated)
     norm_plus_one: bool = False  # norms scale by 1 + weight (folded into the weights at load)
     delta: DeltaConfig | None = None  # the gated-delta layers' sizes (hybrids)
     rope: RopeSpec = RopeSpec()  # the rotary embedding's type and parameters (models/rope.py)
@@ -77,6 +86,18 @@ class ModelConfig:
     @property
     def rotary(self) -> int:
         return self.rotary_dim or self.head_dim
+
+    def window(self, layer: int) -> int:
+        """Layer `layer`'s sliding window: a query at position p sees keys at positions > p - window;
+        0: every earlier position."""
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+    @property
+    def plain_block(self) -> bool:
+        """No Gemma-style extras (windows, a local RoPE, another scale, sandwich norms, scaled
+        embeddings, another activation): the block kernels/decoder_layer.c runs."""
+        return not (self.layer_windows or self.rope_local or self.attn_scale or self.sandwich_norms
+                    or self.embed_scale or self.activation != "silu")
 
     @staticmethod
     def from_dict(raw: dict, source: str = "config.json") -> "ModelConfig":
@@ -107,6 +128,7 @@ class ModelConfig:
                 qk_norm=family.qk_norm,
                 rope=RopeSpec.of(raw),
                 **_kinds(raw, family, int(raw.get("head_dim") or hidden // heads)),
+                **family.extras(raw),
             )
         except KeyError as missing:
             raise ModelError(f"{source}: missing field {missing}; is this a causal LM config.json?") from None

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .rope import TYPES as ROPE_TYPES
+from .rope import TYPES as ROPE_TYPES, by_layer_type
 
 # read by models/config.py (or a family's switch)
 READ = frozenset({
     "architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
     "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
     "max_position_embeddings", "tie_word_embeddings", "attention_bias",
+    # Gemma 3's (models/gemma3.py): where its sliding-window layers sit when layer_types is absent
+    "sliding_window_pattern", "_sliding_window_pattern",
     # a gated-delta hybrid's (models/qwen3_5.py): its layers' sizes and where attention layers sit
     "linear_conv_kernel_dim", "linear_key_head_dim", "linear_num_key_heads", "linear_num_value_heads",
     "linear_value_head_dim", "full_attention_interval",
@@ -48,6 +50,10 @@ INERT = frozenset({
 def _rope_type(value) -> str:
     if not value:
         return "default"
+    per_type = by_layer_type(value)  # Gemma 3's rope_parameters, one table a layer type: the first not run
+    if per_type:
+        kinds = [_rope_type(v) for v in per_type.values()]
+        return next((k for k in kinds if k not in ROPE_TYPES), kinds[0])
     return str(value.get("rope_type", value.get("type", "default")) or "default")
 
 
@@ -77,6 +83,12 @@ CHECKED: dict[str, tuple[Callable[[object, dict], bool], str]] = {
     "mlp_bias": (lambda v, raw: not v, "biases on the MLP projections"),
     "quantization_config": (lambda v, raw: not v, "pre-quantized weights (GPTQ, AWQ, ...)"),
     "num_experts": (lambda v, raw: not v, "a mixture of experts"),
+    "num_local_experts": (lambda v, raw: not v, "a mixture of experts"),  # Mixtral's name, Qwen3MoeConfig's
+    # Gemma 3's (models/gemma3.py reads them)
+    "hidden_activation": (lambda v, raw: v in ("silu", "swish"), "an MLP activation other than SiLU"),
+    "query_pre_attn_scalar": (lambda v, raw: v is None, "an attention scale other than 1 / sqrt(head_dim)"),
+    "rope_local_base_freq": (lambda v, raw: v is None, "a RoPE base of its own on sliding-window layers"),
+    "use_bidirectional_attention": (lambda v, raw: not v, "bidirectional attention"),
 }
 
 

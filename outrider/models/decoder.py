@@ -24,6 +24,8 @@ from .kv_cache import KVCache
 from .layers import embedding, fold_mask, linear, rms_norm, rotary_tables, swiglu_mlp
 from .moe_layer import MoeWeights, moe_mlp
 from .rope import frequencies
+from .sandwich_layer import sandwich_layer
+from .sliding import sliding_views
 from .state import HybridState
 
 # The native layer's workspace for a prefill (every row's qkv, attention output, MLP activations
@@ -48,6 +50,8 @@ class LayerWeights:
     gate_up: torch.Tensor | None  # [2I, E]
     down: torch.Tensor | None  # [E, I]
     gate: torch.Tensor | None = None  # [H * D, E]: attention's output gate (Qwen3.5)
+    attn_out_norm: torch.Tensor | None = None  # [E]: the sandwich's norms on the attention's and the
+    mlp_out_norm: torch.Tensor | None = None  # [E]  MLP's outputs (Gemma 3: sandwich_layer.py)
     delta: DeltaWeights | None = None  # a gated-delta layer's weights (delta_layer.py)
     moe: MoeWeights | None = None  # a mixture-of-experts MLP's weights (moe_layer.py)
 
@@ -95,6 +99,10 @@ class Decoder:
         # [rotary / 2] float32, and the factor cos and sin are scaled by (YaRN's; 1 otherwise)
         self.inv_freq, self.rope_scale = frequencies(c.rope, c.rotary, c.max_position_embeddings)
         self.inv_freq = self.inv_freq.to(embed.device)
+        self.inv_freq_local = None  # the sliding-window layers' own RoPE (Gemma 3), and its scale
+        if c.rope_local is not None:
+            self.inv_freq_local, self.rope_scale_local = frequencies(c.rope_local, c.rotary, c.max_position_embeddings)
+            self.inv_freq_local = self.inv_freq_local.to(embed.device)
 
     @property
     def device(self) -> torch.device:
@@ -137,6 +145,8 @@ class Decoder:
                 return self._fill_in_parts(batch, cache, part)
         cos, sin = rotary_tables(batch.positions, self.inv_freq, self.dtype, self.rope_scale)
         x = embedding(batch.tokens, self.embed)  # [B, T, E]
+        if c.embed_scale:  # Gemma: times sqrt(E), the factor rounded to the embedding's dtype as transformers does
+            x = x * torch.tensor(c.hidden_size ** 0.5, dtype=x.dtype)
         hidden = {}
         if 0 in batch.hidden_layers:
             hidden[0] = x
@@ -179,8 +189,19 @@ class Decoder:
         folded = None if mask is None else fold_mask(mask, H // G, self.dtype)  # once for all layers
         view = SpanView(mask, folded, place, first, span)
         deltas = [i for i in range(len(layers)) if layers[i].delta is not None]
+        if c.sandwich_norms:  # Gemma 3: the sliding-window layers' masks and RoPE tables, made once
+            windowed = sliding_views(batch, c, self.dtype, view, _span_mask)
+            local = (cos, sin) if self.inv_freq_local is None else rotary_tables(
+                batch.positions, self.inv_freq_local, self.dtype, self.rope_scale_local)
         with quant_linear.filling(batch.fills_only, bf16=self.drafter_prefill_bf16):  # many rows: a GEMM
             for index, w in enumerate(layers):
+                if c.sandwich_norms:  # sandwich_layer.py, with the layer's window and RoPE
+                    window = c.window(index)
+                    x = sandwich_layer(w, c, x, batch, cache, index, *(local if window else (cos, sin)),
+                                       windowed[window] if window else view)
+                    if index + 1 in batch.hidden_layers:
+                        hidden[index + 1] = x
+                    continue
                 h = rms_norm(x, w.input_norm, c.rms_norm_eps)
                 if w.delta is not None:
                     x = x + delta_mixer(w.delta, c.delta, h, batch, cache, index, c.rms_norm_eps,

@@ -9,12 +9,12 @@ one line below, or a `register_family(FAMILY)` call from your own code (docs/add
 from __future__ import annotations
 
 from ..errors import ModelError
-from . import llama, llama_hybrid, mistral, qwen2, qwen3, qwen3_5, qwen3_next
+from . import gemma3, llama, llama_hybrid, mistral, qwen2, qwen3, qwen3_5, qwen3_next
 from .family import Family
 
 
 BUILT_IN = (llama.FAMILY, mistral.FAMILY, qwen2.FAMILY, qwen3.FAMILY, qwen3_5.FAMILY, llama_hybrid.FAMILY,
-            qwen3_next.FAMILY)
+            qwen3_next.FAMILY, gemma3.FAMILY)
 _ADDED: list[Family] = []  # register_family's
 
 

@@ -19,6 +19,9 @@ class Family:
     # each layer's mixer kind from the raw config (default: attention everywhere)
     layer_kinds: Callable[[dict], tuple[str, ...]] = lambda raw: (ATTENTION,) * int(raw["num_hidden_layers"])
     attn_output_gate: bool = False  # attention's output times sigmoid of a second half of q_proj (Qwen3.5)
+    # ModelConfig fields the family reads from the raw config itself (Gemma 3's sliding windows,
+    # its local RoPE, attention scale, sandwich norms, scaled embeddings, GELU MLP: models/gemma3.py)
+    extras: Callable[[dict], dict] = lambda raw: {}
     norm_plus_one: bool = False  # RMS norms scale by (1 + weight) (zero-centred weights, Qwen3.5)
     # each layer's MLP kind from the raw config (default: the dense SwiGLU everywhere), and the
     # MoeConfig of its sparse layers (moe_config.py: qwen_mlp_kinds, qwen_moe); None without

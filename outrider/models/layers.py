@@ -69,18 +69,31 @@ def swiglu_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> to
     return linear(F.silu(gate) * up, down)
 
 
+def gated_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """swiglu_mlp with the gate's activation named: "silu", or "gelu_tanh" (GELU's tanh
+    approximation, Gemma's `gelu_pytorch_tanh`)."""
+    if activation == "silu":
+        return swiglu_mlp(x, gate_up, down)
+    if activation != "gelu_tanh":
+        raise ValueError(f"unknown MLP activation {activation!r}")
+    gate, up = linear(x, gate_up).chunk(2, dim=-1)
+    return linear(F.gelu(gate, approximate="tanh") * up, down)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     mask: torch.Tensor | None,
     folded: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """q: [B, H, T, D], k/v: [B, G, L, D], mask: [B, 1, T, L] bool or None -> [B, H, T, D].
 
     mask None means one slot whose new tokens are the last T of L, causal among themselves.
     folded: `fold_mask(mask, H // G, q.dtype)`, made once per forward for every layer (else each
     call folds the mask itself, and SDPA turns the bool mask into this float one again).
+    scale: the scores' scale (None: D ** -0.5; Gemma's query_pre_attn_scalar ** -0.5).
     """
     B, H, T, D = q.shape
     G, L = k.shape[1], k.shape[2]
@@ -90,13 +103,13 @@ def attention(
             raise ValueError("a causal run without a mask must start at an empty cache")
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     # Fold each kv head's query heads into the token axis instead of copying K/V per head:
     # query head h = g * groups + j reads kv head g (the layout of grouped-query attention).
     q = q.reshape(B, G, groups * T, D)
     if mask is not None and folded is None:
         folded = fold_mask(mask, groups, q.dtype)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=folded)  # [B, G, groups*T, D]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=folded, scale=scale)  # [B, G, groups*T, D]
     return out.reshape(B, H, T, D)
 
 

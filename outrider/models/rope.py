@@ -39,10 +39,16 @@ class RopeSpec:
     params: tuple = ()
 
     @classmethod
-    def of(cls, raw: dict) -> "RopeSpec":
+    def of(cls, raw: dict, layer_type: str = "full_attention") -> "RopeSpec":
+        """A config's RoPE; where transformers 5 keys `rope_parameters` by layer type (Gemma 3:
+        "full_attention", "sliding_attention"), that of `layer_type`'s layers."""
         table = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        per_type = by_layer_type(table)
+        if per_type:
+            table = per_type.get(layer_type) or {}
         kind = str(table.get("rope_type", table.get("type", "default")) or "default")
-        theta = float(raw.get("rope_theta", table.get("rope_theta", 10000.0)))
+        theta = float(table["rope_theta"] if per_type and "rope_theta" in table
+                      else raw.get("rope_theta", table.get("rope_theta", 10000.0)))
         keep = {k: v for k, v in table.items() if k not in ("rope_type", "type", "rope_theta", "partial_rotary_factor")
                 and not isinstance(v, (list, dict))}
         if kind == "yarn" and "original_max_position_embeddings" not in keep:
@@ -51,6 +57,13 @@ class RopeSpec:
 
     def get(self, key: str, default=None):
         return dict(self.params).get(key, default)
+
+
+def by_layer_type(table) -> dict:
+    """`rope_parameters` keyed by layer type (transformers 5's form for Gemma 3), or {}."""
+    if isinstance(table, dict) and table and all(isinstance(v, dict) for v in table.values()):
+        return table
+    return {}
 
 
 def frequencies(spec: RopeSpec, dim: int, max_positions: int | None = None) -> tuple[torch.Tensor, float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import re
 from functools import partial
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -339,6 +340,10 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
               mlp_weights(f"model.layers.{i}.mlp.", config.mlp_kind(i), config, source))
               for i in range(config.num_layers)]
     head = "lm_head.weight" if weights.has("lm_head.weight") and not config.tie_word_embeddings else None
+    if config.sandwich_norms:  # Gemma 3: post_attention_layernorm is the attention output's norm (sandwich_layer.py)
+        layers = [replace(w, attn_out_norm=w.post_norm, post_norm=norm(f"model.layers.{i}.pre_feedforward_layernorm.weight"),
+                          mlp_out_norm=norm(f"model.layers.{i}.post_feedforward_layernorm.weight"))
+                  for i, w in enumerate(layers)]
     if head_ids is not None:
         if head_ids.numel() == 0 or int(head_ids.min()) < 0 or int(head_ids.max()) >= config.vocab_size:
             raise ModelError(f"{folder}: head_ids must be token ids in 0..{config.vocab_size - 1}")
