@@ -75,10 +75,14 @@ SPECS = [("chain", "fixed:3"), ("static:2,2", "fixed:3"), ("dynamic:3,6", "fixed
          ("dynamic:3,8", "specla:4,0.01"), ("dynamic:3,8", "specla:4,0"), ("chain", "specla:3,0.01")]
 
 
+@pytest.fixture(scope="module")
+def plain(model):
+    return [f.token_ids for f in generate_ids(model, [Request(p, 16, SamplingParams(0.0)) for p in PROMPTS], set())]
+
+
 @pytest.mark.parametrize("tree, controller", SPECS, ids=[f"{t}-{c}" for t, c in SPECS])
-def test_eagle3_drafting_on_a_hybrid_equals_plain_decoding(model, folder, head, tree, controller):
+def test_eagle3_drafting_on_a_hybrid_equals_plain_decoding(model, folder, head, plain, tree, controller):
     requests = [Request(p, 16, SamplingParams(0.0)) for p in PROMPTS]
-    plain = [f.token_ids for f in generate_ids(model, requests, set())]
     spec = Speculator.build(SpecOptions(f"eagle3:{head}", tree, controller), model, folder)
     fast = generate_ids(model, requests, set(), speculation=spec)
     assert [f.finish_reason for f in fast] == ["length", "length"], [f.error for f in fast]
