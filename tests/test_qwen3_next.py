@@ -225,3 +225,21 @@ def test_generate_runs_it_from_the_command_line(folder, reference, capsys, monke
     out = reference.generate(torch.tensor([[5, 17, 33, 8, 5, 17, 33]]), max_new_tokens=12, do_sample=False,
                              eos_token_id=2, pad_token_id=0)
     assert ids == out[0, 7:].tolist()[: len(ids)]
+
+
+def test_models_check_names_its_mixture_of_experts(folder, capsys):
+    from outrider.cli import main
+
+    code = main(["models", "check", str(folder)])
+    line = capsys.readouterr().out.strip()
+    assert code == 0 and "Qwen3NextForCausalLM, 4 layers (attention, gated_delta), MoE MLPs in 3 layers " \
+                         "(8 experts, top 2, a shared expert)" in line, line
+
+
+def test_seeded_sampling_through_a_tree_is_the_plain_sample(model, folder):
+    """At temperature > 0 with a seed, the walk commits the token plain sampling draws at each
+    position: the same text through the MoE layers, drafted or not."""
+    requests = [Request(PROMPT, 20, SamplingParams(0.8, seed=11))]
+    plain = [f.token_ids for f in generate_ids(model, requests, set())]
+    spec = Speculator.build(SpecOptions(f"draft-model:{folder}", "static:2,2", "fixed:3"), model, folder)
+    assert [f.token_ids for f in generate_ids(model, requests, set(), speculation=spec)] == plain

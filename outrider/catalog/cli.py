@@ -78,6 +78,11 @@ def check_command(args) -> int:
     c = model.config
     kinds = sorted(set(c.layer_kinds or ("attention",)))
     rope = c.rope.rope_type + (f", rotary {c.rotary} of {c.head_dim}" if c.rotary != c.head_dim else "")
-    print(f"supported: {folder}: {c.architecture}, {c.num_layers} layers ({', '.join(kinds)}), "
+    moe = ""
+    if c.moe is not None:  # which layers' MLPs are mixtures of experts, and of what
+        sparse = sum(c.mlp_kind(i) == "moe" for i in range(c.num_layers))
+        moe = (f", MoE MLPs in {sparse} layers ({c.moe.num_experts} experts, top {c.moe.top_k}"
+               f"{', a shared expert' if c.moe.shared_size else ''})")
+    print(f"supported: {folder}: {c.architecture}, {c.num_layers} layers ({', '.join(kinds)}){moe}, "
           f"hidden {c.hidden_size}, vocab {c.vocab_size}, RoPE {rope}")
     return 0

@@ -4,9 +4,10 @@
     qwen_mlp_kinds(raw)             each layer's MLP kind: family.MOE or family.DENSE
     qwen_moe(raw)                   the MoeConfig of a Qwen MoE config.json
 
-Qwen2-MoE, Qwen3-MoE and Qwen3-Next write the same fields: `num_experts` routed experts of
-`moe_intermediate_size`, `num_experts_per_tok` chosen by a softmax router (renormalised over the
-chosen when `norm_topk_prob`), a shared expert of `shared_expert_intermediate_size` scaled by
+Qwen2-MoE, Qwen3-MoE and Qwen3-Next write the same fields: `num_experts` routed experts
+(`num_local_experts` in transformers 5's Qwen3MoeConfig) of `moe_intermediate_size`,
+`num_experts_per_tok` chosen by a softmax router (renormalised over the chosen when
+`norm_topk_prob`), a shared expert of `shared_expert_intermediate_size` scaled by
 sigmoid of its own gate (Qwen2-MoE, Qwen3-Next; none in Qwen3-MoE), and which layers are sparse:
 every `decoder_sparse_step`-th layer but those in `mlp_only_layers`, which keep the dense SwiGLU
 MLP of `intermediate_size`. Other families (Mixtral, DeepSeek: issue 41) add readers of their
@@ -40,11 +41,17 @@ class MoeConfig:
             raise ModelError(f"a {self.scoring} router is not supported yet (supported: {', '.join(SCORINGS)})")
 
 
+def experts_of(raw: dict) -> int:
+    """The routed experts' count: `num_experts`, or `num_local_experts` (Mixtral's name, and the one
+    transformers 5's Qwen3MoeConfig writes); 0: none."""
+    return int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
+
+
 def qwen_mlp_kinds(raw: dict) -> tuple[str, ...]:
     """Layer i is sparse when num_experts > 0, i is not in mlp_only_layers and (i + 1) is a multiple
     of decoder_sparse_step (transformers' Qwen3NextDecoderLayer, Qwen3MoeDecoderLayer)."""
     layers = int(raw["num_hidden_layers"])
-    experts = int(raw.get("num_experts") or 0)
+    experts = experts_of(raw)
     step = int(raw.get("decoder_sparse_step") or 1)
     dense = set(raw.get("mlp_only_layers") or ())
     return tuple(MOE if experts > 0 and i not in dense and (i + 1) % step == 0 else DENSE for i in range(layers))
@@ -52,7 +59,7 @@ def qwen_mlp_kinds(raw: dict) -> tuple[str, ...]:
 
 def qwen_moe(raw: dict, shared: bool) -> MoeConfig:
     """shared: the family has Qwen's gated shared expert (Qwen2-MoE, Qwen3-Next)."""
-    return MoeConfig(num_experts=int(raw["num_experts"]), top_k=int(raw["num_experts_per_tok"]),
+    return MoeConfig(num_experts=experts_of(raw), top_k=int(raw["num_experts_per_tok"]),
                      expert_size=int(raw["moe_intermediate_size"]),
                      norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
                      shared_size=int(raw["shared_expert_intermediate_size"]) if shared else 0, shared_gate=shared)

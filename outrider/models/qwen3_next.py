@@ -27,5 +27,6 @@ FAMILY = Family(
     mlp_kinds=qwen_mlp_kinds,
     moe=lambda raw: qwen_moe(raw, shared=True),
     delta_grouped=True,
-    reads=frozenset({"layer_types", "partial_rotary_factor", "rope_parameters", "num_experts"}),
+    reads=frozenset({"layer_types", "partial_rotary_factor", "rope_parameters", "num_experts",
+                     "num_local_experts"}),
 )
