@@ -9,10 +9,13 @@ vendors one: `pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36`
 vendor/llama.cpp). The converter refuses a tokenizer it does not know, so the tiny model takes a
 real BPE tokenizer's files (--tokenizer, default: the pulled SmolLM2's) and its vocab_size
 (49,152). Norm weights, A_log and dt_bias are drawn at random (transformers initialises them to
-constants), so the +1 folding and the value-head reorder are seen.
+constants), so the +1 folding and the value-head reorder are seen; a multi-token-prediction head
+(`mtp.*`: one attention layer, fc and its norms, as Qwen3.5 checkpoints keep one and transformers
+does not save it) is added to the folder.
 
-For --outtype f32 and q8_0 (the types the converter writes itself; others come from llama.cpp's
-C++ quantizer), it checks: every tensor's name, type, shape and bytes equal between the
+For --outtype f32 and q8_0 with --no-mtp, and f32 with the MTP head kept (the converter's
+default; f32 and q8_0 are the types the converter writes itself, others come from llama.cpp's C++
+quantizer), it checks: every tensor's name, type, shape and bytes equal between the
 converter's file and ours; the model's metadata (`qwen35.*`) equal; and the converter's file
 imported into Outrider gives the safetensors load's logits (f32: bit for bit; q8_0: the float model
 of the same file's values, dequantized, within float rounding). Prints one line a check; exit 1 on
@@ -50,13 +53,19 @@ def build(folder: Path, tokenizer: Path) -> None:
     for name, t in tensors.items():
         if t.dim() == 1:  # norms, A_log, dt_bias: random instead of transformers' constants
             tensors[name] = torch.randn(t.shape, generator=g) * 0.3
+    E = tensors["model.norm.weight"].shape[0]
+    for name in [n for n in tensors if n.startswith("model.layers.3.")]:  # an attention layer's tensors
+        tensors["mtp.layers.0." + name.removeprefix("model.layers.3.")] = torch.randn(tensors[name].shape, generator=g)
+    tensors["mtp.fc.weight"] = torch.randn(E, 2 * E, generator=g)
+    for part in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        tensors[f"mtp.{part}.weight"] = torch.randn(E, generator=g) * 0.3
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
-def convert(llama_cpp: Path, folder: Path, out: Path, outtype: str) -> None:
+def convert(llama_cpp: Path, folder: Path, out: Path, outtype: str, mtp: bool) -> None:
     env = {**os.environ, "PYTHONPATH": str(llama_cpp / "gguf-py"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(folder), "--outfile", str(out),
-           "--outtype", outtype, "--no-mtp"]
+           "--outtype", outtype] + ([] if mtp else ["--no-mtp"])
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"the converter failed:\n{done.stderr[-3000:]}")
@@ -84,6 +93,12 @@ def compare(theirs: Path, ours: Path) -> list[str]:
     return problems
 
 
+def gguf_names(path: Path) -> list[str]:
+    import gguf
+
+    return [t.name for t in gguf.GGUFReader(str(path)).tensors]
+
+
 def logits(model, tokens: torch.Tensor) -> torch.Tensor:
     from outrider.models.batch import pack
 
@@ -108,20 +123,23 @@ def main() -> int:
     tokens = torch.tensor([3, 9, 4, 11, 7, 8, 20, 5, 3, 9, 60, 61, 62, 63, 12, 30, 31, 2, 9, 4])
     want = logits(load_decoder(folder, "cpu", torch.float32), tokens)
     failed = False
-    for outtype, qtype in (("f32", "F32"), ("q8_0", "Q8_0")):
-        theirs, ours = work / f"converter-{outtype}.gguf", work / f"ours-{outtype}.gguf"
-        convert(args.llama_cpp, folder, theirs, outtype)
-        write_qwen35_gguf(folder, ours, qtype, tokenizer=False)
+    for outtype, qtype, mtp in (("f32", "F32", False), ("q8_0", "Q8_0", False), ("f32", "F32", True)):
+        case = outtype + (" with the MTP head" if mtp else "")
+        stem = f"{outtype}{'-mtp' if mtp else ''}"
+        theirs, ours = work / f"converter-{stem}.gguf", work / f"ours-{stem}.gguf"
+        convert(args.llama_cpp, folder, theirs, outtype, mtp)
+        write_qwen35_gguf(folder, ours, qtype, tokenizer=False, mtp=mtp)
         problems = compare(theirs, ours)
         failed |= bool(problems)
-        print(f"{outtype}: layout " + ("equal (every tensor's name, type, shape, bytes; qwen35.* metadata)"
-                                       if not problems else "DIFFERS: " + "; ".join(problems)))
-        imported = import_gguf(theirs, name=f"converter-{outtype}", log=lambda line: None)
+        count = len(gguf_names(theirs))
+        print(f"{case}: layout " + (f"equal ({count} tensors' names, types, shapes, bytes; qwen35.* metadata)"
+                                    if not problems else "DIFFERS: " + "; ".join(problems)))
+        imported = import_gguf(theirs, name=f"converter-{stem}", log=lambda line: None)
         got = logits(load_decoder(imported, "cpu", torch.float32), tokens)
         if outtype == "f32":
             same = torch.equal(got, want)
             failed |= not same
-            print(f"f32: converter's file in Outrider vs the safetensors load: "
+            print(f"{case}: converter's file in Outrider vs the safetensors load: "
                   f"{'bit-equal logits' if same else 'DIFFER by %g' % (got - want).abs().max()}")
         else:
             blocks = logits(load_decoder(imported, "cpu", "gguf"), tokens)

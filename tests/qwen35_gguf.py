@@ -11,7 +11,11 @@ choice of tensor types), as llama-cpp-python 0.3.36's vendored copy has it:
 - A_log stored as -exp(A_log) (`ssm_a`), dt_bias as `ssm_dt.bias`, conv1d squeezed to [C, K];
 - every `*norm.weight` but linear_attn.norm stored as 1 + w;
 - types: 1-D tensors, norms, ssm_conv1d and names not ending in .weight in F32; the rest in the
-  asked type, or F16 where a row does not split into its blocks (as base.py falls back).
+  asked type, or F16 where a row does not split into its blocks (as base.py falls back);
+- a multi-token-prediction head (`mtp.*` tensors, kept unless --no-mtp: _QwenMtpMixin) as block L
+  after the model's L layers: mtp.layers.0.* as that block's layer, mtp.fc / pre_fc_norm_embedding
+  / pre_fc_norm_hidden / norm as nextn.eh_proj / enorm / hnorm / shared_head_norm (norms + 1),
+  with nextn_predict_layers and a False appended to recurrent_layers.
 The converter's tokenizer step needs a tokenizer it knows (it refuses a tiny word-level one), so
 the tokenizer here is test_gguf_import's small byte-level BPE (vocabulary of 264).
 
@@ -39,7 +43,20 @@ RENAMES = [  # Hugging Face -> gguf, in this order (the converter's tensor map f
     ("linear_attn.in_proj_b", "ssm_beta"), ("linear_attn.conv1d", "ssm_conv1d"),
     ("linear_attn.dt_bias", "ssm_dt.bias"), ("linear_attn.A_log", "ssm_a"),
     ("linear_attn.norm", "ssm_norm"), ("linear_attn.out_proj", "ssm_out"),
+    ("eh_proj", "nextn.eh_proj"), ("enorm", "nextn.enorm"), ("hnorm", "nextn.hnorm"),
+    ("shared_head.norm", "nextn.shared_head_norm"),
 ]
+MTP_PARTS = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm", "norm": "shared_head.norm"}
+
+
+def converter_name(name: str, layers: int) -> str:
+    """An `mtp.*` name as the converter renames it before its tensor map (block `layers` onward)."""
+    parts = name.split(".", 3)
+    if parts[0] == "mtp" and parts[1] == "layers":
+        return f"model.layers.{layers + int(parts[2])}.{parts[3]}"
+    if parts[0] == "mtp":
+        return f"model.layers.{layers}.{MTP_PARTS[parts[1]]}.{parts[2]}"
+    return name
 
 
 def gguf_name(name: str) -> str:
@@ -99,9 +116,10 @@ def typed(gname: str, x: np.ndarray, qtype: str):
         return x.astype(np.float16), None
 
 
-def write_qwen35_gguf(folder: Path, path: Path, qtype: str = "F32", tokenizer: bool = True) -> None:
+def write_qwen35_gguf(folder: Path, path: Path, qtype: str = "F32", tokenizer: bool = True, mtp: bool = True) -> None:
     """Write `folder` (a Qwen3.5 text model saved by transformers) to `path` as the converter would
-    (--outtype f32 / q8_0 for F32 / Q8_0; other types as gguf-py quantizes them, by the same rule)."""
+    (--outtype f32 / q8_0 for F32 / Q8_0; other types as gguf-py quantizes them, by the same rule;
+    mtp=False: as with --no-mtp, the folder's mtp.* tensors left out)."""
     import gguf
     import torch
     from safetensors.torch import load_file
@@ -111,9 +129,12 @@ def write_qwen35_gguf(folder: Path, path: Path, qtype: str = "F32", tokenizer: b
     c = json.loads((Path(folder) / "config.json").read_text())
     tensors = load_file(str(next(Path(folder).glob("*.safetensors"))))
     head_dim, layers = c["head_dim"], c["num_hidden_layers"]
+    if not mtp:
+        tensors = {k: v for k, v in tensors.items() if not k.startswith("mtp.")}
+    n_mtp = 1 + max((int(k.split(".")[2]) for k in tensors if k.startswith("mtp.layers.")), default=-1)
     rope = c["rope_parameters"]
     w = gguf.GGUFWriter(str(path), "qwen35")
-    w.add_block_count(layers)
+    w.add_block_count(layers + n_mtp)
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
     w.add_feed_forward_length(c["intermediate_size"])
@@ -129,10 +150,12 @@ def write_qwen35_gguf(folder: Path, path: Path, qtype: str = "F32", tokenizer: b
     w.add_ssm_group_count(c["linear_num_key_heads"])
     w.add_ssm_time_step_rank(c["linear_num_value_heads"])
     w.add_ssm_inner_size(c["linear_value_head_dim"] * c["linear_num_value_heads"])
-    w.add_array("qwen35.attention.recurrent_layers", [t == "linear_attention" for t in c["layer_types"]])
+    w.add_array("qwen35.attention.recurrent_layers", [t == "linear_attention" for t in c["layer_types"]] + [False] * n_mtp)
     w.add_full_attention_interval(c.get("full_attention_interval", 4))
     w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 0.25)))
     w.add_rope_dimension_sections([11, 11, 10, 0])  # the converter's default for Qwen3.5's MRoPE
+    if n_mtp:
+        w.add_uint32("qwen35.nextn_predict_layers", n_mtp)
     w.add_quantization_version(2)
     if tokenizer:
         tokens = bpe._tokenizer_vocab()
@@ -146,8 +169,9 @@ def write_qwen35_gguf(folder: Path, path: Path, qtype: str = "F32", tokenizer: b
         w.add_eos_token_id(2)
         w.add_add_bos_token(False)
         w.add_chat_template(bpe.CHATML)
-    for name in sorted(tensors):  # the order the converter writes them in, as it reads safetensors
-        x = converter_layout(name, tensors[name].to(torch.float32).numpy(), c)
+    for hf_name in sorted(tensors):  # the order the converter writes them in, as it reads safetensors
+        name = converter_name(hf_name, layers)
+        x = converter_layout(name, tensors[hf_name].to(torch.float32).numpy(), c)
         gname = gguf_name(name)
         data, kind = typed(gname, x, qtype)
         if kind is None:

@@ -35,7 +35,9 @@ def quiet(line: str) -> None:
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory):
     """test_hybrid's tiny layout (2 key heads, 4 value heads: the value heads are reordered) over
-    the BPE's 264 tokens, its norms, A_log and dt_bias drawn at random (transformers sets constants)."""
+    the BPE's 264 tokens, its norms, A_log and dt_bias drawn at random (transformers sets constants),
+    and a multi-token-prediction head as Qwen3.5 checkpoints keep one (`mtp.*`; transformers does
+    not save it; the safetensors load does not read it)."""
     folder = make_tiny("qwen3_5", tmp_path_factory.mktemp("hybrid-gguf") / "hf", vocab=264, layers=4)
     path = folder / "model.safetensors"
     tensors = load_file(str(path))
@@ -43,15 +45,21 @@ def hf(tmp_path_factory):
     for name, t in tensors.items():
         if t.dim() == 1:
             tensors[name] = torch.randn(t.shape, generator=g) * 0.3
+    for name in [n for n in tensors if n.startswith("model.layers.3.")]:  # an attention layer
+        tensors["mtp.layers.0." + name.removeprefix("model.layers.3.")] = torch.randn(tensors[name].shape, generator=g)
+    tensors["mtp.fc.weight"] = torch.randn(64, 128, generator=g)
+    for part in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        tensors[f"mtp.{part}.weight"] = torch.randn(64, generator=g)
     save_file(tensors, str(path), metadata={"format": "pt"})
     return folder
 
 
-def imported(hf, root, qtype: str):
-    """An imported folder (config.json, tokenizer, the GGUF beside them) as catalog/imported.py lays it out."""
+def imported(hf, root, qtype: str, mtp: bool = False):
+    """An imported folder (config.json, tokenizer, the GGUF beside them) as catalog/imported.py lays
+    it out; mtp: the folder's multi-token-prediction head kept (the converter's default)."""
     folder = root / qtype
     folder.mkdir()
-    write_qwen35_gguf(hf, root / f"{qtype}.gguf", qtype)
+    write_qwen35_gguf(hf, root / f"{qtype}.gguf", qtype, mtp=mtp)
     convert_gguf(root / f"{qtype}.gguf", folder, log=quiet, weights=False)
     os.link(root / f"{qtype}.gguf", folder / "original.gguf")
     return folder
@@ -63,8 +71,14 @@ def f32(hf, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def q8(hf, tmp_path_factory):
-    return imported(hf, tmp_path_factory.mktemp("q8"), "Q8_0")  # the converter's --outtype q8_0: ffn_down F16
+def q8(hf, f32, tmp_path_factory):
+    return imported(hf, tmp_path_factory.mktemp("q8"), "Q8_0", mtp=True)  # the converter's q8_0: ffn_down F16
+
+
+@pytest.fixture(scope="module")
+def want(hf):
+    """The safetensors load's logits."""
+    return logits(load_decoder(hf, "cpu", torch.float32))
 
 
 def logits(model) -> torch.Tensor:
@@ -82,25 +96,28 @@ def test_the_config_is_the_folders(hf, f32):
     assert got["rope_parameters"]["partial_rotary_factor"] == 0.25 and got["rms_norm_eps"] == 1e-5
 
 
-def test_a_float_gguf_is_the_safetensors_model_bit_for_bit(hf, f32):
+def test_a_float_gguf_is_the_safetensors_model_bit_for_bit(hf, f32, want, tmp_path):
     """Every transform the converter made (value heads reordered, -exp(A_log), 1 + w norms, conv1d
-    squeezed) undone exactly: the same weights, so the same logits to the bit."""
-    assert torch.equal(logits(load_decoder(f32, "cpu", torch.float32)), logits(load_decoder(hf, "cpu", torch.float32)))
+    squeezed) undone exactly: the same weights, so the same logits to the bit; with the MTP head
+    kept (block 4, not read) too."""
+    assert torch.equal(logits(load_decoder(f32, "cpu", torch.float32)), want)
+    with_mtp = imported(hf, tmp_path, "F32", mtp=True)
+    assert json.loads((with_mtp / "config.json").read_text())["num_hidden_layers"] == 4
+    assert torch.equal(logits(load_decoder(with_mtp, "cpu", torch.float32)), want)
 
 
 @pytest.mark.parametrize("broken", ["rows", "columns", "folded"])
-def test_each_undo_is_needed(hf, f32, monkeypatch, broken):
+def test_each_undo_is_needed(f32, want, monkeypatch, broken):
     """The control: leave one transform in place and the logits move."""
     if broken == "folded":
         monkeypatch.setattr("outrider.weights.loader.norms_folded", lambda source: False)
     else:
         monkeypatch.setattr(gguf_hybrid.VHeadOrder, broken, lambda self, *a: None)
-    got = logits(load_decoder(f32, "cpu", torch.float32))
-    assert (got - logits(load_decoder(hf, "cpu", torch.float32))).abs().max() > 1e-3
+    assert (logits(load_decoder(f32, "cpu", torch.float32)) - want).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0"])
-def test_a_quantized_gguf_runs_its_own_blocks(hf, tmp_path, qtype):
+def test_a_quantized_gguf_runs_its_own_blocks(hf, f32, tmp_path, qtype):
     """--dtype gguf keeps every projection of the hybrid in the file's blocks (the gated-delta
     in_proj parts and out_proj, whose input is gathered into the file's column order; q_proj's
     query and gate rows): the float model of the same file's values, up to float rounding."""
@@ -118,7 +135,7 @@ def test_a_quantized_gguf_runs_its_own_blocks(hf, tmp_path, qtype):
 def test_greedy_suffix_speculation_equals_plain(which, dtype, request):
     folder = request.getfixturevalue(which)
     model = load_decoder(folder, "cpu", dtype)
-    requests = [Request(PROMPT, 24, SamplingParams(0.0)), Request(PROMPT[::-1], 20, SamplingParams(0.0))]
+    requests = [Request(PROMPT, 16, SamplingParams(0.0)), Request(PROMPT[::-1], 12, SamplingParams(0.0))]
     plain = [f.token_ids for f in generate_ids(model, requests, set())]
     spec = Speculator.build(SpecOptions("suffix", "chain", "fixed:4"), model, folder)
     fast = generate_ids(model, requests, set(), speculation=spec)
@@ -146,7 +163,7 @@ def test_what_is_not_read_is_refused_in_one_line(f32, tmp_path):
 
     meta = {k: f.contents() for k, f in gguf.GGUFReader(str(f32 / "original.gguf")).fields.items()}
     shapes = {"blk.3.attn_q.weight": (256, 64), "token_embd.weight": (264, 64)}
-    with pytest.raises(ModelError, match="multi-token-prediction"):
-        hf_config({**meta, "qwen35.nextn_predict_layers": 1}, shapes)
+    with pytest.raises(ModelError, match="nextn_predict_layers 4 of 4 blocks"):
+        hf_config({**meta, "qwen35.nextn_predict_layers": 4}, shapes)
     with pytest.raises(ModelError, match="read in place"):  # no float32 safetensors written for a hybrid
         convert_gguf(f32 / "original.gguf", tmp_path / "out", log=quiet)

@@ -24,8 +24,11 @@ writes for a Qwen3.5 checkpoint, and how it is read back here:
   are gathered (a quantized row is whole blocks, so blocks are gathered too); ssm_out's columns
   are gathered in float, and a quantized ssm_out multiplies its input gathered into the file's
   order instead (`InputOrder`), since a block may span two heads.
-- multi-token-prediction blocks (`nextn_predict_layers` > 0: blocks past the model's layers, a
-  draft head the model's own output never reads) are refused in one line: not read yet.
+- multi-token-prediction blocks (`nextn_predict_layers` > 0, the converter's default where the
+  checkpoint has `mtp.*` tensors): blocks past the model's layers, a draft head the model's own
+  output never reads. They are named `mtp.<gguf name>` (`hf_names`) and not read, as a
+  safetensors checkpoint's `mtp.*` tensors are not (loader.check_all_read); the config's
+  num_hidden_layers and layer_types are the model's own.
 
 Qwen3.5's interleaved multimodal RoPE sections (`rope.dimension_sections`) give every rotary
 frequency the same position for text, which is plain partial RoPE (`rope.dimension_count` of
@@ -69,14 +72,29 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
+def model_layers(meta: dict) -> int:
+    """The model's own layers: the blocks less the multi-token-prediction ones after them."""
+    blocks, mtp = int(meta[f"{ARCH}.block_count"]), int(meta.get(f"{ARCH}.nextn_predict_layers", 0) or 0)
+    if not 0 <= mtp < blocks:
+        raise ModelError(f"GGUF metadata: {ARCH}.nextn_predict_layers {mtp} of {blocks} blocks; the file is damaged")
+    return blocks - mtp
+
+
+def hf_names(gguf_names, meta: dict, name_of) -> dict[str, str]:
+    """gguf name -> the name the loader asks for (`name_of`, gguf_convert.hf_tensor_name), blocks
+    past the model's layers as `mtp.<gguf name>` (a draft head beside the model: not read)."""
+    layers = model_layers(meta)
+    out = {}
+    for name in gguf_names:
+        match = _BLOCK.fullmatch(name)
+        out[name] = f"mtp.{name}" if match and int(match.group(1)) >= layers else name_of(name)
+    return out
+
+
 def config_fields(meta: dict, head_dim: int) -> dict:
     """The hybrid's own config.json fields from a `qwen35` GGUF's metadata (arrays included)."""
     key = lambda name, default=None: meta.get(f"{ARCH}.{name}", default)  # noqa: E731
-    nextn = int(key("nextn_predict_layers", 0) or 0)
-    if nextn:
-        raise ModelError(f"this GGUF keeps {nextn} multi-token-prediction layer(s) ({ARCH}.nextn_predict_layers), "
-                         "which Outrider does not read yet; convert the model with llama.cpp's --no-mtp")
-    layers = int(key("block_count"))
+    layers = model_layers(meta)
     recurrent = key("attention.recurrent_layers")
     if recurrent is not None:
         recurrent = [bool(r) for r in recurrent][:layers]
@@ -86,6 +104,7 @@ def config_fields(meta: dict, head_dim: int) -> dict:
     v_heads, inner = int(key("ssm.time_step_rank")), int(key("ssm.inner_size"))
     rotary = int(key("rope.dimension_count", head_dim))
     return {
+        "num_hidden_layers": layers,
         "layer_types": ["linear_attention" if r else "full_attention" for r in recurrent],
         "full_attention_interval": int(key("full_attention_interval", 4)),
         "linear_conv_kernel_dim": int(key("ssm.conv_kernel")),

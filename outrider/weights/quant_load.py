@@ -213,7 +213,10 @@ class _NativeGGUF:
 
     def __init__(self, index: GGUFIndex):
         self.path = index.path
-        self.tensors = {hf_tensor_name(name): t for name, t in index.tensors.items()}
+        name_of = hf_tensor_name
+        if str(index.meta["general.architecture"]) == gguf_hybrid.ARCH:  # its MTP blocks: mtp.*, not read
+            name_of = gguf_hybrid.hf_names(index.tensors, index.meta, name_of).get
+        self.tensors = {name_of(name): t for name, t in index.tensors.items()}
         arch = str(index.meta["general.architecture"])
         hybrid = arch == gguf_hybrid.ARCH
         self.order = gguf_hybrid.VHeadOrder(index.meta) if hybrid else None
