@@ -66,7 +66,7 @@ def run(args) -> dict:
     prompts = []
     for name in args.workloads.split(","):
         w = load_workload(name, limit=args.prompts, max_new_tokens=args.max_new_tokens)
-        prompts += [(name, p.text if p.text is not None else p.messages, w.chat) for p in w.prompts]
+        prompts += [(name, p.text if p.text is not None else p.messages[-1]["content"], w.chat) for p in w.prompts]
     engines = {name: LLM(args.model, dtype=args.dtype, threads=args.threads, **kw)
                for name, kw in methods(args.head, args.depth, args.tree, args.threshold).items()}
     names = list(engines)

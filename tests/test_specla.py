@@ -143,3 +143,13 @@ def test_specla_parses_and_refuses_in_one_line():
         with pytest.raises(ConfigError, match="specla:MAX") as err:
             parse_controller(bad)
         assert "\n" not in str(err.value)
+
+
+def test_it_drafts_one_deeper_than_the_trees_it_keeps():
+    deep = tree([-1, 0, 1, 2, 3, 4, 5], [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
+    cheap, dear = controller(1), controller(2000)  # dear: widths 1-4 give 0.33, 0.38, 0.386, 0.378
+    for _ in range(20):
+        cheap.trim([0], [deep], 1)
+        dear.trim([0], [deep], 1)
+    assert cheap.budget(0).depth == 6 and cheap.budgets([0, 1], 2, lambda d: 2 * d)[0].nodes == 12
+    assert dear.last_width == 3 and dear.budget(0).depth == 3 and dear.budget(0).min_confidence == 0.0

@@ -15,7 +15,8 @@ What the paper describes, and where each part is in Outrider:
   (the drafter's probability of its path, `DraftTree.confidence`) is below T is dropped with its
   whole subtree, so no stateful verify work (a stash row per gated-delta layer, a K/V row per
   attention layer, the products of a row) is spent on it; the drafter is also told T
-  (`Budget.min_confidence`) and expands no node below it;
+  (`Budget.min_confidence`) and expands no node below it, and drafts one deeper than the trees
+  the cost model kept lately (a moving average of their depth), not deeper;
 - **a cost model where state bytes dominate** (here and specla_cost.py): of the nodes left, the
   tree verified is the best-first prefix (by confidence) of the size N that maximises
 
@@ -36,9 +37,11 @@ token (libraspec_trim.threshold_trim: the reason is in libraspec.py) and not siz
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from ..errors import ConfigError
+from ..spec.tree import depths
 from ..spec.types import Budget, DraftTree, VerifyResult
 from .base import PerSequence
 from .controllers import register_controller
@@ -95,6 +98,7 @@ class SpecLAController(PerSequence):
         # cost model, verified; and the last round's chosen width and the bound that priced it
         self.drafted = self.pruned = self.sized_out = self.verified = 0
         self.last_width, self.last_bound = 1, ""
+        self.kept_depth = float(max_depth)  # a moving average of the verified trees' depth
 
     # -- the cost model ---------------------------------------------------------------------------
     @property
@@ -128,11 +132,16 @@ class SpecLAController(PerSequence):
     def start(self, seq_id: int) -> None:
         pass
 
+    @property
+    def depth(self) -> int:
+        """How deep to draft: one deeper than the trees verified lately, at most MAX."""
+        return max(1, min(self.max_depth, math.ceil(self.kept_depth - 1e-9) + 1))
+
     def budget(self, seq_id: int) -> Budget:
-        return Budget(self.max_depth, self.max_depth, self.threshold)
+        return Budget(self.depth, self.depth, self.threshold)
 
     def budgets(self, seq_ids: list[int], batch_size: int, nodes_for: Callable[[int], int]) -> list[Budget]:
-        return [Budget(self.max_depth, nodes_for(self.max_depth), self.threshold)] * len(seq_ids)
+        return [Budget(self.depth, nodes_for(self.depth), self.threshold)] * len(seq_ids)
 
     def trim(self, seq_ids: list[int], trees: list[DraftTree], batch_size: int) -> list[DraftTree]:
         """Prune each tree at T, then choose the round's width by the cost model."""
@@ -145,6 +154,8 @@ class SpecLAController(PerSequence):
         self.pruned += sum(t.size - p.size for t, p in zip(trees, pruned))
         self.sized_out += sum(p.size - k.size for p, k in zip(pruned, kept))
         self.verified += sum(k.size - 1 for k in kept)
+        deepest = max((int(depths(k.parents).max()) for k in kept), default=0)
+        self.kept_depth += 0.2 * (deepest - self.kept_depth)
         return kept
 
     def size(self, trees: list[DraftTree], batch_size: int) -> list[DraftTree]:
