@@ -37,7 +37,6 @@ token (libraspec_trim.threshold_trim: the reason is in libraspec.py) and not siz
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 from ..errors import ConfigError
@@ -135,7 +134,7 @@ class SpecLAController(PerSequence):
     @property
     def depth(self) -> int:
         """How deep to draft: one deeper than the trees verified lately, at most MAX."""
-        return max(1, min(self.max_depth, math.ceil(self.kept_depth - 1e-9) + 1))
+        return max(1, min(self.max_depth, round(self.kept_depth) + 1))
 
     def budget(self, seq_id: int) -> Budget:
         return Budget(self.depth, self.depth, self.threshold)
