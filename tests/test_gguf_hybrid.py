@@ -116,15 +116,15 @@ def test_each_undo_is_needed(f32, want, monkeypatch, broken):
     assert (logits(load_decoder(f32, "cpu", torch.float32)) - want).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0"])
-def test_a_quantized_gguf_runs_its_own_blocks(hf, f32, tmp_path, qtype):
-    """--dtype gguf keeps every projection of the hybrid in the file's blocks (the gated-delta
+@pytest.mark.parametrize("qtype, dtype", [("Q8_0", "gguf"), ("Q4_0", "gguf"), ("Q5_0", "gguf"), ("Q4_1", "q4")])
+def test_a_quantized_gguf_runs_its_own_blocks(hf, tmp_path, qtype, dtype):
+    """--dtype gguf (or q4 on 4-bit blocks) keeps every projection of the hybrid in the file's blocks (the gated-delta
     in_proj parts and out_proj, whose input is gathered into the file's column order; q_proj's
     query and gate rows): the float model of the same file's values, up to float rounding."""
     from outrider.kernels.quant_linear import QuantLinear
 
     folder = imported(hf, tmp_path, qtype)
-    blocks = load_decoder(folder, "cpu", "gguf")
+    blocks = load_decoder(folder, "cpu", dtype)
     delta = blocks.layers[0].delta
     assert isinstance(delta.in_proj, QuantLinear) and isinstance(delta.out, gguf_hybrid.InputOrder)
     got, want = logits(blocks), logits(load_decoder(folder, "cpu", torch.float32))
