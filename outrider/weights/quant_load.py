@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelError
+from . import gguf_gemma3
 from .gguf_index import GGUFIndex
 from .gguf_convert import ARCHITECTURES, hf_tensor_name, unpermute_rotary_rows
 from . import gguf_hybrid
@@ -213,8 +214,9 @@ class _NativeGGUF:
 
     def __init__(self, index: GGUFIndex):
         self.path = index.path
-        name_of = hf_tensor_name
-        if str(index.meta["general.architecture"]) == gguf_hybrid.ARCH:  # its MTP blocks: mtp.*, not read
+        self.arch = str(index.meta["general.architecture"])
+        name_of = lambda name: hf_tensor_name(name, self.arch)  # noqa: E731
+        if self.arch == gguf_hybrid.ARCH:  # its MTP blocks: mtp.*, not read
             name_of = gguf_hybrid.hf_names(index.tensors, index.meta, name_of).get
         self.tensors = {name_of(name): t for name, t in index.tensors.items()}
         arch = str(index.meta["general.architecture"])
@@ -287,6 +289,8 @@ class _NativeGGUF:
         values = self._unpermute(name, values.reshape(tensor.shape))
         if self.order:
             values = gguf_hybrid.undo_float(self.order, name, values)
+        if self.arch == gguf_gemma3.ARCH:  # its norms less the folded 1 (gguf_gemma3.py)
+            values = gguf_gemma3.undo_float(name, values)
         return torch.from_numpy(np.array(values))  # a writable copy
 
     def weight(self, name: str) -> QuantBlocks | torch.Tensor:
