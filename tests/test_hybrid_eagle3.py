@@ -89,3 +89,14 @@ def test_eagle3_drafting_on_a_hybrid_equals_plain_decoding(model, folder, head, 
     assert [f.token_ids for f in fast] == plain
     # drafts accepted, commits deep (SpecLA's cost model may verify fewer of them)
     assert min(f.stats["mean_accepted_length"] for f in fast) > (1.8 if controller.startswith("fixed") else 1.3)
+
+
+@pytest.mark.parametrize("tree", ["chain", "dynamic:3,8"])
+def test_seeded_sampling_with_specla_is_the_plain_sample(model, folder, head, tree):
+    """At temperature > 0 with a seed, the walk commits what plain seeded sampling draws, whatever
+    SpecLA pruned and sized."""
+    requests = [Request(PROMPTS[0], 16, SamplingParams(0.8, seed=5))]
+    want = [f.token_ids for f in generate_ids(model, requests, set())]
+    spec = Speculator.build(SpecOptions(f"eagle3:{head}", tree, "specla:4,0.01"), model, folder)
+    assert [f.token_ids for f in generate_ids(model, requests, set(), speculation=spec)] == want
+    assert spec.controller.verified > 0
