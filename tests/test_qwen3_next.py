@@ -5,6 +5,7 @@ the comparison catches, speculation on it equal to plain decoding, and its weigh
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import shutil
@@ -112,9 +113,9 @@ MUTANTS = {"top_k-1": lambda m, f: _top_k(m, 1), "top_k+1": lambda m, f: _top_k(
 
 
 @pytest.mark.parametrize("mutant", MUTANTS)
-def test_a_mutant_of_the_block_is_caught(folder, want, mutant):
+def test_a_mutant_of_the_block_is_caught(model, folder, want, mutant):
     """Each mutant's logits miss transformers' by far more than the comparison's tolerance."""
-    mutated = load_decoder(folder, "cpu", torch.float32)
+    mutated = copy.deepcopy(model)
     MUTANTS[mutant](mutated, folder)
     assert not torch.allclose(_whole(mutated), want, atol=100 * CLOSE["atol"], rtol=100 * CLOSE["rtol"])
 
@@ -243,3 +244,39 @@ def test_seeded_sampling_through_a_tree_is_the_plain_sample(model, folder):
     plain = [f.token_ids for f in generate_ids(model, requests, set())]
     spec = Speculator.build(SpecOptions(f"draft-model:{folder}", "static:2,2", "fixed:3"), model, folder)
     assert [f.token_ids for f in generate_ids(model, requests, set(), speculation=spec)] == plain
+
+
+@pytest.mark.parametrize("step, dense", [(1, []), (2, []), (3, [2]), (1, [0, 3]), (2, [1])])
+def test_which_mlps_are_sparse_is_transformers_rule(step, dense):
+    """decoder_sparse_step and mlp_only_layers decide as transformers' own decoder layers do
+    (the tiny model above has step 1 and one dense layer: this covers the other steps)."""
+    import transformers as tf
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextDecoderLayer, Qwen3NextSparseMoeBlock
+
+    from outrider.models.moe_config import qwen_mlp_kinds
+
+    config = tf.Qwen3NextConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=6,
+                                num_attention_heads=1, num_key_value_heads=1, head_dim=8, linear_key_head_dim=8,
+                                linear_value_head_dim=8, linear_num_key_heads=1, linear_num_value_heads=1,
+                                num_experts=2, num_experts_per_tok=1, moe_intermediate_size=4,
+                                shared_expert_intermediate_size=4, decoder_sparse_step=step, mlp_only_layers=dense)
+    theirs = tuple("moe" if isinstance(Qwen3NextDecoderLayer(config, i).mlp, Qwen3NextSparseMoeBlock) else "dense"
+                   for i in range(6))
+    assert qwen_mlp_kinds(config.to_dict()) == theirs
+    assert qwen_mlp_kinds({**config.to_dict(), "num_experts": 0}) == ("dense",) * 6
+
+
+def test_without_renormalisation_it_is_still_transformers(folder, tmp_path):
+    """norm_topk_prob false (Qwen2-MoE's default): the chosen experts keep their softmax weights."""
+    from transformers import AutoModelForCausalLM
+
+    changed = tmp_path / "unnormed"
+    shutil.copytree(folder, changed)
+    raw = json.loads((changed / "config.json").read_text())
+    (changed / "config.json").write_text(json.dumps({**raw, "norm_topk_prob": False}))
+    ours = load_decoder(changed, "cpu", torch.float32)
+    assert not ours.config.moe.norm_topk_prob
+    with torch.no_grad():
+        want = AutoModelForCausalLM.from_pretrained(str(changed), dtype=torch.float32).eval()(TOKENS[None]).logits[0]
+    got = _whole(ours)
+    assert torch.allclose(got, want, **CLOSE), (got - want).abs().max()
