@@ -78,6 +78,10 @@ def check_command(args) -> int:
     c = model.config
     kinds = sorted(set(c.layer_kinds or ("attention",)))
     rope = c.rope.rope_type + (f", rotary {c.rotary} of {c.head_dim}" if c.rotary != c.head_dim else "")
+    if c.layer_windows:  # Gemma 3: the sliding-window layers, and their own RoPE base
+        sliding = [w for w in c.layer_windows if w]
+        kinds = [f"attention, {len(sliding)} of them within a window of {max(sliding)}" if sliding else "attention"]
+        rope += f" (theta {c.rope.theta:g}; sliding layers {c.rope_local.theta:g})" if c.rope_local else ""
     moe = ""
     if c.moe is not None:  # which layers' MLPs are mixtures of experts, and of what
         sparse = sum(c.mlp_kind(i) == "moe" for i in range(c.num_layers))
