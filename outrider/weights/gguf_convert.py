@@ -1,4 +1,5 @@
-"""Convert a GGUF file (llama, qwen2, qwen3; qwen35's metadata) into a Hugging Face style folder.
+"""Convert a GGUF file (llama, qwen2, qwen3; qwen35's and qwen3next's metadata) into a Hugging Face
+style folder.
 
     convert_gguf("SmolLM2.Q4_1.gguf", "out/")   # -> out/config.json, model.safetensors,
                                                  #    tokenizer.json, tokenizer_config.json,
@@ -13,8 +14,8 @@ Two things llama.cpp's converter changes that we undo or recover (and Gemma 3's 
 - for the llama architecture it permutes the rows of the Q and K projections from the
   "rotate half" rotary layout (Hugging Face) to the interleaved-pairs layout (llama.cpp); see
   `unpermute_rotary_rows`. qwen2 and qwen3 are written unpermuted.
-- for the qwen35 gated-delta hybrid it renames, reorders and folds more (gguf_hybrid.py); such a
-  file is read in place (an imported folder), its weights not written out here.
+- for the qwen35 and qwen3next gated-delta hybrids it renames, reorders, splits, stacks and folds
+  more (gguf_hybrid.py); such a file is read in place (an imported folder), its weights not written out here.
 - the end-of-generation tokens: the GGUF names one `eos_token_id`, but a chat model stops on its
   end-of-turn token too. `generation_config.json` lists all of them (see `end_of_generation_ids`).
 
@@ -46,6 +47,7 @@ ARCHITECTURES = {
     "qwen2": ("qwen2", "Qwen2ForCausalLM", False),
     "qwen3": ("qwen3", "Qwen3ForCausalLM", False),
     gguf_hybrid.ARCH: (*gguf_hybrid.MODEL, False),
+    gguf_hybrid.NEXT: (*gguf_hybrid.MODELS[gguf_hybrid.NEXT], False),
 }
 
 _GLOBAL_TENSORS = {
@@ -126,7 +128,7 @@ def hf_config(meta: dict, tensors: dict[str, tuple[int, ...]]) -> dict:
     head_dim = int(key("attention.key_length", hidden // heads))
     first_q = next((n for n in tensors if n.startswith("blk.") and n.endswith(".attn_q.weight")), None)
     q_rows = tensors[first_q][0] if first_q else None
-    hybrid = arch == gguf_hybrid.ARCH
+    hybrid = arch in gguf_hybrid.MODELS
     q_per_head = 2 * head_dim if hybrid else head_dim  # a hybrid's q_proj: each head's queries, then its gate
     if q_rows != heads * q_per_head or (int(key("rope.dimension_count", head_dim)) != head_dim and not hybrid):
         raise ModelError(f"GGUF shapes disagree with its metadata (q rows {q_rows}, {heads} heads of "
@@ -172,7 +174,7 @@ def hf_config(meta: dict, tensors: dict[str, tuple[int, ...]]) -> dict:
     if arch == "qwen3":
         config.update(attention_bias="blk.0.attn_q.bias" in tensors)
     if hybrid:
-        fields = gguf_hybrid.config_fields(meta, head_dim)
+        fields = gguf_hybrid.config_fields(meta, head_dim, tensors)
         config["rope_parameters"]["partial_rotary_factor"] = fields.pop("partial_rotary_factor")
         config.update(fields)
     return config
@@ -263,7 +265,14 @@ def write_tokenizer(gguf_path: Path, out_dir: Path, meta: dict) -> list[int]:
     """Convert and save the tokenizer; write generation_config.json. Returns the end ids."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    except ValueError as err:  # AutoTokenizer reads the config of architectures transformers runs (not qwen3next)
+        if "is not supported yet" not in str(err):
+            raise
+        from transformers import PreTrainedTokenizerFast  # the same tokenizer, from the GGUF's tokenizer fields only
+
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     tokenizer.save_pretrained(str(out_dir))
     config_path = out_dir / "tokenizer_config.json"
     tok_config = json.loads(config_path.read_text())
@@ -302,8 +311,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, log: Callable[[str]
     meta = read_metadata(reader)
     shapes = {t.name: tuple(int(n) for n in reversed(t.shape)) for t in reader.tensors}
     config = hf_config(meta, shapes)
-    if weights and meta["general.architecture"] == gguf_hybrid.ARCH:
-        raise ModelError(f"{gguf_path.name}: a {gguf_hybrid.ARCH} GGUF is read in place, not converted to "
+    if weights and meta["general.architecture"] in gguf_hybrid.MODELS:
+        raise ModelError(f"{gguf_path.name}: a {meta['general.architecture']} GGUF is read in place, not converted to "
                          "safetensors; import it (outrider models import FILE.gguf, or --model FILE.gguf)")
     out_dir.mkdir(parents=True, exist_ok=True)
     log(f"converting {gguf_path.name}: {config['model_type']}, {config['num_hidden_layers']} layers, "

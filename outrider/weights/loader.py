@@ -209,7 +209,7 @@ def _attention_layer(p: str, config: ModelConfig, get, proj, norm, rows, mlp: di
 def _delta_layer(p: str, config: ModelConfig, get, proj, norm, rows, mlp: dict, has=lambda name: False) -> LayerWeights:
     """A gated-delta layer's weights (Qwen3.5's and Qwen3-Next's `linear_attn`)."""
     lin = p + "linear_attn."
-    if config.delta.grouped:
+    if config.delta.grouped and not has(lin + "in_proj_qkv.weight"):  # a GGUF keeps q k v and z split (gguf_hybrid.py)
         in_proj = _grouped_in_proj(lin, config.delta, rows)
     else:
         in_proj = proj(*[lin + f"in_proj_{n}.weight" for n in ("qkv", "z", "b", "a")])

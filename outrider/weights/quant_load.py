@@ -63,7 +63,7 @@ _FAMILY = {"q8_0": "Q8", "q4": "Q4"}  # a GGUF is used natively when its project
 _AT_LOAD = {"q8_0": ("q8_0", "q8_0"), "q4": ("q4_1", "q8_0"), "q4_0": ("q4_0", "q4_0")}  # (projections, head and embedding)
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 _TABLES = ("model.embed_tokens.weight", "lm_head.weight")
-_PROJECTION = re.compile(r"blk\.\d+\.(attn_(q|k|v|output|qkv|gate)|ffn_(gate|up|down)|ssm_(alpha|beta|out))\.weight")
+_PROJECTION = re.compile(r"blk\.\d+\.(attn_(q|k|v|output|qkv|gate)|ffn_(gate|up|down)(_exps|_shexp)?|ssm_(alpha|beta|ba|out))\.weight")
 
 
 def warn(line: str) -> None:
@@ -216,12 +216,13 @@ class _NativeGGUF:
         self.path = index.path
         self.arch = str(index.meta["general.architecture"])
         name_of = lambda name: hf_tensor_name(name, self.arch)  # noqa: E731
-        if self.arch == gguf_hybrid.ARCH:  # its MTP blocks: mtp.*, not read
-            name_of = gguf_hybrid.hf_names(index.tensors, index.meta, name_of).get
-        self.tensors = {name_of(name): t for name, t in index.tensors.items()}
+        if self.arch in gguf_hybrid.MODELS:  # MTP blocks as mtp.* (not read); Qwen3-Next's ba rows and experts
+            self.tensors = gguf_hybrid.tensors(index, name_of)
+        else:
+            self.tensors = {name_of(name): t for name, t in index.tensors.items()}
         arch = str(index.meta["general.architecture"])
-        hybrid = arch == gguf_hybrid.ARCH
-        self.order = gguf_hybrid.VHeadOrder(index.meta) if hybrid else None
+        hybrid = arch in gguf_hybrid.MODELS
+        self.order = gguf_hybrid.VHeadOrder(index.meta) if arch == gguf_hybrid.ARCH else None
         self.norms_folded = hybrid  # (1 + w) norms stored with the 1 added (loader.norms_folded)
         permuted = ARCHITECTURES.get(arch, (None, None, False))[2]
         heads = int(index.meta[f"{arch}.attention.head_count"])
