@@ -20,7 +20,8 @@ from outrider.models.config_fields import CHECKED, INERT, READ
 from outrider.weights.loader import load_decoder
 
 CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
-           "qwen3_5": "Qwen3_5TextConfig", "qwen3_next": "Qwen3NextConfig", "gemma3": "Gemma3TextConfig"}
+           "qwen3_5": "Qwen3_5TextConfig", "qwen3_next": "Qwen3NextConfig", "gemma3": "Gemma3TextConfig",
+           "deepseek_v2": "DeepseekV2Config", "minicpm3": "MiniCPM3Config"}
 
 
 @pytest.mark.parametrize("family", CLASSES)

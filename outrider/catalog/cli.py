@@ -82,6 +82,10 @@ def check_command(args) -> int:
         sliding = [w for w in c.layer_windows if w]
         kinds = [f"attention, {len(sliding)} of them within a window of {max(sliding)}" if sliding else "attention"]
         rope += f" (theta {c.rope.theta:g}; sliding layers {c.rope_local.theta:g})" if c.rope_local else ""
+    if c.mla is not None:  # latent attention: what a token keeps a layer
+        m = c.mla
+        kinds = [f"latent attention, rank {m.kv_rank} + {m.rope_heads} x {m.rope_dim} rotated: {m.row_width} "
+                 "values a token and layer"]
     moe = ""
     if c.moe is not None:  # which layers' MLPs are mixtures of experts, and of what
         sparse = sum(c.mlp_kind(i) == "moe" for i in range(c.num_layers))

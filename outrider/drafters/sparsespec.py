@@ -88,6 +88,9 @@ def check_fits(sparsity: Sparsity, target_config, target_path: Path) -> str | No
     if target_config.delta is not None:
         return ("sparsespec drafts over the target's own K/V rows, and this target's gated-delta layers keep "
                 "a recurrent state instead; use a draft model, early-exit or a lookup drafter")
+    if target_config.mla is not None:
+        return ("sparsespec drafts over the target's own per-head K/V rows, and this target's latent-attention "
+                "layers keep one latent row a token instead; use a draft model, early-exit or a lookup drafter")
     context = int(target_config.max_position_embeddings)
     if sparsity.budget >= context:
         return (f"a BUDGET of {sparsity.budget} keys is the target's whole context of {context} tokens, so nothing "

@@ -10,13 +10,14 @@ too (`config_fields.py`).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import ModelError
 from .config_fields import partial_rotary, refusal
 from .families import family_for
-from .family import ATTENTION, DENSE, GATED_DELTA, MOE
+from .family import ATTENTION, DENSE, GATED_DELTA, LATENT, MOE
+from .mla_config import MlaConfig
 from .moe_config import MoeConfig
 from .rope import RopeSpec
 
@@ -72,6 +73,14 @@ class ModelConfig:
     rope: RopeSpec = RopeSpec()  # the rotary embedding's type and parameters (models/rope.py)
     mlp_kinds: tuple[str, ...] = ()  # each layer's MLP (family.DENSE, MOE); (): dense everywhere
     moe: MoeConfig | None = None  # the sparse MLPs' router and sizes (moe_config.py)
+    # latent attention's sizes (mla_config.py; its layers keep a LatentCache: num_kv_heads 1, the
+    # shared latent row; head_dim dn + dr, rotary_dim dr), and MiniCPM3's scalings: embeddings times
+    # embed_multiplier, each residual branch times residual_scale, the final norm's output divided by
+    # logit_divisor before the head
+    mla: MlaConfig | None = None
+    embed_multiplier: float = 1.0
+    residual_scale: float = 1.0
+    logit_divisor: float = 1.0
 
     def kind(self, layer: int) -> str:
         return self.layer_kinds[layer] if self.layer_kinds else ATTENTION
@@ -97,7 +106,8 @@ class ModelConfig:
         """No Gemma-style extras (windows, a local RoPE, another scale, sandwich norms, scaled
         embeddings, another activation): the block kernels/decoder_layer.c runs."""
         return not (self.layer_windows or self.rope_local or self.attn_scale or self.sandwich_norms
-                    or self.embed_scale or self.activation != "silu")
+                    or self.embed_scale or self.activation != "silu" or self.embed_multiplier != 1.0
+                    or self.residual_scale != 1.0 or self.logit_divisor != 1.0)
 
     @staticmethod
     def from_dict(raw: dict, source: str = "config.json") -> "ModelConfig":
@@ -111,7 +121,7 @@ class ModelConfig:
         try:
             hidden = int(raw["hidden_size"])
             heads = int(raw["num_attention_heads"])
-            return ModelConfig(
+            config = ModelConfig(
                 architecture=archs[0],
                 vocab_size=int(raw["vocab_size"]),
                 hidden_size=hidden,
@@ -130,6 +140,9 @@ class ModelConfig:
                 **_kinds(raw, family, int(raw.get("head_dim") or hidden // heads)),
                 **family.extras(raw),
             )
+            if config.mla is not None:  # one latent row a token, shared by every head
+                config = replace(config, num_kv_heads=1, head_dim=config.mla.qk_dim)
+            return config
         except KeyError as missing:
             raise ModelError(f"{source}: missing field {missing}; is this a causal LM config.json?") from None
 
@@ -152,6 +165,9 @@ def _kinds(raw: dict, family, head_dim: int) -> dict:
     if len(kinds) != int(raw["num_hidden_layers"]):
         raise ModelError(f"layer_types names {len(kinds)} layers, num_hidden_layers is {raw['num_hidden_layers']}")
     rotary = int(head_dim * partial_rotary(raw)) if "partial_rotary_factor" in family.reads else 0
+    mla = family.mla(raw) if LATENT in kinds else None
+    if mla is not None:
+        rotary = mla.rope_dim
     delta = None
     if GATED_DELTA in kinds:
         delta = DeltaConfig(int(raw["linear_num_key_heads"]), int(raw["linear_num_value_heads"]),
@@ -165,4 +181,5 @@ def _kinds(raw: dict, family, head_dim: int) -> dict:
         raise ModelError(f"{family.name} names {len(mlps)} MLPs for {len(kinds)} layers")
     return dict(layer_kinds=() if set(kinds) == {ATTENTION} else tuple(kinds), rotary_dim=rotary,
                 attn_output_gate=family.attn_output_gate, norm_plus_one=family.norm_plus_one, delta=delta,
-                mlp_kinds=() if set(mlps) == {DENSE} else tuple(mlps), moe=family.moe(raw) if MOE in mlps else None)
+                mlp_kinds=() if set(mlps) == {DENSE} else tuple(mlps), moe=family.moe(raw) if MOE in mlps else None,
+                mla=mla)

@@ -34,6 +34,12 @@ READ = frozenset({
     # with MoE MLPs reads it): the experts' sizes, the router's k and renormalisation, which layers
     "moe_intermediate_size", "shared_expert_intermediate_size", "num_experts_per_tok", "norm_topk_prob",
     "decoder_sparse_step", "mlp_only_layers",
+    # latent attention's (models/mla_config.py: DeepSeek-V2, MiniCPM3), and where DeepSeek's MoE
+    # layers start (models/deepseek_v2.py refuses them in one line; its router's fields below are
+    # read only there, with them)
+    "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "qk_head_dim", "v_head_dim",
+    "first_k_dense_replace", "n_routed_experts", "n_shared_experts", "n_group", "topk_group", "topk_method",
+    "routed_scaling_factor",
 })
 
 # no effect on a forward's arithmetic at inference: names, ids, training and output switches
@@ -89,6 +95,10 @@ CHECKED: dict[str, tuple[Callable[[object, dict], bool], str]] = {
     "query_pre_attn_scalar": (lambda v, raw: v is None, "an attention scale other than 1 / sqrt(head_dim)"),
     "rope_local_base_freq": (lambda v, raw: v is None, "a RoPE base of its own on sliding-window layers"),
     "use_bidirectional_attention": (lambda v, raw: not v, "bidirectional attention"),
+    # MiniCPM3's scalings (models/minicpm3.py reads them)
+    "scale_emb": (lambda v, raw: v in (None, 1), "scaled embeddings"),
+    "scale_depth": (lambda v, raw: v is None, "scaled residual branches"),
+    "dim_model_base": (lambda v, raw: v is None or int(v) == int(raw.get("hidden_size", 0)), "scaled logits"),
 }
 
 

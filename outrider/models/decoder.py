@@ -21,6 +21,8 @@ from .delta_layer import DeltaWeights, delta_mixer
 from .delta_state import DeltaState
 from .family import GATED_DELTA
 from .kv_cache import KVCache
+from .latent_cache import LatentCache
+from .latent_layer import LatentWeights, latent_mixer
 from .layers import embedding, fold_mask, linear, rms_norm, rotary_tables, swiglu_mlp
 from .moe_layer import MoeWeights, moe_mlp
 from .rope import frequencies
@@ -54,6 +56,7 @@ class LayerWeights:
     mlp_out_norm: torch.Tensor | None = None  # [E]  MLP's outputs (Gemma 3: sandwich_layer.py)
     delta: DeltaWeights | None = None  # a gated-delta layer's weights (delta_layer.py)
     moe: MoeWeights | None = None  # a mixture-of-experts MLP's weights (moe_layer.py)
+    latent: LatentWeights | None = None  # a latent-attention layer's (latent_layer.py; `o` is its o_proj)
 
     @property
     def matrices(self) -> list:
@@ -61,6 +64,8 @@ class LayerWeights:
         mlp = self.moe.matrices if self.moe is not None else [self.gate_up, self.down]
         if self.delta is not None:
             return [self.delta.in_proj, self.delta.out, *mlp]
+        if self.latent is not None:
+            return [*self.latent.matrices, self.o, *mlp]
         return [m for m in (self.qkv, self.o, self.gate, *mlp) if m is not None]
 
 
@@ -119,6 +124,8 @@ class Decoder:
         c = self.config
         upto = num_layers or c.num_layers
         dtype = self.kv_dtype or self.dtype
+        if c.mla is not None:  # latent attention: one row of r + R dr a token and layer (latent_cache.py)
+            return LatentCache(upto, num_slots, max_len, c.mla.row_width, dtype, self.device)
         if c.delta is None:
             return KVCache(upto, num_slots, max_len, c.num_kv_heads, c.head_dim, dtype, self.device)
         attention = [l for l in c.attention_layers if l < upto]
@@ -147,6 +154,8 @@ class Decoder:
         x = embedding(batch.tokens, self.embed)  # [B, T, E]
         if c.embed_scale:  # Gemma: times sqrt(E), the factor rounded to the embedding's dtype as transformers does
             x = x * torch.tensor(c.hidden_size ** 0.5, dtype=x.dtype)
+        if c.embed_multiplier != 1.0:  # MiniCPM3's scale_emb, rounded to the embedding's dtype as transformers does
+            x = x * torch.tensor(c.embed_multiplier, dtype=x.dtype)
         hidden = {}
         if 0 in batch.hidden_layers:
             hidden[0] = x
@@ -164,7 +173,10 @@ class Decoder:
             x = x.reshape(B * T, x.shape[-1]).index_select(0, batch.logits_flat)  # [N, E]
         elif batch.logits_rows is not None:
             x = torch.gather(x, 1, batch.logits_rows.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-        logits = linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head).float()
+        x = rms_norm(x, self.norm, c.rms_norm_eps)
+        if c.logit_divisor != 1.0:  # MiniCPM3: hidden_size / dim_model_base
+            x = x / c.logit_divisor
+        logits = linear(x, self.lm_head).float()
         return ForwardOutput(logits=logits, hidden=hidden, attention=mass)
 
     def _attention_buffer(self, batch: ForwardBatch, cache: KVCache, layers: int) -> tuple:
@@ -206,10 +218,13 @@ class Decoder:
                 if w.delta is not None:
                     x = x + delta_mixer(w.delta, c.delta, h, batch, cache, index, c.rms_norm_eps,
                                         last_delta_layer=index == deltas[-1])
+                elif w.latent is not None:
+                    x = _residual(x, latent_mixer(w, c, h, batch, cache, index, cos, sin, view), c.residual_scale)
                 else:
                     x = x + attention_mixer(w, c, h, batch, cache, index, cos, sin, view)
                 h = rms_norm(x, w.post_norm, c.rms_norm_eps)
-                x = x + (swiglu_mlp(h, w.gate_up, w.down) if w.moe is None else moe_mlp(w.moe, c.moe, h))
+                mlp = swiglu_mlp(h, w.gate_up, w.down) if w.moe is None else moe_mlp(w.moe, c.moe, h)
+                x = _residual(x, mlp, c.residual_scale)
                 if index + 1 in batch.hidden_layers:
                     hidden[index + 1] = x
         return x
@@ -281,6 +296,11 @@ class Decoder:
             weights = [t for w in self.layers for t in w.matrices] + [self.lm_head]
             cpu_linear.prepare(weights, cache_dir() / "profiles")
         self._linear_paths_chosen = True
+
+
+def _residual(x: torch.Tensor, branch: torch.Tensor, scale: float) -> torch.Tensor:
+    """x + branch, the branch times `scale` first where it is not 1 (MiniCPM3's scale_depth / sqrt(layers))."""
+    return x + branch if scale == 1.0 else x + branch * scale
 
 
 def _span_mask(mask: torch.Tensor, place: torch.Tensor, span: int) -> torch.Tensor:

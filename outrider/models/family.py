@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 ATTENTION, GATED_DELTA = "attention", "gated_delta"  # the layer kinds (models/decoder.py runs each)
+LATENT = "latent_attention"  # multi-head latent attention (DeepSeek-V2, MiniCPM3: latent_layer.py)
 DENSE, MOE = "dense", "moe"  # the MLP kinds: SwiGLU (layers.swiglu_mlp), a mixture of experts (moe_layer.py)
 
 
@@ -30,4 +31,6 @@ class Family:
     # the gated-delta in_proj as Qwen3-Next keeps it: in_proj_qkvz and in_proj_ba, rows grouped per
     # key head (weights/loader.py reorders them); False: Qwen3.5's in_proj_qkv, _z, _b, _a
     delta_grouped: bool = False
+    # the latent-attention layers' MlaConfig (mla_config.py: deepseek_mla) where layer_kinds names LATENT
+    mla: Callable[[dict], object] = lambda raw: None
     reads: frozenset = field(default_factory=frozenset)  # checked config fields it implements (config_fields.py)

@@ -88,7 +88,8 @@ def attention(
     folded: torch.Tensor | None = None,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """q: [B, H, T, D], k/v: [B, G, L, D], mask: [B, 1, T, L] bool or None -> [B, H, T, D].
+    """q: [B, H, T, D], k: [B, G, L, D], v: [B, G, L, Dv], mask: [B, 1, T, L] bool or None -> [B, H, T, Dv]
+    (Dv is D but for latent attention's absorbed form, models/latent_layer.py).
 
     mask None means one slot whose new tokens are the last T of L, causal among themselves.
     folded: `fold_mask(mask, H // G, q.dtype)`, made once per forward for every layer (else each
@@ -109,8 +110,8 @@ def attention(
     q = q.reshape(B, G, groups * T, D)
     if mask is not None and folded is None:
         folded = fold_mask(mask, groups, q.dtype)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=folded, scale=scale)  # [B, G, groups*T, D]
-    return out.reshape(B, H, T, D)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=folded, scale=scale)  # [B, G, groups*T, Dv]
+    return out.reshape(B, H, T, v.shape[-1])
 
 
 def fold_mask(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:

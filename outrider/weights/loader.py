@@ -20,8 +20,9 @@ from ..errors import ConfigError, ModelError
 from ..models.config import ModelConfig
 from ..models.decoder import Decoder, LayerWeights
 from ..models.delta_layer import DeltaWeights
-from ..models.family import GATED_DELTA
+from ..models.family import GATED_DELTA, LATENT
 from ..catalog.marker import GGUF_NAME
+from .latent_load import latent_layer
 from .mlp_load import Source, mlp_weights
 from .gguf_hybrid import A_NEG
 from .quant_load import QUANT_DTYPES, RowStack
@@ -335,7 +336,8 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
     rows = lambda name, index: weights.rows(name, index, dtype, device)  # noqa: E731
     source = Source(get, proj, weights.has, quantized)
     delta_layer = partial(_delta_layer, has=weights.has)  # has: a GGUF keeps -exp(A_log) (gguf_hybrid.py)
-    layers = [(delta_layer if config.kind(i) == GATED_DELTA else _attention_layer)(
+    kinds = {GATED_DELTA: delta_layer, LATENT: partial(latent_layer, has=weights.has)}  # else attention
+    layers = [kinds.get(config.kind(i), _attention_layer)(
               f"model.layers.{i}.", config, get, proj, norm, rows,
               mlp_weights(f"model.layers.{i}.mlp.", config.mlp_kind(i), config, source))
               for i in range(config.num_layers)]
