@@ -1,4 +1,4 @@
-"""Check tests/qwen35_gguf.py (our writer of a Qwen3.5 GGUF in llama.cpp's converter's layout)
+"""Check tests/qwen35_gguf.py (our writer of a Qwen3.5 / Qwen3-Next GGUF in llama.cpp's converter's layout)
 against the real converter, and Outrider's load of the converter's own output against the
 safetensors it came from.
 
@@ -15,7 +15,8 @@ does not save it) is added to the folder.
 
 For --outtype f32 and q8_0 with --no-mtp, and f32 with the MTP head kept (the converter's
 default; f32 and q8_0 are the types the converter writes itself, others come from llama.cpp's C++
-quantizer), it checks: every tensor's name, type, shape and bytes equal between the
+quantizer), and for a tiny Qwen3-Next (every MLP a mixture of experts: the converter has no names
+for a dense one) at f32 and q8_0 with --no-mtp, it checks: every tensor's name, type, shape and bytes equal between the
 converter's file and ours; the model's metadata (`qwen35.*`) equal; and the converter's file
 imported into Outrider gives the safetensors load's logits (f32: bit for bit; q8_0: the float model
 of the same file's values, dequantized, within float rounding). Prints one line a check; exit 1 on
@@ -39,12 +40,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 
-def build(folder: Path, tokenizer: Path) -> None:
+def build(folder: Path, tokenizer: Path, family: str = "qwen3_5") -> None:
     from safetensors.torch import load_file, save_file
 
     from tiny import make_tiny
 
-    make_tiny("qwen3_5", folder, vocab=49152, layers=4)
+    make_tiny(family, folder, vocab=49152, layers=4, **({"mlp_only_layers": []} if family == "qwen3_next" else {}))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tokenizer / name, folder / name)
     path = folder / "model.safetensors"
@@ -54,6 +55,9 @@ def build(folder: Path, tokenizer: Path) -> None:
         if t.dim() == 1:  # norms, A_log, dt_bias: random instead of transformers' constants
             tensors[name] = torch.randn(t.shape, generator=g) * 0.3
     E = tensors["model.norm.weight"].shape[0]
+    if family == "qwen3_next":  # (its MTP head: not checked here; the naming is Qwen3.5's)
+        save_file(tensors, str(path), metadata={"format": "pt"})
+        return
     for name in [n for n in tensors if n.startswith("model.layers.3.")]:  # an attention layer's tensors
         tensors["mtp.layers.0." + name.removeprefix("model.layers.3.")] = torch.randn(tensors[name].shape, generator=g)
     tensors["mtp.fc.weight"] = torch.randn(E, 2 * E, generator=g)
@@ -85,8 +89,9 @@ def compare(theirs: Path, ours: Path) -> list[str]:
             problems.append(f"{name}: {x.tensor_type.name} {list(x.shape)} vs ours {y.tensor_type.name} {list(y.shape)}")
         elif not np.array_equal(np.asarray(x.data).view(np.uint8), np.asarray(y.data).view(np.uint8)):
             problems.append(f"{name}: bytes differ")
-    ma = {k: f.contents() for k, f in a.fields.items() if k.startswith("qwen35.") or k == "general.architecture"}
-    mb = {k: f.contents() for k, f in b.fields.items() if k.startswith("qwen35.") or k == "general.architecture"}
+    arch = a.fields["general.architecture"].contents()  # the model's metadata: "<arch>.*"
+    ma = {k: f.contents() for k, f in a.fields.items() if k.startswith(arch + ".") or k == "general.architecture"}
+    mb = {k: f.contents() for k, f in b.fields.items() if k.startswith(arch + ".") or k == "general.architecture"}
     for k in sorted(set(ma) | set(mb)):
         if ma.get(k) != mb.get(k):
             problems.append(f"metadata {k}: {ma.get(k)!r} vs ours {mb.get(k)!r}")
@@ -118,21 +123,26 @@ def main() -> int:
     from outrider.weights.loader import load_decoder
     from qwen35_gguf import write_qwen35_gguf
 
-    folder = work / "hf"
-    build(folder, args.tokenizer)
     tokens = torch.tensor([3, 9, 4, 11, 7, 8, 20, 5, 3, 9, 60, 61, 62, 63, 12, 30, 31, 2, 9, 4])
-    want = logits(load_decoder(folder, "cpu", torch.float32), tokens)
+    folders, wants = {}, {}
+    for family in ("qwen3_5", "qwen3_next"):
+        folders[family] = work / family
+        build(folders[family], args.tokenizer, family)
+        wants[family] = logits(load_decoder(folders[family], "cpu", torch.float32), tokens)
     failed = False
-    for outtype, qtype, mtp in (("f32", "F32", False), ("q8_0", "Q8_0", False), ("f32", "F32", True)):
-        case = outtype + (" with the MTP head" if mtp else "")
-        stem = f"{outtype}{'-mtp' if mtp else ''}"
+    cases = [("qwen3_5", "f32", "F32", False), ("qwen3_5", "q8_0", "Q8_0", False), ("qwen3_5", "f32", "F32", True),
+             ("qwen3_next", "f32", "F32", False), ("qwen3_next", "q8_0", "Q8_0", False)]
+    for family, outtype, qtype, mtp in cases:
+        folder, want = folders[family], wants[family]
+        case = f"{family} {outtype}" + (" with the MTP head" if mtp else "")
+        stem = f"{family}-{outtype}{'-mtp' if mtp else ''}"
         theirs, ours = work / f"converter-{stem}.gguf", work / f"ours-{stem}.gguf"
         convert(args.llama_cpp, folder, theirs, outtype, mtp)
         write_qwen35_gguf(folder, ours, qtype, tokenizer=False, mtp=mtp)
         problems = compare(theirs, ours)
         failed |= bool(problems)
         count = len(gguf_names(theirs))
-        print(f"{case}: layout " + (f"equal ({count} tensors' names, types, shapes, bytes; qwen35.* metadata)"
+        print(f"{case}: layout " + (f"equal ({count} tensors' names, types, shapes, bytes; the model's metadata)"
                                     if not problems else "DIFFERS: " + "; ".join(problems)))
         imported = import_gguf(theirs, name=f"converter-{stem}", log=lambda line: None)
         got = logits(load_decoder(imported, "cpu", torch.float32), tokens)
@@ -145,7 +155,7 @@ def main() -> int:
             blocks = logits(load_decoder(imported, "cpu", "gguf"), tokens)
             diff = float((blocks - got).abs().max())
             failed |= diff > 1e-4
-            print(f"q8_0: --dtype gguf (its blocks) vs float32 (its values dequantized): max |diff| {diff:.2e}; "
+            print(f"{case}: --dtype gguf (its blocks) vs float32 (its values dequantized): max |diff| {diff:.2e}; "
                   f"vs the unquantized safetensors: {float((got - want).abs().max()):.3f} (Q8_0's own error)")
     shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0

@@ -1,6 +1,7 @@
-"""A Qwen3.5 folder saved by transformers, written as a GGUF in llama.cpp's converter's layout.
+"""A Qwen3.5 (or Qwen3-Next) folder saved by transformers, written as a GGUF in llama.cpp's
+converter's layout.
 
-    write_qwen35_gguf(hf_folder, "tiny.gguf", "Q8_0")   # arch qwen35, the converter's names and transforms
+    write_qwen35_gguf(hf_folder, "tiny.gguf", "Q8_0")   # arch qwen35 (qwen3next), the converter's names and transforms
 
 Our own code, following what llama.cpp's convert_hf_to_gguf.py does to a Qwen3.5 checkpoint
 (conversion/qwen.py: Qwen3_5TextModel, _LinearAttentionVReorderBase, Qwen3NextModel; base.py's
@@ -16,6 +17,11 @@ choice of tensor types), as llama-cpp-python 0.3.36's vendored copy has it:
   after the model's L layers: mtp.layers.0.* as that block's layer, mtp.fc / pre_fc_norm_embedding
   / pre_fc_norm_hidden / norm as nextn.eh_proj / enorm / hnorm / shared_head_norm (norms + 1),
   with nextn_predict_layers and a False appended to recurrent_layers.
+Qwen3-Next (Qwen3NextModel, Qwen2MoeModel), arch qwen3next: the same, less the value-head reorder,
+plus in_proj_qkvz split per key head into attn_qkv (all q, all k, all v) and attn_gate (z),
+in_proj_ba kept as ssm_ba, the experts stacked into ffn_{gate,up,down}_exps [experts, out, in],
+the router ffn_gate_inp and shared expert gate ffn_gate_inp_shexp in F32, the shared expert as
+ffn_*_shexp, and the expert sizes in the metadata (no rope.dimension_sections).
 The converter's tokenizer step needs a tokenizer it knows (it refuses a tiny word-level one), so
 the tokenizer here is test_gguf_import's small byte-level BPE (vocabulary of 264).
 
@@ -39,12 +45,16 @@ RENAMES = [  # Hugging Face -> gguf, in this order (the converter's tensor map f
     ("self_attn.o_proj", "attn_output"), ("self_attn.q_norm", "attn_q_norm"),
     ("self_attn.k_norm", "attn_k_norm"), ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"),
     ("mlp.down_proj", "ffn_down"), ("linear_attn.in_proj_qkv", "attn_qkv"),
-    ("linear_attn.in_proj_z", "attn_gate"), ("linear_attn.in_proj_a", "ssm_alpha"),
+    ("linear_attn.in_proj_z", "attn_gate"), ("linear_attn.in_proj_ba", "ssm_ba"), ("linear_attn.in_proj_a", "ssm_alpha"),
     ("linear_attn.in_proj_b", "ssm_beta"), ("linear_attn.conv1d", "ssm_conv1d"),
     ("linear_attn.dt_bias", "ssm_dt.bias"), ("linear_attn.A_log", "ssm_a"),
     ("linear_attn.norm", "ssm_norm"), ("linear_attn.out_proj", "ssm_out"),
     ("eh_proj", "nextn.eh_proj"), ("enorm", "nextn.enorm"), ("hnorm", "nextn.hnorm"),
     ("shared_head.norm", "nextn.shared_head_norm"),
+    ("mlp.shared_expert_gate", "ffn_gate_inp_shexp"), ("mlp.shared_expert.gate_proj", "ffn_gate_shexp"),
+    ("mlp.shared_expert.up_proj", "ffn_up_shexp"), ("mlp.shared_expert.down_proj", "ffn_down_shexp"),
+    ("mlp.gate.weight", "ffn_gate_inp.weight"), ("mlp.experts.gate_proj", "ffn_gate_exps"),
+    ("mlp.experts.up_proj", "ffn_up_exps"), ("mlp.experts.down_proj", "ffn_down_exps"),
 ]
 MTP_PARTS = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm", "norm": "shared_head.norm"}
 
@@ -72,11 +82,23 @@ def tiled(x: np.ndarray, axis: int, k_heads: int, per_k: int, head_dim: int) -> 
     return np.swapaxes(x, axis, axis + 1).reshape(shape)
 
 
+def split_qkvz(x: np.ndarray, c: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Qwen3-Next's in_proj_qkvz [HK (2 dk + 2 r dv), E], rows grouped per key head -> (attn_qkv:
+    all q, all k, all v; attn_gate: z), as Qwen3NextModel.modify_tensors splits it."""
+    HK, HV = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    dk, dv, r = c["linear_key_head_dim"], c["linear_value_head_dim"], HV // HK
+    per = x.reshape(HK, 2 * dk + 2 * r * dv, -1)
+    cuts = np.cumsum([dk, dk, r * dv])
+    q, k, v, z = np.split(per, cuts, axis=1)
+    rows = lambda t: t.reshape(-1, x.shape[1])  # noqa: E731
+    return np.concatenate((rows(q), rows(k), rows(v))), rows(z)
+
+
 def converter_layout(name: str, x: np.ndarray, c: dict) -> np.ndarray:
     """One Hugging Face tensor's values as the converter stores them (before typing)."""
     HK, HV = c["linear_num_key_heads"], c["linear_num_value_heads"]
     dk, dv, r = c["linear_key_head_dim"], c["linear_value_head_dim"], HV // HK
-    if HK != HV and "linear_attn." in name:
+    if HK != HV and "linear_attn." in name and c["model_type"] != "qwen3_next":  # Qwen3.5's classes only
         qk = 2 * HK * dk
         if ".in_proj_qkv." in name:
             x = np.concatenate((x[:qk], tiled(x[qk:], 0, HK, r, dv)))
@@ -107,7 +129,7 @@ def typed(gname: str, x: np.ndarray, qtype: str):
     import gguf
 
     if qtype == "F32" or x.ndim <= 1 or gname.endswith("_norm.weight") or ".ssm_conv1d." in gname \
-            or not gname.endswith(".weight"):
+            or not gname.endswith(".weight") or ".ffn_gate_inp" in gname:
         return x.astype(np.float32), None
     kind = gguf.GGMLQuantizationType[qtype]
     try:
@@ -129,11 +151,12 @@ def write_qwen35_gguf(folder: Path, path: Path, qtype: str = "F32", tokenizer: b
     c = json.loads((Path(folder) / "config.json").read_text())
     tensors = load_file(str(next(Path(folder).glob("*.safetensors"))))
     head_dim, layers = c["head_dim"], c["num_hidden_layers"]
+    arch = "qwen3next" if c["model_type"] == "qwen3_next" else "qwen35"
     if not mtp:
         tensors = {k: v for k, v in tensors.items() if not k.startswith("mtp.")}
     n_mtp = 1 + max((int(k.split(".")[2]) for k in tensors if k.startswith("mtp.layers.")), default=-1)
     rope = c["rope_parameters"]
-    w = gguf.GGUFWriter(str(path), "qwen35")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(layers + n_mtp)
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
@@ -144,18 +167,25 @@ def write_qwen35_gguf(folder: Path, path: Path, qtype: str = "F32", tokenizer: b
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
+    if arch == "qwen3next":
+        w.add_expert_count(c["num_experts"])
+        w.add_expert_used_count(c["num_experts_per_tok"])
     w.add_file_type({"F32": 0, "Q8_0": 7}.get(qtype, 0))
+    if arch == "qwen3next":
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+        w.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
     w.add_ssm_conv_kernel(c["linear_conv_kernel_dim"])
     w.add_ssm_state_size(c["linear_key_head_dim"])
     w.add_ssm_group_count(c["linear_num_key_heads"])
     w.add_ssm_time_step_rank(c["linear_num_value_heads"])
     w.add_ssm_inner_size(c["linear_value_head_dim"] * c["linear_num_value_heads"])
-    w.add_array("qwen35.attention.recurrent_layers", [t == "linear_attention" for t in c["layer_types"]] + [False] * n_mtp)
+    w.add_array(f"{arch}.attention.recurrent_layers", [t == "linear_attention" for t in c["layer_types"]] + [False] * n_mtp)
     w.add_full_attention_interval(c.get("full_attention_interval", 4))
     w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 0.25)))
-    w.add_rope_dimension_sections([11, 11, 10, 0])  # the converter's default for Qwen3.5's MRoPE
+    if arch == "qwen35":
+        w.add_rope_dimension_sections([11, 11, 10, 0])  # the converter's default for Qwen3.5's MRoPE
     if n_mtp:
-        w.add_uint32("qwen35.nextn_predict_layers", n_mtp)
+        w.add_uint32(f"{arch}.nextn_predict_layers", n_mtp)
     w.add_quantization_version(2)
     if tokenizer:
         tokens = bpe._tokenizer_vocab()
@@ -169,9 +199,16 @@ def write_qwen35_gguf(folder: Path, path: Path, qtype: str = "F32", tokenizer: b
         w.add_eos_token_id(2)
         w.add_add_bos_token(False)
         w.add_chat_template(bpe.CHATML)
-    for hf_name in sorted(tensors):  # the order the converter writes them in, as it reads safetensors
-        name = converter_name(hf_name, layers)
-        x = converter_layout(name, tensors[hf_name].to(torch.float32).numpy(), c)
+    arrays = {converter_name(k, layers): v.to(torch.float32).numpy() for k, v in tensors.items()}
+    for name in [n for n in arrays if ".in_proj_qkvz." in n]:
+        qkv, z = split_qkvz(arrays.pop(name), c)
+        arrays[name.replace("in_proj_qkvz", "in_proj_qkv")], arrays[name.replace("in_proj_qkvz", "in_proj_z")] = qkv, z
+    for name in sorted(n for n in arrays if ".mlp.experts.0." in n):  # experts stacked: [experts, out, in]
+        base, part = name.split(".mlp.experts.0.")
+        arrays[f"{base}.mlp.experts.{part}"] = np.stack([arrays.pop(f"{base}.mlp.experts.{j}.{part}")
+                                                         for j in range(c["num_experts"])])
+    for name in sorted(arrays):  # the order is not the converter's (it does not matter to a reader)
+        x = converter_layout(name, arrays[name], c)
         gname = gguf_name(name)
         data, kind = typed(gname, x, qtype)
         if kind is None:

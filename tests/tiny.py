@@ -19,9 +19,11 @@ HYBRIDS = ("qwen3_5", "qwen3_next")  # families with gated-delta layers (tests/t
 
 
 def make_tiny(family: str, folder: Path, vocab: int = 96, seed: int = 0, layers: int = 3, tied: bool = False,
-              max_positions: int = 256) -> Path:
-    """Save a tiny random `family` model to `folder`; returns the folder."""
+              max_positions: int = 256, **overrides) -> Path:
+    """Save a tiny random `family` model to `folder`; returns the folder. overrides: config fields
+    set after the family's (e.g. mlp_only_layers=[] for a Qwen3-Next whose every MLP is sparse)."""
     key = f"{family}-v{vocab}-s{seed}-l{layers}-{'tied' if tied else 'untied'}-p{max_positions}"
+    key += "".join(f"-{k}{v}".replace(" ", "") for k, v in sorted(overrides.items()))
     if CACHE and (Path(CACHE) / key).is_dir():
         shutil.copytree(Path(CACHE) / key, folder, dirs_exist_ok=True, ignore=shutil.ignore_patterns(RNG))
         torch.set_rng_state(load_file(Path(CACHE) / key / RNG)["state"])  # as building it leaves torch's generator
@@ -58,6 +60,8 @@ def make_tiny(family: str, folder: Path, vocab: int = 96, seed: int = 0, layers:
         cls = tf.Qwen3NextForCausalLM
     else:
         raise ValueError(family)
+    for name, value in overrides.items():
+        setattr(config, name, value)
     torch.manual_seed(seed)
     model = cls(config).eval()
     with torch.no_grad():  # larger weights than the init, so logits are far from uniform
