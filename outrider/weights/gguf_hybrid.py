@@ -15,8 +15,9 @@ writes for a Qwen3.5 checkpoint, and how it is read back here:
   under the name `linear_attn.a_neg` (not a Hugging Face name; the loader takes it instead of
   computing -exp(A_log)), so nothing is recomputed.
 - RMS norms that scale by (1 + w) (input, post-attention, final, q_norm, k_norm; not the gated
-  `linear_attn.norm`) are stored with the 1 added: `NORMS_FOLDED` tells the loader to take them
-  as stored rather than add 1 again (exact: no subtract-then-add round trip).
+  `linear_attn.norm`) are stored with the 1 added: the GGUF source says so (quant_load's
+  `norms_folded`) and the loader takes them as stored rather than add 1 again
+  (loader.norms_folded; exact: no subtract-then-add round trip).
 - `ssm_conv1d` is the depthwise kernel squeezed to [channels, K]; read back as [channels, 1, K].
 - value heads, where there are more of them than key heads (HV = r HK), are reordered from grouped
   by key head, [k0v0 .. k0v(r-1), k1v0 ..], to tiled, [k0v0, k1v0, .., k0v1, k1v1, ..]: the V
@@ -27,7 +28,7 @@ writes for a Qwen3.5 checkpoint, and how it is read back here:
   order instead (`InputOrder`), since a block may span two heads.
 - multi-token-prediction blocks (`nextn_predict_layers` > 0, the converter's default where the
   checkpoint has `mtp.*` tensors): blocks past the model's layers, a draft head the model's own
-  output never reads. They are named `mtp.<gguf name>` (`hf_names`) and not read, as a
+  output never reads. They are named `mtp.<gguf name>` (`tensors`) and not read, as a
   safetensors checkpoint's `mtp.*` tensors are not (loader.check_all_read); the config's
   num_hidden_layers and layer_types are the model's own.
 
