@@ -132,6 +132,12 @@ def typed(gname: str, x: np.ndarray, qtype: str):
             or not gname.endswith(".weight") or ".ffn_gate_inp" in gname:
         return x.astype(np.float32), None
     kind = gguf.GGMLQuantizationType[qtype]
+    if qtype in ("Q4_K", "Q6_K"):  # gguf-py has no K-quant quantizer: random blocks (finite scales), not x's values
+        from test_quant_convert import random_raw
+
+        if x.ndim != 2 or x.shape[1] % 256:
+            return x.astype(np.float16), None
+        return random_raw(qtype, x.shape[0], x.shape[1], seed=len(gname)), kind
     try:
         return gguf.quants.quantize(x, kind), kind
     except gguf.QuantError:  # a row that does not split into blocks: F16, as the converter falls back
@@ -141,6 +147,7 @@ def typed(gname: str, x: np.ndarray, qtype: str):
 def write_qwen35_gguf(folder: Path, path: Path, qtype: str = "F32", tokenizer: bool = True, mtp: bool = True) -> None:
     """Write `folder` (a Qwen3.5 text model saved by transformers) to `path` as the converter would
     (--outtype f32 / q8_0 for F32 / Q8_0; other types as gguf-py quantizes them, by the same rule;
+    Q4_K / Q6_K: random blocks where rows split into 256-value super-blocks, F16 elsewhere;
     mtp=False: as with --no-mtp, the folder's mtp.* tensors left out)."""
     import gguf
     import torch

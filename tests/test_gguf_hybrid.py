@@ -167,3 +167,49 @@ def test_what_is_not_read_is_refused_in_one_line(f32, tmp_path):
         hf_config({**meta, "qwen35.nextn_predict_layers": 4}, shapes)
     with pytest.raises(ModelError, match="read in place"):  # no float32 safetensors written for a hybrid
         convert_gguf(f32 / "original.gguf", tmp_path / "out", log=quiet)
+
+
+def random_hybrid(hf, folder):
+    """The tiny hybrid's layout at K-quant widths (hidden 256, 4 value heads of 64: rows of 256
+    values), random weights under its Hugging Face names; no model built (only the GGUF's blocks
+    against the same file's values are compared)."""
+    c = json.loads((hf / "config.json").read_text())
+    c.update(hidden_size=256, intermediate_size=512, linear_key_head_dim=32, linear_value_head_dim=64)
+    E, I, V, H, G, D = 256, 512, c["vocab_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    HK, HV, dk, dv, K = 2, 4, 32, 64, c["linear_conv_kernel_dim"]
+    g = torch.Generator().manual_seed(3)
+    shapes = {"model.embed_tokens.weight": (V, E), "lm_head.weight": (V, E), "model.norm.weight": (E,)}
+    for i, kind in enumerate(c["layer_types"]):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (E,), p + "post_attention_layernorm.weight": (E,),
+                       p + "mlp.gate_proj.weight": (I, E), p + "mlp.up_proj.weight": (I, E), p + "mlp.down_proj.weight": (E, I)})
+        if kind == "full_attention":
+            a = p + "self_attn."
+            shapes.update({a + "q_proj.weight": (H * 2 * D, E), a + "k_proj.weight": (G * D, E), a + "v_proj.weight": (G * D, E),
+                           a + "o_proj.weight": (E, H * D), a + "q_norm.weight": (D,), a + "k_norm.weight": (D,)})
+        else:
+            a = p + "linear_attn."
+            shapes.update({a + "in_proj_qkv.weight": (2 * HK * dk + HV * dv, E), a + "in_proj_z.weight": (HV * dv, E),
+                           a + "in_proj_b.weight": (HV, E), a + "in_proj_a.weight": (HV, E),
+                           a + "conv1d.weight": (2 * HK * dk + HV * dv, 1, K), a + "A_log": (HV,), a + "dt_bias": (HV,),
+                           a + "norm.weight": (dv,), a + "out_proj.weight": (E, HV * dv)})
+    folder.mkdir()
+    save_file({n: torch.randn(s, generator=g) * (0.3 if len(s) == 1 else 0.05) for n, s in shapes.items()},
+              str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(c))
+    return folder
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_k_quant_blocks_run_too(hf, tmp_path, qtype):
+    """Q4_K and Q6_K projections (random blocks: gguf-py writes no K-quants) kept in their blocks,
+    a 256-value super-block spanning four value heads of ssm_out (the input gathered): the float
+    model of the same file's values, up to float rounding."""
+    from outrider.kernels.quant_linear import QuantLinear
+
+    folder = imported(random_hybrid(hf, tmp_path / "hf"), tmp_path, qtype)
+    blocks = load_decoder(folder, "cpu", "gguf")
+    delta = blocks.layers[0].delta
+    assert isinstance(delta.in_proj, QuantLinear) and isinstance(delta.out, gguf_hybrid.InputOrder)
+    got, want = logits(blocks), logits(load_decoder(folder, "cpu", torch.float32))
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max(), (got - want).abs().max()  # logits in the hundreds
