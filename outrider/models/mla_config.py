@@ -41,9 +41,9 @@ class MlaConfig:
     interleaved: bool = False  # RoPE on (2i, 2i+1) pairs (DeepSeek-V2); the loader reorders them to halves
 
     def __post_init__(self):
-        if min(self.kv_rank, self.nope_dim, self.rope_dim, self.v_dim) <= 0 or self.rope_dim % 2:
-            raise ModelError(f"latent attention needs positive kv_lora_rank, qk_nope_head_dim, v_head_dim and an "
-                             f"even qk_rope_head_dim (got {self.kv_rank}, {self.nope_dim}, {self.v_dim}, {self.rope_dim})")
+        if min(self.kv_rank, self.rope_dim, self.v_dim) <= 0 or self.nope_dim < 0 or self.rope_dim % 2:
+            raise ModelError(f"latent attention needs positive kv_lora_rank, v_head_dim, an even qk_rope_head_dim and "
+                             f"qk_nope_head_dim >= 0 (got {self.kv_rank}, {self.v_dim}, {self.rope_dim}, {self.nope_dim})")
         if self.heads % self.rope_heads:
             raise ModelError(f"qk_rope_heads {self.rope_heads} does not divide num_attention_heads {self.heads}")
 
