@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench_spec.py --pair smol      # SmolLM2-135M: ngram, suffix, early exit
     .venv/bin/python scripts/bench_spec.py --pair qwen      # Qwen2.5-Coder 1.5B target, 0.5B draft
+    .venv/bin/python scripts/bench_spec.py --pair gemma     # Gemma 3 270M (gguf): lookups, early exit, itself@q4_0
 
 Each prompt runs every method back to back (interleaved, so slow drifts of the machine hit all
 methods alike); speed-ups are ratios of total tokens/s within this run. Every speculative output
@@ -31,6 +32,13 @@ PAIRS = {
                     "draft-model:qwen2.5-coder-0.5b-instruct|chain|cost"],
         "peers": ["transformers-assisted"],
     },
+    "gemma": {  # Gemma 3 270M on its own Q4_K_M blocks (no smaller Gemma 3 to draft with: lookups and
+        "target": "gemma3-270m",  # itself at q4_0; early-exit:9 accepts almost nothing on it)
+        "dtype": "gguf",
+        "methods": ["suffix|chain|fixed:4", "ngram|chain|fixed:4",
+                    "draft-model:gemma3-270m@q4_0|chain|fixed:4"],
+        "peers": [],
+    },
 }
 
 
@@ -55,7 +63,7 @@ def main() -> None:
     pair = PAIRS[args.pair]
     path = resolve_model(pair["target"])
     tok = AutoTokenizer.from_pretrained(str(path))
-    target = load_decoder(path, "cpu", torch.float32)
+    target = load_decoder(path, "cpu", pair.get("dtype", torch.float32))
     prompts = [tok(p["prompt"])["input_ids"] for p in humaneval()[: args.prompts]]
     specs = {}
     for m in pair["methods"]:
@@ -74,18 +82,18 @@ def main() -> None:
     for i, ids in enumerate(prompts):
         base = run_ours(target, None, ids, args.new_tokens)
         runs["autoregressive"].append(base)
-        line = [f"prompt {i}: ar {len(base.token_ids) / base.seconds:.1f} tok/s"]
+        line = [f"prompt {i}: ar {len(base.output_ids) / base.seconds:.1f} tok/s"]
         for m, spec in specs.items():
             r = run_ours(target, spec, ids, args.new_tokens)
             runs[m].append(r)
-            diff = first_difference(base.token_ids, r.token_ids)
+            diff = first_difference(base.output_ids, r.output_ids)
             if diff is not None:
                 audit.append({"method": m, "prompt": i, "first_difference": diff})
-            line.append(f"{m.split('|')[0].split(':')[0]} {len(r.token_ids) / r.seconds:.1f}")
+            line.append(f"{m.split('|')[0].split(':')[0]} {len(r.output_ids) / r.seconds:.1f}")
         for p, fn in peers.items():
             r = fn(ids)
             runs[p].append(r)
-            line.append(f"{p} {len(r.token_ids) / r.seconds:.1f}")
+            line.append(f"{p} {len(r.output_ids) / r.seconds:.1f}")
         print(" | ".join(line), flush=True)
 
     table = {name: aggregate(rs) for name, rs in runs.items()}
