@@ -187,16 +187,7 @@ def _rewritten(folder, tmp_path, change) -> "Path":  # noqa: F821
 def test_transformers_fused_expert_layout_loads_as_float_only(folder, want, tmp_path):
     """experts.gate_up_proj [N, 2I, E] and experts.down_proj [N, E, I] (transformers 5's layout in
     memory): the same model in float32; a quantized load of it is refused in one line."""
-    def fuse(tensors):
-        for i in range(4):
-            p = f"model.layers.{i}.mlp.experts."
-            if p + "0.gate_proj.weight" not in tensors:
-                continue
-            pop = lambda e, n: tensors.pop(f"{p}{e}.{n}_proj.weight")  # noqa: E731
-            tensors[p + "gate_up_proj"] = torch.stack([torch.cat((pop(e, "gate"), pop(e, "up"))) for e in range(8)])
-            tensors[p + "down_proj"] = torch.stack([pop(e, "down") for e in range(8)])
-
-    fused = _rewritten(folder, tmp_path, fuse)
+    fused = _rewritten(folder, tmp_path, _fused)
     got = _whole(load_decoder(fused, "cpu", torch.float32))
     assert torch.allclose(got, want, **CLOSE), (got - want).abs().max()
     with pytest.raises(ModelError, match="fused layout are read as float only") as err:
@@ -280,3 +271,49 @@ def test_without_renormalisation_it_is_still_transformers(folder, tmp_path):
         want = AutoModelForCausalLM.from_pretrained(str(changed), dtype=torch.float32).eval()(TOKENS[None]).logits[0]
     got = _whole(ours)
     assert torch.allclose(got, want, **CLOSE), (got - want).abs().max()
+
+
+def test_the_qwen_moe_fields_their_defaults_and_refusals(folder):
+    from outrider.models.config import ModelConfig
+    from outrider.models.moe_config import MoeConfig, experts_of, qwen_mlp_kinds, qwen_moe
+
+    assert (experts_of({"num_local_experts": 4}), experts_of({"num_experts": 3, "num_local_experts": 4}),
+            experts_of({})) == (4, 3, 0)  # num_local_experts: transformers 5's Qwen3MoeConfig writes it
+    assert qwen_mlp_kinds({"num_hidden_layers": 3, "num_experts": 1}) == ("moe",) * 3  # no step: every layer
+    raw = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8, "shared_expert_intermediate_size": 16}
+    assert qwen_moe(raw, shared=False, norm_default=False) == MoeConfig(4, 2, 8, False)
+    assert qwen_moe(raw, shared=True, norm_default=True) == MoeConfig(4, 2, 8, True, 16, True)
+    assert not qwen_moe({**raw, "norm_topk_prob": False}, shared=True, norm_default=True).norm_topk_prob
+    saved = json.loads((folder / "config.json").read_text())
+    del saved["norm_topk_prob"]  # Qwen3NextConfig's default: renormalised
+    assert ModelConfig.from_dict(saved).moe.norm_topk_prob
+    MoeConfig(4, 4, 8, True)  # every expert chosen: runs
+    for k in (0, 5):
+        with pytest.raises(ModelError, match=f"num_experts_per_tok {k} must be between 1 and num_experts 4"):
+            MoeConfig(4, k, 8, True)
+    with pytest.raises(ModelError, match=r"a sigmoid router is not supported yet \(supported: softmax\)"):
+        MoeConfig(4, 2, 8, True, scoring="sigmoid")
+
+
+def _fused(tensors, experts=8, rows=("gate", "up")):
+    """Layers 0, 2, 3's experts in transformers' fused layout: the first `experts`, `rows` of each."""
+    for i in (0, 2, 3):
+        p = f"model.layers.{i}.mlp.experts."
+        pop = lambda e, n: tensors.pop(f"{p}{e}.{n}_proj.weight")  # noqa: E731
+        gate_up = [torch.cat([pop(e, n) for n in ("gate", "up")]) for e in range(8)]  # [2I, E] each
+        down = [pop(e, "down") for e in range(8)]
+        keep = torch.cat([torch.arange(32) + 32 * ("gate", "up").index(n) for n in rows])
+        tensors[p + "gate_up_proj"] = torch.stack(gate_up[:experts])[:, keep]  # [N, 2I, E]
+        tensors[p + "down_proj"] = torch.stack(down[:experts])  # [N, E, I]
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda t: t.update({"model.layers.0.mlp.gate.weight": t["model.layers.0.mlp.gate.weight"][:7].clone()}),
+     r"layers\.0\.mlp\.gate\.weight is \[7, 64\], not \[num_experts 8, hidden_size 64\]"),
+    (lambda t: _fused(t, experts=7), r"gate_up_proj is \[7, 64, 64\], not \[num_experts 8, 2 x moe_intermediate_size 32"),
+    (lambda t: _fused(t, rows=("gate",)), r"gate_up_proj is \[8, 32, 64\], not \[num_experts 8, 2 x moe_intermediate_size 32"),
+], ids=["router-rows", "fused-experts", "fused-rows"])
+def test_expert_tensors_of_the_wrong_shape_are_refused_in_one_line(folder, tmp_path, change, says):
+    with pytest.raises(ModelError, match=says) as err:
+        load_decoder(_rewritten(folder, tmp_path, change), "cpu", torch.float32)
+    assert "\n" not in str(err.value)

@@ -57,9 +57,11 @@ def qwen_mlp_kinds(raw: dict) -> tuple[str, ...]:
     return tuple(MOE if experts > 0 and i not in dense and (i + 1) % step == 0 else DENSE for i in range(layers))
 
 
-def qwen_moe(raw: dict, shared: bool) -> MoeConfig:
-    """shared: the family has Qwen's gated shared expert (Qwen2-MoE, Qwen3-Next)."""
+def qwen_moe(raw: dict, shared: bool, norm_default: bool) -> MoeConfig:
+    """shared: the family has Qwen's gated shared expert (Qwen2-MoE, Qwen3-Next); norm_default:
+    norm_topk_prob where the config leaves it out (its transformers config class's default:
+    Qwen3-Next true, Qwen2-MoE and Qwen3-MoE false)."""
     return MoeConfig(num_experts=experts_of(raw), top_k=int(raw["num_experts_per_tok"]),
                      expert_size=int(raw["moe_intermediate_size"]),
-                     norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+                     norm_topk_prob=bool(raw.get("norm_topk_prob", norm_default)),
                      shared_size=int(raw["shared_expert_intermediate_size"]) if shared else 0, shared_gate=shared)

@@ -25,7 +25,7 @@ FAMILY = Family(
     attn_output_gate=True,
     norm_plus_one=True,
     mlp_kinds=qwen_mlp_kinds,
-    moe=lambda raw: qwen_moe(raw, shared=True),
+    moe=lambda raw: qwen_moe(raw, shared=True, norm_default=True),
     delta_grouped=True,
     reads=frozenset({"layer_types", "partial_rotary_factor", "rope_parameters", "num_experts",
                      "num_local_experts"}),
