@@ -10,7 +10,7 @@ weights under Qwen3.5's names (`linear_attn.in_proj_qkv`, ...; weights/loader.py
 """
 
 from .family import Family
-from .qwen3_5 import _kinds
+from .qwen3_5 import layer_kinds
 
 ARCHITECTURE = "OutriderLlamaHybridForCausalLM"
 
@@ -19,6 +19,6 @@ FAMILY = Family(
     architectures=(ARCHITECTURE,),
     qkv_bias=lambda raw: False,
     qk_norm=False,
-    layer_kinds=_kinds,
+    layer_kinds=layer_kinds,
     reads=frozenset({"layer_types"}),
 )
