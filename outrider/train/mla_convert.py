@@ -50,22 +50,26 @@ def head_dims(D: int, pairs: int, keep: str) -> tuple[torch.Tensor, torch.Tensor
     return torch.tensor(nope, dtype=torch.long), torch.tensor(rope, dtype=torch.long), stride
 
 
-def convert_layer(w: dict, H: int, G: int, D: int, rank: int, pairs: int, keep: str) -> dict:
+def convert_layer(w: dict, H: int, G: int, D: int, rank: int, pairs: int, keep: str, balance: bool = False) -> dict:
     """One attention layer's q/k/v/o (and biases) under "q_proj.weight"... names -> the MLA
-    layer's tensors under DeepSeek-V2's names (module notes)."""
+    layer's tensors under DeepSeek-V2's names (module notes). balance: TransMLA's K/V balancing
+    (W_k,nope divided by alpha = ||W_k,nope|| / ||W_v|| before the joint SVD, its rows of kv_b_proj
+    times alpha after: the same keys, but the SVD no longer spends its rank on K's larger norm)."""
     nope, rope, _ = head_dims(D, pairs, keep)
     dn = D - 2 * pairs
     E = w["q_proj.weight"].shape[1]
     wq = w["q_proj.weight"].double().view(H, D, E)
     wk = w["k_proj.weight"].double().view(G, D, E)
     wv = w["v_proj.weight"].double().view(G, D, E)
-    joint = torch.cat((wk[:, nope].reshape(G * dn, E), wv.reshape(G * D, E)))  # [G (dn + D), E]
+    k_nope = wk[:, nope].reshape(G * dn, E)
+    alpha = float(k_nope.norm() / wv.norm()) if balance and dn else 1.0
+    joint = torch.cat((k_nope / alpha, wv.reshape(G * D, E)))  # [G (dn + D), E]
     U, S, Vt = torch.linalg.svd(joint, full_matrices=False)
     r = min(rank, S.shape[0])
     root = S[:r].sqrt()
     down = root[:, None] * Vt[:r]  # [r, E]
     up = U[:, :r] * root[None, :]  # [G (dn + D), r]
-    up_k, up_v = up[: G * dn].view(G, dn, r), up[G * dn:].view(G, D, r)
+    up_k, up_v = up[: G * dn].view(G, dn, r) * alpha, up[G * dn:].view(G, D, r)
     group = torch.arange(H) // (H // G)  # each query head's K/V head
     kv_b = torch.cat((up_k[group], up_v[group]), dim=1).reshape(H * (dn + D), r)  # per head: keys, values
     out = {
@@ -108,7 +112,8 @@ def mla_config(raw: dict, rank: int, pairs: int, keep: str) -> dict:
     return out
 
 
-def convert(tensors: dict, raw: dict, rank: int, pairs: int, keep: str = "high") -> tuple[dict, dict]:
+def convert(tensors: dict, raw: dict, rank: int, pairs: int, keep: str = "high",
+            balance: bool = False) -> tuple[dict, dict]:
     """A source model's tensors (Hugging Face names) and config.json -> the converted model's."""
     H = int(raw["num_attention_heads"])
     G = int(raw.get("num_key_value_heads") or H)
@@ -117,6 +122,8 @@ def convert(tensors: dict, raw: dict, rank: int, pairs: int, keep: str = "high")
     for layer in range(int(raw["num_hidden_layers"])):
         prefix = f"model.layers.{layer}.self_attn."
         own = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-        for name, value in convert_layer(own, H, G, D, rank, pairs, keep).items():
+        for name, value in convert_layer(own, H, G, D, rank, pairs, keep, balance).items():
             out[prefix + name] = value
-    return out, mla_config(raw, rank, pairs, keep)
+    raw = mla_config(raw, rank, pairs, keep)
+    raw["mha2mla"]["balance"] = balance
+    return out, raw
