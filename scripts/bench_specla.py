@@ -3,7 +3,8 @@ gated-delta hybrid, and its cost model's accounting at Qwen3.5-0.8B's shapes.
 
     python scripts/bench_specla.py run --model smollm2-135m-gdn --head HEAD [--dtype q8_0]
            [--workloads humaneval,code-edit] [--prompts 3] [--max-new-tokens 64] [--depth 4]
-           [--tree dynamic:4,12] [--threshold 0.05] [--threads 1] [--repeats 2] [--json OUT]
+           [--tree dynamic:4,12] [--threshold 0.05] [--other-head OTHER] [--threads 1] [--repeats 2]
+           [--json OUT]
     python scripts/bench_specla.py accounting [--model smollm2-135m-gdn] [--dtype q8_0] [--json OUT]
 
 `run`: one engine per method, all loaded at once; each repeat runs every prompt through every
@@ -19,6 +20,7 @@ of the roofline priced its last round.
     eagle3-tree      --drafter eagle3:HEAD --tree TREE --controller fixed:DEPTH
     specla           --drafter eagle3:HEAD --tree TREE --controller specla:DEPTH,T
     specla-unpruned  the same with T = 0 (the cost model alone)
+    other-head-chain with --other-head OTHER: --drafter eagle3:OTHER --controller fixed:DEPTH
 
 `accounting`: the cost model's bytes and flops of one verify (control/specla_cost.py) at
 Qwen3.5-0.8B's shapes (QWEN35_08B below: the shapes scripts/bench_treewy.py takes for its
@@ -51,10 +53,11 @@ QWEN35_08B = {
 NODES = (1, 2, 4, 8, 16, 32, 64)
 
 
-def methods(head: str, depth: int, tree: str, threshold: float) -> dict[str, dict]:
+def methods(head: str, depth: int, tree: str, threshold: float, other: str | None = None) -> dict[str, dict]:
     e3 = f"eagle3:{head}"
     return {
         "ar": {},
+        **({"other-head-chain": dict(drafter=f"eagle3:{other}", controller=f"fixed:{depth}")} if other else {}),
         "eagle3-chain": dict(drafter=e3, controller=f"fixed:{depth}"),
         "eagle3-tree": dict(drafter=e3, tree=tree, controller=f"fixed:{depth}"),
         "specla": dict(drafter=e3, tree=tree, controller=f"specla:{depth},{threshold:g}"),
@@ -68,7 +71,7 @@ def run(args) -> dict:
         w = load_workload(name, limit=args.prompts, max_new_tokens=args.max_new_tokens)
         prompts += [(name, p.text if p.text is not None else p.messages[-1]["content"], w.chat) for p in w.prompts]
     engines = {name: LLM(args.model, dtype=args.dtype, threads=args.threads, **kw)
-               for name, kw in methods(args.head, args.depth, args.tree, args.threshold).items()}
+               for name, kw in methods(args.head, args.depth, args.tree, args.threshold, args.other_head).items()}
     names = list(engines)
     rows = {n: {"tokens": 0, "rounds": 0, "seconds": 0.0, "committed": 0, "equal": True} for n in names}
     outputs: dict[tuple, list[int]] = {}
@@ -153,6 +156,8 @@ def main(argv=None) -> int:
     ap.add_argument("mode", choices=("run", "accounting"))
     ap.add_argument("--model", default="smollm2-135m-gdn")
     ap.add_argument("--head", default=None, help="an EAGLE-3 head folder for the model (run)")
+    ap.add_argument("--other-head", default=None, help="another head, run as a chain beside (run): e.g. the "
+                    "base model's, unchanged")
     ap.add_argument("--dtype", default="q8_0")
     ap.add_argument("--workloads", default="humaneval,code-edit")
     ap.add_argument("--prompts", type=int, default=3)
