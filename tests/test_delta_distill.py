@@ -129,5 +129,6 @@ def test_shipped_smollm2_gdn_speculates_exactly(smollm2_path, tmp_path):
     assert model.config.layer_kinds.count("attention") == 8
     requests = [Request([1, 504, 3458, 30, 2144, 30, 2517, 30], 8, SamplingParams(0.0))]
     plain = [c.token_ids for c in generate_ids(model, requests, set())]
-    speculator = Speculator.build(SpecOptions("ngram", "static:2,2", "fixed:3"), model, folder)
-    assert [c.token_ids for c in generate_ids(model, requests, set(), speculation=speculator)] == plain
+    for drafter, tree in (("suffix", "chain"), ("early-exit:4", "static:2,2")):  # trees verified by TreeWY
+        speculator = Speculator.build(SpecOptions(drafter, tree, "fixed:3"), model, folder)
+        assert [c.token_ids for c in generate_ids(model, requests, set(), speculation=speculator)] == plain
