@@ -1,6 +1,14 @@
 """Gemma 3 270M past its 512-token sliding window: a 1,128-token prompt (the first 4,200 characters of
-docs/design.md); our float32 model (the converted folder) against transformers greedy tokens and
-import time, torch
+docs/design.md). Our float32 model (the converted folder) against transformers' greedy tokens and
+logits, then our --dtype gguf model's plain greedy tokens against a suffix chain and a draft-model
+tree (itself at q4_0). One torch thread.
+
+    .venv/bin/python scripts/gemma3_past_window.py
+"""
+import time
+from pathlib import Path
+
+import torch
 import transformers as tf
 from outrider.catalog.resolve import resolve_model
 from outrider.weights.loader import load_decoder
@@ -12,7 +20,7 @@ from outrider.sampling import SamplingParams
 torch.set_num_threads(1)
 path = resolve_model("gemma3-270m")
 tok = load_tokenizer(path)
-text = open(__import__("pathlib").Path(__file__).parents[1] / "docs/design.md").read()[:4200]
+text = open(Path(__file__).parents[1] / "docs/design.md").read()[:4200]
 ids = tok(text)["input_ids"]
 print("prompt tokens", len(ids), flush=True)
 N = 40
