@@ -150,3 +150,27 @@ def test_soft_capping_and_other_activations_are_refused(pair):
         with pytest.raises(ModelError, match=why) as err:
             ModelConfig.from_dict({**raw, field: value})
         assert "\n" not in str(err.value)
+
+
+def test_slots_out_of_order_with_trees_see_their_own_windows(pair):
+    """Two slots, given out of order with a hole between them (span rows), each verifying a tree
+    deeper than the window after a prompt longer than it: each row's logits equal that slot's alone."""
+    model = pair[3]
+    prompts = {2: TOKENS[:20], 0: TOKENS[5:36]}
+    parents = torch.tensor([-1, 0, 0, 1, 3, 4, 5, 6, 7])  # 8 deep past the root's sibling: past the window
+    drafts = {2: TOKENS[20:29], 0: TOKENS[30:39]}
+    alone = {}
+    for slot in prompts:
+        cache = model.new_cache(3, 64)
+        model.forward(pack([slot], [0], [prompts[slot]], logits="none", scratch_row=cache.scratch_row), cache)
+        cache.set_length(slot, len(prompts[slot]))
+        alone[slot] = model.forward(pack([slot], [len(prompts[slot])], [drafts[slot]], [parents],
+                                         scratch_row=cache.scratch_row), cache).logits[0]
+    cache = model.new_cache(3, 64)
+    for slot in prompts:
+        model.forward(pack([slot], [0], [prompts[slot]], logits="none", scratch_row=cache.scratch_row), cache)
+        cache.set_length(slot, len(prompts[slot]))
+    both = model.forward(pack([2, 0], [20, 31], [drafts[2], drafts[0]], [parents, parents],
+                              scratch_row=cache.scratch_row), cache).logits
+    for row, slot in enumerate((2, 0)):
+        assert torch.allclose(both[row], alone[slot], atol=2e-5, rtol=1e-4), (both[row] - alone[slot]).abs().max()
