@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from outrider.catalog.composed import COMPOSED, compose
+from outrider.catalog.composed import COMPOSED, compose, pull_composed
 from outrider.engine.generate import generate_ids
 from outrider.engine.request import Request
 from outrider.engine.speculator import SpecOptions, Speculator
@@ -122,12 +122,15 @@ def test_speculation_on_the_smoke_hybrid_is_exact(smoke):
 
 
 @pytest.mark.model
-def test_shipped_smollm2_gdn_speculates_exactly(smollm2_path, tmp_path):
-    _, shipped = COMPOSED["smollm2-135m-gdn"]
-    folder = compose(smollm2_path, shipped, tmp_path / "smollm2-135m-gdn")
+def test_shipped_smollm2_gdn_speculates_exactly(smollm2_path):
+    """`outrider models pull smollm2-135m-gdn` (composed once into the cache, as a user's pull;
+    then only checked against the shipped files' sha256), loaded, speculating exactly."""
+    folder = pull_composed("smollm2-135m-gdn", log=lambda line: None)
+    assert json.loads((folder / "outrider-composed.json").read_text())["files"] == json.loads(
+        (COMPOSED["smollm2-135m-gdn"][1] / "recipe.json").read_text())["files"]
     model = load_decoder(folder, "cpu", torch.float32)
     assert model.config.layer_kinds.count("attention") == 8
-    requests = [Request([1, 504, 3458, 30, 2144, 30, 2517, 30], 8, SamplingParams(0.0))]
+    requests = [Request([1, 504, 3458, 30, 2144, 30, 2517, 30], 6, SamplingParams(0.0))]
     plain = [c.token_ids for c in generate_ids(model, requests, set())]
     for drafter, tree in (("suffix", "chain"), ("early-exit:4", "static:2,2")):  # trees verified by TreeWY
         speculator = Speculator.build(SpecOptions(drafter, tree, "fixed:3"), model, folder)
