@@ -20,6 +20,7 @@ of the roofline priced its last round.
     eagle3-tree      --drafter eagle3:HEAD --tree TREE --controller fixed:DEPTH
     specla           --drafter eagle3:HEAD --tree TREE --controller specla:DEPTH,T
     specla-unpruned  the same with T = 0 (the cost model alone)
+    specla-chain     --drafter eagle3:HEAD --controller specla:DEPTH,T (a chain, pruned and sized)
     other-head-chain with --other-head OTHER: --drafter eagle3:OTHER --controller fixed:DEPTH
 
 `accounting`: the cost model's bytes and flops of one verify (control/specla_cost.py) at
@@ -62,6 +63,7 @@ def methods(head: str, depth: int, tree: str, threshold: float, other: str | Non
         "eagle3-tree": dict(drafter=e3, tree=tree, controller=f"fixed:{depth}"),
         "specla": dict(drafter=e3, tree=tree, controller=f"specla:{depth},{threshold:g}"),
         "specla-unpruned": dict(drafter=e3, tree=tree, controller=f"specla:{depth},0"),
+        "specla-chain": dict(drafter=e3, controller=f"specla:{depth},{threshold:g}"),
     }
 
 
@@ -96,7 +98,7 @@ def run(args) -> dict:
         row["speedup"] = row["tokens_per_s"] / (rows["ar"]["tokens"] / rows["ar"]["seconds"])
         row["tau"] = row["committed"] / row["rounds"] if row["rounds"] else 1.0
         ctl = engines[name].speculator.controller if engines[name].speculator else None
-        if ctl is not None and ctl.name.startswith("specla"):
+        if ctl is not None and type(ctl).__name__ == "SpecLAController":
             row["controller"] = dict(drafted=ctl.drafted, pruned=ctl.pruned, sized_out=ctl.sized_out,
                                      verified=ctl.verified, last_width=ctl.last_width, last_bound=ctl.last_bound,
                                      scale=ctl.scale, confidence_scale=ctl.confidence_scale,
