@@ -174,3 +174,17 @@ def test_slots_out_of_order_with_trees_see_their_own_windows(pair):
                               scratch_row=cache.scratch_row), cache).logits
     for row, slot in enumerate((2, 0)):
         assert torch.allclose(both[row], alone[slot], atol=2e-5, rtol=1e-4), (both[row] - alone[slot]).abs().max()
+
+
+def test_transformers_4_config_form(pair):
+    """A hub config as transformers 4 wrote it: rope_theta and rope_local_base_freq, no layer_types
+    (every sliding_window_pattern-th layer global), no rope_parameters."""
+    import json
+
+    raw = json.loads((pair[0] / "config.json").read_text())
+    for field in ("layer_types", "rope_parameters"):
+        raw.pop(field)
+    c = ModelConfig.from_dict({**raw, "num_hidden_layers": 6, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+                               "sliding_window_pattern": 3, "rope_scaling": None})
+    assert c.layer_windows == (WINDOW, WINDOW, 0, WINDOW, WINDOW, 0)
+    assert (c.rope.theta, c.rope_local.theta) == (1e6, 1e4)
