@@ -205,8 +205,7 @@ def _write(args, raw, cfg, keep, mixers, figures, summary, root, n_train, n_held
               "linear_conv_kernel_dim": cfg.conv_kernel}
     (out / "hybrid.json").write_text(json.dumps(hybrid, indent=1) + "\n")
     recipe = {
-        "command": "python -m outrider.train.distill_hybrid " + " ".join(sys.argv[1:]) if args.record_argv else
-        "python -m outrider.train.distill_hybrid",
+        "command": " ".join(["python -m outrider.train.distill_hybrid", *(sys.argv[1:] if args.record_argv else [])]),
         "args": {k: v for k, v in vars(args).items() if k not in ("out", "record_argv")},
         "base": args.base, "seed": args.seed,
         "data": {"source": f"Python {sys.version.split()[0]} standard library .py files under {root} "
