@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from outrider.catalog.composed import COMPOSED, compose, pull_composed
+from outrider.catalog.pull import pull
 from outrider.engine.generate import generate_ids
 from outrider.engine.request import Request
 from outrider.engine.speculator import SpecOptions, Speculator
@@ -125,7 +126,7 @@ def test_speculation_on_the_smoke_hybrid_is_exact(smoke):
 def test_shipped_smollm2_gdn_speculates_exactly(smollm2_path):
     """`outrider models pull smollm2-135m-gdn` (composed once into the cache, as a user's pull;
     then only checked against the shipped files' sha256), loaded, speculating exactly."""
-    folder = pull_composed("smollm2-135m-gdn", log=lambda line: None)
+    folder = pull_composed("smollm2-135m-gdn", pull, log=lambda line: None)
     assert json.loads((folder / "outrider-composed.json").read_text())["files"] == json.loads(
         (COMPOSED["smollm2-135m-gdn"][1] / "recipe.json").read_text())["files"]
     model = load_decoder(folder, "cpu", torch.float32)

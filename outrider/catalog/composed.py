@@ -3,7 +3,7 @@ minus those of the layers replaced, plus the shipped ones, in a folder of their 
 
     COMPOSED["smollm2-135m-gdn"]           # base "smollm2-135m-instruct" + models/shipped/smollm2-135m-gdn
     compose(base_folder, shipped, folder)  # writes the folder (config.json, model.safetensors, tokenizer)
-    pull_composed("smollm2-135m-gdn")      # pulls the base if need be, composes into the cache
+    pull("smollm2-135m-gdn")               # catalog/pull.py calls pull_composed: the base pulled, then composed
 
 The shipped folder holds `hybrid.json` (the fields added to the base's config.json), the new
 layers' safetensors (any float dtype; written float32 here, as the base's converted folder is) and
@@ -74,16 +74,16 @@ def compose(base: Path, shipped: Path, folder: Path) -> Path:
     return folder
 
 
-def pull_composed(name: str, log: Callable[[str], None] = print, force: bool = False) -> Path:
-    """The composed model `name` in the cache: its base pulled (catalog/pull.py) and composed."""
-    from .pull import pull
-
+def pull_composed(name: str, pull_base: Callable[..., Path], log: Callable[[str], None] = print,
+                  force: bool = False) -> Path:
+    """The composed model `name` in the cache: its base pulled by `pull_base` (catalog/pull.py's
+    pull, which calls this: passed in, so that this module does not import its caller) and composed."""
     base_name, shipped = COMPOSED[name]
     folder = composed_path(name)
     if is_composed(folder) and not force:
         recorded = json.loads((folder / MARKER).read_text()).get("files")
         if recorded == json.loads((shipped / "recipe.json").read_text())["files"]:
             return folder
-    base = pull(base_name, log=log)
+    base = pull_base(base_name, log=log)
     log(f"composing {name}: {base_name} + {shipped}")
     return compose(base, shipped, folder)

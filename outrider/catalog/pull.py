@@ -81,7 +81,7 @@ def pull(name: str, log: Callable[[str], None] = print, force: bool = False) -> 
     from .composed import COMPOSED, pull_composed
 
     if name in COMPOSED:  # a base model plus layers shipped in the package (catalog/composed.py)
-        return pull_composed(name, log=log, force=force)
+        return pull_composed(name, pull, log=log, force=force)
     catalog_entry = entry(name)
     final = model_path(name)
     if not force:
