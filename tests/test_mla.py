@@ -181,3 +181,14 @@ def test_sparsespec_refuses_a_latent_target(models):
     folder, model = models["deepseek_v2"][0], models["deepseek_v2"][3]
     with pytest.raises(ConfigError, match="latent-attention layers keep one latent row a token"):
         Speculator.build(SpecOptions("sparsespec:32,4,8", "chain", "fixed:3"), model, folder)
+
+
+def test_quantized_projections_speculate_exactly(models):
+    """--dtype q8_0: the projections quantized at load, kv_b_proj kept float for the absorption."""
+    folder = models["deepseek_v2-qlora-yarn"][0]
+    model = load_decoder(folder, "cpu", "q8_0")
+    assert isinstance(model.layers[0].latent.kv_b, torch.Tensor) and not isinstance(model.layers[0].latent.in_proj, torch.Tensor)
+    requests = [Request(PROMPT, 24, SamplingParams(0.0))]
+    plain = [c.token_ids for c in generate_ids(model, requests, set())]
+    speculator = Speculator.build(SpecOptions(f"draft-model:{folder}", "static:2,2,1", "fixed:3"), model, folder)
+    assert [c.token_ids for c in generate_ids(model, requests, set(), speculation=speculator)] == plain
