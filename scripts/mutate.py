@@ -89,6 +89,9 @@ GROUPS = {
                                   *STOP_IN_ROUND_OTHERS, "test_stop_at_start.py"]),
     # the mixture-of-experts MLP and its reading (Qwen3-Next's; issue 41 builds on it), against its family's tests
     "moe": (["models/moe_layer.py", "models/moe_config.py", "weights/mlp_load.py"], ["test_qwen3_next.py"]),
+    # latent attention (issue 40): its forms, its cache, its sizes and its reading, against transformers' MLA families
+    "mla": (["models/latent_layer.py", "models/latent_cache.py", "models/mla_config.py", "weights/latent_load.py"],
+            ["test_mla.py", "test_mla_convert.py"]),
 }
 
 STATUS = re.compile(r"^\s*(outrider\.\S+): (\S.*)$")
