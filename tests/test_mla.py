@@ -175,6 +175,7 @@ def test_deepseek_moe_layers_are_refused_in_one_line(models):
     raw.pop("first_k_dense_replace")  # transformers' default, 0: every layer MoE
     with pytest.raises(ModelError, match="first_k_dense_replace: 0 of 2"):
         ModelConfig.from_dict(raw)
+    assert ModelConfig.from_dict({**raw, "n_routed_experts": None}).mlp_kinds == ()  # no experts: dense
 
 
 def test_sparsespec_refuses_a_latent_target(models):

@@ -10,8 +10,8 @@ on cos and sin (rope.py) and its mscale_all_dim in the scores' scale (mla_config
 
 Its MoE layers (from layer `first_k_dense_replace` on: DeepSeek's router with routed_scaling_factor,
 group-limited top-k and ungated shared experts, which the MoE MLP kind does not compute yet) are
-refused in one line naming first_k_dense_replace (config_fields.py); a config whose
-first_k_dense_replace covers every layer is dense and runs.
+refused in one line naming first_k_dense_replace (`_mlp_kinds` below); a config whose
+first_k_dense_replace covers every layer, or whose n_routed_experts is null, is dense and runs.
 """
 
 from ..errors import ModelError
@@ -21,9 +21,10 @@ from .mla_config import deepseek_mla
 
 def _mlp_kinds(raw: dict) -> tuple[str, ...]:
     """Dense everywhere, or a one-line refusal: transformers makes layer i a DeepSeek MoE from
-    i = first_k_dense_replace on (0 where the field is absent)."""
+    i = first_k_dense_replace on (0 where the field is absent); DeepSeek's own code keeps every layer
+    dense where n_routed_experts is null (or 0)."""
     layers, dense = int(raw["num_hidden_layers"]), int(raw.get("first_k_dense_replace") or 0)
-    if dense < layers:
+    if dense < layers and raw.get("n_routed_experts", 64):
         raise ModelError(f"deepseek_v2: mixture-of-experts layers (first_k_dense_replace: {dense} of {layers} "
                          f"layers; n_routed_experts: {raw.get('n_routed_experts')}) are not supported yet: DeepSeek's "
                          "router (routed_scaling_factor, group-limited top-k, ungated shared_experts) is not the "
