@@ -1,5 +1,5 @@
 """docs/adding-a-family.md runs: its ```python test blocks, in order, in one fresh module (the
-doc's own checks: Mistral against transformers, speculation exact on it, a sliding window refused,
+doc's own checks: Mistral against transformers, speculation exact on it, its sliding window read (refused for Llama),
 a family registered from user code, a hybrid's state that is held and not cut back). Then,
 independently of what the doc asserts: Mistral is a built-in family, the family the doc registered
 is gone again, and the doc states its convention before its first step.

@@ -21,7 +21,7 @@ from outrider.weights.loader import load_decoder
 
 CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
            "qwen3_5": "Qwen3_5TextConfig", "qwen3_next": "Qwen3NextConfig", "gemma3": "Gemma3TextConfig",
-           "deepseek_v2": "DeepseekV2Config", "minicpm3": "MiniCPM3Config"}
+           "deepseek_v2": "DeepseekV2Config", "deepseek_v3": "DeepseekV3Config", "minicpm3": "MiniCPM3Config"}
 
 
 @pytest.mark.parametrize("family", CLASSES)
@@ -69,12 +69,16 @@ def test_a_field_that_changes_the_arithmetic_refuses_in_one_line(field, bad, goo
 
 
 def test_a_window_the_context_never_reaches_is_no_window():
-    """Qwen2.5's configs name a window with use_sliding_window false, or one as long as the context."""
-    qwen = {"architectures": ["Qwen2ForCausalLM"]}
+    """Qwen2.5's and Qwen3's configs name a window with use_sliding_window false, or one as long as
+    the context; a shorter one Qwen2 runs (tests/test_mistral_sliding.py), Qwen3 refuses."""
+    qwen, qwen3 = {"architectures": ["Qwen2ForCausalLM"]}, {"architectures": ["Qwen3ForCausalLM"]}
     ModelConfig.from_dict(_raw(**qwen, sliding_window=32768, use_sliding_window=False))
-    ModelConfig.from_dict(_raw(**qwen, sliding_window=256, use_sliding_window=True))  # = max_position_embeddings
+    assert ModelConfig.from_dict(_raw(**qwen, sliding_window=256, use_sliding_window=True)).plain_block  # = context
+    ModelConfig.from_dict(_raw(**qwen3, sliding_window=256, use_sliding_window=True))
+    assert ModelConfig.from_dict(_raw(**qwen, sliding_window=128, use_sliding_window=True,
+                                      max_window_layers=1)).layer_windows == (0, 128)
     with pytest.raises(ModelError, match="sliding-window attention"):
-        ModelConfig.from_dict(_raw(**qwen, sliding_window=128, use_sliding_window=True))
+        ModelConfig.from_dict(_raw(**qwen3, sliding_window=128, use_sliding_window=True))
     ModelConfig.from_dict(_raw(**qwen, attention_bias=True))  # Qwen2's biases are on Q, K, V only: read
 
 

@@ -39,10 +39,11 @@ def edited(folder, tmp_path, **changes):
 @pytest.mark.parametrize("changes, says", [
     ({"architectures": ["GPTNeoXForCausalLM"]}, "architecture 'GPTNeoXForCausalLM' is not supported"),
     ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "RoPE scaling (rope_scaling: rope_type 'longrope')"),
-    ({"sliding_window": 16, "use_sliding_window": True}, "sliding-window attention"),
+    ({"sliding_window": 16, "use_sliding_window": True}, "sliding-window attention"),  # Qwen3's (Qwen2 reads it)
 ])
 def test_what_does_not_run_is_named(capsys, tiny_folders, tmp_path, changes, says):
-    code, line = check(capsys, edited(tiny_folders["qwen2"], tmp_path, **changes))
+    family = "qwen3" if "sliding_window" in changes else "qwen2"
+    code, line = check(capsys, edited(tiny_folders[family], tmp_path, **changes))
     assert code == 1 and line.startswith("unsupported: ") and says in line, line
 
 

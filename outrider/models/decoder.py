@@ -201,8 +201,9 @@ class Decoder:
         folded = None if mask is None else fold_mask(mask, H // G, self.dtype)  # once for all layers
         view = SpanView(mask, folded, place, first, span)
         deltas = [i for i in range(len(layers)) if layers[i].delta is not None]
-        if c.sandwich_norms:  # Gemma 3: the sliding-window layers' masks and RoPE tables, made once
-            windowed = sliding_views(batch, c, self.dtype, view, _span_mask)
+        # the sliding-window layers' masks (Gemma 3, Mistral, Qwen2 with windows), made once
+        windowed = sliding_views(batch, c, self.dtype, view, _span_mask) if c.layer_windows else {}
+        if c.sandwich_norms:  # Gemma 3: its sliding-window layers' RoPE tables
             local = (cos, sin) if self.inv_freq_local is None else rotary_tables(
                 batch.positions, self.inv_freq_local, self.dtype, self.rope_scale_local)
         with quant_linear.filling(batch.fills_only, bf16=self.drafter_prefill_bf16):  # many rows: a GEMM
@@ -221,7 +222,7 @@ class Decoder:
                 elif w.latent is not None:
                     x = _residual(x, latent_mixer(w, c, h, batch, cache, index, cos, sin, view), c.residual_scale)
                 else:
-                    x = x + attention_mixer(w, c, h, batch, cache, index, cos, sin, view)
+                    x = x + attention_mixer(w, c, h, batch, cache, index, cos, sin, windowed.get(c.window(index), view))
                 h = rms_norm(x, w.post_norm, c.rms_norm_eps)
                 mlp = swiglu_mlp(h, w.gate_up, w.down) if w.moe is None else moe_mlp(w.moe, c.moe, h)
                 x = _residual(x, mlp, c.residual_scale)
