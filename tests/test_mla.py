@@ -10,7 +10,6 @@ scale dropped."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
@@ -18,10 +17,9 @@ import torch
 from outrider.engine.generate import generate_ids
 from outrider.engine.request import Request
 from outrider.engine.speculator import SpecOptions, Speculator
-from outrider.errors import ConfigError, ModelError
+from outrider.errors import ConfigError
 from outrider.models import latent_layer
 from outrider.models.batch import pack
-from outrider.models.config import ModelConfig
 from outrider.models.latent_cache import LatentCache
 from outrider.sampling import SamplingParams
 from outrider.weights import latent_load
@@ -165,17 +163,6 @@ def test_the_checks_catch(models, mutant, monkeypatch):
     elif mutant == "no residual scale":
         model.config = dataclasses.replace(model.config, residual_scale=1.0)
     assert not close(logits_in_steps(model, CUTS["chunked"]), want)
-
-
-def test_deepseek_moe_layers_are_refused_in_one_line(models):
-    raw = json.loads((models["deepseek_v2"][0] / "config.json").read_text())
-    with pytest.raises(ModelError, match="first_k_dense_replace: 1 of 2 layers") as err:
-        ModelConfig.from_dict({**raw, "first_k_dense_replace": 1})
-    assert "\n" not in str(err.value)
-    raw.pop("first_k_dense_replace")  # transformers' default, 0: every layer MoE
-    with pytest.raises(ModelError, match="first_k_dense_replace: 0 of 2"):
-        ModelConfig.from_dict(raw)
-    assert ModelConfig.from_dict({**raw, "n_routed_experts": None}).mlp_kinds == ()  # no experts: dense
 
 
 def test_sparsespec_refuses_a_latent_target(models):

@@ -291,8 +291,8 @@ def test_the_qwen_moe_fields_their_defaults_and_refusals(folder):
     for k in (0, 5):
         with pytest.raises(ModelError, match=f"num_experts_per_tok {k} must be between 1 and num_experts 4"):
             MoeConfig(4, k, 8, True)
-    with pytest.raises(ModelError, match=r"a sigmoid router is not supported yet \(supported: softmax\)"):
-        MoeConfig(4, 2, 8, True, scoring="sigmoid")
+    with pytest.raises(ModelError, match=r"a sparsemax router is not supported yet \(supported: softmax, sigmoid\)"):
+        MoeConfig(4, 2, 8, True, scoring="sparsemax")  # sigmoid: DeepSeek-V3's (tests/test_deepseek_moe.py)
 
 
 def _fused(tensors, experts=8, rows=("gate", "up")):

@@ -34,12 +34,12 @@ READ = frozenset({
     # with MoE MLPs reads it): the experts' sizes, the router's k and renormalisation, which layers
     "moe_intermediate_size", "shared_expert_intermediate_size", "num_experts_per_tok", "norm_topk_prob",
     "decoder_sparse_step", "mlp_only_layers",
-    # latent attention's (models/mla_config.py: DeepSeek-V2, MiniCPM3), and where DeepSeek's MoE
-    # layers start (models/deepseek_v2.py refuses them in one line; its router's fields below are
-    # read only there, with them)
+    # latent attention's (models/mla_config.py: DeepSeek-V2 and V3, MiniCPM3; V3's rope_interleave),
+    # and DeepSeek's MoE layers and router (models/deepseek_moe.py)
     "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "qk_head_dim", "v_head_dim",
+    "rope_interleave",
     "first_k_dense_replace", "n_routed_experts", "n_shared_experts", "n_group", "topk_group", "topk_method",
-    "routed_scaling_factor",
+    "routed_scaling_factor", "scoring_func", "moe_layer_freq",
 })
 
 # no effect on a forward's arithmetic at inference: names, ids, training and output switches
@@ -50,6 +50,9 @@ INERT = frozenset({
     "attention_dropout", "pretraining_tp", "auto_map", "max_window_layers", "tokenizer_class",
     "use_return_dict", "tf_legacy_loss", "pruned_heads", "torchscript", "add_cross_attention",
     "output_router_logits", "router_aux_loss_coef",  # an MoE's training loss
+    "aux_loss_alpha", "seq_aux",  # DeepSeek's own configs' name for it
+    # DeepSeek-V3's multi-token-prediction module: not in the forward (its tensors are refused at load)
+    "num_nextn_predict_layers",
 })
 
 

@@ -8,28 +8,15 @@ turns pairs (i, i + dr / 2) at the same frequency: the same scores, since a quer
 permuted alike. YaRN RoPE (DeepSeek-V2's own long-context configs) runs with its attention factor
 on cos and sin (rope.py) and its mscale_all_dim in the scores' scale (mla_config.py).
 
-Its MoE layers (from layer `first_k_dense_replace` on: DeepSeek's router with routed_scaling_factor,
-group-limited top-k and ungated shared experts, which the MoE MLP kind does not compute yet) are
-refused in one line naming first_k_dense_replace (`_mlp_kinds` below); a config whose
-first_k_dense_replace covers every layer, or whose n_routed_experts is null, is dense and runs.
+Its MoE layers (from layer `first_k_dense_replace` on) are DeepSeek's: a softmax router chosen
+greedily or group-limited, times routed_scaling_factor, plus ungated shared experts
+(deepseek_moe.py, computed by the MoE MLP kind, moe_layer.py); the first layers keep the dense
+SwiGLU MLP. DeepSeek-V3 (deepseek_v3.py) is this family with V3's router.
 """
 
-from ..errors import ModelError
-from .family import DENSE, LATENT, Family
+from .deepseek_moe import deepseek_mlp_kinds, deepseek_moe
+from .family import LATENT, Family
 from .mla_config import deepseek_mla
-
-
-def _mlp_kinds(raw: dict) -> tuple[str, ...]:
-    """Dense everywhere, or a one-line refusal: transformers makes layer i a DeepSeek MoE from
-    i = first_k_dense_replace on (0 where the field is absent); DeepSeek's own code keeps every layer
-    dense where n_routed_experts is null (or 0)."""
-    layers, dense = int(raw["num_hidden_layers"]), int(raw.get("first_k_dense_replace") or 0)
-    if dense < layers and raw.get("n_routed_experts", 64):
-        raise ModelError(f"deepseek_v2: mixture-of-experts layers (first_k_dense_replace: {dense} of {layers} "
-                         f"layers; n_routed_experts: {raw.get('n_routed_experts')}) are not supported yet: DeepSeek's "
-                         "router (routed_scaling_factor, group-limited top-k, ungated shared_experts) is not the "
-                         "MoE MLP kind's; a config whose first_k_dense_replace covers every layer runs")
-    return (DENSE,) * layers
 
 FAMILY = Family(
     name="deepseek_v2",
@@ -38,5 +25,6 @@ FAMILY = Family(
     qk_norm=False,
     layer_kinds=lambda raw: (LATENT,) * int(raw["num_hidden_layers"]),
     mla=lambda raw: deepseek_mla(raw, interleaved=True),
-    mlp_kinds=_mlp_kinds,
+    mlp_kinds=lambda raw: deepseek_mlp_kinds(raw, 2),
+    moe=lambda raw: deepseek_moe(raw, 2),
 )

@@ -5,6 +5,13 @@ the reference every faster path (issue 41: experts in the native quantized kerne
     out[m] = sum over m's chosen experts e of weight(m, e) * SwiGLU_e(x[m])
              + sigmoid(x[m] . shared_gate) * SwiGLU_shared(x[m])            (Qwen's shared expert)
 
+DeepSeek's routers are switches of the same route (MoeConfig's fields, deepseek_moe.py): V2's
+softmax chosen greedily or group-limited (each row's best topk_group of n_group groups, a group
+scored by its best expert), V3's sigmoid chosen with e_score_correction_bias added (for choosing
+only: the weights are the unbiased scores) among the groups scored by their best two experts'
+sum, renormalised when norm_topk_prob, then times routed_scaling_factor; their shared experts are
+ungated (out += SwiGLU_shared(x[m])).
+
 Shapes: M rows (a forward's B * T tokens), E hidden size, N routed experts, k chosen per row,
 I the expert size. The experts run one at a time on the rows that chose them (gathered, multiplied,
 scattered back weighted), in expert order: a verify of many rows reads each chosen expert once.
@@ -30,6 +37,7 @@ class MoeWeights:
     shared_gate_up: object | None = None  # [2I_s, E]: the shared expert (None: no shared expert)
     shared_down: object | None = None  # [E, I_s]
     shared_gate: torch.Tensor | None = None  # [1, E]: the shared expert's output times sigmoid(x . w)
+    score_bias: torch.Tensor | None = None  # [N] float32: added to the scores for choosing only (DeepSeek-V3)
 
     @property
     def matrices(self) -> list:
@@ -38,22 +46,54 @@ class MoeWeights:
         return [self.router, *self.gate_up, *self.down, *shared]
 
 
-def route(x: torch.Tensor, router: torch.Tensor, cfg: MoeConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, E] -> (weights [M, k] in x's dtype, experts [M, k] long): the k most probable experts
-    of each row, their probabilities computed in float32 (renormalised over the k when
-    cfg.norm_topk_prob), in descending order."""
-    logits = linear(x, router)  # [M, N]
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # [M, N]
-    top, experts = torch.topk(probs, cfg.top_k, dim=-1)  # [M, k], [M, k]
-    if cfg.norm_topk_prob:
-        top = top / top.sum(dim=-1, keepdim=True)
+def route(x: torch.Tensor, router: torch.Tensor, cfg: MoeConfig,
+          score_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, E] -> (weights [M, k] in x's dtype, experts [M, k] long): each row's k experts of the
+    best scores (softmax or sigmoid of the router's logits, in float32; plus score_bias [N] for
+    choosing, within the row's best groups where cfg.n_group > 1), weighted by their unbiased
+    scores, renormalised over the k when cfg.norm_topk_prob, times cfg.routed_scale."""
+    logits = linear(x.float(), router.float()) if cfg.router_float32 else linear(x, router)  # [M, N]
+    if cfg.scoring == "softmax":
+        scores = torch.softmax(logits, dim=-1, dtype=torch.float32)  # [M, N]
+    else:
+        scores = torch.sigmoid(logits.float())  # [M, N]
+    choice = scores if score_bias is None else scores + score_bias  # [M, N]
+    if cfg.n_group > 1:
+        choice = _within_best_groups(choice, cfg)
+    experts = torch.topk(choice, cfg.top_k, dim=-1)[1]  # [M, k]
+    top = _chosen_weights(scores, choice, experts)  # [M, k]
+    if cfg.norm_topk_prob:  # DeepSeek-V3 adds 1e-20 to the sum (transformers' arithmetic, kept)
+        top = top / (top.sum(dim=-1, keepdim=True) + (1e-20 if cfg.scoring == "sigmoid" else 0.0))
+    if cfg.routed_scale != 1.0:
+        top = top * cfg.routed_scale
     return top.to(x.dtype), experts
+
+
+def _within_best_groups(choice: torch.Tensor, cfg: MoeConfig) -> torch.Tensor:
+    """choice [M, N] -> the same with every expert outside the row's best topk_group groups masked
+    (0 for softmax scores, as transformers' V2 does; -inf for V3's biased sigmoid scores)."""
+    M, N = choice.shape
+    grouped = choice.view(M, cfg.n_group, N // cfg.n_group)  # [M, G, N / G]
+    if cfg.group_score == "max":
+        group = grouped.max(dim=-1).values  # [M, G]
+    else:
+        group = grouped.topk(2, dim=-1)[0].sum(dim=-1)  # [M, G]
+    best = torch.topk(group, cfg.topk_group, dim=-1)[1]  # [M, topk_group]
+    keep = torch.zeros_like(group, dtype=torch.bool).scatter_(1, best, True)  # [M, G]
+    keep = keep.unsqueeze(-1).expand(M, cfg.n_group, N // cfg.n_group).reshape(M, N)
+    return choice.masked_fill(~keep, 0.0 if cfg.scoring == "softmax" else float("-inf"))
+
+
+def _chosen_weights(scores: torch.Tensor, choice: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    """scores, choice [M, N], experts [M, k] -> [M, k]: the chosen experts' weights, from the scores
+    (never from choice, which may carry the choosing bias)."""
+    return scores.gather(1, experts)
 
 
 def moe_mlp(w: MoeWeights, cfg: MoeConfig, x: torch.Tensor) -> torch.Tensor:
     """x [B, T, E] (normed) -> the MoE MLP's output [B, T, E]."""
     flat = x.reshape(-1, x.shape[-1])  # [M, E]
-    weights, experts = route(flat, w.router, cfg)  # [M, k], [M, k]
+    weights, experts = route(flat, w.router, cfg, w.score_bias)  # [M, k], [M, k]
     k = experts.shape[1]
     chosen = experts.reshape(-1)  # [M k]: row m's j-th choice at m * k + j
     order = torch.argsort(chosen, stable=True)  # [M k]: the choices grouped by expert, rows ascending

@@ -13,7 +13,11 @@
   `experts.gate_up_proj` [N, 2I, E] and `experts.down_proj` [N, E, I], read as float (a
   quantized load of it is refused in one line); the shared expert `shared_expert.*` and its gate
   `shared_expert_gate.weight` [1, E] where the family has them (MoeConfig.shared_size,
-  shared_gate). Every tensor named here is read; one left over refuses the load (loader.py).
+  shared_gate).
+- DeepSeek's (deepseek_moe.py): the same router and experts, the ungated shared experts
+  `shared_experts.*` (MoeConfig.shared_name), and V3's `gate.e_score_correction_bias` [N] (read as
+  float32, MoeConfig.score_bias); the router kept float32 where MoeConfig.router_float32.
+Every tensor named here is read; one left over refuses the load (loader.py).
 """
 
 from __future__ import annotations
@@ -43,11 +47,19 @@ def mlp_weights(prefix: str, kind: str, config, source: Source) -> dict:
     if tuple(router.shape) != (cfg.num_experts, config.hidden_size):
         raise ModelError(f"{prefix}gate.weight is {list(router.shape)}, not [num_experts {cfg.num_experts}, "
                          f"hidden_size {config.hidden_size}]")
+    if cfg.router_float32:
+        router = router.float()
     gate_up, down = _experts(prefix + "experts.", cfg, source)
     shared = {}
+    if cfg.score_bias:
+        bias = source.get(prefix + "gate.e_score_correction_bias").float()  # [N]
+        if tuple(bias.shape) != (cfg.num_experts,):
+            raise ModelError(f"{prefix}gate.e_score_correction_bias is {list(bias.shape)}, not [n_routed_experts "
+                             f"{cfg.num_experts}]")
+        shared["score_bias"] = bias
     if cfg.shared_size:
-        s = prefix + "shared_expert."
-        shared = dict(shared_gate_up=source.proj(s + "gate_proj.weight", s + "up_proj.weight"),
+        s = prefix + cfg.shared_name + "."
+        shared.update(shared_gate_up=source.proj(s + "gate_proj.weight", s + "up_proj.weight"),
                       shared_down=source.proj(s + "down_proj.weight"),
                       shared_gate=source.get(prefix + "shared_expert_gate.weight") if cfg.shared_gate else None)
     return dict(gate_up=None, down=None, moe=MoeWeights(router, gate_up, down, **shared))
