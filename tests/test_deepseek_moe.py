@@ -1,10 +1,11 @@
 """DeepSeek's mixture-of-experts layers (models/deepseek_moe.py on the MoE MLP kind, moe_layer.py)
 against transformers' own implementations: small random `DeepseekV2ForCausalLM`s (topk_method
 greedy; group_limited_greedy with a q LoRA) and a `DeepseekV3ForCausalLM` (sigmoid router with a
-random e_score_correction_bias, noaux_tc groups, renormalised, routed_scaling_factor 2.5), each a
+random e_score_correction_bias, noaux_tc groups, renormalised, routed_scaling_factor 2.5; and one
+with RoPE on halves, one group, not renormalised), each a
 dense first layer then MoE layers with shared experts, give transformers' logits (a whole prefill,
 a chunked one, decode steps); greedy speculation (a suffix chain, a static draft-model tree) equals
-plain decoding; and the comparison fails with the correction bias used in the weights, the
+plain decoding (also with the experts quantized q8_0); and the comparison fails with the correction bias used in the weights, the
 scaling factor dropped, the group selection off, or V3's groups scored by their best expert."""
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ MODELS = {
     "v3": lambda tf: tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
         **{**SIZES, "num_experts_per_tok": 3}, q_lora_rank=20, n_group=4, topk_group=2, norm_topk_prob=True,
         routed_scaling_factor=2.5)),
+    # RoPE on halves, queries in one q_proj, one group, no renormalisation
+    "v3-halves": lambda tf: tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
+        **SIZES, q_lora_rank=None, n_group=1, topk_group=1, norm_topk_prob=False, routed_scaling_factor=0.75,
+        rope_interleave=False)),
 }
 
 
@@ -102,6 +107,8 @@ def test_the_config_is_read(models):
     assert models["v2-greedy"][3].config.moe.n_group == 1 and v2.moe.top_k == 3
     assert (v3.moe.scoring, v3.moe.group_score, v3.moe.score_bias, v3.moe.norm_topk_prob) == ("sigmoid", "top2", True, True)
     assert (v3.moe.routed_scale, v3.moe.top_k, v3.architecture, v3.mla.interleaved) == (2.5, 3, "DeepseekV3ForCausalLM", True)
+    halves = models["v3-halves"][3].config
+    assert (halves.mla.interleaved, halves.moe.n_group, halves.moe.norm_topk_prob) == (False, 1, False)
     layer = models["v3"][3].layers[2]
     assert layer.moe.score_bias.dtype == torch.float32 and layer.moe.shared_gate is None
     assert models["v3"][3].layers[0].moe is None and len(layer.moe.gate_up) == 8
@@ -137,6 +144,18 @@ def test_speculation_is_exact(models, name, drafter, tree, control):
     assert [c.token_ids for c in done] == plain
     if drafter == "draft-model":
         assert done[0].stats["mean_accepted_length"] > 2
+
+
+def test_quantized_experts_speculate_exactly(models):
+    """--dtype q8_0: every expert's projections quantized at load (the router and bias kept float)."""
+    folder = models["v3"][0]
+    model = load_decoder(folder, "cpu", "q8_0")
+    moe = model.layers[1].moe
+    assert not isinstance(moe.gate_up[0], torch.Tensor) and moe.router.dtype == torch.float32
+    requests = [Request(PROMPT, 20, SamplingParams(0.0))]
+    plain = [c.token_ids for c in generate_ids(model, requests, set())]
+    speculator = Speculator.build(SpecOptions(f"draft-model:{folder}", "static:2,2,1", "fixed:3"), model, folder)
+    assert [c.token_ids for c in generate_ids(model, requests, set(), speculation=speculator)] == plain
 
 
 def _moe(model, **changes):
