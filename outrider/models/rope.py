@@ -15,7 +15,13 @@ Types (the `rope_type` of a config's `rope_parameters`, or of the older `rope_sc
   value, by a ramp over the dimensions between the ones that turn beta_fast and beta_slow times
   over the original context; cos and sin scaled by 0.1 ln(factor) + 1 (or `attention_factor`).
 
-Each equals transformers' own (tests/test_rope.py runs small random models of each against it).
+- freq_factors (a GGUF's `rope_freqs` tensor, as llama.cpp's converter writes Llama 3's scaling):
+  the default divided by the given per-frequency factors, one per rotating pair (`freq_factors`,
+  a list of dim / 2 floats), as llama.cpp's rope applies them (theta / freq_factors[i]).
+
+Each equals transformers' own (tests/test_rope.py runs small random models of each against it;
+freq_factors, which transformers has not, equals the llama3 model it was written from:
+tests/test_gguf_rope_freqs.py).
 `dynamic` (its frequencies change with the sequence's length) and `longrope` are not implemented:
 models/config_fields.py refuses them in one line.
 """
@@ -27,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-TYPES = ("default", "linear", "llama3", "yarn")
+TYPES = ("default", "linear", "llama3", "yarn", "freq_factors")
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,8 @@ class RopeSpec:
                       else raw.get("rope_theta", table.get("rope_theta", 10000.0)))
         keep = {k: v for k, v in table.items() if k not in ("rope_type", "type", "rope_theta", "partial_rotary_factor")
                 and not isinstance(v, (list, dict))}
+        if isinstance(table.get("freq_factors"), (list, tuple)):  # a GGUF's rope_freqs (weights/gguf_convert.py)
+            keep["freq_factors"] = tuple(float(f) for f in table["freq_factors"])
         if kind == "yarn" and "original_max_position_embeddings" not in keep:
             keep["original_max_position_embeddings"] = raw.get("max_position_embeddings")
         return cls(kind, theta, tuple(sorted(keep.items())))
@@ -71,6 +79,11 @@ def frequencies(spec: RopeSpec, dim: int, max_positions: int | None = None) -> t
     base = 1.0 / (spec.theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))  # [dim / 2]
     if spec.rope_type == "default":
         return base, 1.0
+    if spec.rope_type == "freq_factors":
+        factors = torch.tensor(spec.get("freq_factors") or (), dtype=torch.float32)  # [dim / 2]
+        if factors.shape != base.shape:
+            raise ValueError(f"rope freq_factors has {factors.numel()} values; a head rotates {dim // 2} pairs")
+        return base / factors, 1.0
     factor = float(spec.get("factor"))
     if spec.rope_type == "linear":
         return base / factor, 1.0

@@ -16,6 +16,10 @@ Two things llama.cpp's converter changes that we undo or recover (and Gemma 3's 
   `unpermute_rotary_rows`. qwen2 and qwen3 are written unpermuted.
 - for the qwen35 and qwen3next gated-delta hybrids it renames, reorders, splits, stacks and folds
   more (gguf_hybrid.py); such a file is read in place (an imported folder), its weights not written out here.
+- Llama 3's RoPE scaling: the converter writes no `rope.scaling` fields for it but a `rope_freqs`
+  tensor, one divisor a rotating pair (llama.cpp divides each inverse frequency by it). Its values
+  go into config.json as rope_parameters {"rope_type": "freq_factors", "freq_factors": [...]}
+  (models/rope.py), not into the weights (`CONFIG_TENSORS`).
 - the end-of-generation tokens: the GGUF names one `eos_token_id`, but a chat model stops on its
   end-of-turn token too. `generation_config.json` lists all of them (see `end_of_generation_ids`).
 
@@ -68,6 +72,8 @@ _LAYER_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# tensors whose values go into config.json, not the weights (hf_config's rope_factors)
+CONFIG_TENSORS = frozenset({"rope_freqs.weight"})
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 # Token texts that end generation wherever they are control tokens (llama.cpp stops on these too).
@@ -113,8 +119,9 @@ def read_metadata(reader) -> dict:
     return {key: field.contents() for key, field in reader.fields.items()}
 
 
-def hf_config(meta: dict, tensors: dict[str, tuple[int, ...]]) -> dict:
-    """The `config.json` dict for a GGUF's metadata and its tensor shapes (gguf name -> HF shape)."""
+def hf_config(meta: dict, tensors: dict[str, tuple[int, ...]], rope_factors: list[float] | None = None) -> dict:
+    """The `config.json` dict for a GGUF's metadata and its tensor shapes (gguf name -> HF shape);
+    rope_factors: the values of its `rope_freqs` tensor, where it has one."""
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise ModelError(f"GGUF architecture '{arch}' is not supported; supported: {', '.join(ARCHITECTURES)}")
@@ -126,9 +133,9 @@ def hf_config(meta: dict, tensors: dict[str, tuple[int, ...]]) -> dict:
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
     kv_heads = int(key("attention.head_count_kv", heads))
     head_dim = int(key("attention.key_length", hidden // heads))
+    hybrid = arch in gguf_hybrid.MODELS
     first_q = next((n for n in tensors if n.startswith("blk.") and n.endswith(".attn_q.weight")), None)
     q_rows = tensors[first_q][0] if first_q else None
-    hybrid = arch in gguf_hybrid.MODELS
     q_per_head = 2 * head_dim if hybrid else head_dim  # a hybrid's q_proj: each head's queries, then its gate
     if q_rows != heads * q_per_head or (int(key("rope.dimension_count", head_dim)) != head_dim and not hybrid):
         raise ModelError(f"GGUF shapes disagree with its metadata (q rows {q_rows}, {heads} heads of "
@@ -173,6 +180,12 @@ def hf_config(meta: dict, tensors: dict[str, tuple[int, ...]]) -> dict:
         config.update(use_sliding_window=False, sliding_window=None)
     if arch == "qwen3":
         config.update(attention_bias="blk.0.attn_q.bias" in tensors)
+    if "rope_freqs.weight" in tensors:  # Llama 3's scaling as llama.cpp's converter writes it
+        if arch not in ("llama", "qwen2", "qwen3") or rope_factors is None or len(rope_factors) != head_dim // 2:
+            raise ModelError(f"GGUF rope_freqs ({len(rope_factors or ())} factors) is not supported for {arch} "
+                             f"with head_dim {head_dim} (llama, qwen2, qwen3: head_dim / 2 factors)")
+        config["rope_parameters"] = {"rope_type": "freq_factors", "rope_theta": theta,
+                                     "freq_factors": [float(f) for f in rope_factors]}
     if hybrid:
         fields = gguf_hybrid.config_fields(meta, head_dim, tensors)
         config["rope_parameters"]["partial_rotary_factor"] = fields.pop("partial_rotary_factor")
@@ -214,7 +227,8 @@ def write_weights(reader, path: Path, rotary_heads: dict[str, int],
     rows llama.cpp permuted, and their head counts.
     """
     arch = str(reader.fields["general.architecture"].contents())
-    plan = [(t, hf_tensor_name(t.name, arch), tuple(int(n) for n in reversed(t.shape))) for t in reader.tensors]
+    plan = [(t, hf_tensor_name(t.name, arch), tuple(int(n) for n in reversed(t.shape))) for t in reader.tensors
+            if t.name not in CONFIG_TENSORS]
     with open(path, "wb") as out:
         out.write(_safetensors_header([(name, shape) for _, name, shape in plan]))
         for i, (tensor, name, shape) in enumerate(plan):
@@ -310,7 +324,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, log: Callable[[str]
         raise ModelError(f"{gguf_path} is not a readable GGUF file ({err}); re-download it") from None
     meta = read_metadata(reader)
     shapes = {t.name: tuple(int(n) for n in reversed(t.shape)) for t in reader.tensors}
-    config = hf_config(meta, shapes)
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    config = hf_config(meta, shapes, None if freqs is None else _float32_rows(freqs).reshape(-1).tolist())
     if weights and meta["general.architecture"] in gguf_hybrid.MODELS:
         raise ModelError(f"{gguf_path.name}: a {meta['general.architecture']} GGUF is read in place, not converted to "
                          "safetensors; import it (outrider models import FILE.gguf, or --model FILE.gguf)")

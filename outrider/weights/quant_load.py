@@ -50,7 +50,7 @@ import torch
 from ..errors import ModelError
 from . import gguf_gemma3
 from .gguf_index import GGUFIndex
-from .gguf_convert import ARCHITECTURES, hf_tensor_name, unpermute_rotary_rows
+from .gguf_convert import ARCHITECTURES, CONFIG_TENSORS, hf_tensor_name, unpermute_rotary_rows
 from . import gguf_hybrid
 from ..catalog.marker import GGUF_NAME
 from ..kernels.blocks import BLOCK, SUPPORTED_GGUF, QuantBlocks, cat_rows, check_gguf_kind, quantize
@@ -219,7 +219,8 @@ class _NativeGGUF:
         if self.arch in gguf_hybrid.MODELS:  # MTP blocks as mtp.* (not read); Qwen3-Next's ba rows and experts
             self.tensors = gguf_hybrid.tensors(index, name_of)
         else:
-            self.tensors = {name_of(name): t for name, t in index.tensors.items()}
+            self.tensors = {name_of(name): t for name, t in index.tensors.items()
+                            if name not in CONFIG_TENSORS}  # rope_freqs: read into config.json (gguf_convert.py)
         arch = str(index.meta["general.architecture"])
         hybrid = arch in gguf_hybrid.MODELS
         self.order = gguf_hybrid.VHeadOrder(index.meta) if arch == gguf_hybrid.ARCH else None
