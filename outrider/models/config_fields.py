@@ -11,7 +11,7 @@ family is classified here, so a field added upstream fails the suite until someo
 does. Fields no class writes (a checkpoint's own extras) are not refused: a hub config carries
 many; what they could change is caught again at load, where a tensor the runtime does not read is
 refused (weights/loader.py). RoPE types the runtime implements (models/rope.py: default, linear,
-llama3, yarn) are read; the others (dynamic, longrope, ...) are refused.
+llama3, yarn, and a GGUF's freq_factors) are read; the others (dynamic, longrope, ...) are refused.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ READ = frozenset({
     "max_position_embeddings", "tie_word_embeddings", "attention_bias",
     # Gemma 3's (models/gemma3.py): where its sliding-window layers sit when layer_types is absent
     "sliding_window_pattern", "_sliding_window_pattern",
+    # Qwen2's (models/qwen2.py): where its windowed layers start when layer_types is absent (only with
+    # use_sliding_window, which is checked; inert for the families that refuse a window)
+    "max_window_layers",
     # a gated-delta hybrid's (models/qwen3_5.py): its layers' sizes and where attention layers sit
     "linear_conv_kernel_dim", "linear_key_head_dim", "linear_num_key_heads", "linear_num_value_heads",
     "linear_value_head_dim", "full_attention_interval",
@@ -47,7 +50,7 @@ INERT = frozenset({
     "_name_or_path", "transformers_version", "dtype", "torch_dtype", "bos_token_id", "eos_token_id",
     "pad_token_id", "use_cache", "output_attentions", "output_hidden_states", "return_dict", "id2label",
     "label2id", "problem_type", "chunk_size_feed_forward", "is_encoder_decoder", "initializer_range",
-    "attention_dropout", "pretraining_tp", "auto_map", "max_window_layers", "tokenizer_class",
+    "attention_dropout", "pretraining_tp", "auto_map", "tokenizer_class",
     "use_return_dict", "tf_legacy_loss", "pruned_heads", "torchscript", "add_cross_attention",
     "output_router_logits", "router_aux_loss_coef",  # an MoE's training loss
     "aux_loss_alpha", "seq_aux",  # DeepSeek's own configs' name for it
