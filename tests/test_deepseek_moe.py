@@ -197,3 +197,12 @@ def test_what_transformers_and_deepseek_disagree_on_is_refused(models):
     assert ModelConfig.from_dict({**raw, "n_routed_experts": None}).mlp_kinds == ()  # no experts: dense
     assert ModelConfig.from_dict({**raw, "first_k_dense_replace": 3}).mlp_kinds == ()
     assert ModelConfig.from_dict({**raw, "moe_layer_freq": 1, "scoring_func": "softmax"}).moe.top_k == 2
+
+
+def test_models_check_names_the_router(models, capsys):
+    from outrider.cli import main
+
+    assert main(["models", "check", str(models["v3"][0])]) == 0
+    line = capsys.readouterr().out.strip()
+    assert "DeepseekV3ForCausalLM, 3 layers (latent attention" in line, line
+    assert "MoE MLPs in 2 layers (8 experts, top 3 in 2 of 4 groups by sigmoid, times 2.5, a shared expert)" in line, line

@@ -89,8 +89,11 @@ def check_command(args) -> int:
     moe = ""
     if c.moe is not None:  # which layers' MLPs are mixtures of experts, and of what
         sparse = sum(c.mlp_kind(i) == "moe" for i in range(c.num_layers))
-        moe = (f", MoE MLPs in {sparse} layers ({c.moe.num_experts} experts, top {c.moe.top_k}"
-               f"{', a shared expert' if c.moe.shared_size else ''})")
+        groups = f" in {c.moe.topk_group} of {c.moe.n_group} groups" if c.moe.n_group > 1 else ""
+        scaled = f", times {c.moe.routed_scale:g}" if c.moe.routed_scale != 1.0 else ""
+        scored = f" by {c.moe.scoring}" if c.moe.scoring != "softmax" else ""
+        moe = (f", MoE MLPs in {sparse} layers ({c.moe.num_experts} experts, top {c.moe.top_k}{groups}{scored}"
+               f"{scaled}{', a shared expert' if c.moe.shared_size else ''})")
     print(f"supported: {folder}: {c.architecture}, {c.num_layers} layers ({', '.join(kinds)}){moe}, "
           f"hidden {c.hidden_size}, vocab {c.vocab_size}, RoPE {rope}")
     return 0
