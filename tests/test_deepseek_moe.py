@@ -158,6 +158,18 @@ def test_quantized_experts_speculate_exactly(models):
     assert [c.token_ids for c in generate_ids(model, requests, set(), speculation=speculator)] == plain
 
 
+def test_router_and_bias_stay_float32_in_a_bfloat16_load(models):
+    """As transformers keeps them (_keep_in_fp32_modules_strict): the file's float32 values."""
+    from safetensors.torch import load_file
+
+    folder = models["v3"][0]
+    tensors = load_file(str(folder / "model.safetensors"))
+    moe = load_decoder(folder, "cpu", torch.bfloat16).layers[2].moe
+    assert moe.router.dtype == torch.float32 and moe.score_bias.dtype == torch.float32
+    assert torch.equal(moe.score_bias, tensors["model.layers.2.mlp.gate.e_score_correction_bias"].float())
+    assert moe.gate_up[0].dtype == torch.bfloat16
+
+
 def _moe(model, **changes):
     c = model.config
     model.config = dataclasses.replace(c, moe=dataclasses.replace(c.moe, **changes))

@@ -334,7 +334,7 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
     folded = config.norm_plus_one and not norms_folded(weights)  # a hybrid's GGUF keeps them folded
     norm = (lambda name: get(name) + 1) if folded else get  # (1 + w) norms, folded once
     rows = lambda name, index: weights.rows(name, index, dtype, device)  # noqa: E731
-    source = Source(get, proj, weights.has, quantized)
+    source = Source(get, proj, weights.has, quantized, lambda name: weights.get(name, torch.float32, device))
     delta_layer = partial(_delta_layer, has=weights.has)  # has: a GGUF keeps -exp(A_log) (gguf_hybrid.py)
     kinds = {GATED_DELTA: delta_layer, LATENT: partial(latent_layer, has=weights.has)}  # else attention
     layers = [kinds.get(config.kind(i), _attention_layer)(

@@ -16,7 +16,8 @@
   shared_gate).
 - DeepSeek's (deepseek_moe.py): the same router and experts, the ungated shared experts
   `shared_experts.*` (MoeConfig.shared_name), and V3's `gate.e_score_correction_bias` [N] (read as
-  float32, MoeConfig.score_bias); the router kept float32 where MoeConfig.router_float32.
+  float32, MoeConfig.score_bias); the router read as float32 where MoeConfig.router_float32, both
+  from the file's values whatever the load's dtype (transformers keeps them float32).
 Every tensor named here is read; one left over refuses the load (loader.py).
 """
 
@@ -36,6 +37,9 @@ class Source:
     proj: Callable  # *names -> projection (rows of the names stacked), quantized where the load is
     has: Callable  # name -> bool
     quantized: str | None  # the load's quantization ("q8_0", "q4", ...), None: float
+    # name -> float32 tensor whatever the load's dtype (what transformers keeps float32: DeepSeek's
+    # router and correction bias, _keep_in_fp32_modules_strict); None: `get`, then widened
+    get_float32: Callable | None = None
 
 
 def mlp_weights(prefix: str, kind: str, config, source: Source) -> dict:
@@ -43,16 +47,15 @@ def mlp_weights(prefix: str, kind: str, config, source: Source) -> dict:
         return dict(gate_up=source.proj(prefix + "gate_proj.weight", prefix + "up_proj.weight"),
                     down=source.proj(prefix + "down_proj.weight"), moe=None)
     cfg = config.moe
-    router = source.get(prefix + "gate.weight")  # [N, E]
+    read32 = source.get_float32 or (lambda name: source.get(name).float())
+    router = (read32 if cfg.router_float32 else source.get)(prefix + "gate.weight")  # [N, E]
     if tuple(router.shape) != (cfg.num_experts, config.hidden_size):
         raise ModelError(f"{prefix}gate.weight is {list(router.shape)}, not [num_experts {cfg.num_experts}, "
                          f"hidden_size {config.hidden_size}]")
-    if cfg.router_float32:
-        router = router.float()
     gate_up, down = _experts(prefix + "experts.", cfg, source)
     shared = {}
     if cfg.score_bias:
-        bias = source.get(prefix + "gate.e_score_correction_bias").float()  # [N]
+        bias = read32(prefix + "gate.e_score_correction_bias")  # [N] float32
         if tuple(bias.shape) != (cfg.num_experts,):
             raise ModelError(f"{prefix}gate.e_score_correction_bias is {list(bias.shape)}, not [n_routed_experts "
                              f"{cfg.num_experts}]")
