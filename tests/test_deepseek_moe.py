@@ -202,7 +202,9 @@ def test_what_transformers_and_deepseek_disagree_on_is_refused(models):
     raw = json.loads((models["v2-greedy"][0] / "config.json").read_text())
     for change, words in (({"norm_topk_prob": True}, "norm_topk_prob: true"), ({"moe_layer_freq": 2}, "moe_layer_freq: 2"),
                           ({"topk_method": "noaux_tc"}, "topk_method 'noaux_tc'"),
-                          ({"scoring_func": "sigmoid"}, "scoring_func 'sigmoid'")):
+                          ({"scoring_func": "sigmoid"}, "scoring_func 'sigmoid'"),
+                          ({"topk_method": "group_limited_greedy", "n_group": None}, "needs n_group and topk_group"),
+                          ({"topk_method": "group_limited_greedy", "n_group": 8, "topk_group": 1}, "more than the topk_group")):
         with pytest.raises(ModelError, match=words) as err:
             ModelConfig.from_dict({**raw, **change})
         assert "\n" not in str(err.value)

@@ -65,6 +65,9 @@ def deepseek_moe(raw: dict, version: int) -> MoeConfig:
         raise ModelError(f"{name}: norm_topk_prob: true is not supported: transformers' DeepSeek-V2 router ignores "
                          "it and DeepSeek's own code renormalises instead of scaling by routed_scaling_factor")
     grouped = method != "greedy"
+    if grouped and not (_field(raw, version, "n_group") and _field(raw, version, "topk_group")):
+        raise ModelError(f"{name}: topk_method {method!r} needs n_group and topk_group (got "
+                         f"{_field(raw, version, 'n_group')}, {_field(raw, version, 'topk_group')})")
     size = int(_field(raw, version, "moe_intermediate_size"))
     scale = _field(raw, version, "routed_scaling_factor")
     return MoeConfig(num_experts=int(_field(raw, version, "n_routed_experts")),
