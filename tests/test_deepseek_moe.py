@@ -4,7 +4,7 @@ greedy; group_limited_greedy with a q LoRA) and a `DeepseekV3ForCausalLM` (sigmo
 random e_score_correction_bias, noaux_tc groups, renormalised, routed_scaling_factor 2.5; and one
 with RoPE on halves, one group, not renormalised), each a
 dense first layer then MoE layers with shared experts, give transformers' logits (a whole prefill,
-a chunked one, decode steps); greedy speculation (a suffix chain, a static draft-model tree) equals
+a chunked one, decode steps); greedy speculation (a suffix chain, static draft-model and early-exit trees) equals
 plain decoding (also with the experts quantized q8_0); and the comparison fails with the correction bias used in the weights, the
 scaling factor dropped, the group selection off, or V3's groups scored by their best expert."""
 
@@ -133,6 +133,7 @@ def test_greedy_tokens_match_transformers(models):
 @pytest.mark.parametrize("drafter, tree, control", [
     ("suffix", "chain", "fixed:6"),
     ("draft-model", "static:2,2,1", "fixed:3"),  # the model drafts itself: its trees accepted deep
+    ("early-exit:2", "static:2,1", "fixed:2"),  # over the target's own latent cache, through its first MoE layer
 ])
 def test_speculation_is_exact(models, name, drafter, tree, control):
     folder, model = models[name][0], models[name][3]
