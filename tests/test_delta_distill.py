@@ -125,7 +125,8 @@ def test_speculation_on_the_smoke_hybrid_is_exact(smoke):
 @pytest.mark.model
 def test_shipped_smollm2_gdn_speculates_exactly(smollm2_path):
     """`outrider models pull smollm2-135m-gdn` (composed once into the cache, as a user's pull;
-    then only checked against the shipped files' sha256), loaded, speculating exactly."""
+    then only checked against the shipped files' sha256), loaded, speculating exactly, its own
+    EAGLE-3 head included."""
     folder = pull_composed("smollm2-135m-gdn", pull, log=lambda line: None)
     assert json.loads((folder / "outrider-composed.json").read_text())["files"] == json.loads(
         (COMPOSED["smollm2-135m-gdn"][1] / "recipe.json").read_text())["files"]
@@ -133,6 +134,8 @@ def test_shipped_smollm2_gdn_speculates_exactly(smollm2_path):
     assert model.config.layer_kinds.count("attention") == 8
     requests = [Request([1, 504, 3458, 30, 2144, 30, 2517, 30], 6, SamplingParams(0.0))]
     plain = [c.token_ids for c in generate_ids(model, requests, set())]
-    for drafter, tree in (("suffix", "chain"), ("early-exit:4", "static:2,2")):  # trees verified by TreeWY
+    # trees verified by TreeWY; the EAGLE-3 head shipped for it (heads/shipped/smollm2-135m-gdn) too
+    for drafter, tree in (("suffix", "chain"), ("early-exit:4", "static:2,2"), ("eagle3:smollm2-135m-gdn", "chain"),
+                          ("eagle3:smollm2-135m-gdn", "dynamic:4,12")):
         speculator = Speculator.build(SpecOptions(drafter, tree, "fixed:3"), model, folder)
         assert [c.token_ids for c in generate_ids(model, requests, set(), speculation=speculator)] == plain
