@@ -21,11 +21,10 @@ from outrider.engine.request import Request
 from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.errors import ModelError
 from outrider.models import moe_layer
-from outrider.models.batch import pack
 from outrider.models.config import ModelConfig
 from outrider.sampling import SamplingParams
 from outrider.weights.loader import load_decoder
-from tiny import add_tokenizer
+from tiny import add_tokenizer, logits_in_steps
 
 TOKENS = torch.randint(3, 96, (40,), generator=torch.Generator().manual_seed(2))
 PROMPT = [5, 17, 33, 8, 5, 17, 33, 9, 40, 41, 42, 43, 44, 5, 17, 33, 8, 5, 17]
@@ -81,16 +80,6 @@ def models(tmp_path_factory):
     return out
 
 
-def logits_in_steps(model, cuts: list[int]) -> torch.Tensor:
-    """TOKENS's logits [40, vocab] from forwards over TOKENS[cuts[i]:cuts[i + 1]]."""
-    cache = model.new_cache(1, 48)
-    rows = []
-    for start, stop in zip(cuts, cuts[1:]):
-        out = model.forward(pack([0], [start], [TOKENS[start:stop]], scratch_row=cache.scratch_row), cache)
-        rows.append(out.logits[0])
-        cache.set_length(0, stop)
-    return torch.cat(rows)
-
 
 CUTS = {"whole": [0, 40], "chunked": [0, 11, 27, 40], "decode": [0, 33, *range(34, 41)]}
 
@@ -117,7 +106,7 @@ def test_the_config_is_read(models):
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("cuts", CUTS)
 def test_logits_match_transformers(models, name, cuts):
-    got, want = logits_in_steps(models[name][3], CUTS[cuts]), models[name][2]
+    got, want = logits_in_steps(models[name][3], TOKENS, CUTS[cuts]), models[name][2]
     assert close(got, want), (got - want).abs().max()
 
 
@@ -196,7 +185,7 @@ def test_the_checks_catch(models, mutant, monkeypatch):
         monkeypatch.setattr(moe_layer, "_chosen_weights", lambda scores, choice, experts: choice.gather(1, experts))
     else:
         _moe(model, **changes)
-    assert not close(logits_in_steps(model, CUTS["chunked"]), want)
+    assert not close(logits_in_steps(model, TOKENS, CUTS["chunked"]), want)
 
 
 def test_what_transformers_and_deepseek_disagree_on_is_refused(models):

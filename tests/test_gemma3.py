@@ -21,7 +21,7 @@ from outrider.models.batch import pack
 from outrider.models.config import ModelConfig
 from outrider.sampling import SamplingParams
 from outrider.weights.loader import load_decoder
-from tiny import add_tokenizer
+from tiny import add_tokenizer, logits_in_steps
 
 WINDOW = 6
 TYPES = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
@@ -58,16 +58,6 @@ def pair(tmp_path_factory):
     return folder, reference, want, load_decoder(folder, "cpu", torch.float32)
 
 
-def logits_in_steps(model, cuts: list[int]) -> torch.Tensor:
-    """TOKENS's logits [40, vocab] from forwards over TOKENS[cuts[i]:cuts[i + 1]]."""
-    cache = model.new_cache(1, 64)
-    rows = []
-    for start, stop in zip(cuts, cuts[1:]):
-        out = model.forward(pack([0], [start], [TOKENS[start:stop]], scratch_row=cache.scratch_row), cache)
-        rows.append(out.logits[0])
-        cache.set_length(0, stop)
-    return torch.cat(rows)
-
 
 def test_config_reads_windows_ropes_and_scale(pair):
     model = pair[3]
@@ -80,7 +70,7 @@ def test_config_reads_windows_ropes_and_scale(pair):
 @pytest.mark.parametrize("cuts", [[0, 40], [0, 13, 30, 40], [0, 30, *range(31, 41)]],
                          ids=["whole", "chunked", "decode"])
 def test_logits_match_transformers(pair, cuts):
-    got = logits_in_steps(pair[3], cuts)
+    got = logits_in_steps(pair[3], TOKENS, cuts)
     want = pair[2]
     assert torch.allclose(got, want, atol=2e-5, rtol=1e-4), (got - want).abs().max()
 
@@ -135,7 +125,7 @@ def test_the_checks_catch(pair, mutant, monkeypatch):
             else:
                 w.mlp_out_norm = ones
         model.layers = [w for w in model.layers]
-    got = logits_in_steps(model, [0, 13, 30, 40])
+    got = logits_in_steps(model, TOKENS, [0, 13, 30, 40])
     assert not torch.allclose(got, want, atol=2e-5, rtol=1e-4)
 
 

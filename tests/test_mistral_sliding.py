@@ -14,11 +14,10 @@ from outrider.engine.generate import generate_ids
 from outrider.engine.request import Request
 from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.models import sliding
-from outrider.models.batch import pack
 from outrider.models.config import ModelConfig
 from outrider.sampling import SamplingParams
 from outrider.weights.loader import load_decoder
-from tiny import add_tokenizer
+from tiny import add_tokenizer, logits_in_steps
 
 WINDOW = 6
 TOKENS = torch.randint(3, 96, (40,), generator=torch.Generator().manual_seed(3))
@@ -54,16 +53,6 @@ def mistral(tmp_path_factory):
     return folder, reference, want, load_decoder(folder, "cpu", torch.float32)
 
 
-def logits_in_steps(model, cuts: list[int]) -> torch.Tensor:
-    """TOKENS's logits [40, vocab] from forwards over TOKENS[cuts[i]:cuts[i + 1]]."""
-    cache = model.new_cache(1, 64)
-    rows = []
-    for start, stop in zip(cuts, cuts[1:]):
-        out = model.forward(pack([0], [start], [TOKENS[start:stop]], scratch_row=cache.scratch_row), cache)
-        rows.append(out.logits[0])
-        cache.set_length(0, stop)
-    return torch.cat(rows)
-
 
 def close(got, want) -> bool:
     return torch.allclose(got, want, atol=2e-5, rtol=1e-4)
@@ -80,7 +69,7 @@ def test_config_reads_the_window(mistral):
 @pytest.mark.parametrize("cuts", [[0, 40], [0, 13, 30, 40], [0, 30, *range(31, 41)]],
                          ids=["whole", "chunked", "decode"])
 def test_logits_match_transformers(mistral, cuts):
-    got = logits_in_steps(mistral[3], cuts)
+    got = logits_in_steps(mistral[3], TOKENS, cuts)
     assert close(got, mistral[2]), (got - mistral[2]).abs().max()
 
 
@@ -116,12 +105,12 @@ def test_the_checks_catch(mistral, mutant, monkeypatch):
         monkeypatch.setattr(sliding, "window_mask", lambda batch, window: real(batch, window + 1))
     else:
         monkeypatch.setattr(sliding, "window_mask", lambda batch, window: real(batch, 1 << 20))
-    assert not close(logits_in_steps(model, [0, 13, 30, 40]), mistral[2])
+    assert not close(logits_in_steps(model, TOKENS, [0, 13, 30, 40]), mistral[2])
 
 
 def test_qwen2_sliding_layers_match_transformers(tmp_path):
     _, want = save(tmp_path, "qwen2")
     model = load_decoder(tmp_path, "cpu", torch.float32)
     assert model.config.layer_windows == (0, WINDOW)
-    got = logits_in_steps(model, [0, 13, 30, 40])
+    got = logits_in_steps(model, TOKENS, [0, 13, 30, 40])
     assert close(got, want), (got - want).abs().max()

@@ -19,12 +19,11 @@ from outrider.engine.request import Request
 from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.errors import ConfigError
 from outrider.models import latent_layer
-from outrider.models.batch import pack
 from outrider.models.latent_cache import LatentCache
 from outrider.sampling import SamplingParams
 from outrider.weights import latent_load
 from outrider.weights.loader import load_decoder
-from tiny import add_tokenizer
+from tiny import add_tokenizer, logits_in_steps
 
 TOKENS = torch.randint(3, 96, (48,), generator=torch.Generator().manual_seed(1))
 PROMPT = [5, 17, 33, 8, 5, 17, 33, 9, 40, 41, 42, 43, 44, 5, 17, 33, 8, 5, 17]
@@ -68,16 +67,6 @@ def models(tmp_path_factory):
     return out
 
 
-def logits_in_steps(model, cuts: list[int]) -> torch.Tensor:
-    """TOKENS's logits [48, vocab] from forwards over TOKENS[cuts[i]:cuts[i + 1]]."""
-    cache = model.new_cache(1, 64)
-    rows = []
-    for start, stop in zip(cuts, cuts[1:]):
-        out = model.forward(pack([0], [start], [TOKENS[start:stop]], scratch_row=cache.scratch_row), cache)
-        rows.append(out.logits[0])
-        cache.set_length(0, stop)
-    return torch.cat(rows)
-
 
 CUTS = {"whole": [0, 48], "chunked": [0, 13, 30, 48], "decode": [0, 40, *range(41, 49)]}
 
@@ -89,7 +78,7 @@ def close(got, want) -> bool:
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("cuts", CUTS)
 def test_logits_match_transformers(models, name, cuts):
-    got, want = logits_in_steps(models[name][3], CUTS[cuts]), models[name][2]
+    got, want = logits_in_steps(models[name][3], TOKENS, CUTS[cuts]), models[name][2]
     assert close(got, want), (got - want).abs().max()
 
 
@@ -103,7 +92,7 @@ def test_plain_and_absorbed_forms_agree(models, name, monkeypatch):
     got = {}
     for form in (True, False):
         monkeypatch.setattr(latent_layer, "absorbed_form", lambda rows, mla, form=form: form)
-        got[form] = logits_in_steps(model, CUTS["chunked"])
+        got[form] = logits_in_steps(model, TOKENS, CUTS["chunked"])
     assert close(got[True], got[False]) and close(got[True], models[name][2])
 
 
@@ -162,7 +151,7 @@ def test_the_checks_catch(models, mutant, monkeypatch):
         model.config = dataclasses.replace(model.config, mla=dataclasses.replace(model.config.mla, scale=24 ** -0.5))
     elif mutant == "no residual scale":
         model.config = dataclasses.replace(model.config, residual_scale=1.0)
-    assert not close(logits_in_steps(model, CUTS["chunked"]), want)
+    assert not close(logits_in_steps(model, TOKENS, CUTS["chunked"]), want)
 
 
 def test_sparsespec_refuses_a_latent_target(models):

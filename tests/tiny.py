@@ -109,3 +109,18 @@ def add_tokenizer(folder: Path, vocab: int = 96) -> Path:
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(folder)
     return Path(folder)
+
+
+def logits_in_steps(model, tokens: torch.Tensor, cuts: list[int]) -> torch.Tensor:
+    """tokens[:cuts[-1]]'s logits [cuts[-1], vocab] from one slot's forwards over tokens[cuts[i]:cuts[i + 1]]
+    (cuts [0, n]: a whole prefill; more cuts: a chunked one, or decode steps), each part's rows
+    committed before the next, as the engine commits them."""
+    from outrider.models.batch import pack
+
+    cache = model.new_cache(1, cuts[-1] + 8)
+    rows = []
+    for start, stop in zip(cuts, cuts[1:]):
+        out = model.forward(pack([0], [start], [tokens[start:stop]], scratch_row=cache.scratch_row), cache)
+        rows.append(out.logits[0])
+        cache.set_length(0, stop)
+    return torch.cat(rows)
