@@ -53,6 +53,7 @@ INERT = frozenset({
     "attention_dropout", "pretraining_tp", "auto_map", "tokenizer_class",
     "use_return_dict", "tf_legacy_loss", "pruned_heads", "torchscript", "add_cross_attention",
     "output_router_logits", "router_aux_loss_coef",  # an MoE's training loss
+    "router_jitter_noise",  # Mixtral's router noise, in training only
     "aux_loss_alpha", "seq_aux",  # DeepSeek's own configs' name for it
     # DeepSeek-V3's multi-token-prediction module: not in the forward (its tensors are refused at load)
     "num_nextn_predict_layers",
@@ -96,6 +97,7 @@ CHECKED: dict[str, tuple[Callable[[object, dict], bool], str]] = {
     "quantization_config": (lambda v, raw: not v, "pre-quantized weights (GPTQ, AWQ, ...)"),
     "num_experts": (lambda v, raw: not v, "a mixture of experts"),
     "num_local_experts": (lambda v, raw: not v, "a mixture of experts"),  # Mixtral's name, Qwen3MoeConfig's
+    "clip_qkv": (lambda v, raw: v is None, "q, k and v clipped"),  # OLMoE's (OLMo's) clamp
     # Gemma 3's (models/gemma3.py reads them)
     "hidden_activation": (lambda v, raw: v in ("silu", "swish"), "an MLP activation other than SiLU"),
     "query_pre_attn_scalar": (lambda v, raw: v is None, "an attention scale other than 1 / sqrt(head_dim)"),

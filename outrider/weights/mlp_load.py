@@ -14,6 +14,9 @@
   quantized load of it is refused in one line); the shared expert `shared_expert.*` and its gate
   `shared_expert_gate.weight` [1, E] where the family has them (MoeConfig.shared_size,
   shared_gate).
+- Mixtral's names (its checkpoints', and what transformers 5 writes for it): the block is
+  `block_sparse_moe.` instead of `mlp.`, its router `block_sparse_moe.gate.weight`, each expert's
+  `experts.{e}.w1 / w3 / w2` (gate, up, down); taken wherever the layer has that router.
 - DeepSeek's (deepseek_moe.py): the same router and experts, the ungated shared experts
   `shared_experts.*` (MoeConfig.shared_name), and V3's `gate.e_score_correction_bias` [N] (read as
   float32, MoeConfig.score_bias); the router read as float32 where MoeConfig.router_float32, both
@@ -29,6 +32,9 @@ from typing import Callable
 from ..errors import ModelError
 from ..models.family import DENSE
 from ..models.moe_layer import MoeWeights
+
+EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")  # an expert's gate, up and down projections
+MIXTRAL_EXPERT_NAMES = ("w1", "w3", "w2")
 
 
 @dataclass(frozen=True)
@@ -47,12 +53,16 @@ def mlp_weights(prefix: str, kind: str, config, source: Source) -> dict:
         return dict(gate_up=source.proj(prefix + "gate_proj.weight", prefix + "up_proj.weight"),
                     down=source.proj(prefix + "down_proj.weight"), moe=None)
     cfg = config.moe
+    names = EXPERT_NAMES
+    mixtral = prefix.removesuffix("mlp.") + "block_sparse_moe."
+    if source.has(mixtral + "gate.weight"):  # Mixtral's names
+        prefix, names = mixtral, MIXTRAL_EXPERT_NAMES
     read32 = source.get_float32 or (lambda name: source.get(name).float())
     router = (read32 if cfg.router_float32 else source.get)(prefix + "gate.weight")  # [N, E]
     if tuple(router.shape) != (cfg.num_experts, config.hidden_size):
         raise ModelError(f"{prefix}gate.weight is {list(router.shape)}, not [num_experts {cfg.num_experts}, "
                          f"hidden_size {config.hidden_size}]")
-    gate_up, down = _experts(prefix + "experts.", cfg, source)
+    gate_up, down = _experts(prefix + "experts.", cfg, source, names)
     shared = {}
     if cfg.score_bias:
         bias = read32(prefix + "gate.e_score_correction_bias")  # [N] float32
@@ -68,12 +78,14 @@ def mlp_weights(prefix: str, kind: str, config, source: Source) -> dict:
     return dict(gate_up=None, down=None, moe=MoeWeights(router, gate_up, down, **shared))
 
 
-def _experts(prefix: str, cfg, source: Source) -> tuple[list, list]:
-    """Each routed expert's [2I, E] and [E, I]: per-expert tensors, or the fused layout's slices."""
+def _experts(prefix: str, cfg, source: Source, names: tuple = None) -> tuple[list, list]:
+    """Each routed expert's [2I, E] and [E, I]: per-expert tensors (names: the gate's, the up's and
+    the down's), or the fused layout's slices."""
+    gate, up, down = names or EXPERT_NAMES
     if not source.has(prefix + "gate_up_proj"):
-        gate_up = [source.proj(f"{prefix}{e}.gate_proj.weight", f"{prefix}{e}.up_proj.weight")
+        gate_up = [source.proj(f"{prefix}{e}.{gate}.weight", f"{prefix}{e}.{up}.weight")
                    for e in range(cfg.num_experts)]
-        return gate_up, [source.proj(f"{prefix}{e}.down_proj.weight") for e in range(cfg.num_experts)]
+        return gate_up, [source.proj(f"{prefix}{e}.{down}.weight") for e in range(cfg.num_experts)]
     if source.quantized:
         raise ModelError(f"{prefix}gate_up_proj: experts in transformers' fused layout are read as float only; "
                          f"use --dtype float32, or save the model with per-expert tensors")
