@@ -14,6 +14,7 @@
     name = "transformers"
     peer = "transformers"           # transformers | transformers-assisted | transformers-prompt-lookup
                                     # | llama.cpp | llama.cpp-prompt-lookup
+                                    # | llama-server[:SPEC_TYPE] (llama_server.py)
     [[method]]                      # a block drafter's block refiners (`--refiner`): chained in order
     name = "dflash-cure"
     drafter = "dflash:smollm2-135m-instruct"
@@ -38,6 +39,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..engine.speculator import SpecOptions
+from . import llama_server
 
 PEERS = ("transformers", "transformers-assisted", "transformers-prompt-lookup", "llama.cpp",
          "llama.cpp-prompt-lookup")
@@ -189,8 +191,16 @@ def _method(table: dict, where: str, line: int) -> Method:
     models = tuple(_strings(table.get("models", []), f"{where}: method '{name}' models"))
     if "peer" in table:
         peer = table["peer"]
-        if peer not in PEERS:
-            raise ConfigError(f"{where}: method '{name}': unknown peer '{peer}'; known: {', '.join(PEERS)}")
+        if isinstance(peer, str) and llama_server.is_kind(peer):
+            try:
+                spec_type, _ = llama_server.parse_kind(peer)
+            except ConfigError as err:
+                raise ConfigError(f"{where}: method '{name}': {err}") from None
+            if spec_type in llama_server.NEEDS_DRAFT and not table.get("assistant"):
+                raise ConfigError(f"{where}: method '{name}': {peer} needs assistant = \"MODEL\" (the draft model)")
+        elif peer not in PEERS:
+            raise ConfigError(f"{where}: method '{name}': unknown peer '{peer}'; known: {', '.join(PEERS)}, "
+                              f"llama-server[:TYPE]")
         if "drafter" in table:
             raise ConfigError(f"{where}: method '{name}' has both peer and drafter; a method is one or the other")
         assistant = table.get("assistant")

@@ -5,6 +5,8 @@
     transformers-prompt-lookup    the same with prompt_lookup_num_tokens
     llama.cpp                     llama-cpp-python on the model's original GGUF (the `peers` extra)
     llama.cpp-prompt-lookup       the same with its prompt-lookup decoding
+    llama-server[:SPEC_TYPE]      llama.cpp's server binary over HTTP, plain or speculative
+                                  (llama_server.py: a subprocess already, so not in a child of ours)
 
 Each peer takes prompt ids and returns a PromptRun. A peer that cannot run here (llama.cpp not
 installed, no original GGUF for a user folder) says why, and the bench reports it as skipped; one
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from . import llama_server
 from .peer_process import PeerFailed, PeerProcess, PeerUnavailable  # noqa: F401 (run.py's imports)
 from .runner import PromptRun, run_transformers
 
@@ -144,6 +147,8 @@ def make_peer(kind: str, model_path: Path, *, assistant_path: Path | None, looku
     """The peer in a child process. What can be seen from here to stop it (not installed, no
     weights for it) raises PeerUnavailable before a process starts; a crash while it loads raises
     PeerFailed."""
+    if llama_server.is_kind(kind):  # a process of its own already: no child of ours around it
+        return llama_server.make_llama_server(kind, Path(model_path), assistant_path, threads)
     if kind.startswith("transformers"):
         _check_transformers(Path(model_path), kind, assistant_path)
     else:

@@ -54,6 +54,8 @@ def plan(config: BenchConfig, log=print) -> Plan:
                  for w in config.workloads]
     needed = list(config.models)
     for m in config.methods:
+        if not any(m.runs_on(model) for model in config.models):  # a method for another target: nothing to pull
+            continue
         for extra in (m.spec.models_needed() if m.spec else ()) + ((m.assistant,) if m.assistant else ()):
             if extra not in needed:
                 needed.append(extra)
