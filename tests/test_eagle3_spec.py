@@ -5,6 +5,7 @@ per seed; sampled trees (tree walk) equal plain sampling; the hidden states the 
 (prefill, chunked prefill, then the accepted path of every round) are the target's own at those
 positions, and the greedy output does not depend on the prefill chunking."""
 
+import math
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ from outrider.sampling import SamplingParams
 from outrider.engine.loop import EngineLoop
 from outrider.spec.shapes import parse_shape
 from outrider.engine.speculator import SpecOptions, Speculator
-from outrider.spec.types import DraftTree
+from outrider.spec.types import Budget, DraftTree
 from outrider.spec.verifiers import VERIFIERS
 
 PROMPTS = [[3, 4, 5, 3, 4, 5, 3], [6, 7, 3, 6, 7, 3, 6], [5], [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4]]
@@ -218,3 +219,39 @@ def test_a_quantized_head_runs_the_native_layer_like_the_torch_one(setup):
     (a, ha, ka), (b, hb, kb) = results
     assert torch.allclose(a, b, rtol=1e-4, atol=1e-4) and torch.allclose(ha, hb, rtol=1e-4, atol=1e-4)
     assert torch.allclose(ka, kb, rtol=1e-4, atol=1e-5)
+
+
+class _StopAfter(FixedController):
+    """fixed:6 whose budgets carry a `stop` that halts a chain after `after` drafts (the hook
+    `--controller entropy` drafts by), recording each proposal's entropies and tree size."""
+
+    def __init__(self, after: int):
+        super().__init__(6)
+        self.after, self.told, self.sizes = after, [], []
+
+    def budget(self, seq_id):
+        def stop(entropies):
+            self.told.append(list(entropies))
+            return len(entropies) >= self.after
+
+        return Budget(depth=6, nodes=6, stop=stop)
+
+    def observe(self, seq_id, tree, result):
+        self.sizes.append(tree.size)
+
+
+def test_the_chain_honours_budget_stop(setup):
+    """Issue 43: the EAGLE-3 chain once ignored Budget.stop, so `--controller entropy` drafted
+    MAX deep every round. A stop after 2 drafts gives chains of 2, told the entropies (nats over
+    the draft vocabulary) of each draft's distribution; greedy output stays plain's."""
+    folder, target, head = setup
+    plain = outputs(run(target, None))
+    spec = Speculator.build(SpecOptions(f"eagle3:{head}", "chain", "fixed:6"), target, folder)
+    spec.controller = _StopAfter(2)
+    assert outputs(run(target, spec)) == plain
+    assert spec.controller.sizes and max(spec.controller.sizes) == 3  # root + 2 drafts, never 6
+    told = spec.controller.told
+    assert {len(e) for e in told} == {1, 2} and all(0.0 <= h <= math.log(6) + 1e-6 for e in told for h in e)
+    entropy = Speculator.build(SpecOptions(f"eagle3:{head}", "chain", "entropy:6"), target, folder)
+    assert outputs(run(target, entropy)) == plain
+    assert sum(entropy.controller.seen) > 0  # it was told the entropies and learned from the rounds

@@ -4,9 +4,10 @@ SparseSpec (arXiv 2512.01278) pairs its sparse self-draft with a draft length ch
 this is our version of such a controller, written from that idea, not from the paper's code.
 After each draft of a chain, the drafter reports the entropies (nats) of the distributions its
 drafts so far came from (`Budget.stop`, honoured by the model drafters: draft-model, early-exit,
-sparsespec). The controller turns an entropy into a chance of acceptance with a table it learns
-from the rounds (six entropy bins; in each, drafts accepted over drafts the verifier reached,
-decayed, with a prior of 1/2 worth one draft), so that after d drafts with entropies h_1..h_d
+sparsespec, EAGLE-3 heads' chains). The controller turns an entropy into a chance of acceptance
+with a table it learns from the rounds (six entropy bins; in each, drafts accepted over drafts the
+verifier reached, decayed, with a prior of 1/2 worth one draft), so that after d drafts with
+entropies h_1..h_d
 
     P_d = a(h_1) ... a(h_d)                the chance that all d are accepted
     E_d = 1 + P_1 + ... + P_d              tokens the round commits, in expectation
@@ -23,7 +24,7 @@ through the proposals' times against their depths); until the first verify and p
 timed it drafts MAX deep. It drafts at most MAX (default 8).
 
 Only chains from a model drafter stop early; trees and drafters that report no entropy (suffix,
-n-grams, EAGLE-3 heads) get MAX every round, as `fixed:MAX`. A controller sees only round
+n-grams) get MAX every round, as `fixed:MAX`. A controller sees only round
 statistics and never changes what is committed, so it is lossless with every drafter and
 verifier; stopping depends on the distributions the drafts came from, not on the drafts drawn, so
 a sampled chain's drafts are still draws from q.

@@ -183,7 +183,7 @@ class Eagle3Drafter(DrafterBase):
         if st.rows == 0 or depth < 1 or budget.nodes < 1:  # a one-token prompt: no feature yet
             return done(DraftTree.root_only(tokens[-1]))
         if self.shape.is_chain:
-            return self._chain(st, tokens, min(depth, budget.nodes), budget.min_confidence)
+            return self._chain(st, tokens, min(depth, budget.nodes), budget.min_confidence, budget.stop)
         if self.shape.kind == "sampled" and not st.params.greedy:
             return self._sampled(st, tokens, depth, budget.nodes, budget.min_confidence)
         return self._tree(st, tokens[-1], depth, budget.nodes, budget.min_confidence)
@@ -247,14 +247,18 @@ class Eagle3Drafter(DrafterBase):
             _, st.shift = reclaim(self.window, self.cache, st.slot, st.rows - st.shift, st.shift)
 
     # -- drafting, one sequence (a grower: yields the nodes to feed, grow.py) -------------------
-    def _chain(self, st: _State, tokens: list[int], k: int, min_confidence: float = 0.0) -> Grower:
-        """Up to k drafts; after the first whose path confidence falls below `min_confidence`
-        no deeper one is drafted (that one is kept: dropping a sampled draft for its own
-        probability would bias the drafts the verifier sees as draws from q)."""
+    def _chain(self, st: _State, tokens: list[int], k: int, min_confidence: float = 0.0, stop=None) -> Grower:
+        """Up to k drafts; after the first whose path confidence falls below `min_confidence`, or
+        after which `stop(entropies)` says so (Budget.stop: the entropies, nats, of the head's
+        distributions over its draft vocabulary the drafts so far came from, as
+        drafters/model_growers.py reports them), no deeper one is drafted (that one is kept:
+        dropping a sampled draft for its own probability would bias the drafts the verifier sees
+        as draws from q; the entropy of the distribution a draft came from does not depend on
+        the draft drawn)."""
         sampling = not st.params.greedy
         rng = st.rng.at(len(tokens))  # offset d - 1: the token at depth d
         logits, hidden = st.last_logits, st.last_hidden
-        drafts, qs, confidence = [], [], [1.0]
+        drafts, qs, confidence, entropies = [], [], [1.0], []
         for d in range(1, k + 1):
             if sampling:
                 q = warp_probs(self.head.target_logits(logits), st.params)  # over [V]
@@ -266,7 +270,12 @@ class Eagle3Drafter(DrafterBase):
                 share = torch.exp(logits.float().max() - logits.float().logsumexp(-1))  # its softmax share
                 confidence.append(confidence[-1] * float(share))
             drafts.append(token)
-            if d < k and confidence[-1] >= min_confidence:
+            halt = False
+            if stop is not None:  # told every draft's entropy, the last one's too
+                logp = torch.log_softmax(logits.float(), dim=-1)  # [Vd]
+                entropies.append(float(-(logp.exp() * logp).sum()))
+                halt = stop(entropies)
+            if d < k and confidence[-1] >= min_confidence and not halt:
                 out_logits, out_hidden = yield Feed([token], list(range(-1, d)), d, hidden.unsqueeze(0))
                 logits, hidden = out_logits[0], out_hidden[0]
             else:
