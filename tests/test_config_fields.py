@@ -1,7 +1,7 @@
 """Never run a model wrong: every field transformers writes for a family is classified
 (models/config_fields.py), a field that changes the arithmetic and is not read refuses the model in
 one line (a Llama 3 config saved by transformers 5 carries its RoPE scaling as `rope_parameters`:
-it ran with plain RoPE; now llama3 is implemented, and a type that is not, such as dynamic, is
+it ran with plain RoPE; now llama3 is implemented, and a type that is not, such as proportional, is
 refused), and so does a tensor the runtime would not read."""
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ def _raw(**changes) -> dict:
 # (field, a value that changes the arithmetic, a value that does not)
 CASES = [
     # RoPE types models/rope.py does not implement (default, linear, llama3 and yarn run: tests/test_rope.py)
-    ("rope_scaling", {"rope_type": "dynamic", "factor": 8.0}, None),
-    ("rope_scaling", {"type": "longrope", "factor": 2.0}, {"type": "linear", "factor": 2.0}),
-    ("rope_parameters", {"rope_type": "dynamic", "factor": 8.0, "rope_theta": 5e5}, {"rope_type": "default", "rope_theta": 5e5}),
-    ("rope_parameters", {"rope_type": "longrope", "factor": 4.0},
+    ("rope_scaling", {"rope_type": "proportional", "factor": 8.0}, None),
+    ("rope_scaling", {"type": "proportional", "factor": 2.0}, {"type": "linear", "factor": 2.0}),
+    ("rope_parameters", {"rope_type": "proportional", "factor": 8.0, "rope_theta": 5e5}, {"rope_type": "default", "rope_theta": 5e5}),
+    ("rope_parameters", {"rope_type": "su", "factor": 4.0},
      {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
       "original_max_position_embeddings": 64}),
     ("sliding_window", 64, None),
@@ -85,13 +85,13 @@ def test_a_window_the_context_never_reaches_is_no_window():
 @pytest.fixture(scope="module")
 def rope_folders(tmp_path_factory):
     """Small random Llamas saved by transformers itself (5.x writes the RoPE type under
-    rope_parameters): one with llama3 scaling, one with dynamic NTK (not implemented)."""
+    rope_parameters): one with llama3 scaling, one with proportional RoPE (not implemented)."""
     import transformers as tf
 
     folders = {}
     for kind, rope in (("llama3", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
-                       ("dynamic", {"rope_type": "dynamic", "factor": 2.0})):
+                       ("proportional", {"rope_type": "proportional", "factor": 2.0})):
         config = tf.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                                 rope_parameters={**rope, "rope_theta": 500000.0})
@@ -112,10 +112,10 @@ def test_a_llama3_config_saved_by_transformers_runs_with_its_scaling(rope_folder
 
 
 def test_a_type_not_implemented_is_refused_by_load_and_cli_in_one_line(rope_folders):
-    with pytest.raises(ModelError, match=r"RoPE scaling \(rope_parameters: rope_type 'dynamic'\)") as err:
-        load_decoder(rope_folders["dynamic"], "cpu", torch.float32)
+    with pytest.raises(ModelError, match=r"RoPE scaling \(rope_parameters: rope_type 'proportional'\)") as err:
+        load_decoder(rope_folders["proportional"], "cpu", torch.float32)
     assert "\n" not in str(err.value)
-    run = subprocess.run([sys.executable, "-m", "outrider.cli", "generate", "--model", str(rope_folders["dynamic"]),
+    run = subprocess.run([sys.executable, "-m", "outrider.cli", "generate", "--model", str(rope_folders["proportional"]),
                           "--max-new-tokens", "2", "hello"], capture_output=True, text=True, timeout=300)
     assert run.returncode != 0
     lines = [line for line in run.stderr.splitlines() if line.strip()]
@@ -154,4 +154,4 @@ def test_a_hybrid_reads_its_own_fields_and_refuses_rope_scaling():
     c = ModelConfig.from_dict(raw)
     assert c.layer_kinds == ("gated_delta",) * 3 + ("attention",) and c.rotary_dim == 4  # a quarter of 16
     with pytest.raises(ModelError, match="RoPE scaling"):
-        ModelConfig.from_dict({**raw, "rope_parameters": {"rope_type": "dynamic", "factor": 4.0}})
+        ModelConfig.from_dict({**raw, "rope_parameters": {"rope_type": "proportional", "factor": 4.0}})

@@ -29,6 +29,9 @@ TOKENS = torch.randint(3, 96, (48,), generator=torch.Generator().manual_seed(1))
 PROMPT = [5, 17, 33, 8, 5, 17, 33, 9, 40, 41, 42, 43, 44, 5, 17, 33, 8, 5, 17]
 YARN = {"rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0, "original_max_position_embeddings": 64,
         "mscale": 0.7, "mscale_all_dim": 0.9, "beta_fast": 32, "beta_slow": 1}
+# MiniCPM3-4B's own RoPE type (its original length is its whole context); factor 2: cos / sin scaled
+LONGROPE = {"rope_type": "longrope", "rope_theta": 100.0, "factor": 2.0, "original_max_position_embeddings": 256,
+            "short_factor": [1.0, 1.4, 2.3, 3.9], "long_factor": [1.0, 4.0, 8.0, 16.0]}
 SIZES = dict(vocab_size=96, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,
              kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, max_position_embeddings=256,
              bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -38,7 +41,7 @@ MODELS = {
     "deepseek_v2-qlora-yarn": lambda tf: tf.DeepseekV2ForCausalLM(tf.DeepseekV2Config(
         **SIZES, q_lora_rank=20, first_k_dense_replace=2, rope_parameters=YARN)),
     "minicpm3": lambda tf: tf.MiniCPM3ForCausalLM(tf.MiniCPM3Config(
-        **SIZES, q_lora_rank=20, num_key_value_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 100.0})),
+        **SIZES, q_lora_rank=20, num_key_value_heads=4, rope_parameters=LONGROPE)),
 }
 
 

@@ -38,7 +38,7 @@ def edited(folder, tmp_path, **changes):
 
 @pytest.mark.parametrize("changes, says", [
     ({"architectures": ["GPTNeoXForCausalLM"]}, "architecture 'GPTNeoXForCausalLM' is not supported"),
-    ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "RoPE scaling (rope_scaling: rope_type 'longrope')"),
+    ({"rope_scaling": {"rope_type": "proportional", "factor": 4.0}}, "RoPE scaling (rope_scaling: rope_type 'proportional')"),
     ({"sliding_window": 16, "use_sliding_window": True}, "sliding-window attention"),  # Qwen3's (Qwen2 reads it)
 ])
 def test_what_does_not_run_is_named(capsys, tiny_folders, tmp_path, changes, says):

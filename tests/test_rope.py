@@ -22,6 +22,12 @@ ROPES = {
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64},
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    # within max_position_embeddings (256), where the engine stops: the default frequencies
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    # within the original length: the short factors, cos and sin scaled by sqrt(1 + ln 4 / ln 256)
+    "longrope": {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 256,
+                 "short_factor": [1.0, 1.1, 1.3, 1.7, 2.2, 3.0, 4.1, 5.5],
+                 "long_factor": [1.0, 2.0, 4.0, 8.0, 9.0, 10.0, 11.0, 12.0]},
 }
 
 
@@ -63,9 +69,24 @@ def test_each_type_matches_transformers(kind, tmp_path):
     assert generate_ids(ours, [Request(prompt, 16, SamplingParams(0.0))], set(), speculation=spec)[0].token_ids == plain
 
 
+def test_longrope_stops_where_its_short_factors_do(tmp_path):
+    """Past original_max_position_embeddings transformers turns every position of a forward to the
+    long factors (how the text is cut decides the output), so the context ends there."""
+    rope = {**ROPES["longrope"], "original_max_position_embeddings": 64}
+    rope.pop("factor")  # Phi-3's way: the ratio of the lengths, 256 / 64
+    save(tmp_path, rope)
+    ours = load_decoder(tmp_path, "cpu", torch.float32)
+    assert ours.config.max_position_embeddings == 64
+    inv, scale = frequencies(ours.config.rope, ours.config.head_dim, 256)
+    assert scale == pytest.approx((1 + torch.log(torch.tensor(4.0)).item() / torch.log(torch.tensor(64.0)).item()) ** 0.5)
+    done = generate_ids(ours, [Request(list(range(3, 63)), 8, SamplingParams(0.0))], set())[0]
+    # positions 0..63 written; the token after the last is the fifth new one
+    assert len(done.token_ids) == 64 - 60 + 1 and done.finish_reason == "context"
+
+
 def test_a_type_not_implemented_is_refused_in_one_line(tmp_path):
-    save(tmp_path, {"rope_type": "dynamic", "factor": 2.0})
-    with pytest.raises(ModelError, match=r"RoPE scaling \(rope_parameters: rope_type 'dynamic'\)") as err:
+    save(tmp_path, {"rope_type": "proportional", "factor": 2.0})
+    with pytest.raises(ModelError, match=r"RoPE scaling \(rope_parameters: rope_type 'proportional'\)") as err:
         load_decoder(tmp_path, "cpu", torch.float32)
     assert "\n" not in str(err.value)
 

@@ -19,7 +19,7 @@ from .families import family_for
 from .family import ATTENTION, DENSE, GATED_DELTA, LATENT, MOE
 from .mla_config import MlaConfig
 from .moe_config import MoeConfig
-from .rope import RopeSpec
+from .rope import RopeSpec, exact_context
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,8 @@ class ModelConfig:
                 head_dim=int(raw.get("head_dim") or hidden // heads),
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(raw.get("rope_theta", params.get("rope_theta", 10000.0))),
-                max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+                # longrope's long factors are not taken: the context ends where its short ones do (models/rope.py)
+                max_position_embeddings=exact_context(RopeSpec.of(raw), int(raw.get("max_position_embeddings", 2048))),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 qkv_bias=family.qkv_bias(raw),
                 qk_norm=family.qk_norm,

@@ -11,7 +11,7 @@ family is classified here, so a field added upstream fails the suite until someo
 does. Fields no class writes (a checkpoint's own extras) are not refused: a hub config carries
 many; what they could change is caught again at load, where a tensor the runtime does not read is
 refused (weights/loader.py). RoPE types the runtime implements (models/rope.py: default, linear,
-llama3, yarn, and a GGUF's freq_factors) are read; the others (dynamic, longrope, ...) are refused.
+llama3, yarn, dynamic, longrope, and a GGUF's freq_factors) are read; the others are refused.
 """
 
 from __future__ import annotations

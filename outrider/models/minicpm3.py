@@ -2,8 +2,8 @@
 halves (Llama's, not DeepSeek's interleaved pairs), the dense SwiGLU MLP, and three scalings read
 from its config.json: embeddings times `scale_emb`, each residual branch (attention's and the
 MLP's output) times `scale_depth / sqrt(num_hidden_layers)`, and the final norm's output divided
-by `hidden_size / dim_model_base` before the (tied) head. MiniCPM3-4B's own RoPE is longrope,
-which models/rope.py does not implement: it is refused in one line.
+by `hidden_size / dim_model_base` before the (tied) head. MiniCPM3-4B's own RoPE is longrope
+(models/rope.py: its short factors, over its whole 32,768-token context).
 """
 
 import math

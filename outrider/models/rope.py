@@ -22,8 +22,16 @@ Types (the `rope_type` of a config's `rope_parameters`, or of the older `rope_sc
 Each equals transformers' own (tests/test_rope.py runs small random models of each against it;
 freq_factors, which transformers has not, equals the llama3 model it was written from:
 tests/test_gguf_rope_freqs.py).
-`dynamic` (its frequencies change with the sequence's length) and `longrope` are not implemented:
-models/config_fields.py refuses them in one line.
+- dynamic (dynamic NTK): the default frequencies. transformers recomputes them from the length
+  of the sequence once it passes max_position_embeddings, for every position of that forward
+  while the keys cached earlier keep their old rotation, so its output past that length depends
+  on how the text was cut into forwards; within it the frequencies are the default ones exactly,
+  and the engine never passes it (`exact_context`).
+- longrope (MiniCPM3, Phi-3): the default divided by `short_factor` (one per pair), cos and sin
+  scaled by `attention_factor` (default sqrt(1 + ln(factor) / ln(original))). transformers
+  switches every position to `long_factor` once the sequence passes
+  original_max_position_embeddings, the same length-dependent switch, so the context is bounded
+  there (`exact_context`); MiniCPM3-4B's original length is its whole context (32,768).
 """
 
 from __future__ import annotations
@@ -33,7 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
-TYPES = ("default", "linear", "llama3", "yarn", "freq_factors")
+TYPES = ("default", "linear", "llama3", "yarn", "freq_factors", "dynamic", "longrope")
+LIST_PARAMS = ("freq_factors", "short_factor", "long_factor")  # one value a rotating pair
 
 
 @dataclass(frozen=True)
@@ -57,10 +66,14 @@ class RopeSpec:
                       else raw.get("rope_theta", table.get("rope_theta", 10000.0)))
         keep = {k: v for k, v in table.items() if k not in ("rope_type", "type", "rope_theta", "partial_rotary_factor")
                 and not isinstance(v, (list, dict))}
-        if isinstance(table.get("freq_factors"), (list, tuple)):  # a GGUF's rope_freqs (weights/gguf_convert.py)
-            keep["freq_factors"] = tuple(float(f) for f in table["freq_factors"])
-        if kind == "yarn" and "original_max_position_embeddings" not in keep:
-            keep["original_max_position_embeddings"] = raw.get("max_position_embeddings")
+        for name in LIST_PARAMS:  # freq_factors: a GGUF's rope_freqs (weights/gguf_convert.py)
+            if isinstance(table.get(name), (list, tuple)):
+                keep[name] = tuple(float(f) for f in table[name])
+        if kind in ("yarn", "longrope") and "original_max_position_embeddings" not in keep:
+            keep["original_max_position_embeddings"] = raw.get("original_max_position_embeddings",
+                                                               raw.get("max_position_embeddings"))
+        if kind == "longrope" and keep.get("factor") is None:  # Phi-3's: the ratio of the two lengths
+            keep["factor"] = float(raw.get("max_position_embeddings", 2048)) / float(keep["original_max_position_embeddings"])
         return cls(kind, theta, tuple(sorted(keep.items())))
 
     def get(self, key: str, default=None):
@@ -77,13 +90,15 @@ def by_layer_type(table) -> dict:
 def frequencies(spec: RopeSpec, dim: int, max_positions: int | None = None) -> tuple[torch.Tensor, float]:
     """(inv_freq [dim / 2] float32, the cos / sin scale) of a head's `dim` rotating dimensions."""
     base = 1.0 / (spec.theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))  # [dim / 2]
-    if spec.rope_type == "default":
+    if spec.rope_type in ("default", "dynamic"):  # dynamic: within max_position_embeddings (exact_context)
         return base, 1.0
     if spec.rope_type == "freq_factors":
         factors = torch.tensor(spec.get("freq_factors") or (), dtype=torch.float32)  # [dim / 2]
         if factors.shape != base.shape:
             raise ValueError(f"rope freq_factors has {factors.numel()} values; a head rotates {dim // 2} pairs")
         return base / factors, 1.0
+    if spec.rope_type == "longrope":
+        return _longrope(spec, dim)
     factor = float(spec.get("factor"))
     if spec.rope_type == "linear":
         return base / factor, 1.0
@@ -92,6 +107,26 @@ def frequencies(spec: RopeSpec, dim: int, max_positions: int | None = None) -> t
     if spec.rope_type == "yarn":
         return _yarn(spec, dim, factor, max_positions)
     raise ValueError(f"rope type {spec.rope_type!r} is not implemented (known: {', '.join(TYPES)})")
+
+
+def exact_context(spec: RopeSpec, max_positions: int) -> int:
+    """The longest sequence these frequencies compute exactly: longrope's switch to its long
+    factors depends on how the text is cut into forwards, so it is not taken."""
+    if spec.rope_type == "longrope":
+        return min(int(max_positions), int(spec.get("original_max_position_embeddings")))
+    return int(max_positions)
+
+
+def _longrope(spec: RopeSpec, dim: int) -> tuple[torch.Tensor, float]:
+    short = torch.tensor(spec.get("short_factor") or (), dtype=torch.float32)  # [dim / 2]
+    if short.numel() != dim // 2:
+        raise ValueError(f"longrope short_factor has {short.numel()} values; a head rotates {dim // 2} pairs")
+    original, factor = float(spec.get("original_max_position_embeddings")), float(spec.get("factor"))
+    scale = spec.get("attention_factor")
+    if scale is None:
+        scale = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim  # [dim / 2]
+    return 1.0 / (short * spec.theta ** shape), float(scale)
 
 
 def _llama3(base: torch.Tensor, factor: float, spec: RopeSpec) -> torch.Tensor:
