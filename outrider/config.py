@@ -54,6 +54,9 @@ class RuntimeConfig:
         "doc": "build and use Outrider's C kernels (kernels/csrc); off: torch everywhere"})
     native_layer: bool = field(default=True, metadata={
         "doc": "a whole decoder layer in one C call for few-row forwards (kernels/decoder_layer.py)"})
+    sliding_ring: bool = field(default=True, metadata={
+        "doc": "sliding-window layers keep only the rows their window still reads, in a ring (models/ring_cache.py); "
+               "off: every row, masked"})
     linear: str = field(default="auto", metadata={
         "doc": "the CPU float product path: auto (measured per shape) | linear | mm_t | chunked | packed",
         "choices": LINEAR_PATHS})

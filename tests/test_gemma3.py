@@ -101,11 +101,11 @@ def test_speculation_is_exact(pair, drafter, tree, control):
         assert done[0].stats["mean_accepted_length"] > WINDOW
 
 
-def _off_by_one(batch, window):
-    return _WINDOW_MASK(batch, window + 1)
+def _off_by_one(keys, queries, window):  # the window's rule, in the rings' masks and the full cache's
+    return _IN_WINDOW(keys, queries, window + 1)
 
 
-_WINDOW_MASK = sliding.window_mask
+_IN_WINDOW = sliding.in_window
 
 
 @pytest.mark.parametrize("mutant", ["window off by one", "RoPE bases swapped", "no norm after attention",
@@ -114,7 +114,7 @@ def test_the_checks_catch(pair, mutant, monkeypatch):
     folder, want = pair[0], pair[2]
     model = load_decoder(folder, "cpu", torch.float32)
     if mutant == "window off by one":
-        monkeypatch.setattr(sliding, "window_mask", _off_by_one)
+        monkeypatch.setattr(sliding, "in_window", _off_by_one)
     elif mutant == "RoPE bases swapped":
         model.inv_freq, model.inv_freq_local = model.inv_freq_local, model.inv_freq
     else:

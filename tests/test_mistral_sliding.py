@@ -100,11 +100,11 @@ def test_speculation_is_exact(mistral, drafter, tree, control):
 @pytest.mark.parametrize("mutant", ["window off by one", "window ignored"])
 def test_the_checks_catch(mistral, mutant, monkeypatch):
     model = load_decoder(mistral[0], "cpu", torch.float32)
-    real = sliding.window_mask
+    real = sliding.in_window  # the window's rule, in the rings' masks and the full cache's
     if mutant == "window off by one":
-        monkeypatch.setattr(sliding, "window_mask", lambda batch, window: real(batch, window + 1))
+        monkeypatch.setattr(sliding, "in_window", lambda keys, queries, window: real(keys, queries, window + 1))
     else:
-        monkeypatch.setattr(sliding, "window_mask", lambda batch, window: real(batch, 1 << 20))
+        monkeypatch.setattr(sliding, "in_window", lambda keys, queries, window: real(keys, queries, 1 << 20))
     assert not close(logits_in_steps(model, TOKENS, [0, 13, 30, 40]), mistral[2])
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import cache_dir, note_kernel
+from ..config import cache_dir, current, note_kernel
 from ..kernels import cpu_linear, dispatch, quant_linear
 from ..kernels.dispatch import PrefillPath
 from .batch import ForwardBatch, pack
@@ -27,7 +27,9 @@ from .layers import embedding, fold_mask, linear, rms_norm, rotary_tables, swigl
 from .moe_layer import MoeWeights, moe_mlp
 from .rope import frequencies
 from .sandwich_layer import sandwich_layer
+from .ring_attention import ring_views
 from .sliding import sliding_views
+from .sliding_state import SlidingState
 from .state import HybridState
 
 # The native layer's workspace for a prefill (every row's qkv, attention output, MLP activations
@@ -120,10 +122,15 @@ class Decoder:
 
     def new_cache(self, num_slots: int, max_len: int, num_layers: int | None = None):
         """The slots' state for the first `num_layers` layers (all by default): a KVCache, or for a
-        model with gated-delta layers a HybridState (models/state.py)."""
+        model with gated-delta layers a HybridState (models/state.py), or for one with sliding-window
+        layers a SlidingState (their rows in rings of their window; config sliding_ring=off: a
+        KVCache, every row kept and masked)."""
         c = self.config
         upto = num_layers or c.num_layers
         dtype = self.kv_dtype or self.dtype
+        if c.layer_windows and c.delta is None and c.mla is None and current().sliding_ring:
+            return SlidingState.build([c.window(l) for l in range(upto)], num_slots, max_len, c.num_kv_heads,
+                                      c.head_dim, c.num_heads // c.num_kv_heads, dtype, self.device)
         if c.mla is not None:  # latent attention: one row of r + R dr a token and layer (latent_cache.py)
             return LatentCache(upto, num_slots, max_len, c.mla.row_width, dtype, self.device)
         if c.delta is None:
@@ -202,7 +209,12 @@ class Decoder:
         view = SpanView(mask, folded, place, first, span)
         deltas = [i for i in range(len(layers)) if layers[i].delta is not None]
         # the sliding-window layers' masks (Gemma 3, Mistral, Qwen2 with windows), made once
-        windowed = sliding_views(batch, c, self.dtype, view, _span_mask) if c.layer_windows else {}
+        # (in rings when the state keeps them so: ring_attention.py; else masks over every row: sliding.py)
+        windowed = {}
+        if isinstance(cache, SlidingState):
+            windowed = ring_views(batch, cache, self.dtype, _span_mask)
+        elif c.layer_windows:
+            windowed = sliding_views(batch, c, self.dtype, view, _span_mask)
         if c.sandwich_norms:  # Gemma 3: its sliding-window layers' RoPE tables
             local = (cos, sin) if self.inv_freq_local is None else rotary_tables(
                 batch.positions, self.inv_freq_local, self.dtype, self.rope_scale_local)

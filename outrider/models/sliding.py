@@ -8,7 +8,8 @@ SWA: p - k < W), on top of the causal or tree rule of the batch (models/batch.py
 Positions, not cache rows, decide: a tree's node at row cache_len + i holds position cache_len +
 depth(i) (batch.key_pos; row r holds position r where key_pos is None), so a draft whose root-to-
 node path crosses the window's edge loses the same keys a one-token-a-step decode of that path
-loses. The rows stay in the cache (nothing is freed here); they are only masked.
+loses. Here every row stays in the cache, masked: the reference (config sliding_ring=off) for the
+rings that keep only the rows a window still reads (ring_cache.py, ring_attention.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ import torch
 
 from .attention_layer import SpanView
 from .layers import fold_mask
+
+
+def in_window(keys: torch.Tensor, queries: torch.Tensor, window: int) -> torch.Tensor:
+    """The window's rule, broadcast: a key at position k is seen from a query at p when k > p - W
+    (here and in the rings' masks, ring_attention.py)."""
+    return keys > queries - window
 
 
 def window_mask(batch, window: int) -> torch.Tensor:
@@ -29,7 +36,7 @@ def window_mask(batch, window: int) -> torch.Tensor:
         mask = torch.ones(T, L, dtype=torch.bool, device=device).tril(L - T).view(1, 1, T, L)
     keys = batch.key_pos if batch.key_pos is not None else torch.arange(L, device=device).view(1, L)  # [B or 1, L]
     queries = batch.positions.view(B, 1, T, 1)
-    mask = mask & (keys.view(keys.shape[0], 1, 1, L) > queries - window)  # [B, 1, T, L]
+    mask = mask & in_window(keys.view(keys.shape[0], 1, 1, L), queries, window)  # [B, 1, T, L]
     mask[..., 0] |= ~mask.any(-1)  # padded rows see row 0 (as batch.py leaves them); a real row sees itself
     return mask
 
