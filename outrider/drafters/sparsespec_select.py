@@ -55,8 +55,11 @@ def queries(target, index: int, hidden: torch.Tensor, positions: torch.Tensor) -
     H, D, n = c.num_heads, c.head_dim, hidden.shape[0]
     cos, sin = rotary_tables(positions.view(1, n).to(target.device), target.inv_freq, target.dtype, target.rope_scale)
     h = rms_norm(hidden.unsqueeze(0).to(target.dtype), w.input_norm, c.rms_norm_eps)  # [1, n, E]
-    q = linear(h, w.qkv, w.qkv_bias)[..., : H * D].view(1, n, H, D).transpose(1, 2)  # [1, H, n, D]
-    if w.q_norm is not None:
+    q = linear(h, w.qkv, w.qkv_bias)[..., : H * D]  # [1, n, H D]
+    if w.q_norm is not None and c.qk_norm_whole:  # OLMoE: one norm over all the heads' queries
+        q = rms_norm(q, w.q_norm, c.rms_norm_eps)
+    q = q.view(1, n, H, D).transpose(1, 2)  # [1, H, n, D]
+    if w.q_norm is not None and not c.qk_norm_whole:
         q = rms_norm(q, w.q_norm, c.rms_norm_eps)
     return apply_rotary(q, cos, sin)[0]
 

@@ -106,8 +106,9 @@ class NativeLayers:
         if not enabled() or library() is None or decoder.device.type != "cpu" or decoder.dtype != torch.float32:
             return None
         c = decoder.config
-        # kinds decoder_layer.c does not run: other mixers, MoE MLPs, partial rotary, the output gate
-        if c.layer_kinds or c.mlp_kinds or c.rotary != c.head_dim or c.attn_output_gate:
+        # kinds decoder_layer.c does not run: other mixers, MoE MLPs, partial rotary, the output gate,
+        # q/k norms over the whole projection (OLMoE)
+        if c.layer_kinds or c.mlp_kinds or c.rotary != c.head_dim or c.attn_output_gate or c.qk_norm_whole:
             return None
         arrays = [cls.matrices([w.qkv, w.o, w.gate_up, w.down]) for w in decoder.layers]
         if not c.plain_block or any(a is None for a in arrays):  # Gemma 3's windows, sandwich norms ...: torch layers

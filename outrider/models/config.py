@@ -56,6 +56,7 @@ class ModelConfig:
     tie_word_embeddings: bool
     qkv_bias: bool
     qk_norm: bool
+    qk_norm_whole: bool = False  # the q/k norms over the whole projection, not per head (OLMoE's)
     layer_kinds: tuple[str, ...] = ()  # each layer's mixer (family.ATTENTION, GATED_DELTA); () : attention
     rotary_dim: int = 0  # dimensions of a head that rotate (partial rotary); 0: all of head_dim
     attn_output_gate: bool = False  # attention output times sigmoid(gate): q_proj's second half
@@ -137,6 +138,7 @@ class ModelConfig:
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 qkv_bias=family.qkv_bias(raw),
                 qk_norm=family.qk_norm,
+                qk_norm_whole=family.qk_norm and family.qk_norm_whole,
                 rope=RopeSpec.of(raw),
                 **_kinds(raw, family, int(raw.get("head_dim") or hidden // heads)),
                 **family.extras(raw),

@@ -17,6 +17,9 @@ class Family:
     architectures: tuple[str, ...]
     qkv_bias: Callable[[dict], bool]  # from the raw config.json
     qk_norm: bool  # RMS norm on each head's queries and keys before rotary
+    # with qk_norm: one RMS norm over all the queries (q_norm [H D]) and one over all the keys
+    # (k_norm [G D]) of a token, before they split into heads (OLMoE's), not one a head
+    qk_norm_whole: bool = False
     # each layer's mixer kind from the raw config (default: attention everywhere)
     layer_kinds: Callable[[dict], tuple[str, ...]] = lambda raw: (ATTENTION,) * int(raw["num_hidden_layers"])
     attn_output_gate: bool = False  # attention's output times sigmoid of a second half of q_proj (Qwen3.5)
