@@ -21,7 +21,8 @@ from outrider.weights.loader import load_decoder
 
 CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
            "qwen3_5": "Qwen3_5TextConfig", "qwen3_next": "Qwen3NextConfig", "gemma3": "Gemma3TextConfig",
-           "deepseek_v2": "DeepseekV2Config", "deepseek_v3": "DeepseekV3Config", "minicpm3": "MiniCPM3Config"}
+           "deepseek_v2": "DeepseekV2Config", "deepseek_v3": "DeepseekV3Config", "minicpm3": "MiniCPM3Config",
+           "qwen3_moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig", "olmoe": "OlmoeConfig"}
 
 
 @pytest.mark.parametrize("family", CLASSES)

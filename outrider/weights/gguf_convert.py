@@ -1,5 +1,5 @@
-"""Convert a GGUF file (llama, qwen2, qwen3; qwen35's and qwen3next's metadata) into a Hugging Face
-style folder.
+"""Convert a GGUF file (llama, qwen2, qwen3; qwen35's, qwen3next's and the mixtures of experts'
+metadata: qwen3moe, olmoe, llama with experts) into a Hugging Face style folder.
 
     convert_gguf("SmolLM2.Q4_1.gguf", "out/")   # -> out/config.json, model.safetensors,
                                                  #    tokenizer.json, tokenizer_config.json,
@@ -16,6 +16,8 @@ Two things llama.cpp's converter changes that we undo or recover (and Gemma 3's 
   `unpermute_rotary_rows`. qwen2 and qwen3 are written unpermuted.
 - for the qwen35 and qwen3next gated-delta hybrids it renames, reorders, splits, stacks and folds
   more (gguf_hybrid.py); such a file is read in place (an imported folder), its weights not written out here.
+- the mixtures of experts (Qwen3-MoE, OLMoE, Mixtral as a llama with experts) stack each layer's
+  experts into 3-D tensors (gguf_moe.py); read in place too.
 - Llama 3's RoPE scaling: the converter writes no `rope.scaling` fields for it but a `rope_freqs`
   tensor, one divisor a rotating pair (llama.cpp divides each inverse frequency by it). Its values
   go into config.json as rope_parameters {"rope_type": "freq_factors", "freq_factors": [...]}
@@ -40,7 +42,7 @@ import numpy as np
 
 from . import gguf_gemma3
 from ..errors import ModelError
-from . import gguf_hybrid
+from . import gguf_hybrid, gguf_moe
 
 GGUF_NAME = "original.gguf"  # the GGUF a model folder keeps beside its converted files
 
@@ -50,6 +52,7 @@ ARCHITECTURES = {
     "llama": ("llama", "LlamaForCausalLM", True),
     "qwen2": ("qwen2", "Qwen2ForCausalLM", False),
     "qwen3": ("qwen3", "Qwen3ForCausalLM", False),
+    **{arch: (*model, False) for arch, model in gguf_moe.ARCHS.items()},  # (a llama with experts: Mixtral)
     gguf_hybrid.ARCH: (*gguf_hybrid.MODEL, False),
     gguf_hybrid.NEXT: (*gguf_hybrid.MODELS[gguf_hybrid.NEXT], False),
 }
@@ -126,6 +129,9 @@ def hf_config(meta: dict, tensors: dict[str, tuple[int, ...]], rope_factors: lis
     if arch not in ARCHITECTURES:
         raise ModelError(f"GGUF architecture '{arch}' is not supported; supported: {', '.join(ARCHITECTURES)}")
     model_type, model_class, _ = ARCHITECTURES[arch]
+    moe = gguf_moe.is_moe(meta)
+    if moe:
+        model_type, model_class = gguf_moe.model(meta)
     key = lambda name, default=None: meta.get(f"{arch}.{name}", default)  # noqa: E731
     scaling = key("rope.scaling.type")
     if scaling not in (None, "none"):
@@ -178,6 +184,8 @@ def hf_config(meta: dict, tensors: dict[str, tuple[int, ...]], rope_factors: lis
         config.update(attention_bias="blk.0.attn_q.bias" in tensors, mlp_bias=False)
     if arch in ("qwen2", "qwen3"):
         config.update(use_sliding_window=False, sliding_window=None)
+    if moe:
+        config.update(gguf_moe.config_fields(meta, tensors))
     if arch == "qwen3":
         config.update(attention_bias="blk.0.attn_q.bias" in tensors)
     if "rope_freqs.weight" in tensors:  # Llama 3's scaling as llama.cpp's converter writes it
@@ -326,7 +334,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, log: Callable[[str]
     shapes = {t.name: tuple(int(n) for n in reversed(t.shape)) for t in reader.tensors}
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     config = hf_config(meta, shapes, None if freqs is None else _float32_rows(freqs).reshape(-1).tolist())
-    if weights and meta["general.architecture"] in gguf_hybrid.MODELS:
+    if weights and (meta["general.architecture"] in gguf_hybrid.MODELS or gguf_moe.is_moe(meta)):
         raise ModelError(f"{gguf_path.name}: a {meta['general.architecture']} GGUF is read in place, not converted to "
                          "safetensors; import it (outrider models import FILE.gguf, or --model FILE.gguf)")
     out_dir.mkdir(parents=True, exist_ok=True)

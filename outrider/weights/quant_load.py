@@ -51,7 +51,7 @@ from ..errors import ModelError
 from . import gguf_gemma3
 from .gguf_index import GGUFIndex
 from .gguf_convert import ARCHITECTURES, CONFIG_TENSORS, hf_tensor_name, unpermute_rotary_rows
-from . import gguf_hybrid
+from . import gguf_hybrid, gguf_moe
 from ..catalog.marker import GGUF_NAME
 from ..kernels.blocks import BLOCK, SUPPORTED_GGUF, QuantBlocks, cat_rows, check_gguf_kind, quantize
 from .quant_convert import gguf_blocks
@@ -218,6 +218,8 @@ class _NativeGGUF:
         name_of = lambda name: hf_tensor_name(name, self.arch)  # noqa: E731
         if self.arch in gguf_hybrid.MODELS:  # MTP blocks as mtp.* (not read); Qwen3-Next's ba rows and experts
             self.tensors = gguf_hybrid.tensors(index, name_of)
+        elif gguf_moe.is_moe(index.meta):  # the experts stacked in 3-D, one tensor an expert here
+            self.tensors = gguf_moe.tensors(index, name_of)
         else:
             self.tensors = {name_of(name): t for name, t in index.tensors.items()
                             if name not in CONFIG_TENSORS}  # rope_freqs: read into config.json (gguf_convert.py)
