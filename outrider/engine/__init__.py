@@ -4,6 +4,7 @@
     sequence.py     the one record a request carries from admission to its Completion
     loop.py         EngineLoop: admit, prefill a chunk, one round, retire; step by step
     scheduler.py    which requests hold a K/V slot (continuous batching)
+    prefix_cache.py prompts' K/V in blocks keyed by their whole prefix, reused across requests (exact)
     round.py        one speculative round for the batch, top to bottom: propose, constrain, verify,
                     commit, stop, observe; its steps in drafting.py (propose, observe: the drafter
                     and the controller), constrain.py (grammars), verify.py (the one forward and

@@ -11,7 +11,10 @@ One step, between rounds and then one round (engine/round.py):
 2. admit waiting requests into free slots while the limits allow (engine/scheduler.py);
 3. prefill: write the K/V of up to `chunk_size` prompt tokens of the requests still prefilling,
    oldest first, in one forward; a long prompt takes several steps while the others keep
-   decoding. A prompt's last token is not prefilled: it is the first round's root;
+   decoding. A prompt's last token is not prefilled: it is the first round's root. With a
+   prefix cache (engine/prefix_cache.py), a request first copies the K/V of its prompt's
+   longest cached prefix of whole blocks into its slot and prefills only the rest; its blocks
+   are kept after its prefill and when it ends (its output's rows too: a chat's next turn);
 4. one round (engine/round.py `run_round`: propose, constrain, verify, commit, stop, observe)
    for every request whose prompt is in the cache; the requests that the stopping rules
    (engine/stopping.py: EOS, max new tokens, context, stop strings) or a fault ended retire.
@@ -39,6 +42,7 @@ from typing import Callable
 import torch
 
 from ..errors import ConfigError
+from ..kernels.dispatch import PrefillPath
 from ..models.batch import pack
 from ..models.decoder import Decoder
 from ..spec.processing import PathProcessor
@@ -47,6 +51,7 @@ from ..spec.verifiers import choose_verifier
 from .commit import token_logprobs
 from .drafting import why as failure
 from .request import Completion, Request, TokenLogprob, check_request
+from .prefix_cache import PrefixCache, why_not_exact
 from .round import run_round
 from .scheduler import Scheduler
 from .sequence import Sequence, with_seed
@@ -71,11 +76,13 @@ class Event:
 class EngineLoop:
     def __init__(self, target: Decoder, eos_ids: set[int], speculation=None, *, decode: Decode | None = None,
                  max_running: int = 16, max_len: int | None = None, max_kv_rows: int | None = None,
-                 chunk_size: int | None = None):
+                 chunk_size: int | None = None, prefix_cache: PrefixCache | None = None):
         """decode: the tokenizer's, for each request's text and stop strings (None: token ids
         only); max_len: K/V rows per slot (default: the target's context); max_kv_rows: rows all
         running requests may reserve together (default: every slot full); chunk_size: prompt
-        tokens prefilled per step (default: no limit)."""
+        tokens prefilled per step (default: no limit); prefix_cache: prompts' K/V kept and
+        reused across requests (engine/prefix_cache.py; it may be shared by engines of one
+        model), used only where it is exact: else `prefix_cache_note` says why it is off."""
         context = target.config.max_position_embeddings
         self.max_len = min(max_len or context, context)
         if chunk_size is not None and chunk_size < 1:
@@ -90,6 +97,12 @@ class EngineLoop:
         self.scheduler = Scheduler(max_running, max_kv_rows or max_running * self.max_len)
         if speculation is not None:  # early exit drafts over this cache; the cost controller's batch table
             speculation.prepare(self.cache, max_running)
+        self.prefix_cache_note = why_not_exact(target, self.cache) if prefix_cache is not None else None
+        self.prefix_cache = prefix_cache if self.prefix_cache_note is None else None
+        if self.prefix_cache is not None and speculation is not None and speculation.hidden_layers:
+            self.prefix_cache_note = (f"the {speculation.options.kind} drafter reads the prompt's hidden states, "
+                                      "which the prefix cache does not keep: its requests prefill whole (speculate: "
+                                      "false ones use the cache)")
         self._seqs: dict[int, Sequence] = {}  # every request not yet finished, by id
         self._next_id = 0
 
@@ -208,6 +221,8 @@ class EngineLoop:
             if seq.prefilled == 0 and self._copy_prefix(seq, taps):
                 events += self._start_decoding(seq)
                 continue
+            if seq.prefilled == 0 and not seq.looked_up:
+                self._restore_prefix(seq, taps)
             prompt = seq.tokens[: seq.prompt_len - 1]  # the last prompt token is the root
             take = int(min(len(prompt) - seq.prefilled, budget))
             if take > 0:
@@ -225,6 +240,14 @@ class EngineLoop:
         batch = pack([s.slot for s, _ in jobs], [s.prefilled for s, _ in jobs], [c for _, c in jobs],
                      logits="real" if logits else "none", hidden_layers=taps, scratch_row=self.cache.scratch_row,
                      device=self.target.device)
+        if self.prefix_cache is not None and not logits:
+            exact = self._exact_fill(batch)
+            if not exact and len(jobs) > 1:  # several prompts past the native workspace: in halves
+                half = len(jobs) // 2
+                return self._prefill_forward(jobs[:half], taps, logits) + self._prefill_forward(jobs[half:], taps,
+                                                                                             logits)
+            if not exact:  # its rows are not a whole prefill's bits: not kept
+                jobs[0][0].cacheable = False
         out = self.target.forward(batch, self.cache)
         events = []
         for b, (seq, chunk) in enumerate(jobs):
@@ -237,8 +260,34 @@ class EngineLoop:
             seq.prefilled += n
             self.cache.set_length(seq.slot, seq.prefilled)
             if seq.prefilled == seq.prompt_len - 1:
+                self._store_prefix(seq, seq.prefilled)
                 events += self._start_decoding(seq)
         return events
+
+    def _exact_fill(self, batch) -> bool:
+        """Whether a prefill forward writes the bits a whole prefill would: the native layer's
+        path, or one sequence that starts its slot (filled in parts of the native layer when past
+        its workspace: models/decoder.py)."""
+        if self.target.prefill_path(batch) is PrefillPath.NATIVE:
+            return True
+        return len(batch.slot_ids) == 1 and batch.attn_mask is None and not batch.hidden_layers
+
+    def _restore_prefix(self, seq: Sequence, taps) -> None:
+        """Copy the K/V of the prompt's longest cached prefix into the slot (not for a request
+        whose prompt logprobs or drafter's hidden states need every prompt row computed)."""
+        seq.looked_up = True
+        cache = self.prefix_cache
+        if cache is None or seq.request.prompt_logprobs is not None or (taps and seq.speculate):
+            return
+        n = cache.restore(self.cache, seq.slot, seq.tokens[: seq.prompt_len - 1])
+        cache.record(seq.prompt_len, n)
+        seq.prefilled = seq.cached_tokens = n
+        self.cache.set_length(seq.slot, n)
+
+    def _store_prefix(self, seq: Sequence, rows: int) -> None:
+        """Keep the slot's first `rows` rows (the K/V of seq.tokens[:rows]) in the prefix cache."""
+        if self.prefix_cache is not None and seq.cacheable and seq.request.prompt_logprobs is None:
+            self.prefix_cache.store(self.cache, seq.slot, seq.tokens[:rows])
 
     def _copy_prefix(self, seq: Sequence, taps) -> bool:
         """Copy the prompt's K/V from `prefill_from` when that request is running with the same
@@ -295,6 +344,8 @@ class EngineLoop:
         if seq.slot < 0:
             self.scheduler.drop_waiting(seq)
         else:
+            if seq.decoding and reason != "error":  # its prompt's and output's rows, for a next turn
+                self._store_prefix(seq, min(self.cache.lengths[seq.slot], len(seq.tokens)))
             if seq.decoding and seq.speculate:
                 try:
                     self.speculation.finish(seq)

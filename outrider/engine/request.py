@@ -67,7 +67,8 @@ class Completion:
     finish_reason: "eos", "length", "stop", "context", "cancelled" or "error" (the request
     failed alone: `error` says why; the engine went on with the others); `stats`: the figures of
     engine/stats.py `summarize`; `round_stats`: the raw per-round counters they come from;
-    `logprobs` / `prompt_logprobs`: one TokenLogprob a token when the request asked for them."""
+    `logprobs` / `prompt_logprobs`: one TokenLogprob a token when the request asked for them;
+    `cached_tokens`: prompt tokens whose K/V the prefix cache gave (engine/prefix_cache.py)."""
 
     text: str | None
     token_ids: list[int]
@@ -77,6 +78,7 @@ class Completion:
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
     error: str | None = None
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache (OpenAI's usage.cached_tokens)
 
 
 def check_request(r: Request, max_len: int, what: str = "the prompt", larger: str = "raise the context",

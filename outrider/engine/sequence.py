@@ -52,6 +52,9 @@ class Sequence:
     admitted_at: float = 0.0
     prefill_s: float = 0.0
     prompt_hidden: list = field(default_factory=list)  # prefill taps per chunk (layer -> [n, E]) for the drafter
+    looked_up: bool = False  # the prefix cache was asked for its prompt (engine/prefix_cache.py)
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
+    cacheable: bool = True  # its rows are a whole prefill's bits (a prefill off the exact path: not kept)
 
     @property
     def output(self) -> list[int]:
@@ -67,7 +70,8 @@ class Sequence:
         total = time.perf_counter() - (self.admitted_at or self.added_at)
         stats = summarize(self.stats, len(ids), self.prefill_s, total)
         text = self.text.text if self.text is not None else None
-        return Completion(text, ids, reason, stats, self.stats, self.logprobs, self.prompt_logprobs, error), rest
+        return Completion(text, ids, reason, stats, self.stats, self.logprobs, self.prompt_logprobs, error,
+                          self.cached_tokens), rest
 
 
 def with_seed(params: SamplingParams) -> SamplingParams:

@@ -1,0 +1,232 @@
+"""An exact prefix cache: the K/V of full blocks of P tokens, kept after a request's prefill and at
+its end, found again by the whole token prefix before them, and copied into a new request's slot
+rows so that only the rest of its prompt is prefilled.
+
+    cache = PrefixCache(block=16, budget_bytes=512 << 20)
+    n = cache.restore(state, slot, tokens)   # rows 0..n-1 of `slot` now hold the K/V of tokens[:n]:
+                                             # the longest cached prefix of whole blocks (n % P == 0)
+    cache.store(state, slot, tokens)         # the slot's rows 0..len(tokens)-1, block by block
+
+Keys are a chain: block i of a sequence is found by (the serial of block i - 1, its P tokens), so
+a block is reached only through the prefix it was computed after, and the dict compares the
+tokens themselves (no hash collision can return another prompt's rows). Serials are never
+reused; a block evicted takes the blocks after it along (they could no longer be reached).
+
+The pool: per K/V tensor of the slot state ([slots, heads, rows, width]: a KVCache's k and v per
+layer, a LatentCache's latents), one tensor [blocks, heads, P, width] of its dtype, allocated
+with `torch.empty` to the budget when the first block is stored (the OS commits its pages as
+blocks are written). A restore is one index_select and one copy per tensor.
+
+Eviction: least recently used first, among blocks no one holds (`refs`: a restore holds its
+blocks while it copies them; a paged store would hold them while a request reads them). A
+lookup touches the blocks it matched from the deepest up, so a block is always more recent than
+the blocks after it and the least recent block is a leaf.
+
+Exact: the rows copied are the bits the prefill (or decoding) computed; they equal a whole
+prefill's only where the prefill gives the same bits in any chunks. `why_not_exact` says where
+that does not hold (the engine then keeps the cache off and says why): a prefill through the
+torch layers or the float GEMM (config gemm_prefill, auto on Intel) or the AMX tiles, whose
+summation order depends on how many rows a forward holds; and a model with recurrent
+(gated-delta) layers, whose state at a block boundary is not kept.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+from ..kernels import dispatch
+from ..kernels.dispatch import PrefillPath
+from ..models.batch import pack
+from ..models.kv_cache import KVCache
+
+DEFAULT_BLOCK = 16  # tokens a block (vLLM's default block size)
+PROBE_ROWS = (1, dispatch.TILE_ROWS, dispatch.BULK_ROWS, 256)  # prefill sizes on each side of the paths' thresholds
+
+
+@dataclass(eq=False)
+class Block:
+    serial: int  # never reused: the key of the blocks after it
+    parent: int  # the serial of the block before it (-1: the first block of a prompt)
+    tokens: tuple[int, ...]  # its P tokens
+    row: int  # its place in the pool
+    refs: int = 0
+    children: set[int] = field(default_factory=set)
+
+
+class PrefixCache:
+    def __init__(self, block: int = DEFAULT_BLOCK, budget_bytes: int = 512 << 20):
+        if block < 1 or budget_bytes < 0:
+            raise ValueError(f"a prefix cache needs a block of at least 1 token and a budget >= 0, got {block}, "
+                             f"{budget_bytes}")
+        self.block = block
+        self.budget_bytes = budget_bytes
+        self.pool: list[torch.Tensor] | None = None  # per state tensor: [capacity, heads, P, width]
+        self.capacity = 0  # blocks the pool holds
+        self._index: dict[tuple[int, tuple[int, ...]], Block] = {}  # (parent serial, tokens) -> block
+        self._lru: OrderedDict[int, Block] = OrderedDict()  # serial -> block, least recent first
+        self._free: list[int] = []  # pool rows
+        self._serial = 0
+        self.queries = 0  # prompt tokens of the requests looked up (vLLM's prefix_cache_queries)
+        self.hits = 0  # of those, tokens restored from the cache (prefix_cache_hits)
+
+    # -- what the engine calls --------------------------------------------------------------------
+    def restore(self, state: KVCache, slot: int, tokens: list[int]) -> int:
+        """Copy the K/V of the longest cached prefix of `tokens` made of whole blocks into rows
+        0..n-1 of `slot`; returns n (0: nothing cached). The slot's length is the caller's."""
+        blocks = self._match(tokens)
+        if not blocks:
+            return 0
+        n = len(blocks) * self.block
+        self._hold(blocks, 1)
+        try:
+            rows = torch.tensor([b.row for b in blocks], device=self.pool[0].device)
+            for own, kept in zip(_tensors(state), self.pool):
+                got = kept.index_select(0, rows)  # [m, heads, P, width]
+                own[slot, :, :n] = got.permute(1, 0, 2, 3).reshape(own.shape[1], n, own.shape[3])
+        finally:
+            self._hold(blocks, -1)
+        return n
+
+    def store(self, state: KVCache, slot: int, tokens: list[int]) -> int:
+        """Keep rows 0..len(tokens)-1 of `slot` (the K/V of `tokens`) as whole blocks, those not
+        cached yet, evicting unheld blocks least recent first when the pool is full; returns the
+        blocks added (fewer than asked when the pool holds too few)."""
+        whole = len(tokens) // self.block
+        if whole == 0 or not self._pool_for(state):
+            return 0
+        chain = self._match(tokens)
+        self._hold(chain, 1)  # not evicted to make room for their own continuation
+        try:
+            parent = chain[-1].serial if chain else -1
+            added = []
+            for i in range(len(chain), whole):
+                row = self._take_row()
+                if row is None:
+                    break
+                key = (parent, tuple(tokens[i * self.block:(i + 1) * self.block]))
+                block = Block(self._serial, parent, key[1], row)
+                self._serial += 1
+                if parent >= 0:
+                    self._lru[parent].children.add(block.serial)
+                self._index[key] = block
+                self._lru[block.serial] = block
+                added.append(block)
+                parent = block.serial
+            if added:
+                first, m = len(chain) * self.block, len(added) * self.block
+                rows = torch.tensor([b.row for b in added], device=self.pool[0].device)
+                for own, kept in zip(_tensors(state), self.pool):
+                    part = own[slot, :, first:first + m]  # [heads, m, width]
+                    kept.index_copy_(0, rows, part.reshape(own.shape[1], len(added), self.block, own.shape[3])
+                                     .permute(1, 0, 2, 3))
+            self._touch(chain + added)
+        finally:
+            self._hold(chain, -1)
+        return len(added)
+
+    def record(self, queried: int, hit: int) -> None:
+        """Count one request looked up: its prompt's tokens and those restored."""
+        self.queries += queried
+        self.hits += hit
+
+    @property
+    def blocks(self) -> int:
+        """Blocks held now."""
+        return len(self._lru)
+
+    def usage(self) -> float:
+        """The pool's fraction in use (0 before the first store)."""
+        return len(self._lru) / self.capacity if self.capacity else 0.0
+
+    def describe(self) -> str:
+        return f"prefix cache: blocks of {self.block} tokens, {self.budget_bytes / (1 << 20):g} MiB"
+
+    # -- the chain, the LRU and the pool -------------------------------------------------------
+    def _match(self, tokens: list[int]) -> list[Block]:
+        """The cached blocks of tokens' longest prefix of whole blocks, first to last; touched."""
+        blocks, parent = [], -1
+        for i in range(len(tokens) // self.block):
+            block = self._index.get((parent, tuple(tokens[i * self.block:(i + 1) * self.block])))
+            if block is None:
+                break
+            blocks.append(block)
+            parent = block.serial
+        self._touch(blocks)
+        return blocks
+
+    def _touch(self, blocks: list[Block]) -> None:
+        """Most recent now, the deepest first: a block stays more recent than the blocks after it."""
+        for block in reversed(blocks):
+            self._lru.move_to_end(block.serial)
+
+    def _hold(self, blocks: list[Block], delta: int) -> None:
+        for block in blocks:
+            block.refs += delta
+
+    def _take_row(self) -> int | None:
+        """A free pool row, evicting the least recent unheld block (and the blocks after it)."""
+        if not self._free:
+            victim = next((b for b in self._lru.values() if b.refs == 0 and not b.children), None)
+            if victim is None:
+                return None
+            self._evict(victim)
+        return self._free.pop()
+
+    def _evict(self, block: Block) -> None:
+        for child in list(block.children):
+            if child in self._lru:
+                self._evict(self._lru[child])
+        del self._lru[block.serial]
+        del self._index[(block.parent, block.tokens)]
+        if block.parent in self._lru:
+            self._lru[block.parent].children.discard(block.serial)
+        self._free.append(block.row)
+
+    def _pool_for(self, state: KVCache) -> bool:
+        """The pool, allocated at the first store for `state`'s tensors; False when the budget
+        holds no block. A state of another layout than the pool's is refused."""
+        tensors = _tensors(state)
+        if self.pool is None:
+            per_block = self.block * sum(t.shape[1] * t.shape[3] * t.element_size() for t in tensors)
+            self.capacity = self.budget_bytes // per_block if per_block else 0
+            self.pool = [torch.empty((self.capacity, t.shape[1], self.block, t.shape[3]), dtype=t.dtype,
+                                     device=t.device) for t in tensors]
+            self._free = list(range(self.capacity))[::-1]  # row 0 first
+        if len(tensors) != len(self.pool) or any(
+                (t.shape[1], t.shape[3], t.dtype) != (p.shape[1], p.shape[3], p.dtype) for t, p in zip(tensors, self.pool)):
+            raise ValueError("this prefix cache holds another model's K/V: give each model its own")
+        return self.capacity > 0
+
+
+def _tensors(state: KVCache) -> list[torch.Tensor]:
+    """The state's K/V tensors, each [slots, heads, rows, width]."""
+    return [*state.k, *state.v]
+
+
+def why_not_exact(target, state) -> str | None:
+    """Why a prefix restored from the cache would not be the bits of a whole prefill on this
+    target and CPU (the cache is then off), or None."""
+    if not isinstance(state, KVCache):
+        return ("the model has recurrent (gated-delta) layers, whose state at a block boundary is not kept: "
+                "the prefix cache is off for it")
+    for rows in PROBE_ROWS:
+        path = target.prefill_path(pack([0], [0], [torch.zeros(rows, dtype=torch.long)], logits="none"))
+        if path is PrefillPath.NATIVE:
+            continue
+        plan = dispatch.plan()
+        if plan.tiles:
+            how = "take the AMX tiles (config amx_prefill)"
+            fix = "--config amx_prefill=false"
+        elif plan.gemm_prefill:
+            how = "take the float GEMM (config gemm_prefill, auto on Intel)"
+            fix = "--config gemm_prefill=off"
+        else:
+            return ("prefills of this model run in the torch layers, whose K/V bits depend on how a prompt is "
+                    "chunked: the prefix cache is off (it keeps only exact bits)")
+        return (f"prefills here {how}, whose K/V bits depend on how a prompt is chunked: the prefix cache is off "
+                f"(it keeps only exact bits); {fix} prefills in the native layer, the same bits whole or chunked, "
+                "and turns it on")
+    return None
