@@ -12,11 +12,13 @@ keys the masked full cache (the reference: KVCache + sliding.window_mask) lets e
 each at its ring row. Rows a window no longer reads may have been written over; the mask never
 lets a query read one (ring_cache.py says why).
 
-A causal run (a prompt's prefill, a chain, a catch-up) longer than the ring's R rows is attended
-R rows at a time inside the layer: chunk [a, b) writes its rows, then its queries read the ring,
-which then holds every row they see (a query at row L + t sees rows > L + t - W). The forward
-stays one forward: logits and hidden states come out whole. A tree (or a drafter's tree grown
-over several forwards) cannot be cut so; the ring grows to hold it (RingKV.fit).
+A causal fill (a prompt's prefill, a drafter's catch-up: a forward that only writes the cache)
+longer than the ring's R rows is attended R rows at a time inside the layer: chunk [a, b) writes
+its rows, then its queries read the ring, which then holds every row they see (a query at row
+L + t sees rows > L + t - W). The forward stays one forward (its hidden states come out whole).
+A later chunk writes over rows an earlier one wrote, which is right only when every row is
+committed; so a forward whose rows may be rejected (a verify chain or tree, a drafter's tree grown
+over several forwards) or that returns logits is never cut: the ring grows to hold it (RingKV.fit).
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def ring_views(batch, state, dtype: torch.dtype, span_mask) -> dict[int, RingVie
     for window, ring in state.rings.items():
         widest = max(e - s for s, e in zip(starts, ends))
         step = T
-        if batch.causal and widest > ring.rows:  # cut into chunks of R rows, each the ring holds
+        if batch.causal and batch.fills_only and widest > ring.rows:  # chunks of R rows, each the ring holds
             step = ring.rows
         else:
             ring.fit(widest)
