@@ -20,7 +20,8 @@ The block's own K/V is never cached, so a rejection rolls nothing back. Trees (d
 q, q kept for the chain verifier's rejection sampling) and `--tree ddtree:N` (DDTree, verified by
 the tree walk). `dflash:PATH,refine=R1+R2` (or `--refiner R1,R2`) passes the block through block
 refiners (refiners/) into a tree of at most N nodes: they need `--tree ddtree:N`.
-`dflash:PATH,vocab=N` reads out only N tokens of the target's output head (dflash_vocab.py).
+`--tree glance:N[,K[,E]]` builds GLANCE's budget tree, with its optional extra draft pass past the
+block (glance_tree.py). `dflash:PATH,vocab=N` reads out only N tokens of the target's output head (dflash_vocab.py).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from .capabilities import Capabilities, Drafts
 from .refiners import make_refiner, parse_refiners
 from .registry import DrafterEntry, register
 from .dflash_vocab import parse_vocab, reduce_readout
+from .glance_tree import glance_tree
 from .pending import PendingRows
 from .slots import SlotCache
 from .window import parse_options
@@ -48,6 +50,7 @@ from .window import parse_options
 TREES = {
     "chain": Drafts("chain", gives_probs=True),  # sampled: each position's draft drawn from its own q
     "ddtree": Drafts("tree"),  # best prefixes by the product of marginals (and refiners' trees): not draws
+    "glance": Drafts("tree"),  # GLANCE's budget tree (+ its extra pass past the block): not draws
 }
 
 
@@ -87,7 +90,7 @@ class DFlashDrafter(DrafterBase):
     # -- protocol -----------------------------------------------------------------------------
     def max_nodes(self, depth: int) -> int:
         depth = min(depth, self.head.block_size - 1)
-        return depth if self.shape.is_chain else self.shape.max_nodes
+        return depth if self.shape.is_chain else self.shape.max_drafts(depth)
 
     def start(self, seq_id: int, prompt: list[int], params: SamplingParams | None = None,
               hidden: torch.Tensor | None = None, coupled: bool = False) -> None:
@@ -165,6 +168,10 @@ class DFlashDrafter(DrafterBase):
 
     def _tree(self, st: _State, block: Block, tokens: list[int], budget: Budget) -> DraftTree:
         depth = min(budget.depth, block.size)
+        if self.shape.kind == "glance":
+            nodes = min(budget.nodes, self.shape.max_nodes)
+            return glance_tree(block, depth, nodes, self.shape.top_k, self.shape.extra,
+                               lambda spine: self._past_block(st, block.root, spine))
         if not self.refiners:
             if st.params.greedy:
                 return greedy_chain(block, min(depth, budget.nodes), budget.min_confidence, budget.stop)
@@ -175,6 +182,15 @@ class DFlashDrafter(DrafterBase):
         for refiner in self.refiners:
             tree = refiner.refine(block, tree, depth, nodes, st.params.greedy)
         return tree
+
+    def _past_block(self, st: _State, root: int, spine: list[int]) -> torch.Tensor:
+        """GLANCE's extra pass: one block forward of width 2B, [root, the spine (B-1 target ids),
+        MASK x B], over the same context rows -> [B, Vd] logits of the B positions past the block."""
+        B, mask = self.head.block_size, self.head.config.mask_token_id
+        block_tokens = torch.full((1, 2 * B), mask, dtype=torch.long)  # [1, 2B]
+        block_tokens[0, : B] = torch.tensor([root, *spine])
+        logits, _ = self.head.block(self.cache, [st.slot], [st.rows], block_tokens)  # [1, 2B-1, Vd]
+        return logits[0, B - 1:]
 
 
 # -- registration ---------------------------------------------------------------------------------

@@ -11,6 +11,10 @@
     ddtree:N        DDTree, for block drafters (dflash): the N best prefixes of the block under the
                     product of its per-position distributions, best-first from a heap (one block
                     forward, no step per depth; verified by the tree walk)
+    glance:N[,K[,E]] GLANCE's budget tree (docs/methods.md#glance), for block drafters: the N best
+                    prefix-closed nodes best-first under offset independence, each position's top K
+                    (default 8) its candidates; E > 0: one extra draft pass past the block, its E
+                    best nodes hung off the greedy spine when the spine is confident enough
 
 Parsing is pure and refuses bad strings with a one-line ConfigError.
 """
@@ -27,7 +31,8 @@ class TreeShape:
     kind: str  # "chain", "static", "sampled", "dynamic" or "ddtree"
     branching: tuple[int, ...] = ()  # static and sampled: children per node at each depth
     top_k: int = 0  # dynamic: nodes expanded per depth (and children tried per node)
-    max_nodes: int = 0  # dynamic, ddtree: drafted nodes kept
+    max_nodes: int = 0  # dynamic, ddtree, glance: drafted nodes kept
+    extra: int = 0  # glance: nodes of the extra draft pass past the block (0: none)
 
     @property
     def is_chain(self) -> bool:
@@ -43,7 +48,7 @@ class TreeShape:
                 width *= b
                 total += width
             return total
-        return self.max_nodes
+        return self.max_nodes + self.extra
 
     def fed_nodes(self, depth: int) -> int:
         """Most nodes a model drafter feeds through its own forward (so writes to its cache,
@@ -53,8 +58,8 @@ class TreeShape:
             return max(depth - 1, 0)
         if self.kind in ("static", "sampled"):
             return self.max_drafts(self.max_depth(depth) - 1)
-        if self.kind == "ddtree":
-            return 0  # one block forward, nothing fed per depth
+        if self.kind in ("ddtree", "glance"):
+            return 0  # one block forward (glance: two), nothing fed per depth
         return self.top_k * max(depth - 1, 0)
 
     def max_depth(self, depth: int) -> int:
@@ -67,6 +72,8 @@ class TreeShape:
             return f"dynamic:{self.top_k},{self.max_nodes}"
         if self.kind == "ddtree":
             return f"ddtree:{self.max_nodes}"
+        if self.kind == "glance":
+            return f"glance:{self.max_nodes},{self.top_k}" + (f",{self.extra}" if self.extra else "")
         return "chain"
 
 
@@ -84,7 +91,11 @@ def parse_shape(text: str) -> TreeShape:
         return TreeShape("dynamic", top_k=numbers[0], max_nodes=numbers[1])
     if kind == "ddtree" and len(numbers) == 1 and 1 <= numbers[0] <= 1024:
         return TreeShape("ddtree", max_nodes=numbers[0])
+    if kind == "glance" and 1 <= len(numbers) <= 3 and 1 <= numbers[0] <= 1024:
+        branch, extra = (numbers[1:] + (8, 0)[len(numbers) - 1:])[:2]
+        if 1 <= branch <= 64 and 0 <= extra <= 1024:
+            return TreeShape("glance", top_k=branch, max_nodes=numbers[0], extra=extra)
     raise ConfigError(
         f"--tree {text!r} is not a tree shape: use chain, static:B1,B2,... or sampled:B1,B2,... (1-16 per depth) "
-        f"or dynamic:K,N or ddtree:N (block drafters, N <= 1024)"
+        f"or dynamic:K,N or ddtree:N or glance:N[,K[,E]] (block drafters, N <= 1024, K <= 64)"
     )
