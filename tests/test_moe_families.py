@@ -216,3 +216,21 @@ def test_models_check_names_the_experts(models, capsys):
     assert main(["models", "check", str(models["mixtral-window"][0])]) == 0
     line = capsys.readouterr().out.strip()
     assert "MixtralForCausalLM, 3 layers" in line and "MoE MLPs in 3 layers (6 experts, top 2)" in line, line
+
+
+@pytest.mark.parametrize("spec", [[], ["--drafter", "suffix"], ["--drafter", "draft-model:{folder}", "--tree", "static:2,2,1"]])
+def test_generate_gives_transformers_tokens_from_the_command_line(models, spec, capsys, monkeypatch):
+    """Issue 41's check: a Qwen3-MoE saved by transformers, under `outrider generate`, plain, with
+    suffix drafts and with a static tree, gives transformers' greedy tokens."""
+    from outrider.cli import main
+
+    folder, reference = models["qwen3-moe"][0], models["qwen3-moe"][1]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args = [a.format(folder=folder) for a in spec]
+    code = main(["generate", "--model", str(folder), "--json", "--max-new-tokens", "20", *args,
+                 " ".join(f"w{t}" for t in PROMPT)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    ids = json.loads(captured.out)["token_ids"]
+    out = reference.generate(torch.tensor([PROMPT]), max_new_tokens=20, do_sample=False, eos_token_id=2, pad_token_id=0)
+    assert ids == out[0, len(PROMPT):].tolist()[: len(ids)] and len(ids) > 10
