@@ -16,7 +16,9 @@ Shapes: M rows (a forward's B * T tokens), E hidden size, N routed experts, k ch
 I the expert size. The experts run one at a time on the rows that chose them (gathered, multiplied,
 scattered back weighted), in expert order: a verify of many rows reads each chosen expert once.
 Which rows chose which expert is read to the host once a layer (the count per expert): the
-gathers need their sizes.
+gathers need their sizes. `moe_mlp_per_token` is the slow reference beside it: every row's every
+choice multiplied alone (a k-token verify reads a chosen expert once per row that chose it);
+tests/test_moe_grouping.py holds the grouped product to it.
 """
 
 from __future__ import annotations
@@ -109,9 +111,26 @@ def moe_mlp(w: MoeWeights, cfg: MoeConfig, x: torch.Tensor) -> torch.Tensor:
         y = swiglu_mlp(flat.index_select(0, at), w.gate_up[e], w.down[e])  # [n, E]
         out.index_add_(0, at, y * scale[start: start + n, None])
         start += n
+    return _with_shared(w, flat, out).reshape(x.shape)
+
+
+def moe_mlp_per_token(w: MoeWeights, cfg: MoeConfig, x: torch.Tensor) -> torch.Tensor:
+    """The slow reference of moe_mlp: x [B, T, E] -> [B, T, E], each row's k chosen experts run on
+    that row alone, one at a time, and summed weighted (the same route)."""
+    flat = x.reshape(-1, x.shape[-1])  # [M, E]
+    weights, experts = route(flat, w.router, cfg, w.score_bias)  # [M, k], [M, k]
+    out = torch.zeros_like(flat)  # [M, E]
+    for m, (row_weights, row_experts) in enumerate(zip(weights, experts.tolist())):
+        for weight, e in zip(row_weights, row_experts):
+            out[m] += swiglu_mlp(flat[m: m + 1], w.gate_up[e], w.down[e])[0] * weight
+    return _with_shared(w, flat, out).reshape(x.shape)
+
+
+def _with_shared(w: MoeWeights, flat: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out [M, E] plus the shared expert's output on flat [M, E] (gated where it has a gate)."""
     if w.shared_gate_up is not None:
         shared = swiglu_mlp(flat, w.shared_gate_up, w.shared_down)  # [M, E]
         if w.shared_gate is not None:
             shared = torch.sigmoid(linear(flat, w.shared_gate)) * shared  # [M, 1] * [M, E]
         out = out + shared
-    return out.reshape(x.shape)
+    return out

@@ -1,0 +1,79 @@
+"""The MoE MLP's expert product (moe_layer.moe_mlp: a forward's rows grouped by expert, each chosen
+expert multiplied once on the rows that chose it) against its slow reference
+(moe_mlp_per_token: every row's every choice alone), on random weights, float and q8_0, for the
+routers the families use (softmax renormalised or not, DeepSeek-V3's sigmoid with a bias and
+groups, a gated shared expert), at one row, a verify's rows and a prefill's; and the count: a
+k-token verify reads each chosen expert once, the reference once per row that chose it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from outrider.kernels.blocks import quantize
+from outrider.kernels.quant_linear import QuantLinear
+from outrider.models import moe_layer
+from outrider.models.moe_config import MoeConfig
+from outrider.models.moe_layer import MoeWeights, moe_mlp, moe_mlp_per_token
+
+E, I, N = 64, 32, 8
+CONFIGS = {
+    "softmax, renormalised": MoeConfig(num_experts=N, top_k=2, expert_size=I, norm_topk_prob=True),
+    "softmax, top 3 as chosen": MoeConfig(num_experts=N, top_k=3, expert_size=I, norm_topk_prob=False),
+    "sigmoid, bias, groups": MoeConfig(num_experts=N, top_k=3, expert_size=I, norm_topk_prob=True, scoring="sigmoid",
+                                       n_group=4, topk_group=2, group_score="top2", score_bias=True, routed_scale=2.5),
+    "gated shared expert": MoeConfig(num_experts=N, top_k=2, expert_size=I, norm_topk_prob=False, shared_size=64,
+                                     shared_gate=True),
+}
+
+
+def weights(cfg: MoeConfig, quantized: bool) -> MoeWeights:
+    g = torch.Generator().manual_seed(1)
+    rand = lambda *shape: torch.randn(*shape, generator=g) * 0.3  # noqa: E731
+    mat = (lambda t: QuantLinear(quantize(t, "q8_0"))) if quantized else (lambda t: t)  # noqa: E731
+    shared = {}
+    if cfg.shared_size:
+        shared = dict(shared_gate_up=mat(rand(2 * cfg.shared_size, E)), shared_down=mat(rand(E, cfg.shared_size)),
+                      shared_gate=rand(1, E) if cfg.shared_gate else None)
+    return MoeWeights(router=rand(N, E) * 4, gate_up=[mat(rand(2 * I, E)) for _ in range(N)],
+                      down=[mat(rand(E, I)) for _ in range(N)],
+                      score_bias=rand(N) if cfg.score_bias else None, **shared)
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["float", "q8_0"])
+@pytest.mark.parametrize("name", CONFIGS)
+def test_grouped_by_expert_is_the_per_token_product(name, quantized):
+    cfg = CONFIGS[name]
+    w = weights(cfg, quantized)
+    for rows in (1, 5, 40):  # a decode step, a verify's rows, a prefill
+        x = torch.randn(1, rows, E, generator=torch.Generator().manual_seed(rows))  # [B, T, E]
+        got, want = moe_mlp(w, cfg, x), moe_mlp_per_token(w, cfg, x)
+        assert got.shape == want.shape == x.shape
+        assert torch.allclose(got, want, atol=1e-5 * float(want.abs().max()), rtol=1e-4), (got - want).abs().max()
+
+
+def test_a_verify_reads_each_chosen_expert_once(monkeypatch):
+    cfg = CONFIGS["softmax, renormalised"]
+    w = weights(cfg, False)
+    x = torch.randn(1, 8, E, generator=torch.Generator().manual_seed(3))  # an 8-token verify
+    _, experts = moe_layer.route(x[0], w.router, cfg)  # [8, 2]
+    reads = []
+    real = moe_layer.swiglu_mlp
+    monkeypatch.setattr(moe_layer, "swiglu_mlp", lambda h, gate_up, down: reads.append(id(gate_up)) or real(h, gate_up, down))
+    moe_mlp(w, cfg, x)
+    chosen = {id(w.gate_up[e]) for e in experts.reshape(-1).tolist()}
+    assert sorted(reads) == sorted(chosen) and len(chosen) < 16  # each chosen expert once
+    reads.clear()
+    moe_mlp_per_token(w, cfg, x)
+    assert len(reads) == 16  # the reference: once per row and choice
+
+
+def test_the_comparison_catches_a_lost_weight(monkeypatch):
+    """A grouped product that drops the routing weights fails the comparison."""
+    cfg = CONFIGS["softmax, top 3 as chosen"]
+    w = weights(cfg, False)
+    x = torch.randn(1, 5, E, generator=torch.Generator().manual_seed(5))
+    want = moe_mlp_per_token(w, cfg, x)
+    real = moe_layer.route
+    monkeypatch.setattr(moe_layer, "route", lambda *a: (torch.ones_like(real(*a)[0]), real(*a)[1]))
+    assert not torch.allclose(moe_mlp(w, cfg, x), want, atol=1e-4)
