@@ -197,5 +197,17 @@ def test_the_checks_catch(model, mutant, monkeypatch):
                             lambda batch, window, capacity, start, stop, hi: real(batch, window, capacity, start, stop,
                                                                                   [h - 1 for h in hi]))
     want = rounds(model, full(model))
-    got = rounds(model, ring(model))
+    try:
+        got = rounds(model, ring(model))
+    except ModelError as err:  # or the ring's own checks refuse a row it no longer holds
+        assert "ring" in str(err) or "window" in str(err)
+        return
     assert not all(close(a, b) for a, b in zip(got, want))
+
+
+def test_models_check_names_the_bytes(model, capsys):
+    from outrider.cli import main
+
+    assert main(["models", "check", str(model[1])]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "KiB a token with every row kept" in out[0] and "MiB a slot" in out[0], out

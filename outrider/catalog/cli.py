@@ -94,6 +94,20 @@ def check_command(args) -> int:
         scored = f" by {c.moe.scoring}" if c.moe.scoring != "softmax" else ""
         moe = (f", MoE MLPs in {sparse} layers ({c.moe.num_experts} experts, top {c.moe.top_k}{groups}{scored}"
                f"{scaled}{', a shared expert' if c.moe.shared_size else ''})")
+    windows = _window_bytes(c) if c.layer_windows and c.mla is None and c.delta is None else ""
     print(f"supported: {folder}: {c.architecture}, {c.num_layers} layers ({', '.join(kinds)}){moe}, "
-          f"hidden {c.hidden_size}, vocab {c.vocab_size}, RoPE {rope}")
+          f"hidden {c.hidden_size}, vocab {c.vocab_size}, RoPE {rope}{windows}")
     return 0
+
+
+def _window_bytes(c) -> str:
+    """K/V bytes a token with every row kept, and with the sliding layers in rings (float32;
+    models/sliding_state.py)."""
+    from ..models.ring_cache import ROWS
+
+    row = 2 * c.num_kv_heads * c.head_dim * 4  # K and V of one position in one layer, float32
+    sliding = [w for w in c.layer_windows if w]
+    rings = sum(row * (w - 1 + min(ROWS, w) + 1) for w in sliding)
+    return (f"; K/V (float32) {row * c.num_layers / 1024:g} KiB a token with every row kept, with the "
+            f"{len(sliding)} sliding layers in rings {row * (c.num_layers - len(sliding)) / 1024:g} KiB a token "
+            f"+ {rings / (1 << 20):.2f} MiB a slot (config sliding_ring)")
