@@ -14,8 +14,9 @@ What the engine, drafters, controllers and training need of a slot's state:
 `KVCache` (kv_cache.py) is the state of a model made only of attention layers: rows written by
 position, cut back by a length. `HybridState` below joins it (for the attention layers) with a
 `DeltaState` (delta_state.py: gated-delta layers, a state that cannot be cut back, whose tree
-rows are held until a commit folds the accepted path). A paged K/V store with shared prefixes is
-one more implementation of the same calls.
+rows are held until a commit folds the accepted path). `SlidingState` (sliding_state.py) joins a
+KVCache (the global layers) with rings that keep only the rows a sliding window still reads
+(ring_cache.py). A paged K/V store with shared prefixes is one more implementation of the same calls.
 """
 
 from __future__ import annotations
