@@ -125,11 +125,16 @@ def rounds(model, cache, seed: int = 0, count: int = 14) -> list[torch.Tensor]:
     return out
 
 
-def test_trees_at_the_windows_edge_commit_exactly(model):
+@pytest.fixture(scope="module")
+def full_rounds(model):
+    return rounds(model[0], full(model[0]))
+
+
+def test_trees_at_the_windows_edge_commit_exactly(model, full_rounds):
     """Trees deeper than the window, wider than R, at every offset from its edge; rejected rows written
     past the accepted ones each round."""
     model = model[0]
-    for got, want in zip(rounds(model, ring(model)), rounds(model, full(model))):
+    for got, want in zip(rounds(model, ring(model)), full_rounds):
         assert close(got, want), (got - want).abs().max()
 
 
@@ -182,7 +187,7 @@ def test_memory_is_bounded_by_the_window(model):
 
 
 @pytest.mark.parametrize("mutant", ["ring one row short", "modulo off by one", "mask one row off"])
-def test_the_checks_catch(model, mutant, monkeypatch):
+def test_the_checks_catch(model, full_rounds, mutant, monkeypatch):
     model = model[0]
     if mutant == "ring one row short":
         monkeypatch.setattr(ring_cache.RingKV, "capacity", property(lambda self: self.window - 2 + self.rows))
@@ -196,7 +201,7 @@ def test_the_checks_catch(model, mutant, monkeypatch):
         monkeypatch.setattr(ring_attention, "ring_mask",
                             lambda batch, window, capacity, start, stop, hi: real(batch, window, capacity, start, stop,
                                                                                   [h - 1 for h in hi]))
-    want = rounds(model, full(model))
+    want = full_rounds
     try:
         got = rounds(model, ring(model))
     except ModelError as err:  # or the ring's own checks refuse a row it no longer holds
