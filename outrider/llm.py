@@ -14,6 +14,7 @@ import numbers
 from . import config as runtime
 from .config import RuntimeConfig
 from .engine.generate import offline_engine
+from .engine.prefix_cache import PrefixCache
 from .engine.request import Completion, Request
 from .engine.speculator import MAX_TREE_NODES, SpecOptions, Speculator
 from .engine.text_stream import check_text
@@ -31,7 +32,8 @@ class LLM:
     def __init__(self, model: str | None = None, *, drafter: str | None = None, tree: str = "chain",
                  controller: str = "fixed:4", device: str | None = None, dtype: str | None = None,
                  threads: int | None = None, max_tree_nodes: int = MAX_TREE_NODES, kv_dtype: str | None = None,
-                 config: RuntimeConfig | dict | None = None, verifier: str | None = None):
+                 config: RuntimeConfig | dict | None = None, verifier: str | None = None,
+                 prefix_cache_mb: int = 256):
         """`drafter`: None (autoregressive), "ngram", "suffix", "draft-model:NAME", "early-exit:K",
         "eagle3:PATH_OR_NAME" or "hybrid:[K,]DRAFTER"; `tree`: chain, static:B1,B2,...,
         sampled:B1,B2,... (siblings drawn from q; temperature > 0 only) or dynamic:K,N;
@@ -41,7 +43,10 @@ class LLM:
         plain sampling's: docs/usage.md#seeds; "resispec-lossy" is lossy, docs/methods.md);
         `kv_dtype`: the K/V cache's values, "float32" or "float16" (None: the compute dtype); `config`: the runtime
         config (outrider/config.py; a dict changes the current one), put in force for the
-        process; `threads` is its `threads`. Bad strings are refused before loading."""
+        process; `threads` is its `threads`; `prefix_cache_mb`: memory of the exact prefix cache kept
+        across `generate` calls (prompts that share a prefix with an earlier call's prompt or output
+        prefill only the rest; engine/prefix_cache.py; 0: off; off by itself where it would not be
+        exact, `prefix_cache_note` says why). Bad strings are refused before loading."""
         from .catalog.packages import DEFAULT_MODEL
         from .catalog.resolve import resolve_model
 
@@ -53,6 +58,8 @@ class LLM:
         torch_device = resolve_device(device)  # an unknown or absent device is refused here, not mid-load
         if threads is not None:
             _check_threads(threads)
+        if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, numbers.Integral) or prefix_cache_mb < 0:
+            raise ConfigError(f"prefix_cache_mb must be an integer >= 0 (0: off), got {prefix_cache_mb!r}")
         if config is not None or threads is not None:
             runtime.use(config, **({"threads": threads} if threads is not None else {}))
         self.config = runtime.current()
@@ -69,6 +76,8 @@ class LLM:
         # the thread count follows the free cores unless the config fixes it (engine/threads.py)
         self.cpu_share = cpu_share_for(self.config.threads, dispatch.plan().follow_free_cores)
         self._grammars = None
+        self.prefix_cache = PrefixCache(budget_bytes=prefix_cache_mb << 20) if prefix_cache_mb else None
+        self.prefix_cache_note: str | None = None  # why the cache is off, after the first generate
 
     # -- prompts -------------------------------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
@@ -125,7 +134,9 @@ class LLM:
         grammar = self.grammars().compile(response_format) if response_format is not None else None
         requests = [Request(self.encode(p, chat), max_new_tokens, params, tuple(stops), grammar=grammar,
                             grammar_drafting=grammar_drafting) for p in batch]
-        engine = offline_engine(self.target, requests, self.eos_ids, self.speculator, self.decode)
+        engine = offline_engine(self.target, requests, self.eos_ids, self.speculator, self.decode,
+                                prefix_cache=self.prefix_cache)
+        self.prefix_cache_note = engine.prefix_cache_note
         ids = {engine.add(r): i for i, r in enumerate(requests)}  # request id -> prompt index
         out: list[Completion | None] = [None] * len(batch)
         with self.cpu_share:

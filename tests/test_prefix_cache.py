@@ -168,3 +168,19 @@ def test_the_cache_is_off_where_a_prefill_is_not_the_same_bits_chunked(folder, r
     runtime(gemm_prefill="off")
     eng = engine(load_decoder(folder, "cpu"), PrefixCache(block=P))  # float32: the torch layers
     assert eng.prefix_cache is None and "torch layers" in eng.prefix_cache_note
+
+
+def test_llm_generate_keeps_the_cache_across_calls(folder, runtime):
+    from outrider.llm import LLM
+    from tiny import add_tokenizer
+
+    runtime(amx_prefill=False, gemm_prefill="off")
+    folder = add_tokenizer(make_family("llama", folder.parent / "llama"))  # a word-level tokenizer
+    prompt = " ".join(f"w{t}" for t in SYSTEM + [60, 61, 62])
+    on, off = LLM(str(folder), device="cpu", dtype="q4"), LLM(str(folder), device="cpu", dtype="q4", prefix_cache_mb=0)
+    first = on.generate(prompt, 10)
+    again = on.generate([prompt, prompt + " w7 w8"], 10)
+    assert on.prefix_cache_note is None and first.cached_tokens == 0
+    assert [c.cached_tokens for c in again] == [16, 16]  # 22 rows of prompt: 1 block of 16; the output past it
+    assert [c.text for c in again] == [c.text for c in off.generate([prompt, prompt + " w7 w8"], 10)]
+    assert off.prefix_cache is None

@@ -9,6 +9,10 @@
     outrider:e2e_request_latency_seconds                    arrival -> end
     outrider:num_requests_running / num_requests_waiting    gauges, set after every step
     outrider:kv_rows_used / kv_rows_reserved / kv_rows_total   K/V rows: committed, reserved, allocated
+    outrider:kv_cache_usage_perc                            K/V usage, 0..1: rows committed over rows allocated
+    outrider:prefix_cache_queries_total                     prompt tokens looked up in the prefix cache
+    outrider:prefix_cache_hits_total                        of those, tokens whose K/V the cache gave
+    outrider:prefix_cache_usage_perc                        the prefix cache's pool in use, 0..1 (not vLLM's)
     outrider:spec_decode_num_drafts_total                   rounds that drafted at least one token
     outrider:spec_decode_num_draft_tokens_total             draft tokens verified
     outrider:spec_decode_num_accepted_tokens_total          draft tokens accepted
@@ -16,6 +20,8 @@
 
 Request and speculation counters are added when a request ends, from its own RoundStats, so
 they equal the sums of the per-request figures (each response's `outrider` field).
+The prefix cache's counters count tokens, as vLLM's prefix_cache_queries and prefix_cache_hits
+do (hits / queries is the hit rate); they move after the step that admitted a request.
 Every metric carries the label model_name, as vLLM's do.
 """
 
@@ -58,6 +64,13 @@ class Metrics:
         self.drafts = counter("spec_decode_num_drafts", "Rounds that drafted").labels(self.model)
         self.draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens verified").labels(self.model)
         self.accepted = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted").labels(self.model)
+        self.kv_usage = gauge("kv_cache_usage_perc", "K/V usage: rows holding committed tokens over rows allocated")
+        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache").labels(
+            self.model)
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens whose K/V the prefix cache gave").labels(
+            self.model)
+        self.prefix_usage = gauge("prefix_cache_usage_perc", "The prefix cache's blocks in use over its capacity")
+        self._prefix_seen = (0, 0)  # the cache's (queries, hits) at the last step
         self._per_pos = counter("spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by position",
                                 ["position"])
 
@@ -88,6 +101,16 @@ class Metrics:
         self.kv_used.set(kv_used)
         self.kv_reserved.set(kv_reserved)
         self.kv_total.set(kv_total)
+        self.kv_usage.set(kv_used / kv_total if kv_total else 0.0)
+
+    def prefix_cache_state(self, cache) -> None:
+        """The prefix cache's counters (engine/prefix_cache.py PrefixCache: cumulative queries and
+        hits, in tokens) and its pool's use, after a step."""
+        queries, hits = cache.queries, cache.hits
+        self.prefix_queries.inc(queries - self._prefix_seen[0])
+        self.prefix_hits.inc(hits - self._prefix_seen[1])
+        self._prefix_seen = (queries, hits)
+        self.prefix_usage.set(cache.usage())
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

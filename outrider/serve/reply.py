@@ -16,7 +16,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response
 
 from .errors import ApiError
-from .responses import chat_logprobs, chunk, completion_logprobs, extensions, response, usage
+from .responses import cached_tokens, chat_logprobs, chunk, completion_logprobs, extensions, response, usage
 from . import tools
 from .state import Plan, ServerState
 
@@ -74,7 +74,7 @@ async def reply_whole(state: ServerState, http: HttpRequest, plan: Plan, rid: st
         except ApiError as err:
             return error_response(err)
         choices.append(tools.answer(plan.parsed, i, chat, text, c.finish_reason, logprobs))
-    use = usage(sum(len(ids) for ids in plan.prompt_ids), out_tokens)
+    use = usage(sum(len(ids) for ids in plan.prompt_ids), out_tokens, cached_tokens(completions, plan.parsed.n))
     return response(rid, state.model_name, chat, choices, use, extensions(completions))
 
 
@@ -198,7 +198,8 @@ async def reply_stream(state: ServerState, plan: Plan, rid: str, chat: bool):
                 for payload in prompts + held:
                     yield _sse(payload)
             if parsed.include_usage:
-                yield _sse(chunk(rid, model, chat, None, None, use=usage(prompt_tokens, sum(produced))))
+                cached = cached_tokens([done[i] for i in range(n_choices)], parsed.n)
+                yield _sse(chunk(rid, model, chat, None, None, use=usage(prompt_tokens, sum(produced), cached)))
         yield "data: [DONE]\n\n"
     finally:
         if len(done) < n_choices:  # the client went away, or a choice failed: free the slots at the next step

@@ -25,9 +25,20 @@ def new_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    """OpenAI's usage; with `cached_tokens` (known when the choices have ended), its
+    prompt_tokens_details: the prompt tokens whose K/V came from the prefix cache."""
+    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
+
+
+def cached_tokens(completions: list, n: int) -> int:
+    """The prompt tokens the prefix cache gave, over the prompts (each prompt's first choice: the
+    others copy its prefill), as prompt_tokens counts each prompt once."""
+    return sum(getattr(c, "cached_tokens", 0) for c in completions[::n])
 
 
 def extension(completion) -> dict:

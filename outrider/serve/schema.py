@@ -198,10 +198,15 @@ class ErrorResponse(_Strict):
     error: ErrorInfo
 
 
+class PromptTokensDetails(_Strict):
+    cached_tokens: int = Field(description="prompt tokens whose K/V came from the prefix cache")
+
+
 class Usage(_Strict):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: Optional[PromptTokensDetails] = None
 
 
 Finish = Optional[Literal["stop", "length", "abort", "tool_calls"]]
@@ -328,12 +333,24 @@ class ModelList(_Strict):
     data: list[ModelCard]
 
 
+class PrefixCacheHealth(_Strict):
+    enabled: bool
+    reason: Optional[str] = None  # why it is off (or a limit it works under)
+    block_tokens: Optional[int] = None
+    budget_mb: Optional[float] = None
+    blocks: Optional[int] = None  # blocks held now
+    usage: Optional[float] = None  # blocks held over the pool's capacity
+    queries: Optional[int] = None  # prompt tokens looked up
+    hits: Optional[int] = None  # of those, tokens restored
+
+
 class Health(_Strict):
     status: Literal["ok", "draining", "failed"]
     error: Optional[str] = None
     replicas: Optional[int] = None  # `--replicas N` (outrider/cluster): how many were started
     replicas_alive: Optional[int] = None
     replica_restarts: Optional[int] = None  # new actors started in dead replicas' slots so far
+    prefix_cache: Optional[PrefixCacheHealth] = None  # engine/prefix_cache.py: its blocks and counters, or why off
 
 
 def stream(chunk_model: str) -> dict:

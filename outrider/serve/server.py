@@ -42,6 +42,9 @@ class ServeOptions:
     max_model_len: int | None = None  # None: min(DEFAULT_MAX_MODEL_LEN, the model's context)
     max_kv_rows: int | None = None
     chunk_size: int = 512
+    prefix_cache: bool = True  # the exact prefix cache (engine/prefix_cache.py); off: every prompt prefilled whole
+    prefix_cache_mb: int = 512
+    prefix_cache_block: int = 16
     max_body_mb: int = MAX_BODY_MB  # a larger request body gets a 413
     device: str | None = None
     dtype: str | None = None
@@ -56,7 +59,7 @@ class ServeOptions:
     def check(self) -> "ServeOptions":
         """Refuse bad values by their flag's name, before anything loads."""
         for key in ("max_running", "max_queue", "max_model_len", "chunk_size", "max_kv_rows", "replicas",
-                    "max_body_mb"):
+                    "max_body_mb", "prefix_cache_mb", "prefix_cache_block"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
@@ -100,6 +103,7 @@ def engine_worker(options: ServeOptions, on_fatal=None):
     metrics, tokenizer lock). `build` serves it over HTTP; a cluster replica holds one each."""
     from ..llm import LLM
     from ..engine.loop import EngineLoop
+    from ..engine.prefix_cache import PrefixCache
     from .metrics import Metrics
     from .worker import EngineWorker
 
@@ -112,9 +116,10 @@ def engine_worker(options: ServeOptions, on_fatal=None):
         with lock:
             return llm.decode(ids)
 
+    prefix = PrefixCache(options.prefix_cache_block, options.prefix_cache_mb << 20) if options.prefix_cache else None
     engine = EngineLoop(llm.target, llm.eos_ids, llm.speculator, decode=decode, max_running=options.max_running,
                         max_len=max_model_len(options, llm.target.config.max_position_embeddings),
-                        max_kv_rows=options.max_kv_rows, chunk_size=options.chunk_size)
+                        max_kv_rows=options.max_kv_rows, chunk_size=options.chunk_size, prefix_cache=prefix)
     metrics = Metrics(llm.name)
     worker = EngineWorker(engine, metrics, options.max_queue, on_fatal=on_fatal)
     return llm, worker, metrics, lock
@@ -158,6 +163,18 @@ def sampled_tree_note(options: ServeOptions) -> str | None:
                 "temperature > 0 (a greedy one gets a 400 naming temperature; speculate: false decodes it "
                 "without drafts)")
     return None
+
+
+def prefix_cache_line(options: ServeOptions, worker) -> str:
+    """The startup line on the prefix cache: its blocks and memory, or why it is off."""
+    if not options.prefix_cache:
+        return "prefix cache off (--no-prefix-cache)"
+    engine = getattr(worker, "engine", None)
+    cache, note = getattr(engine, "prefix_cache", None), getattr(engine, "prefix_cache_note", None)
+    if cache is None and note:
+        return f"prefix cache off: {note}"
+    line = f"prefix cache on: blocks of {options.prefix_cache_block} tokens, up to {options.prefix_cache_mb} MiB"
+    return line + (f" ({note})" if note else "")
 
 
 def serve(options: ServeOptions, log=print, builder=None) -> int:
@@ -216,6 +233,7 @@ def serve(options: ServeOptions, log=print, builder=None) -> int:
     port = sock.getsockname()[1]  # --port 0: the port the system chose
     log(f"outrider serve: {state.model_name} on http://{options.host}:{port}/v1", file=sys.stderr)
     log(f"outrider serve: {summary_line()}", file=sys.stderr)
+    log(f"outrider serve: {prefix_cache_line(options, state.worker)}", file=sys.stderr)
     note = sampled_tree_note(options)
     if note:
         log(f"outrider serve: {note}", file=sys.stderr)

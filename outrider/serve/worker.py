@@ -139,6 +139,17 @@ class EngineWorker:
         if self.thread.is_alive() and threading.current_thread() is not self.thread:
             self.thread.join(timeout=timeout)
 
+    def health(self) -> dict:
+        """What /health adds to its status: the prefix cache where it is on, its blocks and counters
+        (where it is off, the startup line says why)."""
+        cache, note = self.engine.prefix_cache, self.engine.prefix_cache_note
+        if cache is None:
+            return {}
+        info = {"enabled": True, "block_tokens": cache.block, "budget_mb": cache.budget_bytes / (1 << 20),
+                "blocks": cache.blocks, "usage": round(cache.usage(), 6), "queries": cache.queries,
+                "hits": cache.hits}
+        return {"prefix_cache": info | ({"reason": note} if note else {})}
+
     @property
     def queued(self) -> int:
         with self._cv:
@@ -179,6 +190,8 @@ class EngineWorker:
             e = self.engine
             self.metrics.engine_state(e.num_running, e.num_waiting, e.kv_rows_used, e.scheduler.rows_reserved,
                                       e.scheduler.num_slots * e.max_len)
+            if e.prefix_cache is not None:
+                self.metrics.prefix_cache_state(e.prefix_cache)
             with self._cv:
                 self._waiting = e.num_waiting
                 self._busy = e.has_work
