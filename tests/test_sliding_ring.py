@@ -216,3 +216,10 @@ def test_models_check_names_the_bytes(model, capsys):
     assert main(["models", "check", str(model[1])]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "KiB a token with every row kept" in out[0] and "MiB a slot" in out[0], out
+
+
+def test_sparsespec_is_refused_in_one_line(model):
+    from outrider.drafters.sparsespec import Sparsity, check_fits
+
+    why = check_fits(Sparsity(16, 2, 4), model[0].config, model[1])
+    assert why and "sliding-window" in why and "\n" not in why

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import current
 from ..errors import ConfigError
 from ..sampling import SamplingParams
 from ..spec.types import Budget, DraftTree, VerifyResult
@@ -91,6 +92,10 @@ def check_fits(sparsity: Sparsity, target_config, target_path: Path) -> str | No
     if target_config.mla is not None:
         return ("sparsespec drafts over the target's own per-head K/V rows, and this target's latent-attention "
                 "layers keep one latent row a token instead; use a draft model, early-exit or a lookup drafter")
+    if target_config.layer_windows and current().sliding_ring:
+        return ("sparsespec drafts over the target's own K/V rows by position, and this target's sliding-window "
+                "layers keep only their window's rows, in rings; use a draft model, early-exit or a lookup drafter "
+                "(or --config sliding_ring=off to keep every row)")
     context = int(target_config.max_position_embeddings)
     if sparsity.budget >= context:
         return (f"a BUDGET of {sparsity.budget} keys is the target's whole context of {context} tokens, so nothing "
