@@ -40,7 +40,7 @@ from ..errors import ConfigError
 from ..models.decoder import Decoder
 from ..sampling import SamplingParams
 from ..spec.shapes import TreeShape, parse_shape
-from ..spec.verifiers import VERIFIERS, choose_verifier, is_walk
+from ..spec.verifiers import PARAMETERIZED, VERIFIERS, choose_verifier, is_walk, verifier_entry
 
 MAX_TREE_NODES = 256  # draft nodes per sequence per round, unless the user raises it
 
@@ -94,11 +94,13 @@ class SpecOptions:
         depth = parse_controller(self.controller, profile_factory=lambda: None).max_depth
         self.check_nodes(max(shape.max_drafts(depth), shape.fed_nodes(depth)), depth)
         if self.verifier is not None:
-            if self.verifier not in VERIFIERS:
-                raise ConfigError(f"--verifier {self.verifier!r}: no such verifier; known: {', '.join(VERIFIERS)}")
+            verifier = verifier_entry(self.verifier)
+            if verifier is None:
+                raise ConfigError(f"--verifier {self.verifier!r}: no such verifier; known: {', '.join(VERIFIERS)}, "
+                                  f"{', '.join(n + ':...' for n in PARAMETERIZED)}")
             tree_kind = entry.capabilities.drafts(shape.kind).tree_kind
-            if tree_kind not in VERIFIERS[self.verifier].kinds:
-                raise ConfigError(f"--verifier {self.verifier} verifies only a {' or a '.join(VERIFIERS[self.verifier].kinds)}; "
+            if tree_kind not in verifier.kinds:
+                raise ConfigError(f"--verifier {self.verifier} verifies only a {' or a '.join(verifier.kinds)}; "
                                   f"{_named('--tree', self.tree)} of the {entry.name} drafter gives a {tree_kind}")
         return self
 

@@ -26,7 +26,9 @@ A combination that cannot be verified exactly is refused with a reason, never ru
 a verifier that needs draft_probs at temperature 0, where drafters draft greedily and give none.
 
 Lossy verifiers (`lossy=True`, named so: `resispec-lossy`, spec/verify_resispec.py) are never
-chosen by default; only by name (`--verifier NAME`), and the lossless tests leave them out.
+chosen by default; only by name (`--verifier NAME`), and the lossless tests leave them out. A
+verifier that takes an argument (`verify-skip-lossy:T,G`, spec/verify_skip.py) is in
+PARAMETERIZED, not VERIFIERS: `verifier_entry(name)` builds it from its name (once per name).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from .verify_chain import verify_chain, verify_chain_reference
 from .verify_greedy import verify_greedy_chain, verify_greedy_reference, verify_greedy_tree
 from .verify_multidraft import MultiDraftVerifier
 from .verify_resispec import ResiSpecVerifier
+from .verify_skip import NAME as SKIP_NAME
+from .verify_skip import parse_skip
 from .verify_tree import verify_chain_walk, verify_tree_walk, verify_tree_walk_reference
 
 Verifier = Callable[[DraftTree, torch.Tensor, SamplingParams, object], VerifyResult]
@@ -72,6 +76,27 @@ VERIFIERS: dict[str, Entry] = {
     # lossy (docs/methods.md#resispec): siblings drawn without replacement, as `--tree sampled:...` draws them
     "resispec-lossy": Entry(ResiSpecVerifier(without_replacement=True), ("tree",), True, False, True, lossy=True),
 }
+
+
+# verifiers named NAME:ARGUMENT -> a factory of the Entry (all lossy: named `-lossy`, never a default)
+PARAMETERIZED: dict[str, Callable[[str], Entry]] = {
+    # LOSSY (docs/methods.md#verifier-skipping): a confident prefix committed unverified; greedy chains only
+    SKIP_NAME: lambda argument: Entry(parse_skip(argument), ("chain",), False, True, lossy=True),
+}
+_BUILT: dict[str, Entry] = {}
+
+
+def verifier_entry(name: str) -> Entry | None:
+    """The registry entry of the verifier called `name` (`NAME` or, for PARAMETERIZED ones,
+    `NAME[:ARGUMENT]`), or None when there is none; ConfigError for a bad argument."""
+    if name in VERIFIERS:
+        return VERIFIERS[name]
+    base, _, argument = name.partition(":")
+    if base not in PARAMETERIZED:
+        return None
+    if name not in _BUILT:
+        _BUILT[name] = PARAMETERIZED[base](argument)
+    return _BUILT[name]
 
 
 def lossless_names() -> tuple[str, ...]:
@@ -113,9 +138,10 @@ def choose_verifier(
         return VerifierChoice("", None, f"tree_kind must be one of {TREE_KINDS}, got {tree_kind!r}")
     if name is None:
         name = _default(tree_kind, gives_probs, sampling, without_replacement, seeded)
-    entry = VERIFIERS.get(name)
+    entry = verifier_entry(name)
     if entry is None:
-        return VerifierChoice(name, None, f"no verifier called {name!r}; known: {', '.join(VERIFIERS)}")
+        return VerifierChoice(name, None, f"no verifier called {name!r}; known: {', '.join(VERIFIERS)}, "
+                                          f"{', '.join(n + ':...' for n in PARAMETERIZED)}")
     refusal = _refusal(name, entry, tree_kind, gives_probs, sampling, without_replacement)
     if refusal:
         return VerifierChoice(name, None, refusal)
