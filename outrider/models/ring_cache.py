@@ -137,7 +137,7 @@ class RingKV:
         if not self.can_copy_prefix(src, n):
             raise ModelError(f"slot {src}: a sliding window of {self.window} no longer holds rows "
                              f"{max(n - self.window + 1, 0)} .. {n - 1}")
-        rows = torch.arange(max(n - self.window + 1, 0), n) % self.capacity
+        rows = (torch.arange(max(n - self.window + 1, 0), n) % self.capacity).to(self.k[0].device if self.k else "cpu")
         for cache in (*self.k, *self.v):
             cache[dst, :, rows] = cache[src, :, rows]
         self.low[dst], self.end[dst] = max(n - self.window + 1, 0), n
