@@ -234,3 +234,16 @@ def test_sparsespec_is_refused_in_one_line(model):
 
     why = check_fits(Sparsity(16, 2, 4), model[0].config, model[1])
     assert why and "sliding-window" in why and "\n" not in why
+
+
+def test_a_windowed_draft_model_keeps_every_row(model):
+    """draft-model:...,window=W reclaims its rows by moving them down past its window, which a ring
+    cannot do: that drafter's own state keeps every row (Decoder.new_cache(rings=False)), and its
+    drafts on the model itself still give plain decoding's tokens."""
+    decoder, folder = model
+    requests = [Request(PROMPT, 40, SamplingParams(0.0))]
+    plain = [c.token_ids for c in generate_ids(decoder, requests, set())]
+    speculator = Speculator.build(SpecOptions(f"draft-model:{folder},window=8", "static:2,1,1,1", "fixed:4"), decoder,
+                                  folder)
+    done = generate_ids(decoder, requests, set(), speculation=speculator)
+    assert [c.token_ids for c in done] == plain and done[0].stats["mean_accepted_length"] > 2

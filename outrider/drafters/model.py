@@ -107,7 +107,9 @@ class ModelDrafter(TreeGrowers, DrafterBase):
     def slots(self) -> SlotCache:
         if self._slots is None:
             layers = self.num_layers or self.decoder.config.num_layers
-            self._slots = SlotCache(lambda n, rows: self.decoder.new_cache(n, rows, num_layers=layers))
+            # a window= reclaims rows by moving them down past a sliding layer's window: every row kept
+            rings = self.window is None
+            self._slots = SlotCache(lambda n, rows: self.decoder.new_cache(n, rows, num_layers=layers, rings=rings))
         return self._slots
 
     @property

@@ -120,15 +120,15 @@ class Decoder:
         """The compute dtype (activations, K/V); quantized weights compute in it too."""
         return self.embed.dtype
 
-    def new_cache(self, num_slots: int, max_len: int, num_layers: int | None = None):
+    def new_cache(self, num_slots: int, max_len: int, num_layers: int | None = None, rings: bool = True):
         """The slots' state for the first `num_layers` layers (all by default): a KVCache, or for a
         model with gated-delta layers a HybridState (models/state.py), or for one with sliding-window
-        layers a SlidingState (their rows in rings of their window; config sliding_ring=off: a
-        KVCache, every row kept and masked)."""
+        layers a SlidingState (their rows in rings of their window; config sliding_ring=off, or
+        rings=False: a KVCache, every row kept and masked)."""
         c = self.config
         upto = num_layers or c.num_layers
         dtype = self.kv_dtype or self.dtype
-        if c.layer_windows and c.delta is None and c.mla is None and current().sliding_ring:
+        if c.layer_windows and c.delta is None and c.mla is None and rings and current().sliding_ring:
             return SlidingState.build([c.window(l) for l in range(upto)], num_slots, max_len, c.num_kv_heads,
                                       c.head_dim, c.num_heads // c.num_kv_heads, dtype, self.device)
         if c.mla is not None:  # latent attention: one row of r + R dr a token and layer (latent_cache.py)
