@@ -118,9 +118,8 @@ class RingKV:
         if moves[0][0] < self.held_from(slot):
             raise ModelError(f"slot {slot}: row {moves[0][0]} has left the sliding window's ring")
         if max(dst_start - self.window + 1, 0) < self.held_from(slot):  # rows moved down past the window
-            raise ModelError(f"slot {slot}: a sliding window's ring cannot move rows down to {dst_start} (a draft "
-                             "model's window= reclaims rows so: not with its sliding layers in rings; config "
-                             "sliding_ring=off keeps every row)")
+            raise ModelError(f"slot {slot}: a sliding window's ring cannot move rows down to {dst_start} "
+                             "(config sliding_ring=off keeps every row)")
         C = self.capacity
         src = torch.tensor([s % C for s, _ in moves], device=self.k[0].device)
         dst = torch.tensor([d % C for _, d in moves], device=self.k[0].device)
