@@ -63,7 +63,10 @@ def _stacked(arrays: dict, experts: int) -> dict:
     return out
 
 
-def write_moe_gguf(folder: Path, path: Path, qtype: str = "F32") -> None:
+def write_moe_gguf(folder: Path, path: Path, qtype: str = "F32", tokenizer: bool = True) -> None:
+    """Write `folder` (a Qwen3-MoE, OLMoE or Mixtral saved by transformers) to `path` as the
+    converter would (--outtype f32 / q8_0 for F32 / Q8_0); tokenizer=False: no tokenizer fields
+    (scripts/check_moe_gguf_layout.py compares the model's tensors and metadata only)."""
     import gguf
     import torch
     from safetensors.torch import load_file
@@ -96,17 +99,8 @@ def write_moe_gguf(folder: Path, path: Path, qtype: str = "F32") -> None:
         w.add_vocab_size(c["vocab_size"])
         w.add_rope_dimension_count(c.get("head_dim") or c["hidden_size"] // heads)
     w.add_quantization_version(2)
-    tokens = bpe._tokenizer_vocab()
-    assert len(tokens) == c["vocab_size"], "the model's vocab_size must be the BPE's 264"
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types([3] * len(bpe.SPECIALS) + [1] * (len(tokens) - len(bpe.SPECIALS)))
-    w.add_token_merges(bpe.MERGES)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
-    w.add_chat_template(bpe.CHATML)
+    if tokenizer:
+        _add_tokenizer(w, c, bpe)
     arrays = _stacked({k: v.to(torch.float32).numpy() for k, v in tensors.items()}, experts)
     for name in sorted(arrays):
         x = arrays[name]
@@ -127,3 +121,17 @@ def write_moe_gguf(folder: Path, path: Path, qtype: str = "F32") -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def _add_tokenizer(w, c: dict, bpe) -> None:
+    tokens = bpe._tokenizer_vocab()
+    assert len(tokens) == c["vocab_size"], "the model's vocab_size must be the BPE's 264"
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([3] * len(bpe.SPECIALS) + [1] * (len(tokens) - len(bpe.SPECIALS)))
+    w.add_token_merges(bpe.MERGES)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template(bpe.CHATML)
