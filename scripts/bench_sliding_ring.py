@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--dtype", default="gguf")
+    ap.add_argument("--ring-first", action="store_true", help="prefill the rings' state first (order effects)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     path = resolve_model("gemma3-270m")
@@ -45,7 +46,8 @@ def main() -> None:
     ids = torch.tensor(prompt_ids(load_tokenizer(path), args.context))
     fill = args.context - args.steps
     states = {}
-    for name, ring in (("full", False), ("ring", True)):
+    order = (("full", False), ("ring", True))
+    for name, ring in (order[::-1] if args.ring_first else order):
         with overriding(sliding_ring=ring):
             cache = model.new_cache(1, args.context + 8)
         t, cpu = time.perf_counter(), time.thread_time()

@@ -247,3 +247,29 @@ def test_a_windowed_draft_model_keeps_every_row(model):
                                   folder)
     done = generate_ids(decoder, requests, set(), speculation=speculator)
     assert [c.token_ids for c in done] == plain and done[0].stats["mean_accepted_length"] > 2
+
+
+def test_the_rings_mask_is_the_full_masks_columns():
+    """ring_attention.ring_mask against sliding.window_mask (the reference) on batches of trees over
+    three slots out of order, a drafter's tree grown past earlier nodes and a chain: ring row i of
+    slot b shows the full mask's column r_b(i), and the full mask lets no query see a row the ring
+    no longer holds (C = W - 1 + the rows the forward writes past a slot's length)."""
+    from outrider.models.sliding import window_mask
+
+    g = torch.Generator().manual_seed(3)
+    for lens, parents, firsts in (([9, 30, 4], [[-1, 0, 0, 1, 3, 3], [-1, 0, 1, 2], [-1, 0]], None),
+                                  ([17], [[-1, 0, 0, 2, 3, 4, 5]], [3]), ([12, 20], [None, None], None)):
+        tokens = [torch.randint(3, 96, (len(p) - (firsts or [0])[0] if p else 5,), generator=g) for p in parents]
+        trees = [torch.tensor(p) if p else None for p in parents]
+        batch = pack([2, 0, 1][: len(lens)], lens, tokens, trees, scratch_row=99, first_nodes=firsts)
+        widest = max(e - s for s, e in zip(batch.starts, batch.ends))
+        C = WINDOW - 1 + widest
+        ring_m = ring_attention.ring_mask(batch, WINDOW, C, 0, batch.tokens.shape[1], list(batch.ends))[:, 0]
+        full_m = window_mask(batch, WINDOW)[:, 0]  # [B, T, L]
+        for b, (start, end) in enumerate(zip(batch.starts, batch.ends)):
+            real = batch.rows[b] != 99
+            assert not full_m[b][real][:, : max(end - C, 0)].any()  # nothing the ring has written over
+            held = [end - C + (i - (end - C)) % C for i in range(C)]
+            for i, r in enumerate(held):
+                want = full_m[b][real][:, r] if r >= 0 else torch.zeros(int(real.sum()), dtype=torch.bool)
+                assert torch.equal(ring_m[b][real][:, i], want), (b, i, r)
