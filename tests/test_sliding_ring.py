@@ -1,13 +1,15 @@
 """Sliding-window layers kept in rings (models/ring_cache.py, ring_attention.py, sliding_state.py)
 against the masked full cache (every row kept: a KVCache and models/sliding.py's masks): a tiny
 Gemma 3 (window 5, a global layer among sliding ones) and a tiny Mistral (every layer sliding) give
-the full cache's logits over a 64-token context (a dozen windows) prefilled whole (cut into R-row
-chunks inside each layer: a fill), in chunks and in decode steps; rounds of random trees at every distance
-from the window's edge, each verified, an accepted path compacted into place and committed, give
-the full cache's logits round after round; greedy speculation (a suffix chain, the model drafting
-itself in a tree wider than R) equals plain decoding; prefixes are copied, and cut back, only while
-the ring holds their window; memory does not grow with the context. A ring one row short, a
-modulo off by one and a mask shifted by one row each fail the checks."""
+the full cache's logits over a 64-token context (a dozen windows): a forward with logits wider
+than R (the ring grows), a fill cut into R-row chunks inside each layer then decode steps, decode
+steps alone, a float16 cache; rounds of random trees at every distance from the window's edge,
+each verified, an accepted path compacted into place and committed, give the full cache's logits
+round after round; the ring's mask is the full mask's columns; greedy speculation (a suffix chain,
+the model drafting itself in a tree wider than R, and with window=) equals plain decoding;
+prefixes are copied, and cut back, only while the ring holds their window; memory does not grow
+with the context, and `outrider models check` says so; sparsespec is refused in one line. A ring
+one row short, a modulo off by one and a mask shifted by one row each fail the checks."""
 
 from __future__ import annotations
 
