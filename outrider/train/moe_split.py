@@ -19,7 +19,8 @@ Recipe (deterministic for a seed, one CPU thread):
      With --shared S, the S neurons of the largest mean square contribution form an always-active
      shared expert first, and the rest are clustered.
   4. written: config.json, model.safetensors (float32), the tokenizer files, split.safetensors
-     (the neurons' order and the router: enough to rebuild without steps 1-3) and recipe.json.
+     in split/ (the neurons' order and the router: enough to rebuild without steps 1-3, --split)
+     and recipe.json.
 """
 
 from __future__ import annotations
@@ -165,9 +166,10 @@ def build(args, log=print) -> dict:
         split, figures = make_split(dense, raw, xs, args.experts, args.spread, args.seed, args.shared, log=log)
     out.mkdir(parents=True, exist_ok=True)
     save_file(moe_tensors(dense, raw, split), str(out / "model.safetensors"))
+    (out / "split").mkdir(exist_ok=True)  # not beside the model's tensors: loaders read every *.safetensors there
     save_file({"perm": split.perm.to(torch.int32).contiguous(), "router": split.router.contiguous(),
                "shared": torch.tensor(split.shared)},
-              str(out / "split.safetensors"))
+              str(out / "split" / "split.safetensors"))
     (out / "config.json").write_text(json.dumps(moe_config(raw, args.experts, args.top_k, split.shared), indent=2) + "\n")
     for name in TOKENIZER_FILES:
         if (base / name).exists():
