@@ -1,5 +1,7 @@
 """What `outrider check-head` does for every kind of head: one `Check` a line, the weights file's
-header read once, the golden tau re-measured (heads/eagle3_check.py, heads/dflash_check.py)."""
+header read once, its float tensors' dtypes (one dtype, the config's torch_dtype), the golden
+re-measured: what the head computes (golden logits, heads/golden_compute.py), then its tau
+(heads/eagle3_check.py, heads/dflash_check.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import torch
 
 from ..errors import OutriderError
 from .eagle3_golden import GOLDEN, compare, read_golden, settings_of
+from .golden_compute import compare_computes
 
 WEIGHTS = "model.safetensors"
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -52,6 +55,38 @@ def weights_check(folder: Path, add, what: str = "an EAGLE-3 head") -> dict | No
     return header
 
 
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def dtype_problems(header: dict, raw: dict) -> list[str]:
+    """The float tensors' dtypes, one phrase each: all one dtype (an engine loads a head in one;
+    a tensor in another was rewritten by hand), and the config's torch_dtype (top level, or a
+    speculators config's transformer_layer_config) when it names one. d2t / t2d are not floats."""
+    floats = {n: d for n, (_, d) in header.items() if d in FLOATS}
+    if not floats:
+        return []
+    counts: dict = {}
+    for dtype in floats.values():
+        counts[dtype] = counts.get(dtype, 0) + 1
+    main = max(counts, key=counts.get)
+    problems = []
+    odd = sorted(n for n, d in floats.items() if d != main)
+    if odd:
+        shown = ", ".join(f"{n} {_name(floats[n])}" for n in odd[:3])
+        shown += f" and {len(odd) - 3} more" if len(odd) > 3 else ""
+        problems.append(f"mixed float dtypes: {shown} among {counts[main]} {_name(main)} tensors (engines load a "
+                        "head in one dtype)")
+    layer = raw.get("transformer_layer_config") if isinstance(raw.get("transformer_layer_config"), dict) else {}
+    said = raw.get("torch_dtype", layer.get("torch_dtype"))
+    if said is not None and TORCH_DTYPES.get(said) not in (None, main):
+        problems.append(f"config.json's torch_dtype is {said} but the tensors are {_name(main)}")
+    return problems
+
+
+def _name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def golden_check(folder: Path, target_path, device, add, measure, export_command: str) -> None:
     """Re-measure the folder's outrider_golden.json with `measure` (its kind's) and compare."""
     try:
@@ -67,5 +102,12 @@ def golden_check(folder: Path, target_path, device, add, measure, export_command
     except OutriderError as err:
         add("golden tau", "FAIL", f"the head does not run here: {err}")
         return
+    if "computes" not in golden:
+        add("golden logits", "skipped", f"{GOLDEN} records no slot argmaxes or logits (format 1, before issue 43); "
+                                        f"`{export_command}` records them")
+    else:
+        same = measured["measured_on"] == golden["measured_on"] and measured["settings"] == golden["settings"]
+        ok, message = compare_computes(golden, measured, same)
+        add("golden logits", "ok" if ok else "FAIL", message)
     ok, message = compare(golden, measured)
     add("golden tau", "ok" if ok else "FAIL", message)

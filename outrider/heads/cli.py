@@ -49,13 +49,13 @@ def add_parsers(sub) -> None:
     df.add_argument("--device", default="cpu", help="where the golden tau is measured (default cpu)")
     df.set_defaults(run=run_export_dflash)
 
-    check = sub.add_parser("check-head", help="check an EAGLE-3 or DFlash head folder: config, tensors, vocab map, "
-                           "layer ids, golden tau")
+    check = sub.add_parser("check-head", help="check an EAGLE-3 or DFlash head folder: config, tensors and dtypes, "
+                           "vocab map, layer ids, block size, golden logits and tau")
     check.add_argument("dir", help="the head folder (or a shipped head's name; dflash:NAME for a shipped DFlash head)")
     check.add_argument("--target", default=None, help="catalog name or folder (default: the one recorded in "
                        "outrider_golden.json or train_info.json)")
-    check.add_argument("--device", default=None, help="where to re-measure the golden tau (default: as recorded)")
-    check.add_argument("--no-golden", action="store_true", help="skip re-measuring the golden tau")
+    check.add_argument("--device", default=None, help="where to re-measure the golden (default: as recorded)")
+    check.add_argument("--no-golden", action="store_true", help="skip re-measuring the golden logits and tau")
     check.set_defaults(run=run_check)
 
 

@@ -7,10 +7,14 @@ One `Check` a line (heads/checks.py), in this order:
     config fields   the fields z-lab's, vLLM's and SGLang's loaders read, with their JSON types
     target          the head reads this target's hidden size and vocabulary
     tensors         z-lab's names, shapes against the config and the target, float dtypes (d2t
-                    int64, t2d bool); nothing missing, nothing extra (SGLang would ignore it)
+                    int64, t2d bool), all one float dtype and the config's torch_dtype; nothing
+                    missing, nothing extra (SGLang would ignore it)
     vocab map       a reduced vocabulary's d2t and t2d invert each other
     mask token      dflash_config.mask_token_id is a token of the target
     layer ids       target_layer_ids (DFlash's convention) are layers of the target it was made for
+    block size      block_size is the one the golden was recorded with (the weights do not hold
+                    it: a head trained on blocks of 8 runs blocks of 16 without complaint)
+    golden logits   what the head computes on the golden's fixed inputs (heads/golden_compute.py)
     golden tau      outrider_golden.json re-measured (heads/dflash_golden.py)
 """
 
@@ -22,7 +26,8 @@ from pathlib import Path
 import torch
 
 from ..errors import OutriderError
-from .checks import FLOATS, Check, golden_check, weights_check
+from .checks import FLOATS, Check, dtype_problems, golden_check, weights_check
+from .eagle3_golden import GOLDEN, read_golden
 from .dflash_format import WHAT, expected_shapes, misfit, read_config
 from .eagle3_format import draft_to_target, read_raw
 from .eagle3_speculators import field_problems
@@ -87,9 +92,10 @@ def check_dflash(folder: str | Path, target: str | Path, *, device: str | None =
             add(name, "skipped", "needs a readable config.json and target")
     else:
         _target(config, tcfg, target, add)
-        _tensors(config, tcfg, header, add)
+        _tensors(config, tcfg, header, raw, add)
         _vocab(folder, config, header, add)
         _mask_and_layers(config, tcfg, add)
+    _block_size(folder, config, add)
     if not golden:
         add("golden tau", "skipped", "not asked for (--no-golden)")
     elif any(c.status == "FAIL" for c in checks):
@@ -109,7 +115,7 @@ def _target(config, tcfg, target, add) -> None:
         add("target", "ok", f"{target}: hidden {tcfg.hidden_size}, vocab {tcfg.vocab_size}, {tcfg.num_layers} layers")
 
 
-def _tensors(config, tcfg, header: dict | None, add) -> None:
+def _tensors(config, tcfg, header: dict | None, raw: dict, add) -> None:
     if header is None:
         add("tensors", "skipped", "needs a readable model.safetensors (weights file)")
         return
@@ -128,6 +134,7 @@ def _tensors(config, tcfg, header: dict | None, add) -> None:
         want = {"d2t": (torch.int64,), "t2d": (torch.bool,)}.get(name, FLOATS)
         if dtype not in want:
             problems.append(f"{name} is {dtype}, engines expect {' or '.join(str(w) for w in want)}")
+    problems += dtype_problems(header, raw)
     if problems:
         add("tensors", "FAIL", f"{'; '.join(problems)}: re-export the head with `outrider export dflash`")
     else:
@@ -167,3 +174,23 @@ def _mask_and_layers(config, tcfg, add) -> None:
     else:
         add("layer ids", "ok", f"{ids} (DFlash's convention) = hidden states {[i + 1 for i in ids]} of "
                                f"{tcfg.num_layers} layers")
+
+
+def _block_size(folder: Path, config, add) -> None:
+    if config is None:
+        add("block size", "skipped", "needs a readable config.json")
+        return
+    try:
+        golden = read_golden(folder)
+        recorded = None if golden is None else int(golden["settings"]["depth"]) + 1  # the golden's chain: B-1
+    except (ValueError, OSError, KeyError, TypeError):
+        recorded = None  # the golden check says it is unreadable
+    if recorded is None:
+        add("block size", "skipped", f"no readable {GOLDEN} to hold block_size {config.block_size} against")
+        return
+    if recorded != config.block_size:
+        add("block size", "FAIL", f"config.json's block_size is {config.block_size} but the head was exported and "
+                                  f"its golden recorded with blocks of {recorded}; set block_size back to {recorded} "
+                                  "or re-export the head")
+    else:
+        add("block size", "ok", f"{config.block_size}, as recorded in {GOLDEN}")

@@ -11,8 +11,11 @@ and the DFlash chain is replayed on that text with the runtime head (heads/dflas
 
 so `rounds`, `committed` and tau = committed / rounds are what greedy DFlash drafting with a chain
 of B-1 gets on these prompts, without the drafter itself (outrider/drafters/dflash.py runs it).
-The record is written at export and by `outrider train dflash`'s shipped run; `check-head`
-measures again and compares (exact on the same machine, within 5% / 10% elsewhere).
+What the head computes (heads/golden_compute.py) is recorded on the same text: the block
+[x_a, MASK...] over the context 0..a-1 at every generated position a but the last (anchors), its
+B-1 slots' argmaxes and logits, all anchors of a prompt in one `block` call. The record is written
+at export and by `outrider train dflash`'s shipped run; `check-head` measures again and compares
+(tau exact on the same machine, within 5% / 10% elsewhere; the slots as golden_compute.py says).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 
 from ..config import overriding
 from .eagle3_golden import PROMPTS, GoldenSettings, machine
+from .golden_compute import measured_part, top_of
 
 
 def measure(head_dir: str | Path, target: str | Path, settings: GoldenSettings = GoldenSettings(),
@@ -39,13 +43,15 @@ def measure(head_dir: str | Path, target: str | Path, settings: GoldenSettings =
             llm = LLM(str(target), device=settings.device, dtype=settings.dtype)
             head = load_dflash(head_dir, llm.target)
             chat = settings.chat if settings.chat is not None else bool(getattr(llm.tokenizer, "chat_template", None))
-            results, prompt_ids = [], []
+            results, prompt_ids, anchors, tops = [], [], [], []
             for prompt in prompts:
                 ids = llm.encode(prompt, chat)
                 out = list(llm.generate(prompt, settings.max_new_tokens, chat=chat).token_ids)
                 prompt_ids.append(ids)
-                rounds, committed = replay(head, llm.target, ids + out, len(ids))
+                rounds, committed, own = replay(head, llm.target, ids + out, len(ids))
                 results.append({"rounds": rounds, "committed": committed, "output_ids": out})
+                anchors.append(list(range(len(ids), len(ids) + len(out) - 1)))
+                tops.append(top_of(block_logits(head, own, ids + out, anchors[-1])))
         finally:
             torch.set_num_threads(threads)
     rounds, committed = sum(r["rounds"] for r in results), sum(r["committed"] for r in results)
@@ -53,18 +59,34 @@ def measure(head_dir: str | Path, target: str | Path, settings: GoldenSettings =
                 "chat": chat, "threads": 1, "linear": "linear", "drafting": "dflash blocks replayed on greedy text"}
     return {"settings": resolved, "prompts": list(prompts), "prompt_ids": prompt_ids, "results": results,
             "rounds": rounds, "committed": committed, "tau": committed / max(rounds, 1),
-            "measured_on": machine(settings.device)}
+            "measured_on": machine(settings.device),
+            "computes": measured_part("dflash blocks [x_a, MASK...] at every generated position a, slots 1..B-1",
+                                      head.block_size - 1, anchors, tops)}
 
 
 @torch.inference_mode()
-def replay(head, target, text: list[int], prompt_len: int) -> tuple[int, int]:
-    """(rounds, committed) of greedy DFlash drafting along `text` (prompt, then the target's
-    greedy output) from the second generated token on (module docstring)."""
+def block_logits(head, own, text: list[int], anchors: list[int]) -> torch.Tensor:
+    """The blocks [x_a, MASK...] at `anchors` over the context rows 0..a-1 of slot 0 of `own`
+    (replay's cache) in one call: logits [A, B-1, V] over the target vocabulary."""
+    if not anchors:
+        return torch.zeros(0, head.block_size - 1, head.config.vocab_size)
+    block = torch.full((len(anchors), head.block_size), head.config.mask_token_id, dtype=torch.long,
+                       device=head.device)  # [A, B]
+    block[:, 0] = torch.tensor([text[a] for a in anchors], device=head.device)
+    logits, _ = head.block(own, [0] * len(anchors), anchors, block)  # [A, B-1, Vd]
+    return head.target_logits(logits)
+
+
+@torch.inference_mode()
+def replay(head, target, text: list[int], prompt_len: int):
+    """(rounds, committed, the head's cache of the text's context rows) of greedy DFlash drafting
+    along `text` (prompt, then the target's greedy output) from the second generated token on
+    (module docstring)."""
     from ..models.batch import causal_batch
 
     n = len(text)
     if n - prompt_len < 2:
-        return 0, 0
+        return 0, 0, None
     taps = head.config.taps(target.config.num_layers)
     tokens = torch.tensor(text, device=target.device)
     cache = target.new_cache(1, n)
@@ -86,4 +108,4 @@ def replay(head, target, text: list[int], prompt_len: int) -> tuple[int, int]:
             accepted += 1
         step = min(accepted + 1, n - 1 - a)  # the bonus token, unless the text ended
         rounds, committed, a = rounds + 1, committed + step, a + step
-    return rounds, committed
+    return rounds, committed, own

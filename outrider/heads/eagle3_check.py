@@ -12,10 +12,16 @@ One `Check` per line, each ok, FAIL (with what to do) or skipped (with why), in 
                        (skipped where the package is not importable: it is never a dependency)
     target             the head reads this target's hidden size and vocabulary
     tensors            names (the layout's decoder-layer prefix), shapes against the config and
-                       the target, dtypes; nothing missing, nothing extra
+                       the target, dtypes (floats all one dtype, the config's torch_dtype; d2t
+                       int64, t2d bool); nothing missing, nothing extra
     vocab map          t2d has exactly Vd true entries; d + d2t[d] is the d-th true index of t2d
     layer ids          the stored ids, under the stored convention, are layers of this target
+    golden logits      what the head computes on the golden's fixed inputs (heads/golden_compute.py)
     golden tau         outrider_golden.json re-measured (heads/eagle3_golden.py)
+
+config fields also needs `norm_before_residual` in both layouts: engines default it differently
+(EAGLE's code false, vLLM's speculators loader true), so a head without it drafts
+differently by engine; our exports always write it.
 
 `check_head` returns the checks; any FAIL makes the CLI exit non-zero. The golden run loads the
 target and the head, so it runs only when every other check passed.
@@ -30,7 +36,7 @@ import torch
 
 from ..errors import OutriderError
 from .eagle3_format import WEIGHTS, expected_shapes, layer_prefix, layout, misfit, read_config, read_raw
-from .checks import FLOATS, Check, golden_check, weights_check
+from .checks import FLOATS, Check, dtype_problems, golden_check, weights_check
 from .eagle3_golden import measure
 from .eagle3_speculators import class_check, field_problems, schema_problems
 
@@ -70,7 +76,7 @@ def check_head(folder: str | Path, target: str | Path, *, device: str | None = N
     config = _config_check(folder, raw, kind, add)
     _class_check(raw, kind, add)
     target_path, tcfg = _target_check(target, config, header, add)
-    names = _tensors_check(folder, kind, config, tcfg, header, add)
+    names = _tensors_check(folder, kind, config, tcfg, header, raw, add)
     _vocab_check(folder, config, names, add)
     _layers_check(config, tcfg, add)
     if not golden:
@@ -96,6 +102,9 @@ def _config_check(folder: Path, raw: dict, kind: str, add):
             problems.append(f"num_hidden_layers is {raw['num_hidden_layers']}, not 1")
         if raw.get("tie_word_embeddings") is True:
             problems.append("tie_word_embeddings is true (SGLang would tie lm_head to the embedding)")
+    if "norm_before_residual" not in raw:
+        problems.append("norm_before_residual is missing (EAGLE's code reads false, vLLM's speculators "
+                        "loader true: write it)")
     if problems:
         add("config fields", "FAIL", f"{'; '.join(problems)}: fix config.json or re-export the head")
         return None
@@ -145,7 +154,7 @@ def _target_check(target, config, header: dict | None, add):
     return target_path, tcfg
 
 
-def _tensors_check(folder: Path, kind: str, config, tcfg, header: dict | None, add) -> dict | None:
+def _tensors_check(folder: Path, kind: str, config, tcfg, header: dict | None, raw: dict, add) -> dict | None:
     if header is None:
         add("tensors", "skipped", f"needs a readable {WEIGHTS} (weights file)")
         return None
@@ -177,6 +186,7 @@ def _tensors_check(folder: Path, kind: str, config, tcfg, header: dict | None, a
             problems.append(f"t2d is {dtype}, engines expect bool")
         elif name not in ("d2t", "t2d") and dtype not in FLOATS:
             problems.append(f"{name} is {dtype}, not a float16/bfloat16/float32 tensor")
+    problems += dtype_problems(header, raw)
     if problems:
         add("tensors", "FAIL", f"{'; '.join(problems)}: re-export the head with `outrider export eagle3`")
     else:

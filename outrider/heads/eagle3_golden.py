@@ -5,19 +5,29 @@
 thread so the float arithmetic does not depend on how many cores were free) and writes
 `outrider_golden.json` beside the weights; `outrider check-head` measures again and compares.
 
-    {"format": 1, "target": {"name": ..., "path": ..., "architectures": [...]},
+    {"format": 2, "target": {"name": ..., "path": ..., "architectures": [...]},
      "settings": {"temperature": 0.0, "tree": "chain", "depth": 4, "max_new_tokens": 32,
                   "chat": true, "device": "cpu", "dtype": "float32", "threads": 1, "linear": "linear"},
      "prompts": [...], "prompt_ids": [[...], ...],
      "results": [{"rounds": 9, "committed": 32, "output_ids": [...]}, ...],
      "rounds": 45, "committed": 160, "tau": 3.56,
      "measured_on": {"machine": "x86_64", "cpu": "...", "torch": "2.13.0", "device": "cpu"},
-     "tolerance": {...}}
+     "tolerance": {...}, "computes": {...}}                      # format 2: heads/golden_compute.py
 
 tau is committed tokens per round over all prompts, bonus included (engine/stats.py). Comparison: on
 the same machine (same `measured_on`) with the same settings the rounds and committed tokens
 of every prompt must be equal; elsewhere the arithmetic may round differently and flip a near
 tie, so tau may move: it must stay within 5% (float32) or 10% (bf16, fp16) of the golden.
+
+Since issue 43 (format 2) the record also holds what the head computes (`"computes"`,
+heads/golden_compute.py): along each prompt's text (prompt + the target's own greedy output, the
+`output_ids` above, as the chain is lossless) at every generated position p (the anchors), the
+chain of `depth` slots a draft there takes, fed the text's tokens instead of the head's drafts:
+slot 1 is the head's row over the target's feature of position p-2 and token x_{p-1}, predicting
+x_p; slot k predicts x_{p+k-1}, fed x_{p+k-2} and slot k-1's output hidden (`chain_logits`).
+Those inputs depend on the prompts and the target only, so a changed weight shows as changed
+argmaxes or logits even where tau does not move. The file is written one top-level field a line
+(`write_golden`).
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from pathlib import Path
 import torch
 
 from ..config import overriding
+from .golden_compute import measured_part, recorded, top_of
 
 GOLDEN = "outrider_golden.json"
 PROMPTS = (
@@ -79,6 +90,7 @@ def measure(head_dir: str | Path, target: str | Path, settings: GoldenSettings =
     """Greedy speculative generation of each prompt (one at a time) with the head in `head_dir`
     drafting for `target`; the record's measured part (see the module docstring)."""
     from ..llm import LLM
+    from .eagle3_format import load_eagle3
 
     threads = torch.get_num_threads()
     # The CPU's matrix-product path is otherwise chosen by timing (kernels/cpu_linear.py), which a
@@ -89,28 +101,84 @@ def measure(head_dir: str | Path, target: str | Path, settings: GoldenSettings =
             llm = LLM(str(target), drafter=f"eagle3:{head_dir}", tree="chain",
                       controller=f"fixed:{settings.depth}", device=settings.device, dtype=settings.dtype)
             chat = settings.chat if settings.chat is not None else bool(getattr(llm.tokenizer, "chat_template", None))
-            results, prompt_ids = [], []
+            head = load_eagle3(head_dir, llm.target)
+            results, prompt_ids, anchors, tops = [], [], [], []
             for prompt in prompts:
-                prompt_ids.append(llm.encode(prompt, chat))
+                ids = llm.encode(prompt, chat)
+                prompt_ids.append(ids)
                 out = llm.generate(prompt, settings.max_new_tokens, chat=chat)
                 results.append({"rounds": out.stats["rounds"], "committed": out.stats["committed"],
                                 "output_ids": list(out.token_ids)})
+                text = ids + list(out.token_ids)
+                rows = list(range(max(len(ids) - 2, 0), len(text) - settings.depth))  # each chain's last committed row
+                anchors.append([r + 2 for r in rows])  # the position slot 1 predicts
+                tops.append(top_of(chain_logits(head, llm.target, text, rows, settings.depth)))
         finally:
             torch.set_num_threads(threads)
     rounds, committed = sum(r["rounds"] for r in results), sum(r["committed"] for r in results)
     resolved = {"temperature": 0.0, "tree": "chain", **asdict(settings), "chat": chat, "threads": 1, "linear": "linear"}
     return {"settings": resolved, "prompts": list(prompts), "prompt_ids": prompt_ids, "results": results,
             "rounds": rounds, "committed": committed, "tau": committed / max(rounds, 1),
-            "measured_on": machine(settings.device)}
+            "measured_on": machine(settings.device),
+            "computes": measured_part("eagle3 chains fed the text at every generated position, slots 1..depth",
+                                      settings.depth, anchors, tops)}
+
+
+@torch.inference_mode()
+def chain_logits(head, target, text: list[int], rows: list[int], depth: int) -> torch.Tensor:
+    """Logits [len(rows), depth, V] over the target vocabulary of the head's chain after each
+    committed row r in `rows` (r + depth < len(text)), fed the text's tokens: slot 1 is row r
+    ((feature r, token x_{r+1}) predicting x_{r+2}), slot k the node at position r + k - 1
+    (token x_{r+k}, input slot k-1's output hidden) as drafters/eagle3.py's chain feeds it."""
+    from ..models.batch import causal_batch, pack
+
+    n = len(text)
+    out = torch.zeros(len(rows), depth, head.config.vocab_size)
+    if not rows:
+        return out
+    tokens = torch.tensor(text, device=target.device)
+    taps = head.config.taps(target.config.num_layers)
+    cache = target.new_cache(1, n)
+    hidden = target.forward(causal_batch([tokens], hidden_layers=tuple(sorted(set(taps))),
+                                         scratch_row=cache.scratch_row, device=target.device), cache).hidden
+    features = torch.stack([hidden[t][0] for t in taps], dim=1)[: n - 1]  # [n-1, 3, Ht]
+    own = head.new_cache(1, n + depth)
+    batch = pack([0], [0], [tokens[1:]], scratch_row=own.scratch_row, device=head.device)
+    logits, outs = head.forward(batch, own, head.fuse(features).unsqueeze(0))  # [1, n-1, Vd], [1, n-1, H]
+    for i in reversed(range(len(rows))):  # last first: a chain overwrites only rows past its own r
+        r = rows[i]
+        step, h = logits[0, r], outs[0, r]
+        out[i, 0] = head.target_logits(step).cpu()
+        for k in range(2, depth + 1):
+            d = k - 1  # the node's index in the chain (node 0: row r)
+            feed = pack([0], [r], [tokens[r + k: r + k + 1]], [torch.arange(-1, d)], scratch_row=own.scratch_row,
+                        device=head.device, first_nodes=[d])
+            step, h = head.forward(feed, own, h.view(1, 1, -1))
+            step, h = step[0, 0], h[0, 0]
+            out[i, d] = head.target_logits(step).cpu()
+    return out
 
 
 def record(measured: dict, target_name: str, target_path: Path, architectures: list[str]) -> dict:
-    return {"format": 1, "target": {"name": target_name, "path": str(target_path), "architectures": architectures},
-            **measured, "tolerance": {**TOLERANCE, "note": TOLERANCE_NOTE}}
+    computes = recorded(measured["computes"], measured["settings"]["dtype"])
+    rest = {k: v for k, v in measured.items() if k != "computes"}
+    return {"format": 2, "target": {"name": target_name, "path": str(target_path), "architectures": architectures},
+            **rest, "tolerance": {**TOLERANCE, "note": TOLERANCE_NOTE}, "computes": computes}
 
 
 def write_golden(folder: Path, golden: dict) -> None:
-    (Path(folder) / GOLDEN).write_text(json.dumps(golden, indent=1) + "\n")
+    """One top-level field a line; "computes" one field a line and one prompt's list a line."""
+    def field(key, value, indent=" "):
+        if key == "computes":
+            inner = ",\n".join(field(k, v, "  ") for k, v in value.items())
+            return f'{indent}"computes": {{\n{inner}\n{indent}}}'
+        if key in ("argmax", "logits", "anchors", "prompt_ids"):
+            rows = ",\n".join(indent + "  " + json.dumps(row) for row in value)
+            return f"{indent}{json.dumps(key)}: [\n{rows}\n{indent}]"
+        return f"{indent}{json.dumps(key)}: {json.dumps(value)}"
+
+    body = ",\n".join(field(k, v) for k, v in golden.items())
+    (Path(folder) / GOLDEN).write_text("{\n" + body + "\n}\n")
 
 
 def read_golden(folder: Path) -> dict | None:
