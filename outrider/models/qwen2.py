@@ -3,7 +3,8 @@
 Sliding windows as transformers' Qwen2 applies them: only with `use_sliding_window: true` (false in
 every released Qwen2 / 2.5 config), on the layers `layer_types` names "sliding_attention", or, where
 it is absent, on layers max_window_layers and after; a query at position p sees keys at positions
-> p - sliding_window (models/sliding.py: masked by position, rows not freed).
+> p - sliding_window (models/sliding.py: masked by position; the rows a window no longer reads
+freed, models/ring_cache.py).
 """
 
 from ..errors import ModelError
