@@ -80,7 +80,8 @@ def steps(model, cache, cuts: list[int], fill: int = 0) -> torch.Tensor:
         cache.set_length(0, fill)
     rows = []
     for start, stop in zip(cuts, cuts[1:]):
-        rows.append(model.forward(pack([0], [start], [TOKENS[start:stop]], scratch_row=cache.scratch_row), cache).logits[0])
+        batch = pack([0], [start], [TOKENS[start:stop]], scratch_row=cache.scratch_row)
+        rows.append(model.forward(batch, cache).logits[0])
         cache.set_length(0, stop)
     return torch.cat(rows)
 
@@ -127,7 +128,8 @@ def rounds(model, cache, seed: int = 0, count: int = 14) -> list[torch.Tensor]:
         n = int(torch.randint(1, 2 * R + 2, (1,), generator=g))
         parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)])
         tokens = torch.randint(3, 96, (n,), generator=g)
-        out.append(model.forward(pack([0], [length], [tokens], [parents], scratch_row=cache.scratch_row), cache).logits[0])
+        batch = pack([0], [length], [tokens], [parents], scratch_row=cache.scratch_row)
+        out.append(model.forward(batch, cache).logits[0])
         node, path = int(torch.randint(0, n, (1,), generator=g)), []
         while node >= 0:
             path.insert(0, node)

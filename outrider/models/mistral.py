@@ -5,8 +5,8 @@ Its configs carry `sliding_window`: where it is null (v0.2, v0.3, Nemo) every la
 whole context and the arithmetic is Llama's; where it is shorter than the context (v0.1's 4096),
 a query at position p sees keys at positions > p - sliding_window on every layer, as transformers'
 Mistral does (models/sliding.py: masks by position, exact under speculation; the rows that leave
-the window are freed: each layer keeps a ring of the window, models/ring_cache.py). A window as long as the context or longer never
-cuts a key the engine can reach (it stops at max_position_embeddings): no window then, and the
+the window are freed: each layer keeps a ring of the window, models/ring_cache.py). A window as
+long as the context or longer never cuts a key the engine can reach (it stops at max_position_embeddings): no window then, and the
 block kernels run. `layer_types` (Ministral's alternating layers) is refused
 (models/config_fields.py).
 """
