@@ -77,3 +77,40 @@ def test_the_comparison_catches_a_lost_weight(monkeypatch):
     real = moe_layer.route
     monkeypatch.setattr(moe_layer, "route", lambda *a: (torch.ones_like(real(*a)[0]), real(*a)[1]))
     assert not torch.allclose(moe_mlp(w, cfg, x), want, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "olmoe"])
+def test_a_bfloat16_block_is_transformers_bit_for_bit(family):
+    """transformers' sparse MoE blocks in bfloat16 against moe_mlp with the family's MoeConfig:
+    the same bits (Mixtral keeps its weights float32 until each expert's output is weighted:
+    weights_float32; rounded to bfloat16 first, the outputs differ)."""
+    import dataclasses
+
+    import transformers as tf
+
+    from outrider.models import mixtral, olmoe, qwen3_moe
+
+    sizes = dict(hidden_size=E, num_experts_per_tok=2)
+    config, module = {
+        "mixtral": (tf.MixtralConfig(**sizes, intermediate_size=I, num_local_experts=N), mixtral),
+        "qwen3_moe": (tf.Qwen3MoeConfig(**sizes, moe_intermediate_size=I, num_experts=N, norm_topk_prob=True), qwen3_moe),
+        "olmoe": (tf.OlmoeConfig(**sizes, intermediate_size=I, num_experts=N), olmoe),
+    }[family]
+    blocks = {"mixtral": "MixtralSparseMoeBlock", "qwen3_moe": "Qwen3MoeSparseMoeBlock", "olmoe": "OlmoeSparseMoeBlock"}
+    modeling = getattr(tf.models, family)
+    torch.manual_seed(2)
+    block = getattr(getattr(modeling, f"modeling_{family}"), blocks[family])(config).eval()
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0.0, 0.3)
+    block = block.to(torch.bfloat16)
+    x = torch.randn(1, 40, E, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    with torch.no_grad():
+        want = block(x)
+    experts = block.experts
+    w = MoeWeights(router=block.gate.weight.data, gate_up=list(experts.gate_up_proj.data.unbind(0)),
+                   down=list(experts.down_proj.data.unbind(0)))
+    cfg = module.FAMILY.moe({**config.to_dict(), "num_hidden_layers": 1})
+    assert torch.equal(moe_mlp(w, cfg, x), want)
+    if family == "mixtral":
+        assert not torch.equal(moe_mlp(w, dataclasses.replace(cfg, weights_float32=False), x), want)

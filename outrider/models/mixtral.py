@@ -6,8 +6,10 @@ Its MLP (moe_layer.py): a softmax router (`block_sparse_moe.gate`) over `num_loc
 experts of `intermediate_size`, the top `num_experts_per_tok` (2) always renormalised to sum to 1
 (transformers' MixtralTopKRouter; the config has no norm_topk_prob), no shared expert. The
 checkpoint keeps Mixtral's names, `block_sparse_moe.experts.{e}.w1 / w3 / w2` (gate, up, down),
-which transformers 5 writes too (weights/mlp_load.py reads them). `router_jitter_noise` is
-training's only.
+which transformers 5 writes too (weights/mlp_load.py reads them). Its chosen experts' weights stay
+float32 and multiply each expert's output in float32 before it is rounded to the compute dtype, as
+transformers' Mixtral does (MoeConfig.weights_float32: a bfloat16 load's MoE block is then
+transformers' bit for bit). `router_jitter_noise` is training's only.
 """
 
 from .family import MOE, Family
@@ -21,7 +23,7 @@ def mlp_kinds(raw: dict) -> tuple[str, ...]:
 
 def moe(raw: dict) -> MoeConfig:
     return MoeConfig(num_experts=experts_of(raw), top_k=int(raw.get("num_experts_per_tok", 2)),
-                     expert_size=int(raw["intermediate_size"]), norm_topk_prob=True)
+                     expert_size=int(raw["intermediate_size"]), norm_topk_prob=True, weights_float32=True)
 
 
 FAMILY = Family(

@@ -43,6 +43,9 @@ class MoeConfig:
     group_score: str = "max"  # a group's score: its best expert's ("max") or its best two's sum ("top2")
     score_bias: bool = False  # a per-expert bias added to the scores for choosing only (V3's e_score_correction_bias)
     routed_scale: float = 1.0  # the chosen experts' weights times this (routed_scaling_factor)
+    # the chosen experts' weights kept float32 and each expert's output times its weight in float32,
+    # rounded to the compute dtype before the sum (transformers' Mixtral); False: weights in x's dtype
+    weights_float32: bool = False
 
     def __post_init__(self):
         if not 0 < self.top_k <= self.num_experts:

@@ -50,7 +50,8 @@ class MoeWeights:
 
 def route(x: torch.Tensor, router: torch.Tensor, cfg: MoeConfig,
           score_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, E] -> (weights [M, k] in x's dtype, experts [M, k] long): each row's k experts of the
+    """x [M, E] -> (weights [M, k] in x's dtype, float32 where cfg.weights_float32; experts [M, k]
+    long): each row's k experts of the
     best scores (softmax or sigmoid of the router's logits, in float32; plus score_bias [N] for
     choosing, within the row's best groups where cfg.n_group > 1), weighted by their unbiased
     scores, renormalised over the k when cfg.norm_topk_prob, times cfg.routed_scale."""
@@ -68,7 +69,7 @@ def route(x: torch.Tensor, router: torch.Tensor, cfg: MoeConfig,
         top = top / (top.sum(dim=-1, keepdim=True) + (1e-20 if cfg.scoring == "sigmoid" else 0.0))
     if cfg.routed_scale != 1.0:
         top = top * cfg.routed_scale
-    return top.to(x.dtype), experts
+    return (top if cfg.weights_float32 else top.to(x.dtype)), experts
 
 
 def _within_best_groups(choice: torch.Tensor, cfg: MoeConfig) -> torch.Tensor:
@@ -109,7 +110,7 @@ def moe_mlp(w: MoeWeights, cfg: MoeConfig, x: torch.Tensor) -> torch.Tensor:
             continue
         at = rows[start: start + n]  # [n] the rows that chose expert e
         y = swiglu_mlp(flat.index_select(0, at), w.gate_up[e], w.down[e])  # [n, E]
-        out.index_add_(0, at, y * scale[start: start + n, None])
+        out.index_add_(0, at, (y * scale[start: start + n, None]).to(out.dtype))  # float32 weights: rounded here
         start += n
     return _with_shared(w, flat, out).reshape(x.shape)
 
@@ -122,7 +123,7 @@ def moe_mlp_per_token(w: MoeWeights, cfg: MoeConfig, x: torch.Tensor) -> torch.T
     out = torch.zeros_like(flat)  # [M, E]
     for m, (row_weights, row_experts) in enumerate(zip(weights, experts.tolist())):
         for weight, e in zip(row_weights, row_experts):
-            out[m] += swiglu_mlp(flat[m: m + 1], w.gate_up[e], w.down[e])[0] * weight
+            out[m] += (swiglu_mlp(flat[m: m + 1], w.gate_up[e], w.down[e])[0] * weight).to(out.dtype)
     return _with_shared(w, flat, out).reshape(x.shape)
 
 
