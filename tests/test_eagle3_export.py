@@ -319,3 +319,28 @@ def test_speculators_verifier_loads_offline_by_default(setup, tmp_path, monkeypa
     given = export_eagle3(head, tmp_path / "spec2", "speculators", target, golden=False, verifier="org/model")
     assert json.loads((given / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"] == \
         "org/model"
+
+
+def test_golden_chain_logits_are_the_reference_heads(setup):
+    """The golden's EAGLE-3 slots (heads/eagle3_golden.py `chain_logits`: the chain at each
+    committed row fed the text's tokens, through the cached fast path) are the slow float64
+    reference's rows (heads/eagle3_reference.py) for the same features and tokens."""
+    from outrider.heads.eagle3_golden import chain_logits
+    from outrider.heads.eagle3_reference import reference_rows
+    from outrider.models.batch import causal_batch
+
+    _, target, head_dir, _, _ = setup
+    decoder = load_decoder(target, "cpu")
+    head = load_eagle3(head_dir, decoder)
+    text, depth = [3, 4, 5, 3, 4, 5, 3, 6, 7, 1, 2, 5], 3
+    rows = list(range(2, len(text) - depth))
+    fast = chain_logits(head, decoder, text, rows, depth)  # [rows, depth, V]
+    taps = head.config.taps(decoder.config.num_layers)
+    cache = decoder.new_cache(1, len(text))
+    hidden = decoder.forward(causal_batch([torch.tensor(text)], hidden_layers=tuple(sorted(set(taps))),
+                                          scratch_row=cache.scratch_row), cache).hidden
+    features = torch.stack([hidden[t][0] for t in taps], dim=1)  # [n, 3, Ht]
+    for i, r in enumerate(rows):
+        feeds = [features[p] for p in range(r + 1)] + [None] * (depth - 1)  # then the chain's own hidden
+        slow, _ = reference_rows(head, feeds, text[1: r + depth + 1])  # [r + depth, V]
+        torch.testing.assert_close(fast[i], slow[r:].float(), rtol=1e-4, atol=1e-4)
