@@ -245,3 +245,14 @@ def test_sparsespec_drafts_exactly_on_them(models, name):
     plain = [c.token_ids for c in generate_ids(model, requests, set())]
     speculator = Speculator.build(SpecOptions("sparsespec:10,1,2", "chain", "fixed:3"), model, folder)
     assert [c.token_ids for c in generate_ids(model, requests, set(), speculation=speculator)] == plain
+
+
+@pytest.mark.parametrize("name, drafter, tree", [("qwen3-moe", "ngram", "chain"), ("olmoe", "draft-model", "dynamic:3,6"),
+                                                 ("mixtral-window", "early-exit:1", "dynamic:2,4")])
+def test_other_drafters_and_dynamic_trees_are_exact(models, name, drafter, tree):
+    folder, model = models[name][0], models[name][3]
+    requests = [Request(PROMPT, 20, SamplingParams(0.0))]
+    plain = [c.token_ids for c in generate_ids(model, requests, set())]
+    spec = f"draft-model:{folder}" if drafter == "draft-model" else drafter
+    speculator = Speculator.build(SpecOptions(spec, tree, "fixed:3"), model, folder)
+    assert [c.token_ids for c in generate_ids(model, requests, set(), speculation=speculator)] == plain
