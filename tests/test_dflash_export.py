@@ -149,3 +149,20 @@ def test_shipped_dflash_heads_resolve_by_kind_and_name(setup, tmp_path, monkeypa
     assert main(["check-head", "dflash:tiny-target", "--no-golden"]) == 0  # its target: recorded at export
     assert main(["export", "dflash", "tiny-target", "--format", "sglang", "--out", str(tmp_path / "o"),
                  "--max-new-tokens", "4"]) == 0
+
+
+def test_golden_blocks_at_all_anchors_are_each_blocks_own(setup):
+    """The golden's DFlash slots (heads/dflash_golden.py `block_logits`: every anchor's block in one
+    call over one context slot) are what each block gives alone, over its own context."""
+    from outrider.heads.dflash_golden import block_logits, replay
+
+    _, target, decoder, full, _, _ = setup
+    head = load_dflash(full, decoder)
+    text = [1, 3, 5, 7, 2, 4, 6, 1, 3, 5, 0, 2]
+    _, _, own = replay(head, decoder, text, 4)
+    anchors = list(range(4, len(text) - 1))
+    together = block_logits(head, own, text, anchors)  # [A, B-1, V]
+    for i, a in enumerate(anchors):
+        alone = block_logits(head, own, text, [a])[0]
+        torch.testing.assert_close(together[i], alone, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(together[0], together[1])  # the anchors' blocks differ
