@@ -175,13 +175,25 @@ def build(args, log=print) -> dict:
         if (base / name).exists():
             shutil.copy(base / name, out / name)
     recipe = {"command": "python -m outrider.train.moe_split " + " ".join(sys.argv[1:]) if args.cli else None,
-              "base": args.base, "experts": args.experts, "shared": args.shared, "top_k": args.top_k, "seed": args.seed,
+              "base": args.base, "experts": args.experts, "shared": split.shared, "top_k": args.top_k, "seed": args.seed,
               "sequences": args.sequences, "seq_len": args.seq_len, "spread": args.spread,
               "data": f"{args.data_root}: stdlib .py files, every 10th (sorted) held out",
               "seconds": round(time.time() - t0, 1), "layers": figures}
     (out / "recipe.json").write_text(json.dumps(recipe, indent=1) + "\n")
+    recipe["model_sha256"] = _sha256(out / "model.safetensors")
+    (out / "recipe.json").write_text(json.dumps(recipe, indent=1) + "\n")
     log(f"written to {out} in {recipe['seconds']} s")
     return recipe
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def parse(argv=None) -> argparse.Namespace:
