@@ -166,3 +166,17 @@ def test_golden_blocks_at_all_anchors_are_each_blocks_own(setup):
         alone = block_logits(head, own, text, [a])[0]
         torch.testing.assert_close(together[i], alone, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(together[0], together[1])  # the anchors' blocks differ
+
+
+def test_a_golden_of_format_1_still_checks_its_tau(setup, tmp_path):
+    """A golden recorded before issue 43 (no "computes") gets its tau checked and "golden logits
+    skipped", saying how to record them."""
+    _, target, _, _, _, zlab = setup
+    old = tmp_path / "old"
+    shutil.copytree(zlab, old)
+    golden = json.loads((old / GOLDEN).read_text())
+    del golden["computes"]
+    (old / GOLDEN).write_text(json.dumps({**golden, "format": 1}))
+    checks = {c.name: c for c in check_dflash(old, target)}
+    assert checks["golden tau"].status == "ok"
+    assert checks["golden logits"].status == "skipped" and "outrider export dflash" in checks["golden logits"].detail
