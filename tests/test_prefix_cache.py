@@ -168,6 +168,10 @@ def test_the_cache_is_off_where_a_prefill_is_not_the_same_bits_chunked(folder, r
     runtime(gemm_prefill="off")
     eng = engine(load_decoder(folder, "cpu"), PrefixCache(block=P))  # float32: the torch layers
     assert eng.prefix_cache is None and "torch layers" in eng.prefix_cache_note
+    from outrider.engine.prefix_cache import why_not_exact
+    from outrider.models.state import HybridState
+
+    assert "HybridState" in why_not_exact(None, HybridState.__new__(HybridState))  # recurrent layers: off
 
 
 def test_llm_generate_keeps_the_cache_across_calls(folder, runtime):

@@ -82,6 +82,10 @@ class Capabilities:
         the forward for them and hands each sequence's [layers, G, kv_len], or None where the
         forward cannot give them (not the native layer), to `observe_attention(seq_ids, scores)`
         before the round's update (SparseSpec-L).
+    catches_up: its state follows from the committed tokens alone, and a proposal brings it level
+        with the `tokens` it is given (drafters/base.py `catch_up`): a round in which it proposed
+        nothing for a sequence (the controller backed off) is not followed by an `update` for it,
+        so that such a round costs what plain decoding does; `finish` still gets every token.
     """
 
     trees: Mapping[str, Drafts]
@@ -89,6 +93,7 @@ class Capabilities:
     reads_target_cache: bool = False
     needs_attention: bool = False
     couples: bool = False
+    catches_up: bool = False
 
     def __post_init__(self):
         if not self.trees:

@@ -49,7 +49,7 @@ class NgramDrafter(DrafterBase):
     """Prompt lookup: the chain that followed the most recent earlier match of the last n-gram."""
 
     name = "ngram"
-    capabilities = Capabilities(trees={"chain": Drafts("chain")})  # copies, without probabilities
+    capabilities = Capabilities(trees={"chain": Drafts("chain")}, catches_up=True)  # copies, without probabilities
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if min_ngram < 1:

@@ -156,7 +156,7 @@ class SuffixDrafter(DrafterBase):
 
     name = "suffix"
     # it asks for no shape: its speculation trees branch where the counts do, without probabilities
-    capabilities = Capabilities(trees={"chain": Drafts("tree")})
+    capabilities = Capabilities(trees={"chain": Drafts("tree")}, catches_up=True)  # _synced_state
 
     def __init__(
         self,

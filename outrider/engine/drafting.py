@@ -87,24 +87,31 @@ def _drafted(spec: Speculator, seqs: list[Sequence], budgets: list[Budget]
 
 
 def observe(spec: Speculator, seqs: list[Sequence], trees: list[DraftTree], results: list[VerifyResult],
-            hidden: list[dict[int, torch.Tensor]], attention: list[torch.Tensor | None]) -> dict[int, str]:
+            hidden: list[dict[int, torch.Tensor]], attention: list[torch.Tensor | None],
+            follow: list[bool] | None = None) -> dict[int, str]:
     """The drafting sequences' round, seen by the controller, then followed by the drafter.
     trees[i]: the tree verified for seqs[i] (the drafter's, or what a grammar made of it);
     results[i] its result; hidden[i]: the taps on the accepted path (layer -> [1 + num_accepted,
     E]), given to the drafter stacked in its declared order ([1 + num_accepted, layers, E]) or
     None; attention[i]: the verify forward's scores [layers, G, kv_len] or None, for a drafter
-    that declares needs_attention. Returns the sequences whose drafter state broke (index -> why)."""
+    that declares needs_attention; follow[i] (default all): whether the drafter follows seqs[i]
+    (False: it proposed nothing and catches up from the tokens at its next proposal, capability
+    catches_up). Returns the sequences whose drafter state broke (index -> why)."""
     for seq, tree, result in zip(seqs, trees, results):
         spec.controller.observe(seq.seq_id, tree, result)
-    ids = [seq.seq_id for seq in seqs]
+    at = [i for i in range(len(seqs)) if follow is None or follow[i]]  # the sequences the drafter follows
+    if not at:
+        return {}
+    ids = [seqs[i].seq_id for i in at]
     try:
         if spec.attention:
-            spec.drafter.observe_attention(ids, attention)
-        spec.drafter.update_batch(ids, results, [spec.stacked(h) if spec.hidden_layers else None for h in hidden])
+            spec.drafter.observe_attention(ids, [attention[i] for i in at])
+        spec.drafter.update_batch(ids, [results[i] for i in at],
+                                  [spec.stacked(hidden[i]) if spec.hidden_layers else None for i in at])
     except SequenceFaults as faults:
-        return {i: why("the drafter failed to follow the commit", err) for i, err in faults.faults.items()}
+        return {at[i]: why("the drafter failed to follow the commit", err) for i, err in faults.faults.items()}
     except Exception as err:
-        return {i: why("the drafter failed to follow the commit", err) for i in range(len(seqs))}
+        return {i: why("the drafter failed to follow the commit", err) for i in at}
     return {}
 
 

@@ -26,8 +26,9 @@ Exact: the rows copied are the bits the prefill (or decoding) computed; they equ
 prefill's only where the prefill gives the same bits in any chunks. `why_not_exact` says where
 that does not hold (the engine then keeps the cache off and says why): a prefill through the
 torch layers or the float GEMM (config gemm_prefill, auto on Intel) or the AMX tiles, whose
-summation order depends on how many rows a forward holds; and a model with recurrent
-(gated-delta) layers, whose state at a block boundary is not kept.
+summation order depends on how many rows a forward holds; and a slot state that is not K/V
+rows by position: recurrent (gated-delta) layers, whose state at a block boundary is not kept,
+or sliding-window rings.
 """
 
 from __future__ import annotations
@@ -210,7 +211,8 @@ def why_not_exact(target, state) -> str | None:
     """Why a prefix restored from the cache would not be the bits of a whole prefill on this
     target and CPU (the cache is then off), or None."""
     if not isinstance(state, KVCache):
-        return ("the model has recurrent (gated-delta) layers, whose state at a block boundary is not kept: "
+        return (f"this model's slot state ({type(state).__name__}) is not K/V rows by position (recurrent "
+                "gated-delta layers, whose state at a block boundary is not kept, or sliding-window rings): "
                 "the prefix cache is off for it")
     for rows in PROBE_ROWS:
         path = target.prefill_path(pack([0], [0], [torch.zeros(rows, dtype=torch.long)], logits="none"))

@@ -74,10 +74,13 @@ def run_round(target: Decoder, cache: KVCache, spec: Speculator | None, seqs: li
              for b, r in results.items()}
     drafting = [b for b in results if seqs[b].speculate]
     if drafting:  # the drafter follows the round's result, whatever a stop cut from the output
+        # a drafter that catches up from the tokens is not followed where it proposed nothing
+        # (the controller backed off): such a round costs what plain decoding does
+        follow = [not spec.catches_up or trees[b].size > 1 for b in drafting]
         broke = observe(spec, [seqs[b] for b in drafting], [trees[b] for b in drafting],
                         [results[b] for b in drafting],
                         [forward.hidden(b, [0, *results[b].accepted_nodes]) for b in drafting],
-                        [forward.attention(b) for b in drafting])
+                        [forward.attention(b) for b in drafting], follow)
         failed |= {drafting[i]: why for i, why in broke.items()}
     return RoundEnd(failed, stops)
 

@@ -167,6 +167,7 @@ class Speculator:
         self.hidden_layers: tuple[int, ...] = capabilities.needs_hidden  # tapped in prefill and verify
         self.reads_target_cache = capabilities.reads_target_cache  # early exit: drafts over the target's K/V
         self.attention = capabilities.needs_attention  # the verify forward's attention scores (sparsespec)
+        self.catches_up = capabilities.catches_up  # a round that proposed nothing needs no update (round.py)
         # a sampled chain drawn with the walk's own uniforms where the walk verifies it (start)
         self.couples = capabilities.couples and self.drafts.gives_probs and self.tree_kind == "chain"
         missing = missing_hooks(drafter, capabilities)
