@@ -50,12 +50,13 @@ class ForwardBatch:
     # layers only (models/sliding.py)
     key_pos: torch.Tensor | None = None
     # host ints, per batch row: its slot's length, one past the last cache row it writes (a drafter's
-    # tree grown over forwards: nodes first.. past earlier ones), and whether every slot runs causally
-    # from its length (no tree, first node 0). Read by sliding layers kept in rings (ring_attention.py);
-    # None / False where the batch was built by hand
+    # tree grown over forwards: nodes first.. past earlier ones); and whether the new rows are a run
+    # meant to be committed whole: every slot's tokens causal from its length, no draft tree given (a
+    # prompt, a catch-up; a verify's chain is a tree). Read by sliding layers kept in rings
+    # (ring_attention.py); None / False where the batch was built by hand
     starts: tuple[int, ...] | None = None
     ends: tuple[int, ...] | None = None
-    causal: bool = False
+    committed_run: bool = False
 
     @property
     def fills_only(self) -> bool:
@@ -180,13 +181,8 @@ def _pack(slot_ids, cache_lens, new_tokens, parents, logits, hidden_layers, scra
         key_pos=to(key_pos),
         starts=tuple(cache_lens),
         ends=tuple(start + f + n for start, f, n in zip(cache_lens, firsts, counts)),
-        causal=not any(firsts) and (parents is None or all(_is_chain(p) for p in parents)),
+        committed_run=not any(firsts) and (parents is None or all(p is None for p in parents)),
     )
-
-
-def _is_chain(parents: torch.Tensor | None) -> bool:
-    """No tree, or the chain [-1, 0, 1, ...]."""
-    return parents is None or torch.equal(parents.cpu(), torch.arange(-1, int(parents.shape[0]) - 1))
 
 
 def causal_batch(new_tokens: list[torch.Tensor], hidden_layers: tuple[int, ...] = (), scratch_row: int = -1,
@@ -210,7 +206,7 @@ def causal_batch(new_tokens: list[torch.Tensor], hidden_layers: tuple[int, ...] 
     return ForwardBatch(slot_ids=list(range(B)), tokens=tokens, positions=positions, rows=rows, attn_mask=mask,
                         kv_len=T, logits_rows=torch.zeros(B, 0, dtype=torch.long, device=device),
                         hidden_layers=tuple(hidden_layers), span_first=0, span_size=B, starts=(0,) * B,
-                        ends=tuple(int(t.shape[0]) for t in new_tokens), causal=True)
+                        ends=tuple(int(t.shape[0]) for t in new_tokens), committed_run=True)
 
 
 def _one_chain(slot: int, cache_len: int, tokens: torch.Tensor, tree: bool, logits: str, hidden_layers,
@@ -240,7 +236,7 @@ def _one_chain(slot: int, cache_len: int, tokens: torch.Tensor, tree: bool, logi
         slot_ids=[slot], tokens=to(tokens.reshape(1, T).cpu()), positions=to(at), rows=to(at.clone()),
         attn_mask=to(mask), kv_len=L, logits_rows=to(logits_rows), hidden_layers=tuple(hidden_layers),
         span_first=slot, span_size=1, span_place=None, logits_flat=to(logits_flat), starts=(cache_len,), ends=(L,),
-        causal=True,
+        committed_run=not tree,
     )
 
 

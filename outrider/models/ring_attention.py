@@ -12,13 +12,16 @@ keys the masked full cache (the reference: KVCache + sliding.window_mask) lets e
 each at its ring row. Rows a window no longer reads may have been written over; the mask never
 lets a query read one (ring_cache.py says why).
 
-A causal fill (a prompt's prefill, a drafter's catch-up: a forward that only writes the cache)
-longer than the ring's R rows is attended R rows at a time inside the layer: chunk [a, b) writes
-its rows, then its queries read the ring, which then holds every row they see (a query at row
-L + t sees rows > L + t - W). The forward stays one forward (its hidden states come out whole).
-A later chunk writes over rows an earlier one wrote, which is right only when every row is
-committed; so a forward whose rows may be rejected (a verify chain or tree, a drafter's tree grown
-over several forwards) or that returns logits is never cut: the ring grows to hold it (RingKV.fit).
+A run meant to be committed whole (ForwardBatch.committed_run: a prompt's prefill, with or without
+logits, a drafter's catch-up) longer than the ring's R rows is attended R rows at a time inside
+the layer: chunk [a, b) writes its rows, then its queries read the ring, which then holds every
+row they see (a query at row L + t sees rows > L + t - W). The forward stays one forward (its
+logits and hidden states come out whole). A later chunk writes over rows an earlier one wrote,
+which is right only when every row is committed; so a forward of drafts (a verify's chain or
+tree, a drafter's tree grown over several forwards), whose rows may be rejected, is never cut:
+the ring grows to hold it (RingKV.fit). Cutting a slot back after all (set_length below a cut
+run's end) is checked like any cut-back: allowed while the ring holds the window it needs, else
+refused in one line (ring_cache.py), never read wrong.
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ def ring_views(batch, state, dtype: torch.dtype, span_mask) -> dict[int, RingVie
     for window, ring in state.rings.items():
         widest = max(e - s for s, e in zip(starts, ends))
         step = T
-        if batch.causal and batch.fills_only and widest > ring.rows:  # chunks of R rows, each the ring holds
+        if batch.committed_run and widest > ring.rows:  # chunks of R rows, each the ring holds
             step = ring.rows
         else:
             ring.fit(widest)
