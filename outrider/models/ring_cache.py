@@ -5,8 +5,8 @@ One `RingKV` holds the sliding layers of one window W. Per layer `k[layer]`, `v[
 [num_slots, kv_heads, C + 1, head_dim], C = W - 1 + R ring rows and a scratch row (padding's).
 Cache row r (the row a KVCache would use: the batch's rows, models/batch.py) lives at ring row
 r mod C. R is the most rows past a slot's length one forward may write (a verify tree, a draft
-model's tree grown depth by depth, a prefill chunk: models/ring_attention.py cuts a longer causal
-run into R-row chunks inside the layer, and grows the ring for a wider tree).
+model's tree grown depth by depth, a prefill chunk: models/ring_attention.py cuts a longer prompt
+into R-row chunks inside the layer, and grows the ring for a wider tree).
 
 Why C = W - 1 + R is enough, and exact under speculation: a forward over a slot of length L reads
 committed rows >= L - W + 1 only (its queries sit at positions >= L) and writes rows L .. L + R - 1
@@ -20,6 +20,8 @@ row written since the slot was emptied, and `low[slot]`, the first row a prefix 
 Rows held intact: max(low, end - C) .. length - 1 (`held_from`). Cutting a slot back below what
 its window would then need (set_length to n with n - W + 1 < held_from) raises, as a recurrent
 state does (models/delta_state.py); so does copying a prefix whose window is no longer held.
+These checks are what keeps a cut prompt exact too: a later chunk writes over an earlier chunk's
+rows, and a length whose window they held is refused, never read wrong.
 """
 
 from __future__ import annotations
