@@ -4,7 +4,9 @@ Runs two engines over the same target, one with the server's speculation (drafte
 controller) and one without, each on `--batch` code-edit prompts (chat mode, SmolLM2 by
 default), and times their decode steps in turns once every prompt is prefilled. With enough
 sequences the cost controller drafts nothing, so the two must cost the same; `--profile`
-prints where a speculative step's time goes (cProfile, the top functions by own time).
+prints where a speculative step's time goes (cProfile, the top functions by own time). A third
+engine, "follow", runs the speculation as it was before issue 42: the drafter followed (updated)
+every round, whether it proposed or not (its speculator's catches_up off).
 
     .venv/bin/python scripts/bench_backoff.py --batch 16 --steps 40 --threads 2 [--profile]
 """
@@ -22,6 +24,7 @@ import torch
 from outrider.bench.workloads import load_workload
 from outrider.engine.loop import EngineLoop
 from outrider.engine.request import Request
+from outrider.engine.speculator import Speculator
 from outrider.llm import LLM
 
 
@@ -51,12 +54,15 @@ def main() -> None:
                if p.messages else llm.encode(p.text) for p in work.prompts]
     prompts = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in prompts]
     tokens = args.steps * 2 + 8
-    spec, plain = engine(llm, llm.speculator, prompts, tokens), engine(llm, None, prompts, tokens)
-    wall = {"spec": [], "plain": []}
-    cpu = {"spec": [], "plain": []}  # this thread's CPU time: less moved by the other processes' load
+    old = Speculator.build(llm.speculator.options, llm.target, llm.path)
+    old.catches_up = False  # the drafter follows every round (before issue 42, item 6)
+    spec, follow, plain = (engine(llm, llm.speculator, prompts, tokens), engine(llm, old, prompts, tokens),
+                           engine(llm, None, prompts, tokens))
+    wall = {"spec": [], "follow": [], "plain": []}
+    cpu = {"spec": [], "follow": [], "plain": []}  # this thread's CPU time: less moved by the other processes' load
     drafted = 0
     for _ in range(args.steps):
-        for name, eng in (("spec", spec), ("plain", plain)):
+        for name, eng in (("spec", spec), ("follow", follow), ("plain", plain)):
             before = sum(s.stats.drafted for s in eng.scheduler.running)
             t, c = time.perf_counter(), time.thread_time()
             eng.step()
@@ -66,8 +72,9 @@ def main() -> None:
                 drafted += sum(s.stats.drafted for s in eng.scheduler.running) - before
     for label, times in (("wall", wall), ("cpu", cpu)):
         med = {k: statistics.median(v) for k, v in times.items()}
-        print(f"batch {args.batch}, {args.steps} steps each, threads {args.threads}, {label} time: spec step "
-              f"{med['spec'] * 1e3:.2f} ms, plain {med['plain'] * 1e3:.2f} ms, ratio {med['spec'] / med['plain']:.3f}")
+        print(f"batch {args.batch}, {args.steps} steps each, threads {args.threads}, {label} time (median): spec step "
+              f"{med['spec'] * 1e3:.2f} ms ({med['spec'] / med['plain']:.3f}x plain), following every round "
+              f"{med['follow'] * 1e3:.2f} ms ({med['follow'] / med['plain']:.3f}x), plain {med['plain'] * 1e3:.2f} ms")
     print(f"drafted {drafted} tokens in the spec engine's timed steps")
     if args.profile:
         prof = cProfile.Profile(time.thread_time)
