@@ -4,6 +4,7 @@ outrider/cli.py registers them with `add_parsers(sub)`; each `run_*` returns the
 
     outrider export eagle3 HEAD --format eagle|speculators --out DIR [--target NAME] [--dtype bf16]
     outrider export dflash HEAD --format zlab|vllm|sglang --out DIR [--target NAME] [--dtype bf16]
+    outrider export eagle3|dflash HEAD --format gguf --out FILE.gguf [--target-gguf FILE]   (llama.cpp)
     outrider check-head DIR [--target NAME_OR_PATH]
 
 HEAD is a head folder or a shipped head's name (heads/catalog.py); check-head takes `dflash:NAME`
@@ -25,8 +26,8 @@ def add_parsers(sub) -> None:
     kinds = export.add_subparsers(dest="export_kind", required=True)
     e3 = kinds.add_parser("eagle3", help="an EAGLE-3 head: config.json + model.safetensors + golden tau")
     e3.add_argument("head", help="head folder, or the name of a shipped head (its target's catalog name)")
-    e3.add_argument("--format", required=True, help="eagle (EAGLE / SpecForge: vLLM and SGLang) or speculators "
-                    "(vllm-project/speculators: vLLM)")
+    e3.add_argument("--format", required=True, help="eagle (EAGLE / SpecForge: vLLM and SGLang), speculators "
+                    "(vllm-project/speculators: vLLM) or gguf (llama.cpp: --spec-type draft-eagle3; --out FILE.gguf)")
     e3.add_argument("--out", required=True, help="output folder, new or empty")
     e3.add_argument("--target", default=None, help="catalog name or folder of the target (default: the one in the head's "
                     "outrider_golden.json or train_info.json, else a shipped head's name)")
@@ -38,15 +39,20 @@ def add_parsers(sub) -> None:
     e3.add_argument("--verifier", default=None, help="speculators verifier name_or_path, where vLLM loads the "
                     "target from (default: the target's folder here, absolute: loads offline; for another machine "
                     "give a Hugging Face id, e.g. HuggingFaceTB/SmolLM2-135M-Instruct)")
+    e3.add_argument("--target-gguf", default=None, help="gguf: the target's GGUF, whose tokenizer the draft "
+                    "carries (default: the target folder's original.gguf)")
     e3.set_defaults(run=run_export)
     df = kinds.add_parser("dflash", help="a DFlash head: config.json + model.safetensors + golden tau")
     df.add_argument("head", help="head folder, or the name of a shipped DFlash head (its target's catalog name)")
-    df.add_argument("--format", required=True, help="zlab (z-lab's DFlash), vllm or sglang (heads/dflash_format.py)")
+    df.add_argument("--format", required=True, help="zlab (z-lab's DFlash), vllm or sglang (heads/dflash_format.py), "
+                    "or gguf (llama.cpp: --spec-type draft-dflash; --out FILE.gguf)")
     df.add_argument("--out", required=True, help="output folder, new or empty")
     df.add_argument("--target", default=None, help="catalog name or folder of the target (default: the recorded one)")
     df.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 for the float tensors (default: as stored)")
     df.add_argument("--max-new-tokens", type=int, default=32, help="tokens per golden prompt (default 32)")
     df.add_argument("--device", default="cpu", help="where the golden tau is measured (default cpu)")
+    df.add_argument("--target-gguf", default=None, help="gguf: the target's GGUF, whose tokenizer the draft "
+                    "carries (default: the target folder's original.gguf)")
     df.set_defaults(run=run_export_dflash)
 
     check = sub.add_parser("check-head", help="check an EAGLE-3 or DFlash head folder: config, tensors and dtypes, "
@@ -109,6 +115,8 @@ def run_export(args) -> int:
     from .eagle3_export import check_out, export_eagle3
     from .eagle3_golden import GoldenSettings
 
+    if args.format == "gguf":
+        return run_export_gguf(args, "eagle3")
     check_out(args.out)  # before anything is read
     head = resolve_head(args.head)
     target = _target_for(head, args.target, args.head)
@@ -133,6 +141,8 @@ def run_export_dflash(args) -> int:
     from .eagle3_export import check_out
     from .eagle3_golden import GoldenSettings, read_golden
 
+    if args.format == "gguf":
+        return run_export_gguf(args, "dflash")
     check_out(args.out)  # before anything is read
     head = resolve_head(args.head, "dflash")
     target = _target_for(head, args.target, args.head, "dflash")
@@ -142,6 +152,19 @@ def run_export_dflash(args) -> int:
     golden = read_golden(out)
     print(f"wrote {out} ({args.format} layout) for {target}; golden tau {golden['tau']:.3f} "
           f"over {len(golden['prompts'])} prompts")
+    return 0
+
+
+def run_export_gguf(args, kind: str) -> int:
+    from .catalog import resolve_head
+    from .gguf_export import check_out_file, export_gguf
+
+    check_out_file(args.out)  # before anything is read
+    head = resolve_head(args.head, kind)
+    target = _target_for(head, args.target, args.head, kind)
+    out = export_gguf(kind, head, args.out, target, dtype=args.dtype, target_gguf=args.target_gguf,
+                      log=lambda msg: print(msg, file=sys.stderr))
+    print(f"wrote {out} (gguf, llama.cpp --spec-type draft-{kind}) for {target}")
     return 0
 
 
