@@ -162,9 +162,28 @@ def _parser() -> argparse.ArgumentParser:
                        help="finish the interrupted run in --out (same settings), skipping its finished prompts")
     bench.add_argument("--no-progress", action="store_true")
     bench.add_argument("--config", action="append", default=None, metavar="KEY=VALUE", help=CONFIG_HELP)
+    bench.add_argument("--temperature", type=float, default=None,
+                       help="sample at this temperature (default: the file's, else 0, greedy); every method and the "
+                            "transformers peer sample, seeded per prompt, audited by token frequencies "
+                            "(bench/audit.py; rollout mode: default 1)")
+    bench.add_argument("--top-p", type=float, default=None, help="top-p when sampling (default 1, off)")
+    bench.add_argument("--seed", type=int, default=None,
+                       help="the run seed each prompt's seed derives from (default 0; bench/sampling.py)")
+    bench.add_argument("--audit-samples", type=int, default=None,
+                       help="when sampling: continuations drawn per audited prompt by the baseline and each method "
+                            "(default 100)")
+    bench.add_argument("--audit-positions", type=int, default=None,
+                       help="when sampling: the first output tokens whose frequencies are compared (default 8)")
+    bench.add_argument("--audit-context", type=int, default=None,
+                       help="when sampling: the audited prompt's last tokens the continuations follow (default 64; "
+                            "0: the whole prompt)")
+    bench.add_argument("--audit-batch", type=int, default=None,
+                       help="when sampling: audit requests run at a time (default 1, as the timed runs; more is "
+                            "faster, but a cost controller drafts less in a batch)")
+    bench.add_argument("--audit-workload", action="append", default=None,
+                       help="when sampling: a workload whose first prompt is audited (repeatable; default: the first)")
     roll = bench.add_argument_group("rollout mode")
     roll.add_argument("--samples", type=int, default=None, help="samples per prompt (default 8)")
-    roll.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1)")
     roll.add_argument("--drafter", default=None, help="the drafter of the 'on' run (default suffix)")
     roll.add_argument("--controller", default=None, help="its controller (default fixed:4)")
     roll.add_argument("--max-running", type=int, default=None, help="engine slots (default: every request at once)")
@@ -199,6 +218,13 @@ def _parser() -> argparse.ArgumentParser:
                      help="K/V rows all running requests may reserve (default: every slot full)")
     srv.add_argument("--chunk-size", type=int, default=512,
                      help="prompt tokens prefilled per step (default: %(default)s)")
+    srv.add_argument("--prefix-cache-mb", type=int, default=512,
+                     help="memory of the exact prefix cache: prompts' K/V in blocks, reused by the requests that "
+                          "share a prefix (chat turns, a system prompt; default: %(default)s)")
+    srv.add_argument("--prefix-cache-block", type=int, default=16,
+                     help="tokens a prefix-cache block (default: %(default)s)")
+    srv.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                     help="turn the prefix cache off (every prompt prefilled whole: a fair baseline)")
     srv.add_argument("--max-body-mb", type=int, default=MAX_BODY_MB,
                      help="the largest request body in MiB; a larger one gets a 413 before it is read "
                           "(default: %(default)s)")
@@ -332,7 +358,8 @@ def _serve(args) -> int:
         SpecOptions(args.drafter, tree, controller, args.max_tree_nodes, args.verifier).check()
     keys = ("model", "drafter", "verifier", "max_tree_nodes", "host", "port", "api_key", "max_running",
             "max_queue", "max_model_len", "max_kv_rows", "chunk_size", "max_body_mb", "device", "dtype", "threads",
-            "kv_dtype", "replicas", "address", "policy", "replica_restarts")
+            "kv_dtype", "replicas", "address", "policy", "replica_restarts", "prefix_cache", "prefix_cache_mb",
+            "prefix_cache_block")
     options = ServeOptions(**{k: getattr(args, k) for k in keys}, tree=tree, controller=controller)
     if options.check().replicas is None and options.address is None:
         return serve(options)

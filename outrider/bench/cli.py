@@ -54,7 +54,7 @@ def bench_command(args) -> int:
     return 0
 
 
-ROLLOUT_FLAGS = ("samples", "temperature", "drafter", "controller", "max_running")
+ROLLOUT_FLAGS = ("samples", "drafter", "controller", "max_running")  # --temperature is both modes
 
 
 def rollout_command(args) -> int:
@@ -65,7 +65,10 @@ def rollout_command(args) -> int:
     from .rollout import RolloutPlan, run_rollout
     from ..errors import ConfigError
 
-    if args.preset or args.methods or args.resume or args.dtype or args.kv_dtype or args.config:
+    sampling_only = [getattr(args, k, None) for k in ("top_p", "seed", "audit_samples", "audit_positions",
+                                                      "audit_context", "audit_batch", "audit_workload")]
+    if args.preset or args.methods or args.resume or args.dtype or args.kv_dtype or args.config or \
+            any(v is not None for v in sampling_only):
         raise ConfigError("`outrider bench rollout` takes --model, --workload, --prompts, --samples, --temperature, "
                           "--max-new-tokens, --drafter, --controller, --max-running, --threads and --out")
     given = {"model": (args.model or [None])[0], "workloads": tuple(args.workload) if args.workload else None,

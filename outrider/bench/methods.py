@@ -4,6 +4,10 @@
     workloads = ["humaneval", "toolcall", "code-edit"]     # or "jsonl:my_prompts.jsonl"
     prompts = 3                     # per workload (optional: all)
     max_new_tokens = 64             # optional: each workload's default otherwise
+    temperature = 1.0               # optional: sample (0, the default, is greedy; bench/sampling.py),
+    top_p = 1.0                     #   with top-p and a run seed; audited by frequencies (bench/audit.py:
+    seed = 0                        #   audit_samples, audit_positions, audit_context, audit_batch,
+                                    #   audit_workloads: default the first workload)
 
     [[method]]                      # ours: a drafter, a tree shape and a controller
     name = "suffix"
@@ -20,6 +24,12 @@
     drafter = "dflash:smollm2-135m-instruct"
     refiner = "cure,retrace"
     tree = "ddtree:12"
+
+    [[method]]                      # a verifier by name (spec/verifiers.py): sampling only
+    name = "resispec-lossy"
+    drafter = "eagle3:smollm2-135m-instruct"
+    tree = "sampled:3,2,1"
+    verifier = "resispec-lossy"     # lossy: audited, expected to fail, never fails the run
 
     [[method]]
     name = "draft-0.5b"
@@ -43,8 +53,12 @@ from . import llama_server
 
 PEERS = ("transformers", "transformers-assisted", "transformers-prompt-lookup", "llama.cpp",
          "llama.cpp-prompt-lookup")
-METHOD_KEYS = {"name", "drafter", "refiner", "tree", "controller", "peer", "assistant", "lookup", "models"}
-TOP_KEYS = {"models", "workloads", "prompts", "max_new_tokens", "threads", "dtype", "kv_dtype", "method"}
+METHOD_KEYS = {"name", "drafter", "refiner", "tree", "controller", "verifier", "peer", "assistant", "lookup", "models"}
+# temperature, top_p, seed and the audit_* keys: a bench that samples (bench/sampling.py, bench/audit.py)
+SAMPLING_KEYS = {"temperature", "top_p", "seed", "audit_samples", "audit_positions", "audit_context", "audit_batch",
+                 "audit_workloads"}
+TOP_KEYS = {"models", "workloads", "prompts", "max_new_tokens", "threads", "dtype", "kv_dtype",
+            "method"} | SAMPLING_KEYS
 PRESETS = Path(__file__).parent / "presets"
 
 
@@ -65,7 +79,8 @@ class Method:
     @property
     def label(self) -> str:
         if self.spec:
-            return f"{self.name} ({self.spec.drafter}, {self.spec.tree}, {self.spec.controller})"
+            verifier = f", {self.spec.verifier}" if self.spec.verifier else ""
+            return f"{self.name} ({self.spec.drafter}, {self.spec.tree}, {self.spec.controller}{verifier})"
         extra = f", assistant {self.assistant}" if self.assistant else ""
         return f"{self.name} (peer: {self.peer}{extra})"
 
@@ -86,11 +101,22 @@ class BenchConfig:
     raw: dict = field(default_factory=dict)  # the file's TOML, with what overrides it folded in (with_overrides)
     kv_dtype: str | None = None  # the targets' --kv-dtype; None: the compute dtype
     preset: str | None = None  # the preset's name when the file is one
+    temperature: float | None = None  # None or 0: greedy (bench/sampling.py)
+    top_p: float | None = None  # None: 1 (off)
+    seed: int | None = None  # the run seed each prompt's seed derives from (None: 0)
+    audit_samples: int | None = None  # the distributional audit's sizes (None: bench/audit.py's defaults)
+    audit_positions: int | None = None
+    audit_context: int | None = None  # 0: the whole prompt
+    audit_batch: int | None = None
+    audit_workloads: tuple[str, ...] | None = None  # None: the first workload
 
 
 # The settings a command line can override, by key: the flag that does.
 FLAGS = {"models": "--model", "workloads": "--workload", "prompts": "--prompts",
-         "max_new_tokens": "--max-new-tokens", "threads": "--threads", "dtype": "--dtype", "kv_dtype": "--kv-dtype"}
+         "max_new_tokens": "--max-new-tokens", "threads": "--threads", "dtype": "--dtype", "kv_dtype": "--kv-dtype",
+         "temperature": "--temperature", "top_p": "--top-p", "seed": "--seed", "audit_samples": "--audit-samples",
+         "audit_positions": "--audit-positions", "audit_context": "--audit-context", "audit_batch": "--audit-batch",
+         "audit_workloads": "--audit-workload"}
 
 
 def with_overrides(config: BenchConfig, overrides: dict) -> BenchConfig:
@@ -100,6 +126,12 @@ def with_overrides(config: BenchConfig, overrides: dict) -> BenchConfig:
     for key, value in overrides.items():
         raw[key] = list(value) if isinstance(value, tuple) else value
     fields_ = {key: tuple(value) if isinstance(value, list) else value for key, value in overrides.items()}
+    if SAMPLING_KEYS & set(overrides):  # checked as the file's keys are: one line naming the flag
+        try:
+            fields_.update(_sampling(raw, "the command line"))
+        except ConfigError as err:
+            raise ConfigError(str(err).replace("the command line: ", "--").replace("--top_p", "--top-p")
+                              .replace("--audit_", "--audit-")) from None
     return replace(config, raw=raw, **fields_)
 
 
@@ -177,7 +209,42 @@ def parse_config(raw: dict, source: str, lines: list[int] | None = None) -> Benc
         from ..weights.loader import parse_kv_dtype
 
         parse_kv_dtype(str(kv_dtype))
-    return BenchConfig(source, tuple(models), tuple(workloads), tuple(methods), *numbers, dtype, raw, kv_dtype)
+    return BenchConfig(source, tuple(models), tuple(workloads), tuple(methods), *numbers, dtype, raw, kv_dtype,
+                       **_sampling(raw, source))
+
+
+def _sampling(raw: dict, source: str) -> dict:
+    """The file's sampling keys, checked (bench/sampling.py): temperature, top_p, seed, audit_*."""
+    from .sampling import BenchSampling
+
+    out = {}
+    for key in ("temperature", "top_p"):
+        value = raw.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(f"{source}: {key} must be a number, got {value!r}")
+        out[key] = None if value is None else float(value)
+    seed = raw.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ConfigError(f"{source}: seed must be an integer >= 0, got {seed!r}")
+    out["seed"] = seed
+    for key in ("audit_samples", "audit_positions", "audit_batch"):
+        out[key] = _positive(raw.get(key), f"{source}: {key}")
+    audited = raw.get("audit_workloads")
+    out["audit_workloads"] = None if audited is None else tuple(_strings(audited, f"{source}: audit_workloads"))
+    workloads = _strings(raw.get("workloads", ["humaneval"]), f"{source}: workloads")
+    for name in out["audit_workloads"] or ():
+        if name not in workloads:
+            raise ConfigError(f"{source}: audit_workloads names '{name}', which is not one of the workloads "
+                              f"({', '.join(workloads)})")
+    context = raw.get("audit_context")
+    if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 0):
+        raise ConfigError(f"{source}: audit_context must be an integer >= 0 (0: the whole prompt), got {context!r}")
+    out["audit_context"] = context
+    try:
+        BenchSampling(out["temperature"] or 0.0, 1.0 if out["top_p"] is None else out["top_p"], seed or 0).check()
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    return out
 
 
 def _method(table: dict, where: str, line: int) -> Method:
@@ -215,8 +282,10 @@ def _method(table: dict, where: str, line: int) -> Method:
     try:
         from ..drafters.refiners import with_refiners
 
+        verifier = table.get("verifier")  # a verifier by name (spec/verifiers.py); a lossy one is audited as such
         spec = SpecOptions(with_refiners(str(table["drafter"]), table.get("refiner")), str(table.get("tree", "chain")),
-                           str(table.get("controller", "fixed:4"))).check()
+                           str(table.get("controller", "fixed:4")),
+                           verifier=None if verifier is None else str(verifier)).check()
     except ConfigError as err:
         raise ConfigError(f"{where}: method '{name}': {err}") from None
     return Method(name, line, spec=spec, models=models)

@@ -58,9 +58,11 @@ class PeerProcess:
             raise PeerUnavailable(value)
         self.note: str | None = value  # what the peer says of its own settings (peers.LlamaCppPeer)
 
-    def run(self, prompt_ids: list[int], max_new_tokens: int) -> PromptRun:
+    def run(self, prompt_ids: list[int], max_new_tokens: int, seed: int | None = None) -> PromptRun:
+        """seed: a sampling peer's seed for this prompt (bench/sampling.py); None: not passed."""
+        request = (list(prompt_ids), int(max_new_tokens)) + (() if seed is None else (int(seed),))
         try:
-            self._conn.send((list(prompt_ids), int(max_new_tokens)))
+            self._conn.send(request)
         except (BrokenPipeError, OSError):
             raise PeerFailed(self._ending()) from None
         _, (output_ids, seconds, stats) = self._answer(RUN_TIMEOUT_S, "for a completion")

@@ -1,6 +1,7 @@
 """Peers: other engines run on the same model and prompts, each in a child process of its own.
 
-    transformers                  AutoModelForCausalLM.generate, greedy
+    transformers                  AutoModelForCausalLM.generate, greedy (sampling, seeded, in a bench
+                                  that samples: bench/sampling.py; the other peers stay greedy)
     transformers-assisted         the same with assistant_model (a draft model)
     transformers-prompt-lookup    the same with prompt_lookup_num_tokens
     llama.cpp                     llama-cpp-python on the model's original GGUF (the `peers` extra)
@@ -37,7 +38,9 @@ from .runner import PromptRun, run_transformers
 
 
 class TransformersPeer:
-    def __init__(self, model_path: Path, kind: str, assistant_path: Path | None = None, lookup: int = 10):
+    def __init__(self, model_path: Path, kind: str, assistant_path: Path | None = None, lookup: int = 10,
+                 sampling: tuple[float, float] | None = None):
+        """sampling: (temperature, top_p) to sample with (a bench that samples), each run seeded."""
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
@@ -49,10 +52,12 @@ class TransformersPeer:
         if kind == "transformers-assisted":
             self.assistant = AutoModelForCausalLM.from_pretrained(str(assistant_path), dtype=torch.float32).eval()
         self.lookup = lookup if kind == "transformers-prompt-lookup" else None
+        self.sampling = sampling
 
-    def run(self, prompt_ids: list[int], max_new_tokens: int) -> PromptRun:
+    def run(self, prompt_ids: list[int], max_new_tokens: int, seed: int = 0) -> PromptRun:
+        sampling = None if self.sampling is None else (*self.sampling, seed)
         return run_transformers(self.model, prompt_ids, max_new_tokens, assistant=self.assistant,
-                                prompt_lookup=self.lookup)
+                                prompt_lookup=self.lookup, sampling=sampling)
 
 
 class LlamaCppPeer:
@@ -136,22 +141,28 @@ def _check_llama_cpp(gguf: Path) -> None:
         raise PeerUnavailable(f"no original GGUF at {gguf} (only catalog models keep one)")
 
 
-def open_peer(kind: str, model_path: Path, assistant_path: Path | None, lookup: int, threads: int):
+SAMPLES = ("transformers", "transformers-assisted", "transformers-prompt-lookup")  # the peers that sample when asked
+
+
+def open_peer(kind: str, model_path: Path, assistant_path: Path | None, lookup: int, threads: int,
+              sampling: tuple[float, float] | None = None):
     """The peer itself, in this process (the child's side of make_peer)."""
     if kind.startswith("transformers"):
-        return TransformersPeer(Path(model_path), kind, assistant_path, lookup)
+        return TransformersPeer(Path(model_path), kind, assistant_path, lookup, sampling)
     return LlamaCppPeer(Path(model_path) / "original.gguf", kind, threads, lookup)
 
 
-def make_peer(kind: str, model_path: Path, *, assistant_path: Path | None, lookup: int, threads: int) -> PeerProcess:
+def make_peer(kind: str, model_path: Path, *, assistant_path: Path | None, lookup: int, threads: int,
+              sampling: tuple[float, float] | None = None) -> PeerProcess:
     """The peer in a child process. What can be seen from here to stop it (not installed, no
     weights for it) raises PeerUnavailable before a process starts; a crash while it loads raises
-    PeerFailed."""
+    PeerFailed. sampling: (temperature, top_p) for a peer in SAMPLES (the others stay greedy)."""
     if llama_server.is_kind(kind):  # a process of its own already: no child of ours around it
         return llama_server.make_llama_server(kind, Path(model_path), assistant_path, threads)
     if kind.startswith("transformers"):
         _check_transformers(Path(model_path), kind, assistant_path)
     else:
         _check_llama_cpp(Path(model_path) / "original.gguf")
+    extra = {"sampling": sampling} if sampling is not None and kind in SAMPLES else {}
     return PeerProcess(open_peer, {"kind": kind, "model_path": Path(model_path), "assistant_path": assistant_path,
-                                   "lookup": lookup, "threads": threads}, threads)
+                                   "lookup": lookup, "threads": threads, **extra}, threads)

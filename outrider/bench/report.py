@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 
 from . import plots
-from .table import (MISSING, fmt, fmt_tau, find_run, first_difference, methods, model_names,
+from .table import (MISSING, audit_mark, audit_verdict, fmt, fmt_tau, find_run, first_difference, methods, model_names,
                     number, speedup, summary_grid, summary_of, tau, workload_names)
 
 HOW_TO_READ = [
@@ -37,6 +37,9 @@ HOW_TO_READ = [
     "lossless: every greedy output equals autoregressive token for token. MISMATCH@n: one of our "
     "methods differed, first at output token n (a bug). differs@n: a peer differed (its numerics "
     "are not ours; peers are not audited).",
+    "A run that samples (temperature > 0): acc is accepted draft depths over drafted ones; the last column "
+    "is the distributional audit's verdict (see its section): pass / FAIL with the Bonferroni-adjusted p-value; "
+    "lossy: a lossy verifier, expected to fail; the baseline is the audit's reference.",
     '"-": the figure does not apply or was not measured.',
 ]
 
@@ -46,7 +49,7 @@ class Loud(str):
 
 
 def _loud_if_bad(cell: str) -> str:
-    return Loud(cell) if "MISMATCH" in cell or cell == "FAILED" else cell
+    return Loud(cell) if "MISMATCH" in cell or cell == "FAILED" or cell.startswith("FAIL p=") else cell
 
 
 # -- content ---------------------------------------------------------------------------------------
@@ -63,7 +66,9 @@ def build_blocks(results: dict, plot_files: dict[str, Path]) -> list[tuple]:
                             f"created {results.get('created', '?')}.{resumed}")]
     audit = results.get("audit") or {}
     bad = audit.get("mismatches") or []
-    if audit.get("ok") is False or bad:
+    if audit.get("kind") == "distributional" and audit.get("ok") is False:
+        b.append(("alarm", "NOT LOSSLESS: " + audit_verdict(results)))
+    elif audit.get("ok") is False or bad:
         b.append(("alarm", f"NOT LOSSLESS: {len(bad)} output(s) of our methods differ from autoregressive "
                            f"(see the lossless audit below). This is a bug in a method."))
     b += [("h", 2, "How to read this"), ("list", HOW_TO_READ)]
@@ -161,9 +166,30 @@ def _time_split(s: dict) -> list[str]:
     return [fmt(100 * x / seconds, "{:.0f}") for x in (draft, verify, other)]
 
 
+def _distributional(results: dict) -> list[tuple]:
+    """A bench that samples: each method's audit (bench/audit.py) per model."""
+    audit = results.get("audit") or {}
+    b: list[tuple] = [("h", 2, "Distributional audit"), ("p", audit_verdict(results)),
+                      ("p", "Per method: its tokens at each of the first output positions against our autoregressive "
+                            "sampling's on the same prompt (other seeds), a two-sample chi-square test a position, "
+                            "the smallest p-value times the number of tests (Bonferroni) against alpha. drafted / "
+                            "accepted: how much speculation the audit's samples exercised. Peers: not audited.")]
+    for model, m in (audit.get("models") or {}).items():
+        prompts = ", ".join(f"{a['workload']} {a['prompt']} (last {a['context_tokens']} tokens, {a['samples']} samples "
+                            f"x {a['positions']} positions)" for a in m.get("prompts", []))
+        b.append(("p", f"{model}: {prompts or 'nothing audited'}"))
+        b.append(("table", ["method", "verdict", "adjusted p", "tests", "worst position", "drafted", "accepted"],
+                  [[name, _loud_if_bad(audit_mark(results, model, name, "ours")), fmt(e.get("adjusted_p"), "{:.3g}"),
+                    _text(e.get("tests")), _text((e.get("worst") or {}).get("position")), _text(e.get("drafted")),
+                    _text(e.get("accepted"))] for name, e in m.get("methods", {}).items()]))
+    return b
+
+
 def _audit(results: dict) -> list[tuple]:
     audit = results.get("audit") or {}
     bad = audit.get("mismatches") or []
+    if audit.get("kind") == "distributional":
+        return _distributional(results)
     b: list[tuple] = [("h", 2, "Lossless audit")]
     if audit.get("ok") is False or bad:
         b.append(("alarm", f"FAILED: {len(bad)} output(s) of our methods differ from autoregressive."))

@@ -44,6 +44,8 @@ def identity(p, model_facts: dict[str, dict], threads: int) -> dict:
         "workloads": [{"name": w.name, "source": w.source, "chat": w.chat,
                        "prompts": [[q.id, w.budget(q)] for q in w.prompts]} for w in p.workloads],
         "threads": threads,
+        # a bench that samples is another run (named only then: greedy runs saved before resume as they did)
+        **({"sampling": _sampling(p).describe()} if not _sampling(p).greedy else {}),
         # not compared on --resume, read back by it (settings.py): the methods file as it ran
         SETTINGS: {"preset": p.config.preset, "source": p.config.source, "config": p.config.raw},
     }
@@ -79,6 +81,10 @@ def assemble(p, store: RunStore, model_facts: dict[str, dict], threads: int) -> 
                 runs.append(summarize_run(model, w, name, label, kind, lst, [x.id for x in w.prompts],
                                           peer=method.peer if method else None))
     _speedups(runs)
+    sampling = _sampling(p)
+    if not sampling.greedy:  # token equality says nothing of a sampled method: the audit does
+        for r in runs:
+            r["summary"]["mismatches"] = r["summary"]["lossless"] = None
     return {
         "outrider_version": __version__,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -96,8 +102,31 @@ def assemble(p, store: RunStore, model_facts: dict[str, dict], threads: int) -> 
         "runs": runs,
         "skipped": list(store.skipped),  # "failed": true for a peer that crashed
         "peer_notes": list(store.notes),
-        "audit": {"ok": not mismatches, "mismatches": mismatches},
+        "sampling": sampling.describe(),
+        "audit": {"ok": not mismatches, "mismatches": mismatches} if sampling.greedy else _audit(p, store),
     }
+
+
+def _sampling(p):
+    from .sampling import BenchSampling
+
+    return BenchSampling.of(p.config)
+
+
+def _audit(p, store: RunStore) -> dict:
+    """The distributional audit (bench/audit.py): per model, each method's verdict over its
+    audited workloads; `ok` when every lossless method of every model passed."""
+    from ..spec.verifiers import VERIFIERS
+    from .audit import ALPHA, LEAST, summarize
+
+    lossy = {m.name for m in p.config.methods if m.spec and m.spec.verifier and VERIFIERS[m.spec.verifier].lossy}
+    models = {}
+    for model in p.config.models:
+        audits = [a for w in p.workloads if (a := store.audited(model, w.name))]
+        models[model] = {"prompts": audits, **summarize(audits, lossy)}
+    return {"kind": "distributional", "alpha": ALPHA, "least": LEAST, "correction": "bonferroni",
+            "ok": all(m["ok"] for m in models.values()), "mismatches": [], "models": models,
+            "not_audited": sorted({m.name for m in p.config.methods if m.peer})}
 
 
 def _speedups(runs: list[dict]) -> None:

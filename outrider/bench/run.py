@@ -14,6 +14,11 @@ Order of work, so that bad input fails before anything heavy happens:
        (_replay), so that it drafts the rest as an uninterrupted run would;
     5. the results, lossless audit included (each of our methods' greedy output against our
        autoregressive output), built from the saved prompts (results.assemble).
+
+A bench that samples (temperature > 0, bench/sampling.py) seeds each prompt's requests, runs the
+transformers peer sampled too (the other peers stay greedy, said in their note), and after every
+workload's timed prompts on a model runs the distributional audit (bench/audit.py) of each of our
+methods, saved as one line per (model, workload) so that --resume keeps it.
 """
 
 from __future__ import annotations
@@ -34,7 +39,10 @@ from ..weights.loader import auto_dtype, load_decoder, parse_dtype, parse_kv_dty
 from ..engine.speculator import Speculator
 from .methods import BenchConfig
 from .peers import PeerFailed, PeerUnavailable, make_peer
+from .audit import BATCH, CONTEXT, POSITIONS, SAMPLES, audit_prompt
+from .peers import SAMPLES as SAMPLING_PEERS
 from .results import BASELINE, assemble, identity, method_names, model_facts
+from .sampling import BenchSampling
 from .results import needs_exit_failure, write_results  # noqa: F401 (the CLI's imports)
 from .runner import PromptRun, first_difference, run_ours
 from .store import BenchInterrupted, RunStore, check_out
@@ -52,6 +60,15 @@ def plan(config: BenchConfig, log=print) -> Plan:
     """Everything that can be checked before a model is loaded."""
     workloads = [load_workload(w, limit=config.prompts, max_new_tokens=config.max_new_tokens)
                  for w in config.workloads]
+    params = BenchSampling.of(config).params()
+    for m in config.methods:  # what the temperature rules out (a sampled tree when greedy, a verifier unfit)
+        if m.spec:
+            try:
+                m.spec.check_sampling(params)
+                m.spec.verifier_choice(params)
+            except ConfigError as err:
+                where = f"{config.source}:{m.line}" if m.line else config.source
+                raise ConfigError(f"{where}: method '{m.name}': {err}") from None
     needed = list(config.models)
     for m in config.methods:
         if not any(m.runs_on(model) for model in config.models):  # a method for another target: nothing to pull
@@ -91,6 +108,7 @@ def run_bench(p: Plan, threads: int | None = None, log=print, progress: bool = T
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()  # a peer's "Loading weights" bar would break into ours
     threads = threads or p.config.threads or torch.get_num_threads()
+    sampling = BenchSampling.of(p.config)
     torch.set_num_threads(threads)
     if out is not None:
         check_out(out, resume)
@@ -102,12 +120,12 @@ def run_bench(p: Plan, threads: int | None = None, log=print, progress: bool = T
         log(f"resuming: {len(store.prompts)} of {prompts} prompts were finished before")
     done = sum(len(line["runs"]) for line in store.prompts.values())
     total = done + sum(len(method_names(p, model, store)) for model in p.config.models for w in p.workloads
-                       for q in w.prompts if not store.done(model, w.name, q.id))
+                       for q in w.prompts if not store.done(model, w.name, q.id))  # the audit logs, not counted
     bar = tqdm(total=total, initial=done,
                disable=not progress, file=sys.stderr, dynamic_ncols=True)
     try:
         for model in p.config.models:
-            _run_model(p, model, store, threads, bar, log)
+            _run_model(p, model, store, threads, bar, log, sampling)
     except KeyboardInterrupt:
         raise BenchInterrupted(len(store.prompts), prompts, out) from None
     finally:
@@ -120,11 +138,13 @@ def target_dtype(p: Plan, path: Path) -> str:
     return p.config.dtype or auto_dtype(path) or "float32"
 
 
-def _run_model(p: Plan, model: str, store: RunStore, threads: int, bar, log) -> None:
-    """Every unfinished prompt of every workload on `model`; the model loads only if one is left."""
+def _run_model(p: Plan, model: str, store: RunStore, threads: int, bar, log, sampling: BenchSampling) -> None:
+    """Every unfinished prompt of every workload on `model`, then (sampling) every unfinished
+    audit; the model loads only if something is left."""
     from transformers import AutoTokenizer
 
-    if all(store.done(model, w.name, q.id) for w in p.workloads for q in w.prompts):
+    if all(store.done(model, w.name, q.id) for w in p.workloads for q in w.prompts) and \
+            (sampling.greedy or all(store.audited(model, w.name) for w in audited_workloads(p))):
         return
     path = p.model_paths[model]
     target = load_decoder(path, None, parse_dtype(target_dtype(p, path)), kv_dtype=parse_kv_dtype(p.config.kv_dtype))
@@ -132,8 +152,10 @@ def _run_model(p: Plan, model: str, store: RunStore, threads: int, bar, log) -> 
     eos = eos_ids_of(path, tok)
     peers: dict = {}
     try:
-        _peers(p, model, store, threads, bar, log, peers)
-        _run_workloads(p, model, store, target, tok, eos, path, peers, bar, log)
+        _peers(p, model, store, threads, bar, log, peers, sampling)
+        _run_workloads(p, model, store, target, tok, eos, path, peers, bar, log, sampling)
+        if not sampling.greedy:
+            _run_audits(p, model, store, target, tok, eos, path, bar, log, sampling)
     finally:
         for peer in peers.values():
             peer.close()
@@ -141,7 +163,8 @@ def _run_model(p: Plan, model: str, store: RunStore, threads: int, bar, log) -> 
 
 
 def _run_workloads(p: Plan, model: str, store: RunStore, target, tok, eos: set[int], path: Path, peers: dict,
-                   bar, log) -> None:
+                   bar, log, sampling: BenchSampling) -> None:
+    params = None if sampling.greedy else sampling.params()
     for w in p.workloads:
         if all(store.done(model, w.name, q.id) for q in w.prompts):
             continue
@@ -152,18 +175,20 @@ def _run_workloads(p: Plan, model: str, store: RunStore, target, tok, eos: set[i
         for i, prompt in enumerate(w.prompts):
             saved = store.done(model, w.name, prompt.id)
             if saved:
-                _replay(specs, target, ids[prompt.id], w.budget(prompt), eos, saved)
+                _replay(specs, target, ids[prompt.id], w.budget(prompt), eos, saved, sampling, w.name, prompt.id)
                 continue
             runs: dict[str, PromptRun] = {}
             for name in method_names(p, model, store):
                 bar.set_description(f"{model} | {w.name} | {i + 1}/{len(w.prompts)} | {name}")
+                seed = sampling.seed_torch(w.name, prompt.id)  # the same for every method of the prompt
                 if name == BASELINE:
-                    r = run_ours(target, None, ids[prompt.id], w.budget(prompt), eos)
+                    r = run_ours(target, None, ids[prompt.id], w.budget(prompt), eos, params)
                 elif name in specs:
-                    r = run_ours(target, specs[name], ids[prompt.id], w.budget(prompt), eos)
+                    r = run_ours(target, specs[name], ids[prompt.id], w.budget(prompt), eos, params)
                 else:
+                    sampled = not sampling.greedy and p_method(p, name).peer in SAMPLING_PEERS
                     try:
-                        r = peers[name].run(ids[prompt.id], w.budget(prompt))
+                        r = peers[name].run(ids[prompt.id], w.budget(prompt), *((seed,) if sampled else ()))
                     except PeerFailed as why:
                         _peer_failed(p, model, store, peers, name, f"{why} (on {w.name} prompt {prompt.id})", bar, log)
                         continue
@@ -173,12 +198,46 @@ def _run_workloads(p: Plan, model: str, store: RunStore, target, tok, eos: set[i
             base = runs[BASELINE].output_ids
             for name, r in runs.items():
                 r.stats["first_difference"] = diff = first_difference(base, r.output_ids)
-                if diff is not None and name in specs:
+                if diff is not None and name in specs and sampling.greedy:  # sampled: bench/audit.py instead
                     log(f"LOSSLESS AUDIT FAILED: {name} on {w.name} {prompt.id} differs from "
                         f"autoregressive at output token {diff}")
             store.add_prompt(model, w.name, prompt.id, {
                 name: {"output_ids": r.output_ids, "seconds": r.seconds, "stats": r.stats}
                 for name, r in runs.items()})
+
+
+def p_method(p: Plan, name: str):
+    return next(m for m in p.config.methods if m.name == name)
+
+
+def audited_workloads(p: Plan) -> list[Workload]:
+    """The workloads whose first prompt the audit samples: audit_workloads, else the first."""
+    names = p.config.audit_workloads or p.config.workloads[:1]
+    return [w for w in p.workloads if w.name in names]
+
+
+def audit_prompt_ids(ids: list[int], context: int) -> list[int]:
+    """The audited prompt: its last `context` tokens (0: all of it)."""
+    return list(ids[-context:]) if context else list(ids)
+
+
+def _run_audits(p: Plan, model: str, store: RunStore, target, tok, eos: set[int], path: Path, bar, log,
+                sampling: BenchSampling) -> None:
+    """The distributional audit (bench/audit.py) of each workload's first prompt on `model`, with
+    every method of ours built fresh (no state from the timed runs); saved a workload at a time."""
+    c = p.config
+    samples, positions, batch = c.audit_samples or SAMPLES, c.audit_positions or POSITIONS, c.audit_batch or BATCH
+    context = CONTEXT if c.audit_context is None else c.audit_context
+    for w in audited_workloads(p):
+        if store.audited(model, w.name) or not w.prompts:
+            continue
+        prompt = w.prompts[0]
+        ids = audit_prompt_ids(encode_prompt(tok, w, prompt), context)
+        specs = {m.name: Speculator.build(m.spec, target, path) for m in c.methods if m.spec and m.runs_on(model)}
+        bar.set_description(f"{model} | {w.name} | audit")
+        result = audit_prompt(target, specs, ids, eos, sampling, w.name, prompt.id, samples, positions, log=log,
+                              batch=batch)
+        store.add_audit(model, w.name, result)
 
 
 def _peer_failed(p: Plan, model: str, store: RunStore, peers: dict, name: str, reason: str, bar, log) -> None:
@@ -195,7 +254,8 @@ def _uncount(p: Plan, model: str, store: RunStore, bar) -> None:
     bar.refresh()
 
 
-def _peers(p: Plan, model: str, store: RunStore, threads: int, bar, log, peers: dict) -> None:
+def _peers(p: Plan, model: str, store: RunStore, threads: int, bar, log, peers: dict,
+           sampling: BenchSampling | None = None) -> None:
     """Start the peers that run on `model`, into `peers`. One that cannot run here is skipped (and
     saved as skipped); one that crashes while it loads is saved as failed; one that ran in an
     earlier part of this run must run now too."""
@@ -207,8 +267,10 @@ def _peers(p: Plan, model: str, store: RunStore, threads: int, bar, log, peers: 
             log(f"skipping peer {m.name} on {model}: {skipped[m.name]}")
             continue
         try:
+            sampled = sampling is not None and not sampling.greedy
+            extra = {"sampling": (sampling.temperature, sampling.top_p)} if sampled and m.peer in SAMPLING_PEERS else {}
             peer = make_peer(m.peer, p.model_paths[model], assistant_path=p.model_paths.get(m.assistant),
-                             lookup=m.lookup, threads=threads)
+                             lookup=m.lookup, threads=threads, **extra)
         except PeerUnavailable as why:
             if any(key[0] == model and m.name in line["runs"] for key, line in store.prompts.items()):
                 raise ConfigError(f"peer {m.name} ran on {model} before this run was interrupted but cannot "
@@ -224,6 +286,8 @@ def _peers(p: Plan, model: str, store: RunStore, threads: int, bar, log, peers: 
             continue
         peers[m.name] = peer
         note = getattr(peer, "note", None)
+        if sampled and m.peer not in SAMPLING_PEERS:  # said, not hidden: its row is greedy decoding
+            note = ((note + "; ") if note else "") + "greedy: this peer does not sample in the bench (not audited)"
         if note and m.name not in store.notes_on(model):
             store.add_note(model, m.name, note)
             log(f"peer {m.name} on {model}: {note}")
@@ -236,7 +300,7 @@ PER_PROMPT_CONTROLLERS = {"fixed", "adaptive"}
 
 
 def _replay(specs: dict[str, Speculator], target, prompt_ids: list[int], budget: int, eos: set[int],
-            saved: dict) -> None:
+            saved: dict, sampling: BenchSampling | None = None, workload: str = "", prompt_id: str = "") -> None:
     """Give each method what a prompt finished in an earlier session gave it, so that it drafts the
     rest as in an uninterrupted run. A drafter in SHOWN under a per-prompt controller is shown the
     prompt as the loop shows it (start, then finish with prompt + output). Any other (a head that
@@ -248,7 +312,11 @@ def _replay(specs: dict[str, Speculator], target, prompt_ids: list[int], budget:
             spec.drafter.start(0, list(prompt_ids))
             spec.drafter.finish(0, list(prompt_ids) + output)
         else:
-            run_ours(target, spec, prompt_ids, budget, eos)
+            params = None
+            if sampling is not None and not sampling.greedy:  # the same draws as the run it replays
+                sampling.seed_torch(workload, prompt_id)
+                params = sampling.params()
+            run_ours(target, spec, prompt_ids, budget, eos, params)
 
 
 def encode_prompt(tok, w: Workload, prompt) -> list[int]:

@@ -15,6 +15,7 @@ import torch
 from ..engine.generate import generate_ids
 from ..engine.request import Request
 from ..models.decoder import Decoder
+from ..sampling import SamplingParams
 
 
 @dataclass
@@ -25,21 +26,29 @@ class PromptRun:
 
 
 def run_ours(target: Decoder, speculator, prompt_ids: list[int], max_new_tokens: int,
-             eos_ids: set[int] = frozenset()) -> PromptRun:
+             eos_ids: set[int] = frozenset(), params: SamplingParams | None = None) -> PromptRun:
+    """params: None is greedy; a bench that samples passes its own (bench/sampling.py)."""
+    request = Request(prompt_ids, max_new_tokens) if params is None else Request(prompt_ids, max_new_tokens, params)
     start = time.perf_counter()
-    done = generate_ids(target, [Request(prompt_ids, max_new_tokens)], set(eos_ids), speculation=speculator)[0]
+    done = generate_ids(target, [request], set(eos_ids), speculation=speculator)[0]
     seconds = time.perf_counter() - start
     return PromptRun(done.token_ids, seconds, done.stats)
 
 
 def run_transformers(model, prompt_ids: list[int], max_new_tokens: int, assistant=None,
-                     prompt_lookup: int | None = None, fixed_length: bool = False) -> PromptRun:
+                     prompt_lookup: int | None = None, fixed_length: bool = False,
+                     sampling: tuple[float, float, int] | None = None) -> PromptRun:
     """transformers' generate (plain, assisted by a draft model, or prompt lookup), greedy.
 
     fixed_length: suppress end-of-generation tokens so exactly max_new_tokens come out (a decode
     benchmark's equal work); otherwise it stops at the model's EOS like our runs do.
+    sampling: (temperature, top_p, seed) to sample instead, top-k off as ours, torch seeded first.
     """
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False)
+    if sampling is not None:
+        temperature, top_p, seed = sampling
+        kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+        torch.manual_seed(seed)
     if fixed_length:
         kwargs["min_new_tokens"] = max_new_tokens
     if assistant is not None:
@@ -88,6 +97,8 @@ def aggregate(runs: list[PromptRun]) -> dict:
         out.update({
             "rounds": rounds,
             "mean_accepted_length": committed / max(rounds, 1),
+            # accepted draft depths / drafted depths (on a chain: accepted drafts / drafted tokens)
+            "acceptance_rate": sum(accepted) / sum(proposed) if sum(proposed) else None,
             "acceptance_by_position": [a / max(p, 1) for a, p in zip(accepted, proposed)],
             "accepted_length_hist": hist,
             "draft_s": sum(r.stats["draft_s"] for r in runs),

@@ -34,6 +34,12 @@ def flag_overrides(args) -> dict:
             if value < 1:
                 raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
             overrides[key] = value
+    if getattr(args, "audit_workload", None):
+        overrides["audit_workloads"] = tuple(args.audit_workload)
+    for key in ("temperature", "top_p", "seed", "audit_samples", "audit_positions", "audit_context", "audit_batch"):
+        value = getattr(args, key, None)  # a bench that samples (bench/sampling.py); checked by parse_config
+        if value is not None:
+            overrides[key] = value
     if args.dtype is not None:
         from ..weights.loader import parse_dtype
 

@@ -6,7 +6,8 @@
                         `--resume` reads back (settings.py); not part of the identity compared.
     OUT/prompts.jsonl   one JSON line per finished prompt: every method's output ids, seconds and
                         stats; also a line per session started, per peer skipped or failed, and
-                        per note a peer gave of its settings. Each line is flushed and fsynced when
+                        per note a peer gave of its settings, and (a bench that samples) per
+                        workload's distributional audit on a model (bench/audit.py). Each line is flushed and fsynced when
                         written, so an interrupted run keeps them.
     OUT/results.json    written when the whole run is done (report.md, report.html beside it);
                         its presence marks a finished run.
@@ -75,6 +76,7 @@ class RunStore:
     skipped: list[dict] = field(default_factory=list)  # peers skipped (not here) or failed (crashed)
     notes: list[dict] = field(default_factory=list)  # what a peer said of its own settings
     sessions: int = 0
+    audits: dict[tuple[str, str], dict] = field(default_factory=dict)  # (model, workload) -> audit_prompt's result
 
     @staticmethod
     def open(out: Path | None, identity: dict, resume: bool = False) -> "RunStore":
@@ -100,6 +102,10 @@ class RunStore:
         """The saved line of this prompt (its "runs" by method), or None when it has not finished."""
         return self.prompts.get((model, workload, prompt_id))
 
+    def audited(self, model: str, workload: str) -> dict | None:
+        """The saved distributional audit of `workload` on `model`, or None."""
+        return self.audits.get((model, workload))
+
     def skipped_on(self, model: str) -> dict[str, str]:
         """Method name -> reason, for the peers skipped on `model`."""
         return {s["method"]: s["reason"] for s in self.skipped if s["model"] == model}
@@ -118,6 +124,10 @@ class RunStore:
         """A peer that does not run on `model` from here on: not here (skipped), or crashed (failed)."""
         self._add({"kind": "skipped", "model": model, "method": method, "reason": reason,
                    **({"failed": True} if failed else {})})
+
+    def add_audit(self, model: str, workload: str, audit: dict) -> None:
+        """Save one workload's distributional audit on `model` (bench/audit.audit_prompt's result)."""
+        self._add({"kind": "audit", "model": model, "workload": workload, "audit": audit})
 
     def add_note(self, model: str, method: str, note: str) -> None:
         self._add({"kind": "note", "model": model, "method": method, "note": note})
@@ -140,6 +150,8 @@ class RunStore:
             self.skipped.append({k: line[k] for k in ("model", "method", "reason", "failed") if k in line})
         elif line["kind"] == "note":
             self.notes.append({k: line[k] for k in ("model", "method", "note")})
+        elif line["kind"] == "audit":
+            self.audits[(line["model"], line["workload"])] = line["audit"]
         elif line["kind"] == "session":
             self.sessions += 1
 

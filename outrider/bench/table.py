@@ -13,6 +13,11 @@ last column says whether the greedy output equalled the baseline's token for tok
     FAILED          a peer that crashed (its reason is printed under the table)
 
 A figure that does not apply (a peer has no tau) or was not measured is shown as "-".
+
+A bench that samples (bench/sampling.py) adds "acc" (accepted draft depths over drafted ones) and
+its last column is the distributional audit's verdict per method (bench/audit.py): "pass p=0.41"
+(the Bonferroni-adjusted smallest p-value), "FAIL p=2e-07", "lossy: FAIL ..." (a lossy verifier,
+expected to fail), "not audited" (peers).
 """
 
 from __future__ import annotations
@@ -161,6 +166,21 @@ def fmt_tau(value) -> str:
     return fmt(value, "{:.2f}")
 
 
+def sampled(results: dict) -> bool:
+    """Whether the run sampled (its audit is distributional)."""
+    return (results.get("audit") or {}).get("kind") == "distributional"
+
+
+def audit_mark(results: dict, model: str, method: str, kind: str) -> str:
+    """The distributional audit's cell for one method (bench/audit.mark); the baseline is the reference."""
+    from .audit import mark
+
+    if kind == "baseline":
+        return "reference"
+    entry = (((results.get("audit") or {}).get("models") or {}).get(model) or {}).get("methods", {}).get(method)
+    return mark(entry)
+
+
 def summary_grid(results: dict, model: str, vs_transformers: bool = False):
     """The figures of one model's table as text.
 
@@ -168,7 +188,8 @@ def summary_grid(results: dict, model: str, vs_transformers: bool = False):
     [label, kind, *per workload (tok/s, x AR[, x HF], decode, tau, prefill), lossless]: decode is the
     decode-only speed-up over our baseline's (prefill left out), prefill the mean seconds a prompt."""
     loads = workload_names(results, model)
-    per = ["tok/s", "x AR"] + (["x HF"] if vs_transformers else []) + ["decode", "tau", "prefill"]
+    per = ["tok/s", "x AR"] + (["x HF"] if vs_transformers else []) + ["decode", "tau"] + \
+        (["acc"] if sampled(results) else []) + ["prefill"]
     rows = []
     for m in methods(results, model):
         row = [m.label, m.kind]
@@ -178,9 +199,12 @@ def summary_grid(results: dict, model: str, vs_transformers: bool = False):
             row += [fmt_tps(s.get("tokens_per_s")), fmt_ratio(speedup(results, run))]
             if vs_transformers:
                 row.append(fmt_ratio(s.get("speedup_vs_transformers")))
-            row += [fmt_ratio(decode_speedup(results, run)), fmt_tau(tau(run)),
-                    fmt(prefill_per_prompt(run), "{:.2f}s")]
-        row.append(row_mark(results, model, m.name, loads))
+            row += [fmt_ratio(decode_speedup(results, run)), fmt_tau(tau(run))]
+            if sampled(results):
+                row.append(fmt(s.get("acceptance_rate"), "{:.2f}"))
+            row.append(fmt(prefill_per_prompt(run), "{:.2f}s"))
+        row.append(audit_mark(results, model, m.name, m.kind) if sampled(results) else
+                   row_mark(results, model, m.name, loads))
         rows.append(row)
     for gone in failed(results, model):  # a peer that crashed: its row, no figures
         rows.append([f"{gone['method']} (peer)", "peer"] + [MISSING] * (len(per) * len(loads)) + ["FAILED"])
@@ -192,8 +216,8 @@ def failed(results: dict, model: str) -> list[dict]:
     return [s for s in results.get("skipped") or [] if s.get("failed") and s.get("model") == model]
 
 
-def _text_table(loads: list[str], per: list[str], rows: list[list[str]]) -> list[str]:
-    header = ["method", "kind"] + per * len(loads) + ["lossless"]
+def _text_table(loads: list[str], per: list[str], rows: list[list[str]], last: str = "lossless") -> list[str]:
+    header = ["method", "kind"] + per * len(loads) + [last]  # sampled: "audit", the distributional audit's verdict
     cells = [header] + rows
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     left = {0, 1, len(header) - 1}  # text columns; figures are right-aligned
@@ -223,13 +247,15 @@ def summary_table(results: dict) -> str:
         out.append(f"{model}: tokens/s and x AR (speed-up over our autoregressive baseline, same run) over "
                    f"wall time, prefill included; decode = x AR without the prefill; tau = tokens per round; "
                    f"prefill = seconds a prompt")
-        out += _text_table(loads, per, rows)
+        out += _text_table(loads, per, rows, "audit" if sampled(results) else "lossless")
         out += [f"FAILED: peer {s['method']}: {s.get('reason')}" for s in failed(results, model)] + [""]
     if not out:
         return "no runs"
     audit = results.get("audit") or {}
     bad = audit.get("mismatches") or []
-    if audit.get("ok") is False or bad:
+    if sampled(results):
+        out.append(audit_verdict(results))
+    elif audit.get("ok") is False or bad:
         first = min((m["first_difference"] for m in bad if isinstance(m.get("first_difference"), int)),
                     default=None)
         at = "" if first is None else f", first at output token {first}"
@@ -238,3 +264,17 @@ def summary_table(results: dict) -> str:
     elif audit.get("ok") is True:
         out.append("lossless audit: ok (every output of our methods equals autoregressive, token for token)")
     return "\n".join(out).rstrip()
+
+
+def audit_verdict(results: dict) -> str:
+    """The distributional audit's line under the tables (bench/audit.py)."""
+    audit = results.get("audit") or {}
+    s = results.get("sampling") or {}
+    failed_ = [f"{name} on {model}" for model, m in (audit.get("models") or {}).items()
+               for name, e in m["methods"].items() if e.get("passed") is False and not e.get("lossy")]
+    how = (f"temperature {s.get('temperature')}, top-p {s.get('top_p')}, seed {s.get('seed')}; each method's token "
+           f"frequencies at each output position against our autoregressive sampling's, two-sample chi-square, "
+           f"Bonferroni, alpha {audit.get('alpha')}")
+    if audit.get("ok") is False:
+        return f"DISTRIBUTIONAL AUDIT FAILED: {', '.join(failed_)} ({how})"
+    return f"distributional audit: ok, every lossless method passed ({how}); lossy methods are shown, not counted"
