@@ -7,7 +7,8 @@
     ngram.py, suffix.py (+ suffix_tree.py)       training-free lookups
     model.py          ModelDrafter, the drafting loop of a Decoder (model_growers.py: each tree
                       shape grown); draft_model.py and early_exit.py register it as
-                      `draft-model:NAME` and `early-exit:K`
+                      `draft-model:NAME` and `early-exit:K`; s2moe.py as `s2moe:K'` (the MoE
+                      target routing fewer experts a token: S2-MoE's expert skip)
     eagle3.py         an EAGLE-3 head drafting from the target's features (heads/eagle3.py);
                       eagle3_options.py its argument
     dflash.py         a DFlash block head: a whole block per forward (heads/dflash.py)

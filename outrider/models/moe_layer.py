@@ -19,10 +19,16 @@ Which rows chose which expert is read to the host once a layer (the count per ex
 gathers need their sizes. `moe_mlp_per_token` is the slow reference beside it: every row's every
 choice multiplied alone (a k-token verify reads a chosen expert once per row that chose it);
 tests/test_moe_grouping.py holds the grouped product to it.
+
+Expert skip (S2-MoE's self-drafter, drafters/s2moe.py): inside `fewer_experts(k', renormalise)`
+every MoE layer routed in this thread (or task) chooses k' < k experts per row of the same router
+scores, renormalised over the k' where the model renormalises or `renormalise` asks.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +54,20 @@ class MoeWeights:
         return [self.router, *self.gate_up, *self.down, *shared]
 
 
+_SKIP: ContextVar[tuple[int, bool] | None] = ContextVar("outrider_expert_skip", default=None)
+
+
+@contextmanager
+def fewer_experts(top_k: int, renormalise: bool = False):
+    """Within it, route() chooses top_k experts a row instead of the config's (top_k must not be
+    more), renormalised over them when `renormalise` or the config's norm_topk_prob."""
+    token = _SKIP.set((top_k, renormalise))
+    try:
+        yield
+    finally:
+        _SKIP.reset(token)
+
+
 def route(x: torch.Tensor, router: torch.Tensor, cfg: MoeConfig,
           score_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, E] -> (weights [M, k] in x's dtype, float32 where cfg.weights_float32; experts [M, k]
@@ -63,9 +83,11 @@ def route(x: torch.Tensor, router: torch.Tensor, cfg: MoeConfig,
     choice = scores if score_bias is None else scores + score_bias  # [M, N]
     if cfg.n_group > 1:
         choice = _within_best_groups(choice, cfg)
-    experts = torch.topk(choice, cfg.top_k, dim=-1)[1]  # [M, k]
+    skip = _SKIP.get()  # (k', renormalise) under fewer_experts: S2-MoE's draft
+    top_k, renormalise = (cfg.top_k, False) if skip is None else (min(skip[0], cfg.top_k), skip[1])
+    experts = torch.topk(choice, top_k, dim=-1)[1]  # [M, k]
     top = _chosen_weights(scores, choice, experts)  # [M, k]
-    if cfg.norm_topk_prob:  # DeepSeek-V3 adds 1e-20 to the sum (transformers' arithmetic, kept)
+    if cfg.norm_topk_prob or renormalise:  # DeepSeek-V3 adds 1e-20 to the sum (transformers' arithmetic, kept)
         top = top / (top.sum(dim=-1, keepdim=True) + (1e-20 if cfg.scoring == "sigmoid" else 0.0))
     if cfg.routed_scale != 1.0:
         top = top * cfg.routed_scale
