@@ -63,7 +63,8 @@ def parse_kind(peer: str) -> tuple[str | None, int | None]:
     kind = parts[1]
     if kind not in SPEC_TYPES:
         raise ConfigError(f"llama-server spec type '{kind}' is not one the bench runs; known: {', '.join(SPEC_TYPES)}"
-                          " (draft-eagle3 / draft-dflash need heads in GGUF, which ours are not yet)")
+                          " (draft-eagle3 / draft-dflash: export a head with `outrider export KIND HEAD --format gguf`"
+                          " and run it with scripts/llamacpp_head_check.py)")
     if len(parts) == 2:
         return kind, None
     if kind not in NEEDS_DRAFT:

@@ -120,9 +120,11 @@ def export_gguf(kind: str, source: str | Path, out: str | Path, target: str | Pa
     tokenizer_from = target_gguf_of(target_path, target_gguf)
     config, tensors = head_tensors(kind, source, tcfg, DTYPES[dtype] if dtype else None)
     arch = layout.ARCH[kind]
+    keys = metadata(kind, config, tcfg)
+    check_loadable(kind, config, tensors, keys)
     writer = gguf.GGUFWriter(None, arch)
     writer.add_name(f"{Path(source).name} ({kind} draft for {target})")
-    for key, value in metadata(kind, config, tcfg).items():
+    for key, value in keys.items():
         full = f"{arch}.{key}"
         if isinstance(value, list):
             writer.add_array(full, value)
@@ -153,6 +155,19 @@ def export_gguf(kind: str, source: str | Path, out: str | Path, target: str | Pa
     if log:
         log(f"{len(tensors)} tensors, tokenizer from {tokenizer_from}")
     return out
+
+
+def check_loadable(kind: str, config, tensors: dict, keys: dict) -> None:
+    """ModelError unless every tensor and key the loader requires (gguf_layout) is about to be written
+    with the shape it asks for: a guard between the head's config and llama.cpp's create_tensor calls."""
+    written = {layout.gguf_name(kind, n): tuple(t.shape) for n, t in tensors.items()}
+    need = layout.required_tensors(kind, config.hidden_size, tensors["fc.weight"].shape[1], config.num_heads,
+                                   config.num_kv_heads, config.head_dim, config.intermediate_size,
+                                   1 if kind == "eagle3" else config.num_layers)
+    wrong = [n for n, shape in need.items() if written.get(n) != shape]
+    wrong += [k for k in layout.REQUIRED_KEYS[kind] if k not in keys]
+    if wrong:
+        raise ModelError(f"the {kind} head would not load in llama.cpp: {', '.join(wrong)} missing or misshapen")
 
 
 def _add_tensor(writer, name: str, t: torch.Tensor) -> None:

@@ -19,9 +19,9 @@ Read from the llama.cpp vendored in the llama-cpp-python 0.3.36 sdist (paths und
                               {n*H, H}, enc.output_norm (the hidden_norm after fc), output_norm,
                               output {H, Vd} and d2t optional, per layer attn_norm, attn_q/k/v,
                               attn_output, attn_q_norm, attn_k_norm {d}, ffn_norm, ffn_gate/up/down.
-                              RoPE type NEOX (l.3184): weights as Hugging Face stores them.
+                              RoPE type NEOX (l.3185): weights as Hugging Face stores them.
     common/speculative.cpp    the target's layer *inputs* are tapped (llama_get_embeddings_layer_inp:
-                              Hugging Face hidden_states[id], l.541 / l.1167): our taps as they are
+                              Hugging Face hidden_states[id], l.543 / l.1058): our taps as they are
                               (eagle3: vllm ids; DFlash: its ids + 1, as conversion/qwen.py writes);
                               DFlash's mask token is the draft vocabulary's mask id (l.997), so the
                               draft carries the target's tokenizer (as the converters copy it).
@@ -49,17 +49,12 @@ TOP = {"fc.weight": "fc.weight", "norm.weight": "output_norm.weight", "lm_head.w
        "embed_tokens.weight": "token_embd.weight", "d2t": "d2t"}
 DFLASH_TOP = {**TOP, "hidden_norm.weight": "enc.output_norm.weight"}
 
-# The metadata keys each loader reads (llama-model.cpp's llama_model_base::load_hparams l.1298-1470,
-# then the arch's load_arch_hparams); required ones are fetched without `false` there.
-BASE_KEYS = ("context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
-             "attention.head_count_kv", "attention.key_length", "attention.value_length", "rope.freq_base",
-             "rope.dimension_count", "attention.layer_norm_rms_epsilon", "vocab_size")
+# The metadata keys each loader reads without a default (llama-model.cpp's llama_model_base::load_hparams
+# l.1321-1327, then the arch's load_arch_hparams), without the `ARCH.` prefix.
 REQUIRED_KEYS = {"eagle3": ("context_length", "embedding_length", "block_count", "attention.layer_norm_rms_epsilon",
                             "target_layers", "target_hidden_size"),
                  "dflash": ("context_length", "embedding_length", "block_count", "attention.layer_norm_rms_epsilon",
                             "target_layers")}
-EXTRA_KEYS = {"eagle3": ("target_layers", "target_hidden_size", "norm_before_residual", "norm_before_fc"),
-              "dflash": ("target_layers", "block_size")}
 
 
 def gguf_name(kind: str, ours: str) -> str:
