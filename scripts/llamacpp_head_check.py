@@ -41,11 +41,11 @@ TARGET = "smollm2-135m-instruct"
 LOG_LINE = re.compile(r"draft acceptance = [0-9.]+ \(\s*(\d+) accepted /\s*(\d+) generated\), mean len =\s*([0-9.]+)")
 
 
-def export(kind: str, folder: Path) -> Path:
+def export(kind: str, folder: Path, dtype: str | None = None) -> Path:
     from outrider.heads.catalog import resolve_head
     from outrider.heads.gguf_export import export_gguf
 
-    return export_gguf(kind, resolve_head(TARGET, kind), folder / f"{kind}.gguf", TARGET)
+    return export_gguf(kind, resolve_head(TARGET, kind), folder / f"{kind}.gguf", TARGET, dtype=dtype)
 
 
 def depth_of(kind: str) -> int:
@@ -131,6 +131,8 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=5, help="how many of the golden prompts (default all 5)")
     parser.add_argument("--dtype", default="gguf-i8", help="our target's dtype (default gguf-i8: module docstring)")
+    parser.add_argument("--head-dtype", default=None, help="the GGUF head's matrices: bf16, fp16 or fp32 (default: "
+                        "as shipped; ggml's BF16 matmul rounds activations to bf16, ours keeps them float32)")
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -138,11 +140,12 @@ def main() -> int:
 
     prompts = list(PROMPTS[: args.prompts])
     report = {"target": TARGET, "max_new_tokens": args.max_new_tokens, "prompts": prompts, "dtype": args.dtype,
+              "head_dtype": args.head_dtype,
               "kinds": {}}
     with tempfile.TemporaryDirectory(prefix="outrider-gguf-heads-") as tmp:
         for kind in args.kinds.split(","):
             depth = depth_of(kind)
-            draft = export(kind, Path(tmp))
+            draft = export(kind, Path(tmp), args.head_dtype)
             ids, ours = run_ours(kind, prompts, args.max_new_tokens, depth, args.dtype)
             theirs = run_llama(kind, draft, ids, args.max_new_tokens, depth, Path(tmp) / f"{kind}.log")
             print(f"\n{kind}: chain of {depth} drafts, {len(prompts)} prompts x {args.max_new_tokens} tokens")
