@@ -153,7 +153,8 @@ def main() -> int:
                   f"{'ours acc/drafted':>17} {'mean len':>8}")
             for i, (t, o) in enumerate(zip(theirs, ours)):
                 same = t["tokens"] == o["tokens"]
-                print(f"{i:>6} {str(same):>9} {t['accepted']:>10}/{t['drafted']:<11} {t.get('mean_len', float('nan')):>8.2f} "
+                their_len = t.get("mean_len", float("nan"))
+                print(f"{i:>6} {str(same):>9} {t['accepted']:>10}/{t['drafted']:<11} {their_len:>8.2f} "
                       f"{o['accepted']:>8}/{o['drafted']:<8} {o['mean_len']:>8.2f}")
             (ta, td, tr), (oa, od, orate) = rate(theirs), rate(ours)
             noise = 2 * math.sqrt(tr * (1 - tr) / max(td, 1) + orate * (1 - orate) / max(od, 1))
