@@ -1,6 +1,7 @@
 """S2-MoE's self-drafter (drafters/s2moe.py, `--drafter s2moe:K'`): the MoE target routing K' < K
 experts a token drafts over the target's own cache. Greedy speculative output equals plain on
-Qwen3-MoE (top 2 of 8, renormalised) and OLMoE (top 3 of 6, not renormalised), chains and trees;
+Qwen3-MoE (top 2 of 8, renormalised) and OLMoE (top 3 of 6, not renormalised), chains and trees,
+and a Mixtral with a 16-token window (its sliding layers' rings) with a tree;
 the draft really routes fewer experts (its logits differ from the target's, and renorm changes
 them); its rows are rolled back before verification (lengths back to the committed prefix, the
 prefix's rows untouched; a drafter that skips the roll-back breaks exactness); a dense target is
@@ -23,7 +24,7 @@ from outrider.weights.loader import load_decoder
 from test_moe_families import PROMPT, save
 from tiny import logits_in_steps, make_tiny
 
-NAMES = ("qwen3-moe", "olmoe")
+NAMES = ("qwen3-moe", "olmoe", "mixtral-window")
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,7 @@ def _run(models, name, spec, tree, control="fixed:3"):
 @pytest.mark.parametrize("name, spec, tree", [
     ("qwen3-moe", "s2moe:1", "chain"), ("olmoe", "s2moe:2", "chain"), ("olmoe", "s2moe:1,renorm", "chain"),
     ("qwen3-moe", "s2moe:1", "static:2,2,1"), ("olmoe", "s2moe:2", "dynamic:2,5"),
+    ("mixtral-window", "s2moe:1", "static:2,1"),  # sliding layers: the draft's rows in rings
 ])
 def test_greedy_equals_plain(models, name, spec, tree):
     plain, spec_out, done = _run(models, name, spec, tree)
