@@ -224,7 +224,7 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--prefix-cache-block", type=int, default=16,
                      help="tokens a prefix-cache block (default: %(default)s)")
     srv.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
-                     help="turn the prefix cache off (every prompt prefilled whole: a fair baseline)")
+                     help="turn the prefix cache off (every prompt prefilled whole: a fair baseline; default: on where the prefill path is exact, as the startup line says)")
     srv.add_argument("--max-body-mb", type=int, default=MAX_BODY_MB,
                      help="the largest request body in MiB; a larger one gets a 413 before it is read "
                           "(default: %(default)s)")

@@ -54,7 +54,7 @@ def test_peer_kinds_parse_and_bad_ones_are_refused_in_one_line():
     assert llama_server.parse_kind("llama-server:draft-simple:8") == ("draft-simple", 8)
     assert not llama_server.is_kind("llama.cpp") and llama_server.is_kind("llama-server:ngram-cache")
     for peer, why in [("llama-server:bogus", "spec type 'bogus' is not one"),
-                      ("llama-server:draft-eagle3", "need heads in GGUF"),
+                      ("llama-server:draft-eagle3", "export a head with `outrider export"),
                       ("llama-server:ngram-mod:8", "applies to draft-simple only"),
                       ("llama-server:draft-simple:0", "must be a positive integer")]:
         with pytest.raises(ConfigError, match=why):

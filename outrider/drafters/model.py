@@ -49,7 +49,7 @@ from .window import Window, reclaim
 
 
 @dataclass
-class _State:
+class ModelDraftState:
     slot: int  # this sequence's slot in the drafter's cache
     params: SamplingParams
     rng: PositionalRandom  # the request's drafting streams (sampled chains draw from q); coupled: its TOKEN draws
@@ -101,7 +101,7 @@ class ModelDrafter(TreeGrowers, DrafterBase):
             self.capabilities = replace(type(self).capabilities, reads_target_cache=True)
         self.target_cache = None  # the target's KVCache, when drafting over it (attach_target_cache)
         self._slots: SlotCache | None = None  # its own cache, made at the first sequence that needs it
-        self._states: dict[int, _State] = {}
+        self._states: dict[int, ModelDraftState] = {}
 
     @property
     def slots(self) -> SlotCache:
@@ -141,9 +141,9 @@ class ModelDrafter(TreeGrowers, DrafterBase):
         if self.target_cache is not None:
             if target_slot is None:
                 raise ValueError(f"{self.name} drafts over the target's cache: start() needs the sequence's target_slot")
-            self._states[seq_id] = _State(target_slot, params, rng, cached=len(prompt) - 1)
+            self._states[seq_id] = ModelDraftState(target_slot, params, rng, cached=len(prompt) - 1)
             return
-        st = _State(self.slots.take(), params, rng)
+        st = ModelDraftState(self.slots.take(), params, rng)
         self._states[seq_id] = st
         if len(prompt) > 1 and self.window is not None:  # in chunks, the dead rows reclaimed between
             for at in range(0, len(prompt) - 1, self.window.chunk):
@@ -234,12 +234,12 @@ class ModelDrafter(TreeGrowers, DrafterBase):
             self.slots.give(st.slot)
 
     # -- the forwards -------------------------------------------------------------------------
-    def _reclaim(self, st: _State) -> None:
+    def _reclaim(self, st: ModelDraftState) -> None:
         """A window's dead rows of this sequence, dropped once there are enough (window.py)."""
         if self.window is not None:
             rows, st.shift = reclaim(self.window, self.cache, st.slot, st.cached - st.shift, st.shift)
 
-    def _windowed(self, states: list[_State]) -> dict:
+    def _windowed(self, states: list[ModelDraftState]) -> dict:
         """pack's window arguments for these sequences (none without a window)."""
         if self.window is None:
             return {}
@@ -250,7 +250,7 @@ class ModelDrafter(TreeGrowers, DrafterBase):
         """Rows a slot of the drafter's own cache holds (grown by doubling; 0 over the target's)."""
         return 0 if self.target_cache is not None or self._slots is None else self._slots.cache.max_len
 
-    def _forward(self, states: list[_State], feeds: list[Feed]) -> list[torch.Tensor]:
+    def _forward(self, states: list[ModelDraftState], feeds: list[Feed]) -> list[torch.Tensor]:
         """One forward writing each sequence's fed tree nodes; returns their logits [n_b, vocab]."""
         batch = pack([st.slot for st in states], [st.base - st.shift for st in states],
                      [torch.tensor(f.tokens) for f in feeds], [torch.tensor(f.parents) for f in feeds],
@@ -259,7 +259,7 @@ class ModelDrafter(TreeGrowers, DrafterBase):
         logits = self.decoder.forward(batch, self.cache, num_layers=self.num_layers).logits  # [sum n_b, vocab]
         return list(logits.split([len(f.tokens) for f in feeds]))
 
-    def _catch_up(self, states: list[_State], tokens: list[list[int]]) -> torch.Tensor:
+    def _catch_up(self, states: list[ModelDraftState], tokens: list[list[int]]) -> torch.Tensor:
         """Feed every sequence's committed tokens its cache lacks (the root at least), in one
         forward; returns the logits after each root [B, vocab]."""
         pending = [torch.tensor(toks[st.cached:]) for st, toks in zip(states, tokens)]

@@ -32,7 +32,7 @@ import torch
 from ..errors import ConfigError
 from ..models.moe_layer import fewer_experts
 from .grow import Feed
-from .model import ModelDrafter, _State
+from .model import ModelDrafter, ModelDraftState
 from .registry import DrafterEntry, register
 
 USAGE = "s2moe:K'[,renorm]"
@@ -84,19 +84,19 @@ class S2MoeDrafter(ModelDrafter):
         for slot, length in committed.items():
             self.target_cache.set_length(slot, length)
 
-    def _hold(self, states: list[_State], ends: list[int]) -> None:
+    def _hold(self, states: list[ModelDraftState], ends: list[int]) -> None:
         """Over the target's cache, the slots' lengths cover the rows the draft has written."""
         if self.target_cache is not None:
             for st, end in zip(states, ends):
                 self.target_cache.set_length(st.slot, max(self.target_cache.lengths[st.slot], end))
 
-    def _forward(self, states: list[_State], feeds: list[Feed]) -> list[torch.Tensor]:
+    def _forward(self, states: list[ModelDraftState], feeds: list[Feed]) -> list[torch.Tensor]:
         with fewer_experts(self.top_k, self.renormalise):
             logits = super()._forward(states, feeds)
         self._hold(states, [st.base + f.first + len(f.tokens) for st, f in zip(states, feeds)])
         return logits
 
-    def _catch_up(self, states: list[_State], tokens: list[list[int]]) -> torch.Tensor:
+    def _catch_up(self, states: list[ModelDraftState], tokens: list[list[int]]) -> torch.Tensor:
         with fewer_experts(self.top_k, self.renormalise):
             logits = super()._catch_up(states, tokens)
         self._hold(states, [st.base + 1 for st in states])  # the root's row
