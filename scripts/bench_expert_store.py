@@ -1,8 +1,8 @@
 """Greedy decoding of a MoE made by outrider.train.moe_split with its experts behind the expert
 store (models/expert_store.py) at several resident budgets, against every expert resident, in one
 run (interleaved rounds): tokens equal, experts read and bytes moved per token, time waiting on
-reads, tokens/s. Outrider has no Qwen2-MoE family file yet; scripts/moe_split_outrider.py's is
-registered. The file is read through safe_open (mmap): on a machine whose page cache holds it the
+reads, tokens/s. The model is a Qwen2-MoE (models/qwen2_moe.py). The file is read through
+safe_open (mmap): on a machine whose page cache holds it the
 bytes come from host memory, not disk; what is counted is what the store copies in.
 
     python scripts/bench_expert_store.py --moe DIR --k 2 --budgets 1.0,0.5,0.25 --new 32
@@ -19,10 +19,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from moe_split_outrider import QWEN2_MOE, _greedy  # noqa: E402
+from moe_split_outrider import _greedy  # noqa: E402
 
 from outrider.models.expert_store import ExpertStore  # noqa: E402
-from outrider.models.families import register_family  # noqa: E402
 
 
 def main() -> None:
@@ -36,7 +35,6 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    register_family(QWEN2_MOE)
     import tempfile
 
     from outrider.bench.datasets import humaneval

@@ -1,8 +1,7 @@
 """S2-MoE's self-drafter (`--drafter s2moe:K'`) on the MoE made from SmolLM2-135M (issue 41 items 2
 and 4): per target top-k and draft K', greedy tokens against plain decoding, tau, distinct experts
 per verify forward (mean over MoE layers) against an AR step's, and wall time against AR,
-interleaved per prompt on one thread. Outrider has no Qwen2-MoE family file yet: the family is
-registered from scripts/moe_split_outrider.py's code, as there.
+interleaved per prompt on one thread. The model is a Qwen2-MoE (models/qwen2_moe.py).
 
     python -m outrider.train.moe_split --split outrider/models/shipped/smollm2-135m-moe8/split.safetensors --out DIR
     python scripts/bench_s2moe.py --moe DIR --target-ks 2,8 --prompts 4 --new 64 --depth 3
@@ -20,14 +19,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from moe_split_outrider import QWEN2_MOE  # noqa: E402
 
 from outrider.bench.datasets import humaneval  # noqa: E402
 from outrider.engine.generate import generate_ids  # noqa: E402
 from outrider.engine.request import Request  # noqa: E402
 from outrider.engine.speculator import SpecOptions, Speculator  # noqa: E402
 from outrider.models import moe_layer  # noqa: E402
-from outrider.models.families import register_family  # noqa: E402
 from outrider.sampling import SamplingParams  # noqa: E402
 from outrider.weights.loader import load_decoder  # noqa: E402
 from outrider.weights.tokenizer import load_tokenizer  # noqa: E402
@@ -76,7 +73,6 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    register_family(QWEN2_MOE)
     folder = Path(args.moe)
     tok = load_tokenizer(folder)
     prompts = [tok(p["prompt"], add_special_tokens=False)["input_ids"] for p in humaneval()[: args.prompts]]

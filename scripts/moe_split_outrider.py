@@ -1,7 +1,6 @@
 """Run a mixture of experts made by outrider.train.moe_split in Outrider as well as transformers and
 compare: logits on held-out text, greedy tokens, and the same layer through the expert store under
-a resident budget (bytes read, hits, misses). Outrider has no Qwen2-MoE family file yet: this
-script registers one from its own code (families.register_family; docs/adding-a-family.md).
+a resident budget (bytes read, hits, misses). The model is a Qwen2-MoE (models/qwen2_moe.py).
 
     python scripts/moe_split_outrider.py --moe DIR --ks 8,2 --budget 4
 """
@@ -17,19 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from outrider.models.families import register_family
-from outrider.models.family import Family
-from outrider.models.moe_config import qwen_mlp_kinds, qwen_moe
 
-QWEN2_MOE = Family(
-    name="qwen2_moe",
-    architectures=("Qwen2MoeForCausalLM",),
-    qkv_bias=lambda raw: bool(raw.get("qkv_bias", True)),
-    qk_norm=False,
-    mlp_kinds=qwen_mlp_kinds,
-    moe=lambda raw: qwen_moe(raw, shared=True, norm_default=False),
-    reads=frozenset({"num_experts", "num_local_experts", "rope_parameters"}),
-)
 
 
 def main() -> None:
@@ -42,7 +29,6 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    register_family(QWEN2_MOE)
     import shutil
     import tempfile
 
