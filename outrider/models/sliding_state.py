@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from .kv_cache import KVCache
 from .ring_cache import RingKV
+from .state import OnKVRows
 
 
-class SlidingState:
+class SlidingState(OnKVRows):
     def __init__(self, kv: KVCache, rings: dict[int, RingKV], layers: list[tuple[int, int]], query_groups: int):
         """layers[l]: (window, index) of model layer l: window 0 and its KVCache layer for a global
         layer, else its ring's window and its index in that ring."""
@@ -56,25 +57,6 @@ class SlidingState:
         if window:
             raise ValueError(f"layer {layer} is a sliding layer: its rows are in a ring")
         return index
-
-    @property
-    def lengths(self) -> list[int]:
-        return self.kv.lengths
-
-    @property
-    def num_slots(self) -> int:
-        return self.kv.num_slots
-
-    @property
-    def max_len(self) -> int:
-        return self.kv.max_len
-
-    @property
-    def scratch_row(self) -> int:
-        return self.kv.scratch_row
-
-    def free_rows(self, slot: int) -> int:
-        return self.kv.free_rows(slot)
 
     def set_length(self, slot: int, length: int) -> None:
         for ring in self.rings.values():  # first: a ring may refuse (its window's rows written over)

@@ -25,24 +25,11 @@ from .delta_state import DeltaState
 from .kv_cache import KVCache
 
 
-class HybridState:
-    def __init__(self, kv: KVCache, delta: DeltaState, attention_layers: list[int], num_layers: int):
-        self.kv, self.delta = kv, delta
-        self._at = {layer: i for i, layer in enumerate(attention_layers)}  # model layer -> K/V layer
-        self.num_layers = num_layers
+class OnKVRows:
+    """A state whose slots, lengths and rows are its KVCache's (`self.kv`): the other stores it
+    joins (a DeltaState, rings) follow that cache's lengths."""
 
-    def attention_index(self, layer: int) -> int:
-        """The K/V layer of model layer `layer` (an attention layer)."""
-        return self._at[layer]
-
-    # attention layers read and write their rows as in a KVCache: per model layer, None for the others
-    @property
-    def k(self) -> list:
-        return [self.kv.k[self._at[l]] if l in self._at else None for l in range(self.num_layers)]
-
-    @property
-    def v(self) -> list:
-        return [self.kv.v[self._at[l]] if l in self._at else None for l in range(self.num_layers)]
+    kv: KVCache
 
     @property
     def lengths(self) -> list[int]:
@@ -62,6 +49,26 @@ class HybridState:
 
     def free_rows(self, slot: int) -> int:
         return self.kv.free_rows(slot)
+
+
+class HybridState(OnKVRows):
+    def __init__(self, kv: KVCache, delta: DeltaState, attention_layers: list[int], num_layers: int):
+        self.kv, self.delta = kv, delta
+        self._at = {layer: i for i, layer in enumerate(attention_layers)}  # model layer -> K/V layer
+        self.num_layers = num_layers
+
+    def attention_index(self, layer: int) -> int:
+        """The K/V layer of model layer `layer` (an attention layer)."""
+        return self._at[layer]
+
+    # attention layers read and write their rows as in a KVCache: per model layer, None for the others
+    @property
+    def k(self) -> list:
+        return [self.kv.k[self._at[l]] if l in self._at else None for l in range(self.num_layers)]
+
+    @property
+    def v(self) -> list:
+        return [self.kv.v[self._at[l]] if l in self._at else None for l in range(self.num_layers)]
 
     def set_length(self, slot: int, length: int) -> None:
         self.delta.keep(slot, length)  # first: it may refuse (a recurrent state is not cut back)
