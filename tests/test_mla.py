@@ -23,7 +23,7 @@ from outrider.models.latent_cache import LatentCache
 from outrider.sampling import SamplingParams
 from outrider.weights import latent_load
 from outrider.weights.loader import load_decoder
-from tiny import add_tokenizer, logits_in_steps
+from tiny import add_tokenizer, logits_in_steps, saved_references
 
 TOKENS = torch.randint(3, 96, (48,), generator=torch.Generator().manual_seed(1))
 PROMPT = [5, 17, 33, 8, 5, 17, 33, 9, 40, 41, 42, 43, 44, 5, 17, 33, 8, 5, 17]
@@ -60,14 +60,7 @@ def save(name, folder):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    out = {}
-    for name in MODELS:
-        folder = tmp_path_factory.mktemp(name)
-        reference = save(name, folder)
-        with torch.no_grad():
-            want = reference(TOKENS[None]).logits[0]  # [48, vocab]
-        out[name] = folder, reference, want, load_decoder(folder, "cpu", torch.float32)
-    return out
+    return saved_references(tmp_path_factory, MODELS, save, TOKENS)
 
 
 

@@ -124,3 +124,18 @@ def logits_in_steps(model, tokens: torch.Tensor, cuts: list[int]) -> torch.Tenso
         rows.append(out.logits[0])
         cache.set_length(0, stop)
     return torch.cat(rows)
+
+
+def saved_references(tmp_path_factory, names, save, tokens: torch.Tensor) -> dict:
+    """For each name: (its folder, transformers' model `save(name, folder)` wrote there, that model's
+    logits over tokens [T, vocab], our float32 decoder loaded from the folder)."""
+    from outrider.weights.loader import load_decoder
+
+    out = {}
+    for name in names:
+        folder = tmp_path_factory.mktemp(name)
+        reference = save(name, folder)
+        with torch.no_grad():
+            want = reference(tokens[None]).logits[0]  # [T, vocab]
+        out[name] = folder, reference, want, load_decoder(folder, "cpu", torch.float32)
+    return out
