@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
-from ..models.layers import linear
+from ..heads.vocab_map import readout_rows
 from .draft_model import draft_vocab_ids
 
 
@@ -46,27 +46,3 @@ def reduce_readout(head, target_path: Path, n: int):
     rows = readout_rows(head.w.lm_head, ids, c.hidden_size, head.dtype, head.device)  # [m, H]
     weights = replace(head.w, lm_head=rows, draft_to_target=ids)
     return DFlashHead(replace(c, draft_vocab_size=int(ids.numel())), weights)
-
-
-def readout_rows(lm_head, ids: torch.Tensor, hidden_size: int, dtype: torch.dtype, device):
-    """Rows `ids` ([m] long) of an output head: a float tensor's by index, a QuantLinear's read back
-    exactly (its product with the identity) and quantized again in its kind. Shared with the
-    EAGLE-3 head's `vocab=` (heads/eagle3_vocab.py)."""
-    if isinstance(lm_head, torch.Tensor):
-        return lm_head.index_select(0, ids)  # [m, H]
-    eye = torch.eye(hidden_size, dtype=dtype, device=device)
-    rows = linear(eye, lm_head).T.index_select(0, ids).contiguous()  # [m, H]
-    return _requantize(rows, lm_head)
-
-
-def _requantize(rows: torch.Tensor, like):
-    """rows [m, H] in the quantization of `like` (a QuantLinear), by the same kernel choice."""
-    from ..kernels import quant_linear
-    from ..kernels.blocks import quantize
-
-    kind = getattr(like, "kind", None)
-    if kind is None or rows.shape[1] % 32:
-        return rows
-    blocks = quantize(rows, kind)
-    return quant_linear.QuantLinear(blocks, rows.dtype, like.kernel if like.kernel in ("native", "blockwise")
-                                    else quant_linear.choose_kernel(blocks))

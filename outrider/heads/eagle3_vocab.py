@@ -18,14 +18,13 @@ from dataclasses import replace
 import torch
 
 from ..errors import ConfigError
+from .vocab_map import readout_rows
 
 
 def cut_readout(config, weights, keep_targets: torch.Tensor):
     """(config, weights) of a head whose readout keeps only the draft ids mapping to a target id in
     `keep_targets` ([n] long); the same objects when every draft id is kept. Call before the
     head's matrices are quantized (an own float readout is then cut by index)."""
-    from ..drafters.dflash_vocab import readout_rows
-
     Vd = config.draft_vocab_size
     device = weights.norm.device
     targets = (torch.arange(Vd, device=device) if weights.draft_to_target is None
