@@ -25,6 +25,7 @@ from .latent_cache import LatentCache
 from .latent_layer import LatentWeights, latent_mixer
 from .layers import embedding, fold_mask, linear, rms_norm, rotary_tables, swiglu_mlp
 from .moe_layer import MoeWeights, moe_mlp
+from .paged_cache import PagedKVCache
 from .rope import frequencies
 from .sandwich_layer import sandwich_layer
 from .ring_attention import ring_views
@@ -96,6 +97,7 @@ class Decoder:
         self.head_ids = head_ids
         self._native = None  # kernels/decoder_layer.py NativeLayers, chosen at the first forward
         self._linear_paths_chosen = False
+        self.vision = None  # a vision-language model's image side (models/vision_encoder.py VisionTower): the loader's
         # a draft model's: its prompt may be multiplied in bfloat16 (dispatch.Plan.prefill; its
         # numerics change only what it proposes, never what is committed)
         self.drafter_prefill_bf16 = drafter
@@ -120,14 +122,23 @@ class Decoder:
         """The compute dtype (activations, K/V); quantized weights compute in it too."""
         return self.embed.dtype
 
-    def new_cache(self, num_slots: int, max_len: int, num_layers: int | None = None, rings: bool = True):
+    def new_cache(self, num_slots: int, max_len: int, num_layers: int | None = None, rings: bool = True,
+                  pages: int | None = None, page_size: int = 16):
         """The slots' state for the first `num_layers` layers (all by default): a KVCache, or for a
         model with gated-delta layers a HybridState (models/state.py), or for one with sliding-window
         layers a SlidingState (their rows in rings of their window; config sliding_ring=off, or
-        rings=False: a KVCache, every row kept and masked)."""
+        rings=False: a KVCache, every row kept and masked). pages: a PagedKVCache of that many
+        pages of `page_size` rows instead (plain K/V models only: paged_cache.py)."""
         c = self.config
         upto = num_layers or c.num_layers
         dtype = self.kv_dtype or self.dtype
+        if pages is not None:
+            if c.delta is not None or c.mla is not None or c.layer_windows:
+                kind = "gated-delta" if c.delta is not None else "latent" if c.mla is not None else "sliding-window"
+                raise ValueError(f"paged K/V holds plain attention rows; this model's {kind} layers keep a "
+                                 "per-slot state: run it without --kv-memory")
+            return PagedKVCache(upto, num_slots, max_len, c.num_kv_heads, c.head_dim, dtype, self.device, pages,
+                                page_size)
         if c.layer_windows and c.delta is None and c.mla is None and rings and current().sliding_ring:
             return SlidingState.build([c.window(l) for l in range(upto)], num_slots, max_len, c.num_kv_heads,
                                       c.head_dim, c.num_heads // c.num_kv_heads, dtype, self.device)
@@ -153,7 +164,8 @@ class Decoder:
         c = self.config
         self._choose_linear_paths()
         B, T = batch.tokens.shape
-        if num_layers is None and self._native is not None and batch.fills_only:
+        native = self._native if not isinstance(cache, PagedKVCache) else None  # the native layer reads slots
+        if num_layers is None and native is not None and batch.fills_only:
             part = self._fill_part_rows(batch)
             if part is not None:  # one long prompt past the native workspace: in parts, the same bits
                 return self._fill_in_parts(batch, cache, part)
@@ -163,13 +175,15 @@ class Decoder:
             x = x * torch.tensor(c.hidden_size ** 0.5, dtype=x.dtype)
         if c.embed_multiplier != 1.0:  # MiniCPM3's scale_emb, rounded to the embedding's dtype as transformers does
             x = x * torch.tensor(c.embed_multiplier, dtype=x.dtype)
+        if batch.embeds is not None:  # a VLM's image rows in place of its image tokens' (models/image_prompt.py)
+            x = x.reshape(B * T, -1).index_copy(0, batch.embeds[0], batch.embeds[1].to(x.dtype)).view(B, T, -1)
         hidden = {}
         if 0 in batch.hidden_layers:
             hidden[0] = x
         layers = self.layers[: num_layers or len(self.layers)]
-        path = self.prefill_path(batch) if batch.fills_only else None
+        path = self.prefill_path(batch) if batch.fills_only and native is not None else None
         mass = at = None
-        if self._native is not None and path is not PrefillPath.TORCH:  # one native call a span
+        if native is not None and path is not PrefillPath.TORCH:  # one native call a span
             if attention:
                 mass, at = self._attention_buffer(batch, cache, len(layers))
             x = self._native.run(self, batch, cache, x, cos, sin, len(layers), hidden,
@@ -257,7 +271,7 @@ class Decoder:
         prefill; on the tile unit a last part under TILE_ROWS rows takes the row kernel); None
         otherwise."""
         if (batch.tokens.shape[0] != 1 or batch.attn_mask is not None or batch.hidden_layers
-                or batch.span_place is not None):
+                or batch.span_place is not None or batch.embeds is not None):
             return None
         if self._fill_rows_floats(batch.tokens.shape[1], batch.kv_len) <= NATIVE_FILL_FLOATS:
             return None
