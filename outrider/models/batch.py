@@ -23,7 +23,7 @@ positions shifted the same way, and each query at position p sees only keys at p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -57,6 +57,9 @@ class ForwardBatch:
     starts: tuple[int, ...] | None = None
     ends: tuple[int, ...] | None = None
     committed_run: bool = False
+    # rows that replace token embeddings: flat row indices into [B * T] long [N], and their values [N, E]
+    # (a vision-language model's image features: with_embeds); None: every row is its token's embedding
+    embeds: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def fills_only(self) -> bool:
@@ -183,6 +186,25 @@ def _pack(slot_ids, cache_lens, new_tokens, parents, logits, hidden_layers, scra
         ends=tuple(start + f + n for start, f, n in zip(cache_lens, firsts, counts)),
         committed_run=not any(firsts) and (parents is None or all(p is None for p in parents)),
     )
+
+
+def with_embeds(batch: ForwardBatch, parts: list[tuple[int, int, object]]) -> ForwardBatch:
+    """`batch` with the rows of a prompt's own embeddings that fall in its new tokens: parts[b] is
+    (the cache length batch row b starts at, its count of new tokens, its request's
+    `prompt_embeds`: positions long [K] and rows [K, E], or None). A prompt's positions are its
+    cache rows, so row b's token t is position start + t."""
+    T = batch.tokens.shape[1]
+    at, rows = [], []
+    for b, (start, count, embeds) in enumerate(parts):
+        if embeds is None:
+            continue
+        positions, values = embeds
+        inside = (positions >= start) & (positions < start + count)  # [K]
+        at.append(positions[inside] - start + b * T)
+        rows.append(values[inside])
+    if not at or sum(len(a) for a in at) == 0:
+        return batch
+    return replace(batch, embeds=(torch.cat(at).to(batch.tokens.device), torch.cat(rows).to(batch.tokens.device)))
 
 
 def causal_batch(new_tokens: list[torch.Tensor], hidden_layers: tuple[int, ...] = (), scratch_row: int = -1,
