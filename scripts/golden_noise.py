@@ -18,8 +18,8 @@ from outrider.catalog.resolve import resolve_model
 from outrider.config import overriding
 from outrider.heads import dflash_golden, eagle3_golden
 from outrider.heads.dflash_format import is_dflash
-from outrider.heads.eagle3_format import read_raw
-from outrider.heads.eagle3_golden import read_golden, settings_of
+from outrider.heads.files import read_raw
+from outrider.heads.golden import read_golden, settings_of
 
 
 def main() -> None:

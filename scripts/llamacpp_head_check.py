@@ -136,7 +136,7 @@ def main() -> int:
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from outrider.heads.eagle3_golden import PROMPTS
+    from outrider.heads.golden import PROMPTS
 
     prompts = list(PROMPTS[: args.prompts])
     report = {"target": TARGET, "max_new_tokens": args.max_new_tokens, "prompts": prompts, "dtype": args.dtype,

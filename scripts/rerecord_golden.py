@@ -19,8 +19,8 @@ from pathlib import Path
 from outrider.catalog.resolve import resolve_model
 from outrider.heads import dflash_golden, eagle3_golden
 from outrider.heads.dflash_format import is_dflash
-from outrider.heads.eagle3_format import read_raw
-from outrider.heads.eagle3_golden import read_golden, record, settings_of, write_golden
+from outrider.heads.files import read_raw
+from outrider.heads.golden import read_golden, record, settings_of, write_golden
 
 
 def main() -> None:

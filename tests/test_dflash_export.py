@@ -19,7 +19,7 @@ from outrider.heads import catalog
 from outrider.heads.dflash_check import check_dflash
 from outrider.heads.dflash_export import export_dflash
 from outrider.heads.dflash_format import load_dflash, read_config
-from outrider.heads.eagle3_golden import GOLDEN, GoldenSettings
+from outrider.heads.golden import GOLDEN, GoldenSettings
 from outrider.train.dflash_model import DFlashTrainable
 from outrider.train.outputs import write_head
 from outrider.weights.loader import load_decoder

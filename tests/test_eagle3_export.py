@@ -21,7 +21,7 @@ from outrider.heads import catalog
 from outrider.heads.eagle3_check import check_head
 from outrider.heads.eagle3_export import export_eagle3, from_head
 from outrider.heads.eagle3_format import load_eagle3, read_config, read_tensors
-from outrider.heads.eagle3_golden import GOLDEN, GoldenSettings, compare
+from outrider.heads.golden import GOLDEN, GoldenSettings, compare
 from outrider.heads.eagle3_speculators import schema_problems
 from outrider.weights.loader import load_decoder
 from outrider.engine.speculator import SpecOptions, Speculator

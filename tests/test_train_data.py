@@ -9,7 +9,7 @@ import torch
 from train_common import SEQ, corpus, options, target, words, write_jsonl  # noqa: F401 (fixtures)
 
 from outrider.errors import ConfigError
-from outrider.heads.eagle3_format import draft_to_target
+from outrider.heads.vocab_map import draft_to_target
 from outrider.train import data, sources
 from outrider.train.vocab import count_labels, draft_vocab, vocab_maps
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
 from ..errors import ConfigError
 from ..heads.vocab_map import readout_rows
 from .draft_model import draft_vocab_ids

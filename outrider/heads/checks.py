@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..errors import OutriderError
-from .eagle3_golden import GOLDEN, compare, read_golden, settings_of
+from .golden import GOLDEN, compare, read_golden, settings_of
 from .golden_compute import compare_computes
 
 WEIGHTS = "model.safetensors"

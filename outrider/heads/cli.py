@@ -68,7 +68,7 @@ def add_parsers(sub) -> None:
 def _target_for(head: Path, given: str | None, name: str, kind: str = "eagle3") -> str:
     from ..errors import ConfigError
     from .catalog import shipped_heads
-    from .eagle3_golden import read_golden
+    from .golden import read_golden
 
     if given:
         return given
@@ -112,8 +112,9 @@ def _trained_target(head: Path) -> str | None:
 
 def run_export(args) -> int:
     from .catalog import resolve_head
-    from .eagle3_export import check_out, export_eagle3
-    from .eagle3_golden import GoldenSettings
+    from .staging import check_out
+    from .eagle3_export import export_eagle3
+    from .golden import GoldenSettings
 
     if args.format == "gguf":
         return run_export_gguf(args, "eagle3")
@@ -127,7 +128,7 @@ def run_export(args) -> int:
     settings = GoldenSettings(depth=args.depth, max_new_tokens=args.max_new_tokens, device=args.device)
     out = export_eagle3(head, args.out, args.format, target, dtype=args.dtype, verifier=args.verifier,
                         settings=settings, log=lambda msg: print(msg, file=sys.stderr))
-    from .eagle3_golden import read_golden
+    from .golden import read_golden
 
     golden = read_golden(out)
     print(f"wrote {out} ({args.format} layout) for {target}; golden tau {golden['tau']:.3f} "
@@ -138,8 +139,8 @@ def run_export(args) -> int:
 def run_export_dflash(args) -> int:
     from .catalog import resolve_head
     from .dflash_export import export_dflash
-    from .eagle3_export import check_out
-    from .eagle3_golden import GoldenSettings, read_golden
+    from .staging import check_out
+    from .golden import GoldenSettings, read_golden
 
     if args.format == "gguf":
         return run_export_gguf(args, "dflash")
@@ -173,7 +174,7 @@ def run_check(args) -> int:
     from .dflash_check import check_dflash
     from .dflash_format import is_dflash
     from .eagle3_check import check_head
-    from .eagle3_format import read_raw
+    from .files import read_raw
 
     kind, _, name = args.dir.partition(":") if args.dir.startswith("dflash:") else ("eagle3", "", args.dir)
     head = resolve_head(name, kind)

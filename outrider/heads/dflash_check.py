@@ -27,10 +27,10 @@ import torch
 
 from ..errors import OutriderError
 from .checks import FLOATS, Check, dtype_problems, golden_check, weights_check
-from .eagle3_golden import GOLDEN, read_golden
+from .golden import GOLDEN, read_golden
 from .dflash_format import WHAT, expected_shapes, misfit, read_config
-from .eagle3_format import draft_to_target, read_raw
-from .eagle3_speculators import field_problems
+from .vocab_map import draft_to_target
+from .files import field_problems, read_raw
 
 DFLASH_FIELDS = (  # what z-lab's DFlashDraftModel, vLLM's DFlashQwen3ForCausalLM and SGLang's DFlashDraftModel read
     ("architectures", "list[str]", True),

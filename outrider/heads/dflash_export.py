@@ -16,9 +16,9 @@ from pathlib import Path
 
 from ..errors import ConfigError, ModelError
 from .dflash_format import FORMATS, config_json, expected_shapes, misfit, read_config, read_tensors
-from .eagle3_export import DTYPE_NAMES, DTYPES, check_out
+from .staging import DTYPE_NAMES, DTYPES, check_out
 from .staging import staged_head
-from .eagle3_golden import PROMPTS, GoldenSettings, record, write_golden
+from .golden import PROMPTS, GoldenSettings, record, write_golden
 
 
 def export_dflash(source: str | Path, out: str | Path, fmt: str, target: str | Path, *, dtype: str | None = None,

@@ -47,7 +47,8 @@ import torch
 
 from ..errors import ModelError
 from .dflash import DFlashConfig, DFlashHead, DFlashLayer, DFlashWeights
-from .eagle3_format import draft_to_target, open_weights, read_raw, read_weight
+from .vocab_map import draft_to_target
+from .files import open_weights, read_raw, read_weight
 
 WEIGHTS = "model.safetensors"
 FORMATS = ("zlab", "vllm", "sglang")

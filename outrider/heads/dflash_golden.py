@@ -1,6 +1,6 @@
 """Golden tau of a DFlash head: its block drafts replayed on the target's own greedy text.
 
-The record is heads/eagle3_golden.py's (same fields, `compare`, tolerances, `outrider_golden.json`);
+The record is heads/golden.py's (same fields, `compare`, tolerances, `outrider_golden.json`);
 only the measurement differs: for each fixed prompt the target generates greedily (one thread,
 plain F.linear, as there), one target forward over prompt + output gives the tapped hidden states,
 and the DFlash chain is replayed on that text with the runtime head (heads/dflash.py):
@@ -26,13 +26,13 @@ from pathlib import Path
 import torch
 
 from ..config import overriding
-from .eagle3_golden import PROMPTS, GoldenSettings, machine
+from .golden import PROMPTS, GoldenSettings, machine
 from .golden_compute import measured_part, top_of
 
 
 def measure(head_dir: str | Path, target: str | Path, settings: GoldenSettings = GoldenSettings(),
             prompts=PROMPTS) -> dict:
-    """The record's measured part (heads/eagle3_golden.py's module docstring) for the DFlash
+    """The record's measured part (heads/golden.py's module docstring) for the DFlash
     head in `head_dir` on `target`; settings.depth is ignored (the chain is the block's B-1)."""
     from ..llm import LLM
     from .dflash_format import load_dflash

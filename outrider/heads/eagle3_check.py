@@ -35,10 +35,12 @@ from pathlib import Path
 import torch
 
 from ..errors import OutriderError
-from .eagle3_format import WEIGHTS, expected_shapes, layer_prefix, layout, misfit, read_config, read_raw
+from .files import WEIGHTS, read_raw
+from .eagle3_format import expected_shapes, layer_prefix, layout, misfit, read_config
 from .checks import FLOATS, Check, dtype_problems, golden_check, weights_check
 from .eagle3_golden import measure
-from .eagle3_speculators import class_check, field_problems, schema_problems
+from .eagle3_speculators import class_check, schema_problems
+from .files import field_problems
 
 EAGLE_FIELDS = (  # what vLLM's and SGLang's LlamaForCausalLMEagle3 read from the EAGLE layout
     ("architectures", "list[str]", True),

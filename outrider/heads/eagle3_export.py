@@ -32,14 +32,12 @@ import torch
 from ..errors import ConfigError, ModelError
 from .eagle3 import Eagle3Config, Eagle3Head
 from .eagle3_format import expected_shapes, misfit, read_config, read_tensors
-from .eagle3_golden import GoldenSettings, PROMPTS, measure, record, write_golden
+from .golden import GoldenSettings, PROMPTS, record, write_golden
+from .eagle3_golden import measure
 from .eagle3_speculators import speculators_config
-from .staging import staged_head
+from .staging import DTYPE_NAMES, DTYPES, check_out, staged_head
 
 FORMATS = ("eagle", "speculators")
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-          "fp32": torch.float32, "float32": torch.float32}
-DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 PREFIX = {"eagle": "midlayer.", "speculators": "layers.0."}
 # Hugging Face ids of the catalog targets: a portable speculators verifier (`--verifier HF_ID`: vLLM
 # then fetches it from the Hub). Ours are converted from GGUF files, close to these weights. The
@@ -87,14 +85,6 @@ def from_head(head: Eagle3Head, target) -> HeadTensors:
         t2d[ids] = True
         tensors["t2d"] = t2d
     return HeadTensors(c, {n: t.detach().cpu().contiguous() for n, t in tensors.items()})
-
-
-def check_out(out: str | Path) -> Path:
-    """`out` as a Path, refused in one line when it exists and is not an empty folder."""
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"--out {out} already exists and is not empty; give a new or empty folder")
-    return out
 
 
 def disk_tensors(head: HeadTensors, fmt: str, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:

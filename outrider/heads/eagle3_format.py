@@ -31,31 +31,15 @@ what to do.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from ..errors import ConfigError, ModelError
 from .eagle3 import CONVENTIONS, Eagle3Config, Eagle3Head, Eagle3Weights
 from .eagle3_speculators import config_from_speculators, runtime_problems, schema_problems
-
-WEIGHTS = "model.safetensors"
-
-
-def read_raw(folder: str | Path, what: str = "an EAGLE-3 head") -> dict:
-    """The head's config.json as a dict (ModelError when absent or not JSON)."""
-    path = Path(folder) / "config.json"
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ModelError(f"{path} not found: {what} is a folder with config.json and {WEIGHTS}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ModelError(f"{path} is not valid JSON ({err}); re-export the head") from None
-    if not isinstance(raw, dict):
-        raise ModelError(f"{path} holds no JSON object; re-export the head")
-    return raw
+from .files import WEIGHTS, open_weights, read_raw, read_weight
+from .vocab_map import draft_to_target
 
 
 def layout(raw: dict) -> str:
@@ -274,39 +258,3 @@ def read_tensors(folder: str | Path) -> dict[str, torch.Tensor]:
             for n in names}
 
 
-def draft_to_target(d2t: torch.Tensor, t2d: torch.Tensor, where: str = "the head") -> torch.Tensor:
-    """The target id of each draft id ([Vd] long) from the stored maps, checked to invert:
-    d + d2t[d] are distinct target ids, and t2d is true exactly on them."""
-    if d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
-        raise ModelError(f"EAGLE-3 head {where}: d2t must hold integers (int64 offsets), got {d2t.dtype}")
-    vocab = t2d.shape[0]
-    ids = torch.arange(d2t.shape[0]) + d2t.long()  # [Vd]
-    if bool(((ids < 0) | (ids >= vocab)).any()) or torch.unique(ids).numel() != ids.numel():
-        raise ModelError(f"EAGLE-3 head {where}: d2t maps draft ids outside the target vocabulary or two draft "
-                         "ids to one target id; the vocab map is corrupt: re-export the head")
-    keep = t2d.bool()
-    if int(keep.sum()) != ids.numel() or not bool(keep[ids].all()):
-        raise ModelError(f"EAGLE-3 head {where}: d2t and t2d do not invert each other (t2d marks "
-                         f"{int(keep.sum())} tokens, d2t maps {ids.numel()}, not the same ones); "
-                         "the vocab map is corrupt: re-export the head")
-    return ids
-
-
-def open_weights(folder: Path, what: str = "an EAGLE-3 head"):
-    """The folder's model.safetensors, opened (a one-line ModelError when missing or corrupt)."""
-    path = folder / WEIGHTS
-    if not path.exists():
-        raise ModelError(f"{path} not found: {what} is a folder with config.json and {WEIGHTS} "
-                         "(safetensors only, never pickles)")
-    try:
-        return safe_open(str(path), framework="pt")
-    except (SafetensorError, OSError, ValueError) as err:
-        raise ModelError(f"{path} is corrupt or truncated ({err}); re-export the head") from None
-
-
-def read_weight(tensors, folder: Path, name: str) -> torch.Tensor:
-    """Tensor `name` of an opened weights file (a one-line ModelError when unreadable)."""
-    try:
-        return tensors.get_tensor(name)
-    except (SafetensorError, OSError) as err:
-        raise ModelError(f"{folder / WEIGHTS}: cannot read '{name}' ({err}); re-export the head") from None

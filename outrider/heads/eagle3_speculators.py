@@ -28,6 +28,7 @@ a ModuleList `layers`; vLLM and recent SGLang map either name).
 from __future__ import annotations
 
 from .eagle3 import Eagle3Config
+from .files import field_problems, json_is
 
 SPECULATORS_VERSION = "0.9.0"  # the release whose source the field list follows
 
@@ -80,37 +81,6 @@ LAYER_FIELDS = (  # transformer_layer_config, a LlamaConfig: what Outrider reads
 )
 
 
-def _is(value, kind: str) -> bool:
-    for k in kind.split("|"):
-        if k == "None" and value is None:
-            return True
-        if k == "str" and isinstance(value, str):
-            return True
-        if k == "bool" and isinstance(value, bool):
-            return True
-        if k == "int" and isinstance(value, int) and not isinstance(value, bool):
-            return True
-        if k == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return True
-        if k == "dict" and isinstance(value, dict):
-            return True
-        if k.startswith("list[") and isinstance(value, list) and all(_is(v, k[5:-1]) for v in value):
-            return True
-    return False
-
-
-def field_problems(raw: dict, fields, where: str = "") -> list[str]:
-    """Missing required fields and fields of the wrong JSON type, one phrase each."""
-    problems = []
-    for name, kind, required in fields:
-        if name not in raw:
-            if required:
-                problems.append(f"{where}{name} is missing")
-        elif not _is(raw[name], kind):
-            problems.append(f"{where}{name} should be {kind}, got {raw[name]!r}")
-    return problems
-
-
 def schema_problems(raw: dict) -> list[str]:
     """What speculators 0.9.0's Eagle3SpeculatorConfig (and vLLM's loader) would refuse in `raw`,
     one short phrase each; [] when it conforms."""
@@ -147,7 +117,7 @@ def _method_problems(methods: list[dict], default) -> list[str]:
             problems.append(f"{where}proposal_type {m['proposal_type']!r} is not one speculators 0.9.0 knows "
                             "('greedy')")
         for key, low in (("speculative_tokens", 1), ("verifier_accept_k", 1), ("accept_tolerance", 0)):
-            if _is(m.get(key), "float") and m[key] < low:
+            if json_is(m.get(key), "float") and m[key] < low:
                 problems.append(f"{where}{key} must be >= {low}, got {m[key]}")
     if "speculative_tokens" not in methods[0]:
         problems.append("speculators_config.proposal_methods[0].speculative_tokens is missing (vLLM needs it)")

@@ -108,7 +108,7 @@ def export_gguf(kind: str, source: str | Path, out: str | Path, target: str | Pa
 
     from ..catalog.resolve import resolve_model
     from ..models.config import ModelConfig
-    from .eagle3_export import DTYPES
+    from .staging import DTYPES
 
     if kind not in layout.ARCH:
         raise ConfigError(f"no GGUF layout for a {kind} head; llama.cpp loads eagle3 and dflash")

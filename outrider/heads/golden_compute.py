@@ -1,6 +1,6 @@
 """What a head computes, recorded beside its golden tau: per-slot argmaxes and logits on fixed inputs.
 
-The golden tau (heads/eagle3_golden.py) sums a head up in one number, and a damaged head can keep
+The golden tau (heads/golden.py) sums a head up in one number, and a damaged head can keep
 it: issue 43's DFlash head with `layers.0.mlp.down_proj` zeroed kept tau 1.068 while 220 of 875
 slot argmaxes changed and logits moved by up to 8.7. So the golden record also holds, for each
 golden prompt, what the head computes along the target's own greedy text (prompt + the 32 tokens

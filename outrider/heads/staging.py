@@ -1,5 +1,6 @@
 """Write a head folder so that it appears whole or not at all: built in `.OUT.partial-PID` beside
-`out`, renamed to `out` at the end, removed on any error (exports of every head kind)."""
+`out`, renamed to `out` at the end, removed on any error (exports of every head kind); `out`
+refused before any work when it is not new or empty, and the dtypes an export may write."""
 
 from __future__ import annotations
 
@@ -9,9 +10,15 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
 from safetensors.torch import save_file
 
+from ..errors import ConfigError
+
 WEIGHTS = "model.safetensors"
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "fp32": torch.float32, "float32": torch.float32}
+DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
 @contextmanager
@@ -33,3 +40,11 @@ def staged_head(out: Path, config: dict, tensors: dict):
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
+
+
+def check_out(out: str | Path) -> Path:
+    """`out` as a Path, refused in one line when it exists and is not an empty folder."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"--out {out} already exists and is not empty; give a new or empty folder")
+    return out

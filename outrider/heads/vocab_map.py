@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import ModelError
 from ..models.layers import linear
 
 
@@ -44,3 +45,21 @@ def _requantize(rows: torch.Tensor, like):
     blocks = quantize(rows, kind)
     return quant_linear.QuantLinear(blocks, rows.dtype, like.kernel if like.kernel in ("native", "blockwise")
                                     else quant_linear.choose_kernel(blocks))
+
+
+def draft_to_target(d2t: torch.Tensor, t2d: torch.Tensor, where: str = "the head") -> torch.Tensor:
+    """The target id of each draft id ([Vd] long) from the stored maps, checked to invert:
+    d + d2t[d] are distinct target ids, and t2d is true exactly on them."""
+    if d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
+        raise ModelError(f"EAGLE-3 head {where}: d2t must hold integers (int64 offsets), got {d2t.dtype}")
+    vocab = t2d.shape[0]
+    ids = torch.arange(d2t.shape[0]) + d2t.long()  # [Vd]
+    if bool(((ids < 0) | (ids >= vocab)).any()) or torch.unique(ids).numel() != ids.numel():
+        raise ModelError(f"EAGLE-3 head {where}: d2t maps draft ids outside the target vocabulary or two draft "
+                         "ids to one target id; the vocab map is corrupt: re-export the head")
+    keep = t2d.bool()
+    if int(keep.sum()) != ids.numel() or not bool(keep[ids].all()):
+        raise ModelError(f"EAGLE-3 head {where}: d2t and t2d do not invert each other (t2d marks "
+                         f"{int(keep.sum())} tokens, d2t maps {ids.numel()}, not the same ones); "
+                         "the vocab map is corrupt: re-export the head")
+    return ids

@@ -13,7 +13,8 @@ def init_head(name: str, target) -> tuple[dict[str, torch.Tensor], list[int]]:
     from safetensors.torch import load_file
 
     from ..heads.catalog import resolve_head
-    from ..heads.eagle3_format import WEIGHTS, layer_prefix, misfit, read_config
+    from ..heads.files import WEIGHTS
+    from ..heads.eagle3_format import layer_prefix, misfit, read_config
 
     folder = resolve_head(name)
     config = read_config(folder)
