@@ -1,7 +1,8 @@
 """A bench that samples (bench/sampling.py) and its distributional audit (bench/audit.py): the seed
 derivation, the two-sample test's arithmetic and correction, a whole sampled run on a tiny model
 with an 8-token vocabulary (every method audited, drafts exercised, the walk-verified method
-committing the baseline's text), and the audit failing a verifier that accepts every draft."""
+committing the baseline's text), the audit failing a verifier that accepts every draft, and the
+audit failing `resispec-lossy` (the lossy verifier) where the exact multi-draft verifier passes."""
 
 import hashlib
 import json
@@ -9,6 +10,7 @@ from collections import Counter
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from tiny import add_tokenizer, make_tiny
 
 from outrider.bench.audit import END, compare, mark, two_sample_chi_square, verdict
@@ -32,7 +34,20 @@ def world(tmp_path_factory):
     draft = add_tokenizer(make_tiny("llama", root / "draft", vocab=8, seed=3, layers=1), vocab=8)
     prompts = root / "prompts.jsonl"
     prompts.write_text(json.dumps({"id": "a", "prompt": "w3 w4 w5 w3 w4 w5 w3"}) + "\n")
-    return {"target": target, "draft": draft, "prompts": prompts}
+    return {"target": target, "draft": draft, "prompts": prompts, "root": root}
+
+
+@pytest.fixture(scope="module")
+def confident_draft(world):
+    """A one-layer draft whose output head is scaled by 3: its q is confident where the target's p
+    is not (q's largest probability 0.71 against p's 0.31 after the prompt), the case where
+    ResiSpec's reshaped residual commits the draft's tokens too often (by exact enumeration at
+    the first position, 2 siblings: total variation 0.32 from p; the seed-3 draft above: 0.06)."""
+    folder = add_tokenizer(make_tiny("llama", world["root"] / "confident", vocab=8, seed=5, layers=1), vocab=8)
+    weights = load_file(folder / "model.safetensors")
+    weights["lm_head.weight"] = weights["lm_head.weight"] * 3.0
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
 
 
 def sampled_config(world, **extra):
@@ -163,6 +178,27 @@ def test_the_audit_fails_a_verifier_that_accepts_every_draft(world, monkeypatch)
     entry = results["audit"]["models"][str(world["target"])]["methods"]["chain"]
     assert entry["passed"] is False and entry["adjusted_p"] < 1e-5, json.dumps(results["audit"]["models"])
     assert needs_exit_failure(results) and "DISTRIBUTIONAL AUDIT FAILED: chain" in summary_table(results)
+
+
+def test_the_audit_fails_resispec_lossy_and_passes_the_exact_multidraft(world, confident_draft):
+    """The lossy verifier named in a [[method]] fails the audit (shown, not counted: the run does
+    not fail), the exact `multidraft_without_replacement` on the same sampled trees of the same
+    draft passes. 150 samples x 3 positions; seeds fixed, so the verdicts are deterministic
+    (adjusted p 7e-07 against the exact verifier's 0.12 when written). The mutant, shaping 0
+    (multi-draft rejection sampling) in place of ResiSpec's 0.5, passes the audit (0.52) and fails
+    this test."""
+    draft = f"draft-model:{confident_draft}"
+    tree = {"drafter": draft, "tree": "sampled:2,2", "controller": "fixed:2"}
+    config = sampled_config(world, method=[{"name": "multidraft", **tree},
+                                           {"name": "resispec", **tree, "verifier": "resispec-lossy"}])
+    results = run_bench(plan(config), threads=1, progress=False, log=lambda _: None)
+    methods = results["audit"]["models"][str(world["target"])]["methods"]
+    exact, lossy = methods["multidraft"], methods["resispec"]
+    assert exact["passed"] and not exact["lossy"]
+    assert lossy["lossy"] and lossy["passed"] is False and lossy["adjusted_p"] < 1e-4, json.dumps(methods)
+    assert lossy["drafted"] >= SAMPLES and exact["drafted"] >= SAMPLES  # drafts exercised
+    assert results["audit"]["ok"] and not needs_exit_failure(results)
+    assert "lossy: FAIL p=" in summary_table(results)
 
 
 # -- settings -------------------------------------------------------------------------------------
