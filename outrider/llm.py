@@ -92,6 +92,21 @@ class LLM:
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.tokenizer(prompt)["input_ids"]
 
+    def encode_images(self, prompt: str, images: list, chat: bool = False) -> tuple[list[int], tuple]:
+        """A prompt with images: its token ids (each image's tokens expanded) and the image rows
+        that replace them (Request.prompt_embeds); models/image_prompt.py."""
+        from .models.image_prompt import expand, image_text, prompt_embeds, read_pixels
+
+        tower = self.target.vision
+        if tower is None:
+            raise ConfigError(f"model '{self.name}' is a text model ({self.target.config.architecture}): it takes no "
+                              "images; give one to a vision-language model (docs/models.md)")
+        check_text(prompt, "the prompt")
+        pixels = [read_pixels(image, tower.config, self.path) for image in images]
+        text = image_text(prompt, len(images), chat, self.tokenizer)
+        ids = expand(self.tokenizer(text, add_special_tokens=not chat)["input_ids"], tower.config, self.tokenizer)
+        return ids, prompt_embeds(tower, ids, pixels)
+
     def grammars(self):
         """The grammar compiler for this model's tokenizer (built on first use: about a second)."""
         if self._grammars is None:
@@ -108,7 +123,7 @@ class LLM:
     def generate(self, prompts: str | list[str], max_new_tokens: int = 128, *, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: str | list[str] | None = None,
                  chat: bool = False, on_text=None, response_format: dict | None = None,
-                 grammar_drafting: bool = True) -> Completion | list[Completion]:
+                 grammar_drafting: bool = True, images=None) -> Completion | list[Completion]:
         """Generate for one prompt (returns a Completion) or a list (returns a list).
 
         stop: a stop string or a list of them (empty ones are ignored). The text ends exactly
@@ -120,6 +135,11 @@ class LLM:
         "json_schema": {"schema": {...}}}): the output follows the grammar, speculative or not
         (spec/grammar.py; needs the `structured` extra); grammar_drafting: drafts pruned at
         forbidden tokens and forced tokens drafted for free (off: the grammar only masks p).
+        images: a vision-language model's (models/idefics3.py): for one prompt, an image or a list of
+        them; for a list of prompts, one such entry a prompt (None: none). An image is a file path
+        (PNG / JPEG through Pillow, or a .npy / .safetensors pixel tensor) or a pixel tensor [3, S, S]
+        (models/image_prompt.py); the prompt's `<image>` markers say where they go (else before its
+        text, or where the chat template puts them).
         """
         single, batch = _check_prompts(prompts)
         max_new_tokens = _check_max_new_tokens(max_new_tokens)
@@ -132,8 +152,10 @@ class LLM:
         # in the batch (randomness is drawn by output position, spec/random.py)
         params = SamplingParams(temperature, top_k, top_p, seed)
         grammar = self.grammars().compile(response_format) if response_format is not None else None
-        requests = [Request(self.encode(p, chat), max_new_tokens, params, tuple(stops), grammar=grammar,
-                            grammar_drafting=grammar_drafting) for p in batch]
+        encoded = [self.encode_images(p, i, chat) if i else (self.encode(p, chat), None)
+                   for p, i in zip(batch, _check_images(images, single, len(batch)))]
+        requests = [Request(ids, max_new_tokens, params, tuple(stops), grammar=grammar,
+                            grammar_drafting=grammar_drafting, prompt_embeds=embeds) for ids, embeds in encoded]
         engine = offline_engine(self.target, requests, self.eos_ids, self.speculator, self.decode,
                                 prefix_cache=self.prefix_cache)
         self.prefix_cache_note = engine.prefix_cache_note
@@ -163,6 +185,22 @@ def _check_prompts(prompts) -> tuple[bool, list[str]]:
             raise TypeError(f"prompts[{i}] must be a str, got {type(p).__name__}")
         check_text(p, f"prompt {i}")
     return False, list(prompts)
+
+
+def _check_images(images, single: bool, count: int) -> list[list]:
+    """generate's `images` as one list of images a prompt (empty: none)."""
+    def one(entry) -> list:
+        if entry is None:
+            return []
+        return list(entry) if isinstance(entry, (list, tuple)) else [entry]
+
+    if images is None:
+        return [[] for _ in range(count)]
+    if single:
+        return [one(images)]
+    if not isinstance(images, (list, tuple)) or len(images) != count:
+        raise ConfigError(f"images: give one entry a prompt ({count} prompts), each an image, a list of them or None")
+    return [one(entry) for entry in images]
 
 
 def _check_max_new_tokens(max_new_tokens) -> int:

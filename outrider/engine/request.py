@@ -45,6 +45,9 @@ class Request:
     prefill_from: int | None = None
     grammar: Grammar | None = None
     grammar_drafting: bool = True
+    # rows that replace the prompt's token embeddings at these positions: (positions long [K], rows
+    # [K, E]): a vision-language model's image features (models/image_prompt.py prompt_embeds)
+    prompt_embeds: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,9 @@ def check_request(r: Request, max_len: int, what: str = "the prompt", larger: st
     if len(r.prompt_ids) >= max_len:
         raise ConfigError(f"{what} has {len(r.prompt_ids)} tokens but the context holds {max_len}: "
                           f"shorten the prompt or {larger}")
+    if r.prompt_embeds is not None and len(r.prompt_embeds[0]) and int(r.prompt_embeds[0].max()) >= len(r.prompt_ids) - 1:
+        raise ConfigError("prompt_embeds reach the prompt's last token: it must be a token of its own (it is the "
+                          "first round's root)")
     if r.max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be >= 1, got {r.max_new_tokens}")
     if r.max_draft_tokens is not None and r.max_draft_tokens < 0:

@@ -82,6 +82,9 @@ class ModelConfig:
     embed_multiplier: float = 1.0
     residual_scale: float = 1.0
     logit_divisor: float = 1.0
+    # a vision-language model's vision tower (models/vision_encoder.py VisionConfig): the fields above
+    # are its text model's, which the decoder runs; None for a text model
+    vision: object | None = None
 
     def kind(self, layer: int) -> str:
         return self.layer_kinds[layer] if self.layer_kinds else ATTENTION
@@ -114,6 +117,9 @@ class ModelConfig:
     def from_dict(raw: dict, source: str = "config.json") -> "ModelConfig":
         archs = raw.get("architectures") or [raw.get("model_type", "?")]
         family = family_for(archs[0], source)
+        if family.text_config is not None:  # a vision-language model: its text model, and its vision tower
+            text = ModelConfig.from_dict(family.text_config(raw), source)
+            return replace(text, architecture=archs[0], vision=family.vision(raw))
         why = refusal(raw, family)  # a field that would change the arithmetic, set: never run it wrong
         if why:
             raise ModelError(f"{source}: {why}; this model would not compute what it was trained to "

@@ -1,20 +1,20 @@
 """Which architectures the runtime runs, and the switches that tell them apart.
 
 One entry per family; `llama.py`, `mistral.py`, `qwen2.py`, `qwen3.py`, `qwen3_5.py`, `llama_hybrid.py`,
-`qwen3_next.py`, `qwen2_moe.py`, `qwen3_moe.py`, `mixtral.py`, `olmoe.py`, `gemma3.py`, `deepseek_v2.py`, `deepseek_v3.py`, `minicpm3.py` and `mha2mla.py` each declare theirs. Adding a family that fits the layer kinds the decoder runs is one small file and
+`qwen3_next.py`, `qwen2_moe.py`, `qwen3_moe.py`, `mixtral.py`, `olmoe.py`, `gemma3.py`, `deepseek_v2.py`, `deepseek_v3.py`, `minicpm3.py`, `mha2mla.py` and `idefics3.py` (a vision-language model's text side) each declare theirs. Adding a family that fits the layer kinds the decoder runs is one small file and
 one line below, or a `register_family(FAMILY)` call from your own code (docs/adding-a-family.md).
 """
 
 from __future__ import annotations
 
 from ..errors import ModelError
-from . import deepseek_v2, deepseek_v3, gemma3, llama, llama_hybrid, mha2mla, minicpm3, mistral, mixtral, olmoe, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_moe, qwen3_next
+from . import deepseek_v2, deepseek_v3, gemma3, idefics3, llama, llama_hybrid, mha2mla, minicpm3, mistral, mixtral, olmoe, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_moe, qwen3_next
 from .family import Family
 
 
 BUILT_IN = (llama.FAMILY, mistral.FAMILY, qwen2.FAMILY, qwen3.FAMILY, qwen3_5.FAMILY, llama_hybrid.FAMILY,
             qwen3_next.FAMILY, qwen2_moe.FAMILY, qwen3_moe.FAMILY, mixtral.FAMILY, olmoe.FAMILY, gemma3.FAMILY, deepseek_v2.FAMILY, deepseek_v3.FAMILY, minicpm3.FAMILY,
-            mha2mla.FAMILY)
+            mha2mla.FAMILY, idefics3.FAMILY)
 _ADDED: list[Family] = []  # register_family's
 
 

@@ -37,3 +37,7 @@ class Family:
     # the latent-attention layers' MlaConfig (mla_config.py: deepseek_mla) where layer_kinds names LATENT
     mla: Callable[[dict], object] = lambda raw: None
     reads: frozenset = field(default_factory=frozenset)  # checked config fields it implements (config_fields.py)
+    # a vision-language model's (models/idefics3.py): its text model's raw config, named for the text
+    # family that runs it (the decoder), and its vision tower's VisionConfig; None for a text model
+    text_config: Callable[[dict], dict] | None = None
+    vision: Callable[[dict], object] = lambda raw: None

@@ -318,6 +318,14 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
     quantized = dtype if isinstance(dtype, str) else None
     dtype = torch.float32 if shapes_only else default_dtype(device) if quantized or dtype is None else dtype
     weights = open_weights(folder, shapes_only)
+    vision_source = None
+    if config.vision is not None:  # a vision-language model: its text model's tensors (vision_load.py)
+        from .vision_load import TextPart
+
+        if quantized:
+            raise ModelError(f"{folder}: --dtype {quantized} is not supported yet for a vision-language model "
+                             f"({config.architecture}); use --dtype float32, bfloat16 or float16")
+        vision_source, weights = weights, TextPart(weights, tensor_names(weights))
     if quantized:
         from .quant_load import QuantTensors
 
@@ -362,6 +370,10 @@ def load_decoder(folder: str | Path, device: torch.device | str | None = None,
     weights.check_all_read(folder, config, tied=head is None)
     decoder = Decoder(config, embed, layers, final_norm, lm_head, quantization=quantized, head_ids=head_ids,
                       kv_dtype=kv_dtype, drafter=drafter)
+    if vision_source is not None:  # its image side (models/vision_encoder.py), run once a prompt
+        from .vision_load import load_vision
+
+        decoder.vision = load_vision(vision_source, tensor_names(vision_source), config.vision, dtype, device, folder)
     if quantized or not isinstance(weights, _Tensors):
         del weights, get, proj
         gc.collect()  # the GGUF reader's objects hold its memory map in cycles: unmap it now, not at some later collection

@@ -1,0 +1,153 @@
+"""A prompt with images, for a vision-language model (models/idefics3.py): pixels read and
+preprocessed, the prompt's `<image>` markers expanded into the image tokens the model replaces,
+and the image rows that replace them (`Request.prompt_embeds`).
+
+An image is a file: PNG / JPEG / anything Pillow reads (when Pillow is installed), resized to the
+vision encoder's S x S (Lanczos), scaled by 1/255 and normalized by the folder's
+preprocessor_config.json (image_mean, image_std, rescale_factor; 0.5, 0.5 and 1/255 when it has
+none); or a pixel tensor already preprocessed as transformers' processor gives `pixel_values`:
+a .npy file or a .safetensors file holding one tensor (`pixel_values` if several), [3, S, S] (or
+[1, 3, S, S], [1, 1, 3, S, S]); or such a tensor in Python. Our resize is not the processor's
+(it resizes the longest edge and may split the image into tiles: not supported, docs/models.md),
+so a file gives the pixels transformers gets from the same tensor, not from the processor.
+
+Each `<image>` in the prompt becomes, as Idefics3's and SmolVLM's processors write an image that
+is not split: `<fake_token_around_image><global-img>` + K x `<image>` + `<fake_token_around_image>`,
+K = the rows an image gives (VisionConfig.rows_per_image).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..errors import ConfigError
+from .vision_encoder import VisionConfig
+
+IMAGE, AROUND, GLOBAL = "<image>", "<fake_token_around_image>", "<global-img>"
+TENSOR_FILES = (".npy", ".safetensors")
+
+
+def read_pixels(image, vision: VisionConfig, folder: Path | None = None) -> torch.Tensor:
+    """One image (a path, or a pixel tensor) -> normalized pixels [3, S, S] float32."""
+    S = vision.image_size
+    if isinstance(image, torch.Tensor):
+        return _checked(image, S, "the image tensor")
+    path = Path(image)
+    if not path.is_file():
+        raise ConfigError(f"image '{image}': no such file")
+    if path.suffix.lower() == ".npy":
+        import numpy as np
+
+        try:
+            array = np.load(path, allow_pickle=False)
+        except (ValueError, OSError) as err:
+            raise ConfigError(f"image '{image}' is not a readable .npy array ({err})") from None
+        return _checked(torch.from_numpy(array), S, f"image '{image}'")
+    if path.suffix.lower() == ".safetensors":
+        return _checked(_safetensors_pixels(path), S, f"image '{image}'")
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError:
+        raise ConfigError(f"image '{image}': reading image files needs Pillow (pip install pillow); or give the "
+                          "pixels as a .npy / .safetensors tensor [3, S, S]") from None
+    try:
+        with Image.open(path) as img:
+            rgb = img.convert("RGB").resize((S, S), Image.Resampling.LANCZOS)
+    except (UnidentifiedImageError, OSError) as err:
+        raise ConfigError(f"image '{image}' is not an image Pillow can read ({type(err).__name__})") from None
+    import numpy as np
+
+    pixels = torch.from_numpy(np.asarray(rgb, dtype=np.float32).copy()).permute(2, 0, 1)  # [3, S, S], 0..255
+    mean, std, scale = _normalization(folder)
+    return (pixels * scale - mean.view(3, 1, 1)) / std.view(3, 1, 1)
+
+
+def _safetensors_pixels(path: Path) -> torch.Tensor:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            names = list(f.keys())
+            name = "pixel_values" if "pixel_values" in names else names[0] if len(names) == 1 else None
+            if name is None:
+                raise ConfigError(f"image '{path}' holds {len(names)} tensors and none is named pixel_values")
+            return f.get_tensor(name)
+    except (SafetensorError, OSError) as err:
+        raise ConfigError(f"image '{path}' is not a readable .safetensors file ({err})") from None
+
+
+def _checked(pixels: torch.Tensor, S: int, what: str) -> torch.Tensor:
+    while pixels.dim() > 3 and pixels.shape[0] == 1:
+        pixels = pixels[0]
+    if tuple(pixels.shape) != (3, S, S) or not pixels.is_floating_point():
+        raise ConfigError(f"{what}: pixels must be a float tensor [3, {S}, {S}] (this model's image size), "
+                          f"got {pixels.dtype} {list(pixels.shape)}")
+    return pixels.float()
+
+
+def _normalization(folder: Path | None) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """image_mean [3], image_std [3] and rescale_factor from the folder's preprocessor_config.json."""
+    raw = {}
+    if folder is not None and (Path(folder) / "preprocessor_config.json").is_file():
+        raw = json.loads((Path(folder) / "preprocessor_config.json").read_text())
+    mean = torch.tensor(raw.get("image_mean") or [0.5] * 3, dtype=torch.float32)
+    std = torch.tensor(raw.get("image_std") or [0.5] * 3, dtype=torch.float32)
+    return mean, std, float(raw.get("rescale_factor") or 1 / 255)
+
+
+def image_text(prompt: str, count: int, chat: bool, tokenizer) -> str:
+    """The prompt's text with one `<image>` an image: where the prompt puts them, else before its
+    text; with chat, the chat template puts them (content items {"type": "image"}, as SmolVLM's
+    template takes them; a template of plain-text content gets the markers in the text)."""
+    given = prompt.count(IMAGE)
+    if given not in (0, count):
+        raise ConfigError(f"the prompt has {given} {IMAGE} markers for {count} image(s): put one per image, or none")
+    text = prompt if given else IMAGE * count + prompt
+    if not chat:
+        return text
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError("this model has no chat template; run without --chat")
+    if not given:
+        content = [{"type": "image"}] * count + [{"type": "text", "text": prompt}]
+        try:
+            out = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                                tokenize=False)
+            if out.count(IMAGE) == count:
+                return out
+        except Exception:  # a template that takes only text content: the markers go in the text
+            pass
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                         tokenize=False)
+
+
+def expand(ids: list[int], vision: VisionConfig, tokenizer) -> list[int]:
+    """Each image token of `ids` (one an image) -> around, global, K image tokens, around."""
+    around, glob = (tokenizer.convert_tokens_to_ids(t) for t in (AROUND, GLOBAL))
+    unknown = tokenizer.unk_token_id
+    for name, tid in ((AROUND, around), (GLOBAL, glob)):
+        if tid is None or tid == unknown:
+            raise ConfigError(f"the tokenizer has no {name} token: not an Idefics3 / SmolVLM tokenizer")
+    out = []
+    for t in ids:
+        out += [around, glob, *[t] * vision.rows_per_image, around] if t == vision.image_token_id else [t]
+    return out
+
+
+def prompt_embeds(tower, ids: list[int], pixels: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The image rows of a prompt whose image tokens are expanded: (positions long [N K], rows
+    [N K, E]); the i-th image token of the prompt gets the i-th row, images in order."""
+    c = tower.config
+    positions = torch.tensor([p for p, t in enumerate(ids) if t == c.image_token_id], dtype=torch.long)
+    want = len(pixels) * c.rows_per_image
+    if positions.numel() != want:
+        raise ConfigError(f"the prompt has {positions.numel()} image tokens for {len(pixels)} image(s) of "
+                          f"{c.rows_per_image} rows each ({want})")
+    if positions.numel() and int(positions[-1]) >= len(ids) - 1:
+        raise ConfigError("the prompt ends with an image token: its last token must be text")
+    if not pixels:
+        return positions, torch.zeros(0, c.text_hidden_size)
+    rows = tower.features(torch.stack(pixels))  # [N, K, E]
+    return positions, rows.reshape(-1, rows.shape[-1])
