@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .bench.cli import bench_command
@@ -112,6 +113,9 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt")
     gen.add_argument("--model", default=None, help="catalog name or model folder (default: smollm2-135m-instruct)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--image", action="append", default=[], metavar="PATH",
+                     help="an image for a vision-language model (repeatable; PNG/JPEG via Pillow, or a .npy / "
+                     ".safetensors pixel tensor [3, S, S]); the prompt's <image> markers place them (docs/models.md)")
     gen.add_argument("--max-new-tokens", type=int, default=128, help="a positive integer (default: 128)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy, else at least 1e-4")
     gen.add_argument("--top-k", type=int, default=0, help="keep the K likeliest tokens (0: off)")
@@ -315,12 +319,16 @@ def _generate(args) -> int:
     from .engine.text_stream import check_text
 
     from .engine.speculator import SpecOptions
+    from .errors import ConfigError
 
     tree, controller = _speculation(args)
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)  # refuse bad values before loading
     if args.drafter:  # and what these sampling parameters rule out (k sampled siblings when greedy, a --verifier)
         SpecOptions(args.drafter, tree, controller, args.max_tree_nodes, args.verifier).check().check_sampling(params)
     check_text(args.prompt, "the prompt")
+    for image in args.image:  # a bad path is refused before anything loads
+        if not os.path.isfile(image):
+            raise ConfigError(f"image '{image}': no such file")
     for i, stop in enumerate(args.stop):
         check_text(stop, f"stop string {i}")
     llm = LLM(args.model, drafter=args.drafter, tree=tree, controller=controller,
@@ -334,7 +342,7 @@ def _generate(args) -> int:
     result = llm.generate(
         args.prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, stop=args.stop, chat=args.chat,
-        on_text=None if args.json else on_text,
+        on_text=None if args.json else on_text, images=args.image or None,
     )
     if args.json:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids,

@@ -43,7 +43,7 @@ import torch
 
 from ..errors import ConfigError
 from ..kernels.dispatch import PrefillPath
-from ..models.batch import pack
+from ..models.batch import pack, with_embeds
 from ..models.decoder import Decoder
 from ..spec.processing import PathProcessor
 from ..spec.random import PositionalRandom
@@ -240,6 +240,8 @@ class EngineLoop:
         batch = pack([s.slot for s, _ in jobs], [s.prefilled for s, _ in jobs], [c for _, c in jobs],
                      logits="real" if logits else "none", hidden_layers=taps, scratch_row=self.cache.scratch_row,
                      device=self.target.device)
+        if any(s.request.prompt_embeds is not None for s, _ in jobs):  # a VLM's image rows (models/image_prompt.py)
+            batch = with_embeds(batch, [(s.prefilled, int(c.shape[0]), s.request.prompt_embeds) for s, c in jobs])
         if self.prefix_cache is not None and not logits:
             exact = self._exact_fill(batch)
             if not exact and len(jobs) > 1:  # several prompts past the native workspace: in halves
@@ -277,7 +279,8 @@ class EngineLoop:
         whose prompt logprobs or drafter's hidden states need every prompt row computed)."""
         seq.looked_up = True
         cache = self.prefix_cache
-        if cache is None or seq.request.prompt_logprobs is not None or (taps and seq.speculate):
+        if (cache is None or seq.request.prompt_logprobs is not None or (taps and seq.speculate)
+                or seq.request.prompt_embeds is not None):  # image rows: its tokens do not say its K/V
             return
         n = cache.restore(self.cache, seq.slot, seq.tokens[: seq.prompt_len - 1])
         cache.record(seq.prompt_len, n)
@@ -286,7 +289,8 @@ class EngineLoop:
 
     def _store_prefix(self, seq: Sequence, rows: int) -> None:
         """Keep the slot's first `rows` rows (the K/V of seq.tokens[:rows]) in the prefix cache."""
-        if self.prefix_cache is not None and seq.cacheable and seq.request.prompt_logprobs is None:
+        if (self.prefix_cache is not None and seq.cacheable and seq.request.prompt_logprobs is None
+                and seq.request.prompt_embeds is None):
             self.prefix_cache.store(self.cache, seq.slot, seq.tokens[:rows])
 
     def _copy_prefix(self, seq: Sequence, taps) -> bool:
@@ -294,6 +298,7 @@ class EngineLoop:
         prompt wholly in the cache (not when the drafter needs the prompt's hidden states)."""
         source = self._seqs.get(seq.request.prefill_from) if seq.request.prefill_from is not None else None
         if (source is None or source.slot < 0 or not source.decoding or (taps and seq.speculate)
+                or source.request.prompt_embeds is not seq.request.prompt_embeds
                 or source.tokens[: source.prompt_len] != seq.tokens[: seq.prompt_len]):
             return False
         n = seq.prompt_len - 1
