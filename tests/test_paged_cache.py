@@ -103,6 +103,10 @@ def test_paged_logits_equal_the_slot_cache_through_prompts_trees_rollback_and_sh
         c.set_length(1, n - P - 1)
     _run(decoder, caches, [1], [n - P - 1], [[30, 31, 32]])
     _run(decoder, caches, [0], [lens[0]], [[33]])
+    for c in caches:  # slot 1 gives its pages back, a new prompt takes pages: slot 0's stay its own
+        c.set_length(1, 0)
+    _run(decoder, caches, [1], [0], [[rng.randrange(3, 96) for _ in range(24)]])
+    _run(decoder, caches, [0], [lens[0]], [[34]])
 
 
 def test_pages_follow_the_rows_a_slot_holds_and_go_back(decoder):

@@ -55,6 +55,8 @@ class Sequence:
     looked_up: bool = False  # the prefix cache was asked for its prompt (engine/prefix_cache.py)
     cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
     cacheable: bool = True  # its rows are a whole prefill's bits (a prefill off the exact path: not kept)
+    resume_at: int = 0  # preempted (engine/paging.py): tokens its K/V is recomputed for when admitted again
+    preemptions: int = 0
 
     @property
     def output(self) -> list[int]:

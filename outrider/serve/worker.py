@@ -188,8 +188,8 @@ class EngineWorker:
                 self._fail_all(f"{type(err).__name__}: {err}")
                 return
             e = self.engine
-            self.metrics.engine_state(e.num_running, e.num_waiting, e.kv_rows_used, e.scheduler.rows_reserved,
-                                      e.scheduler.num_slots * e.max_len)
+            self.metrics.engine_state(e.num_running, e.num_waiting, e.kv_rows_used, e.kv_rows_reserved,
+                                      e.kv_rows_total)
             if e.prefix_cache is not None:
                 self.metrics.prefix_cache_state(e.prefix_cache)
             with self._cv:
