@@ -15,6 +15,9 @@ One step, between rounds and then one round (engine/round.py):
    prefix cache (engine/prefix_cache.py), a request first copies the K/V of its prompt's
    longest cached prefix of whole blocks into its slot and prefills only the rest; its blocks
    are kept after its prefill and when it ends (its output's rows too: a chat's next turn);
+   with a paged cache (`kv_pages`), a request is admitted when the pages of its prompt are free,
+   and before the round each decoding request takes the pages its round may write, preempting
+   the last admitted when the pool runs short (engine/paging.py);
 4. one round (engine/round.py `run_round`: propose, constrain, verify, commit, stop, observe)
    for every request whose prompt is in the cache; the requests that the stopping rules
    (engine/stopping.py: EOS, max new tokens, context, stop strings) or a fault ended retire.
@@ -51,6 +54,7 @@ from ..spec.verifiers import choose_verifier
 from .commit import token_logprobs
 from .drafting import why as failure
 from .request import Completion, Request, TokenLogprob, check_request
+from .paging import fill_rows, make_room, take_pages
 from .prefix_cache import PrefixCache, why_not_exact
 from .round import run_round
 from .scheduler import Scheduler
@@ -76,13 +80,16 @@ class Event:
 class EngineLoop:
     def __init__(self, target: Decoder, eos_ids: set[int], speculation=None, *, decode: Decode | None = None,
                  max_running: int = 16, max_len: int | None = None, max_kv_rows: int | None = None,
-                 chunk_size: int | None = None, prefix_cache: PrefixCache | None = None):
+                 chunk_size: int | None = None, prefix_cache: PrefixCache | None = None,
+                 kv_pages: int | None = None, page_size: int = 16):
         """decode: the tokenizer's, for each request's text and stop strings (None: token ids
         only); max_len: K/V rows per slot (default: the target's context); max_kv_rows: rows all
         running requests may reserve together (default: every slot full); chunk_size: prompt
         tokens prefilled per step (default: no limit); prefix_cache: prompts' K/V kept and
         reused across requests (engine/prefix_cache.py; it may be shared by engines of one
-        model), used only where it is exact: else `prefix_cache_note` says why it is off."""
+        model), used only where it is exact: else `prefix_cache_note` says why it is off;
+        kv_pages: the K/V in a pool of that many pages of `page_size` rows (models/paged_cache.py),
+        admission and preemption by pages (engine/paging.py); None: a slot of max_len rows each."""
         context = target.config.max_position_embeddings
         self.max_len = min(max_len or context, context)
         if chunk_size is not None and chunk_size < 1:
@@ -93,8 +100,14 @@ class EngineLoop:
         self.decode = decode
         self.chunk_size = chunk_size
         self.headroom = speculation.max_tree_size if speculation is not None else 1
-        self.cache = target.new_cache(max_running, self.max_len)
-        self.scheduler = Scheduler(max_running, max_kv_rows or max_running * self.max_len)
+        self.paged = kv_pages is not None
+        self.preemptions = 0  # requests preempted for pages (engine/paging.py)
+        if self.paged and speculation is not None and speculation.reads_target_cache:
+            raise ConfigError(f"the {speculation.options.kind} drafter reads the target's slot cache: "
+                              "run it without paged K/V (--kv-memory)")
+        self.cache = target.new_cache(max_running, self.max_len, pages=kv_pages, page_size=page_size)
+        take = (lambda seq, slot: take_pages(self.cache, seq, slot, self.headroom)) if self.paged else None
+        self.scheduler = Scheduler(max_running, max_kv_rows or max_running * self.max_len, take)
         if speculation is not None:  # early exit drafts over this cache; the cost controller's batch table
             speculation.prepare(self.cache, max_running)
         self.prefix_cache_note = why_not_exact(target, self.cache) if prefix_cache is not None else None
@@ -120,6 +133,9 @@ class EngineLoop:
         if rows > self.scheduler.max_kv_rows:
             raise ConfigError(f"the request needs {rows} K/V rows but the engine holds {self.scheduler.max_kv_rows}: "
                               "ask for fewer tokens or raise the K/V row limit")
+        if self.paged and self.cache.pages_for(rows) > self.cache.num_pages:
+            raise ConfigError(f"the request needs {self.cache.pages_for(rows)} K/V pages but the pool holds "
+                              f"{self.cache.num_pages}: ask for fewer tokens or raise --kv-memory")
         return rows
 
     def _drafts(self, request: Request) -> bool:
@@ -192,6 +208,16 @@ class EngineLoop:
         """K/V rows holding committed tokens, over the running requests."""
         return sum(self.cache.lengths[s.slot] for s in self.scheduler.running)
 
+    @property
+    def kv_rows_reserved(self) -> int:
+        """K/V rows the running requests hold: reserved rows, or the rows of the pages they hold."""
+        return self.cache.pages_used * self.cache.page_size if self.paged else self.scheduler.rows_reserved
+
+    @property
+    def kv_rows_total(self) -> int:
+        """K/V rows allocated: slots x rows a slot, or the pool's pages x rows a page."""
+        return self.cache.num_pages * self.cache.page_size if self.paged else self.scheduler.num_slots * self.max_len
+
     # -- one step ---------------------------------------------------------------------------------
     def step(self) -> list[Event]:
         events: list[Event] = []
@@ -199,10 +225,15 @@ class EngineLoop:
             events.append(self._finish(seq, "cancelled", []))
         now = time.perf_counter()
         for seq in self.scheduler.admit():
-            seq.admitted_at = now
-            self.cache.set_length(seq.slot, 0)
+            seq.admitted_at = seq.admitted_at or now
+            if not self.paged:  # a paged slot was emptied and took its pages as it was admitted
+                self.cache.set_length(seq.slot, 0)
         events += self._prefill()
         decoding = [s for s in self.scheduler.running if s.decoding]
+        if decoding and self.paged:
+            for seq in make_room(self.cache, self.scheduler.running, decoding, self.headroom):
+                self._preempt(seq)
+            decoding = [s for s in decoding if s.slot >= 0]
         if decoding:
             events.extend(self._round(decoding))
         return events
@@ -218,16 +249,17 @@ class EngineLoop:
         for seq in list(self.scheduler.running):  # a copy: a request failing as it starts leaves it
             if seq.decoding or budget <= 0:
                 continue
-            if seq.prefilled == 0 and self._copy_prefix(seq, taps):
+            if seq.prefilled == 0 and not seq.resume_at and self._copy_prefix(seq, taps):
                 events += self._start_decoding(seq)
                 continue
             if seq.prefilled == 0 and not seq.looked_up:
                 self._restore_prefix(seq, taps)
-            prompt = seq.tokens[: seq.prompt_len - 1]  # the last prompt token is the root
+            prompt = seq.tokens[: fill_rows(seq)]  # the last prompt token is the root
             take = int(min(len(prompt) - seq.prefilled, budget))
             if take > 0:
                 chunk = torch.tensor(prompt[seq.prefilled: seq.prefilled + take])
-                (logged if seq.request.prompt_logprobs is not None else plain).append((seq, chunk))
+                log = seq.request.prompt_logprobs is not None and not seq.resume_at  # not again after a preemption
+                (logged if log else plain).append((seq, chunk))
                 budget -= take
             elif take == 0:
                 events += self._start_decoding(seq)
@@ -261,7 +293,7 @@ class EngineLoop:
                 seq.prompt_logprobs += token_logprobs(out.logits[:n], nxt, seq.request.prompt_logprobs)
             seq.prefilled += n
             self.cache.set_length(seq.slot, seq.prefilled)
-            if seq.prefilled == seq.prompt_len - 1:
+            if seq.prefilled == fill_rows(seq):
                 self._store_prefix(seq, seq.prefilled)
                 events += self._start_decoding(seq)
         return events
@@ -339,6 +371,20 @@ class EngineLoop:
             events.append(event)
         return events
 
+    def _preempt(self, seq: Sequence) -> None:
+        """Give `seq`'s pages up (make_room has) and queue it again, first: when admitted again its
+        prompt and output so far are prefilled as one prompt and it goes on (engine/paging.py)."""
+        if seq.decoding and seq.speculate:
+            try:
+                self.speculation.finish(seq)
+            except Exception:  # it starts again from its committed tokens
+                pass
+        self.scheduler.preempt(seq)
+        seq.decoding, seq.prefilled, seq.prompt_hidden = False, 0, []
+        seq.resume_at, seq.looked_up = len(seq.tokens), True
+        seq.preemptions += 1
+        self.preemptions += 1
+
     def _fail(self, seq: Sequence, why: str, err: Exception | None = None) -> Event:
         """End `seq` alone with finish_reason "error"."""
         return self._finish(seq, "error", [], error=failure(why, err) if err is not None else why)
@@ -356,6 +402,7 @@ class EngineLoop:
                     self.speculation.finish(seq)
                 except Exception as err:
                     error = error or failure("the drafter failed to finish", err)
+            self.cache.set_length(seq.slot, 0)  # a paged slot's pages go back
             self.scheduler.release(seq)
         completion, rest = seq.completion(reason, error)
         return Event(seq.seq_id, new, text + rest, completion, list(logprobs))
