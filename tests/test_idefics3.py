@@ -1,7 +1,7 @@
 """Idefics3 / SmolVLM, a vision-language family (models/idefics3.py; issue 44 item 4): a tiny random
 model saved by transformers, against transformers' own implementation with an image: the vision
 tower's features, logits whole / chunked / decode, greedy tokens of `generate`; greedy speculation
-(suffix, a static draft-model tree, a DFlash block drafter with GLANCE's tree on the fused hidden
+(suffix, static draft-model and early-exit trees, a DFlash block drafter with GLANCE's tree on the fused hidden
 states) equal to plain; `outrider generate --image`; the one-line refusals."""
 
 import json
@@ -140,7 +140,7 @@ def test_greedy_tokens_equal_transformers_and_speculation_equals_plain(vlm):
     plain = [c.token_ids for c in generate_ids(model, _requests(ids, embeds), set())]
     assert plain == [want]
     assert [c.token_ids for c in generate_ids(model, _requests(ids, None), set())] != plain  # images change it
-    for drafter, tree in (("suffix", "chain"), (f"draft-model:{folder}", "static:2,2")):
+    for drafter, tree in (("suffix", "chain"), (f"draft-model:{folder}", "static:2,2"), ("early-exit:1", "static:2,2")):
         speculator = Speculator.build(SpecOptions(drafter, tree, "fixed:3"), model, folder)
         done = generate_ids(model, _requests(ids, embeds), set(), speculation=speculator)
         assert [c.token_ids for c in done] == plain, drafter
