@@ -16,8 +16,9 @@ from pathlib import Path
 
 from outrider.catalog.resolve import resolve_model
 from outrider.config import overriding
-from outrider.heads import dflash_golden, eagle3_golden
-from outrider.heads.dflash_format import is_dflash
+from outrider.heads.dflash import golden as dflash_golden
+from outrider.heads.eagle3 import golden as eagle3_golden
+from outrider.heads.dflash.format import is_dflash
 from outrider.heads.files import read_raw
 from outrider.heads.golden import read_golden, settings_of
 

@@ -8,7 +8,7 @@ folder), llama-server (scripts/build_llama_server.sh's binary, or $OUTRIDER_LLAM
 on the target's original.gguf with `-md HEAD.gguf --spec-type draft-KIND --spec-draft-n-max D
 --spec-draft-n-min 0 --spec-draft-p-min 0` (a fixed chain of D drafts, as ours: EAGLE-3 D = 4,
 the golden's depth; DFlash D = block_size - 1), one slot, one thread; each golden prompt
-(heads/eagle3_golden.py's PROMPTS under the chat template) goes as its token ids to /completion
+(heads/eagle3/golden.py's PROMPTS under the chat template) goes as its token ids to /completion
 (greedy, n_predict = --max-new-tokens). Ours: `LLM(target, drafter=KIND:NAME, tree=chain,
 controller=fixed:D)` on the same ids, one thread, the target in dtype gguf-i8 (the GGUF's own
 Q4_1/Q8_0 blocks with int8 activations, as llama.cpp's CPU kernels quantize them to Q8_1): its greedy
@@ -52,7 +52,7 @@ def depth_of(kind: str) -> int:
     if kind == "eagle3":
         return 4
     from outrider.heads.catalog import resolve_head
-    from outrider.heads.dflash_format import read_config
+    from outrider.heads.dflash.format import read_config
 
     return read_config(resolve_head(TARGET, "dflash")).block_size - 1
 

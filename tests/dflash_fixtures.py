@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from outrider.heads.dflash import DFlashConfig, DFlashHead, DFlashLayer, DFlashWeights
+from outrider.heads.dflash.head import DFlashConfig, DFlashHead, DFlashLayer, DFlashWeights
 
 
 def random_head(hidden: int = 32, target_hidden: int | None = None, vocab: int = 64, layers: int = 2,

@@ -1,4 +1,4 @@
-"""Tiny random EAGLE-3 heads saved in the reference layout (heads/eagle3_format.py), for tests."""
+"""Tiny random EAGLE-3 heads saved in the reference layout (heads/eagle3/format.py), for tests."""
 
 from __future__ import annotations
 

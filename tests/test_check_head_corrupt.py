@@ -17,9 +17,9 @@ from enumerate_law import one_thread
 from safetensors.torch import load_file, save_file
 
 from outrider.cli import main
-from outrider.heads.dflash_export import write_record
+from outrider.heads.dflash.export import write_record
 from outrider.heads.golden import GoldenSettings, record, write_golden
-from outrider.heads.eagle3_golden import measure
+from outrider.heads.eagle3.golden import measure
 from outrider.heads.golden_compute import TOP, compare_computes, measured_part, recorded
 
 SHIPPED = Path(__file__).parents[1] / "outrider" / "heads" / "shipped"

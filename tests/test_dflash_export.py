@@ -16,9 +16,9 @@ from tiny import add_tokenizer, make_tiny
 from outrider.cli import main
 from outrider.errors import ConfigError, ModelError
 from outrider.heads import catalog
-from outrider.heads.dflash_check import check_dflash
-from outrider.heads.dflash_export import export_dflash
-from outrider.heads.dflash_format import load_dflash, read_config
+from outrider.heads.dflash.check import check_dflash
+from outrider.heads.dflash.export import export_dflash
+from outrider.heads.dflash.format import load_dflash, read_config
 from outrider.heads.golden import GOLDEN, GoldenSettings
 from outrider.train.dflash_model import DFlashTrainable
 from outrider.train.outputs import write_head
@@ -152,9 +152,9 @@ def test_shipped_dflash_heads_resolve_by_kind_and_name(setup, tmp_path, monkeypa
 
 
 def test_golden_blocks_at_all_anchors_are_each_blocks_own(setup):
-    """The golden's DFlash slots (heads/dflash_golden.py `block_logits`: every anchor's block in one
+    """The golden's DFlash slots (heads/dflash/golden.py `block_logits`: every anchor's block in one
     call over one context slot) are what each block gives alone, over its own context."""
-    from outrider.heads.dflash_golden import block_logits, replay
+    from outrider.heads.dflash.golden import block_logits, replay
 
     _, target, decoder, full, _, _ = setup
     head = load_dflash(full, decoder)

@@ -21,7 +21,7 @@ from outrider.engine.loop import EngineLoop
 from outrider.engine.request import Request
 from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.errors import ConfigError
-from outrider.heads.dflash_reference import reference_block
+from outrider.heads.dflash.reference import reference_block
 from outrider.sampling import SamplingParams
 from outrider.spec.shapes import parse_shape
 from outrider.spec.verifiers import VERIFIERS

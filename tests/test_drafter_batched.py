@@ -25,7 +25,7 @@ from outrider.drafters.eagle3 import Eagle3Drafter
 from outrider.drafters.model import ModelDrafter
 from outrider.engine.generate import generate_ids
 from outrider.engine.request import Request
-from outrider.heads.eagle3_format import load_eagle3
+from outrider.heads.eagle3.format import load_eagle3
 from outrider.weights.loader import load_decoder
 from outrider.sampling import SamplingParams
 from outrider.engine.loop import EngineLoop

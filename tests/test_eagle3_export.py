@@ -18,11 +18,11 @@ from tiny import add_tokenizer, make_tiny
 from outrider.cli import main
 from outrider.errors import ConfigError, ModelError
 from outrider.heads import catalog
-from outrider.heads.eagle3_check import check_head
-from outrider.heads.eagle3_export import export_eagle3, from_head
-from outrider.heads.eagle3_format import load_eagle3, read_config, read_tensors
+from outrider.heads.eagle3.check import check_head
+from outrider.heads.eagle3.export import export_eagle3, from_head
+from outrider.heads.eagle3.format import load_eagle3, read_config, read_tensors
 from outrider.heads.golden import GOLDEN, GoldenSettings, compare
-from outrider.heads.eagle3_speculators import schema_problems
+from outrider.heads.eagle3.speculators import schema_problems
 from outrider.weights.loader import load_decoder
 from outrider.engine.speculator import SpecOptions, Speculator
 
@@ -322,11 +322,11 @@ def test_speculators_verifier_loads_offline_by_default(setup, tmp_path, monkeypa
 
 
 def test_golden_chain_logits_are_the_reference_heads(setup):
-    """The golden's EAGLE-3 slots (heads/eagle3_golden.py `chain_logits`: the chain at each
+    """The golden's EAGLE-3 slots (heads/eagle3/golden.py `chain_logits`: the chain at each
     committed row fed the text's tokens, through the cached fast path) are the slow float64
-    reference's rows (heads/eagle3_reference.py) for the same features and tokens."""
-    from outrider.heads.eagle3_golden import chain_logits
-    from outrider.heads.eagle3_reference import reference_rows
+    reference's rows (heads/eagle3/reference.py) for the same features and tokens."""
+    from outrider.heads.eagle3.golden import chain_logits
+    from outrider.heads.eagle3.reference import reference_rows
     from outrider.models.batch import causal_batch
 
     _, target, head_dir, _, _ = setup

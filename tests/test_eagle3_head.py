@@ -1,5 +1,5 @@
 """The EAGLE-3 head (issue 9, item 2): the fast forward (batched, K/V cache, tree masks) equals
-the slow reference written from the spec (heads/eagle3_reference.py), over committed rows fed in
+the slow reference written from the spec (heads/eagle3/reference.py), over committed rows fed in
 chunks and a draft tree grown one depth at a time; shared tensors are the target's own; the
 stored layer ids are converted to our tap convention."""
 
@@ -10,8 +10,8 @@ import torch
 from eagle3_tiny import write_eagle3
 from tiny import make_tiny
 
-from outrider.heads.eagle3_format import load_eagle3
-from outrider.heads.eagle3_reference import reference_rows
+from outrider.heads.eagle3.format import load_eagle3
+from outrider.heads.eagle3.reference import reference_rows
 from outrider.models.batch import pack
 from outrider.weights.loader import load_decoder
 

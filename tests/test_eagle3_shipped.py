@@ -13,7 +13,7 @@ from outrider.drafters.eagle3 import Eagle3Drafter
 from outrider.engine.generate import generate_ids
 from outrider.engine.request import Request
 from outrider.heads.catalog import resolve_head
-from outrider.heads.eagle3_format import load_eagle3
+from outrider.heads.eagle3.format import load_eagle3
 from outrider.sampling import SamplingParams
 from outrider.spec.shapes import parse_shape
 from outrider.control.controllers import FixedController
@@ -60,7 +60,7 @@ def test_speculators_export_of_the_docs_loads_offline(smollm2_path, tmp_path, mo
     with the Hub unreachable (a Hugging Face id would not)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from outrider.heads.eagle3_export import export_eagle3
+    from outrider.heads.eagle3.export import export_eagle3
 
     said = []
     out = export_eagle3(HEAD, tmp_path / "smol-speculators", "speculators",

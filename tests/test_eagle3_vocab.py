@@ -1,4 +1,4 @@
-"""`eagle3:NAME,vocab=N` (heads/eagle3_vocab.py, issue 30 item 4): the head's readout cut to the
+"""`eagle3:NAME,vocab=N` (heads/eagle3/vocab.py, issue 30 item 4): the head's readout cut to the
 draft tokens among target ids 0..N-1 gives the same logits for the tokens it keeps and none for
 the others, in float and quantized heads; greedy output stays the target's; bad values get one line."""
 
@@ -11,7 +11,7 @@ from outrider.engine.generate import generate_ids
 from outrider.engine.request import Request
 from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.errors import ConfigError
-from outrider.heads.eagle3_format import load_eagle3
+from outrider.heads.eagle3.format import load_eagle3
 from outrider.weights.loader import load_decoder
 
 PROMPTS = [[3, 4, 5, 3, 4, 5, 3], [6, 7, 3, 6, 7, 3, 6], [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4]]

@@ -18,8 +18,8 @@ from tiny import add_tokenizer, make_tiny
 
 from outrider.cli import main
 from outrider.errors import ConfigError
-from outrider.heads.dflash_format import read_tensors as read_dflash
-from outrider.heads.eagle3_format import read_tensors as read_eagle3
+from outrider.heads.dflash.format import read_tensors as read_dflash
+from outrider.heads.eagle3.format import read_tensors as read_eagle3
 from outrider.heads.gguf_export import export_gguf, ours_from_gguf, read_gguf
 from outrider.heads.gguf_layout import rope_permute
 from outrider.train.dflash_model import DFlashTrainable

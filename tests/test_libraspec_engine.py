@@ -210,7 +210,7 @@ CODE = "def is_prime(n):\n    \"\"\"Return True if n is a prime number.\"\"\"\n 
 def test_smollm2_greedy_output_is_autoregressive(smollm2_decoder, smollm2_tokenizer, smollm2_path, drafter, shape):
     from outrider.drafters.eagle3 import Eagle3Drafter
     from outrider.heads.catalog import resolve_head
-    from outrider.heads.eagle3_format import load_eagle3
+    from outrider.heads.eagle3.format import load_eagle3
 
     target = smollm2_decoder
     if drafter == "suffix":

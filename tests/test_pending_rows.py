@@ -18,7 +18,7 @@ from outrider.drafters.pending import PendingRows
 from outrider.engine.generate import generate_ids
 from outrider.engine.request import Request
 from outrider.engine.speculator import SpecOptions, Speculator
-from outrider.heads.eagle3 import Eagle3Head
+from outrider.heads.eagle3.head import Eagle3Head
 from outrider.models.batch import pack
 from outrider.spec.types import Budget, VerifyResult
 from outrider.weights.loader import load_decoder

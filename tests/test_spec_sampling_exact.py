@@ -43,7 +43,7 @@ from tiny import make_tiny
 from outrider.control.controllers import FixedController
 from outrider.drafters.eagle3 import Eagle3Drafter
 from outrider.drafters.model import ModelDrafter
-from outrider.heads.eagle3_format import load_eagle3
+from outrider.heads.eagle3.format import load_eagle3
 from outrider.drafters.ngram import NgramDrafter
 from outrider.engine.generate import generate_ids
 from outrider.engine.request import Request

@@ -1,5 +1,5 @@
 """`outrider train dflash` (issue 27) on a tiny random target: the training model's block logits
-are the runtime head's (heads/dflash.py `block`) and the slow reference's for every anchor, through
+are the runtime head's (heads/dflash/head.py `block`) and the slow reference's for every anchor, through
 an export the loader reads back; a block never sees another block nor its own anchor's future;
 a few steps lower the loss; a resumed run ends with the same tensors as an uninterrupted one;
 bad options are one-line errors."""
@@ -13,9 +13,9 @@ from tiny import make_tiny
 from train_common import SEQ, corpus, log_of, options, target, words, write_jsonl  # noqa: F401 (fixtures)
 
 from outrider.cli import main
-from outrider.heads.dflash_format import load_dflash, runtime_weights
-from outrider.heads.dflash import DFlashHead
-from outrider.heads.dflash_reference import reference_block
+from outrider.heads.dflash.format import load_dflash, runtime_weights
+from outrider.heads.dflash.head import DFlashHead
+from outrider.heads.dflash.reference import reference_block
 from outrider.train.dflash_model import DFlashTrainable
 from outrider.train.loop import train
 from outrider.train.target_pass import target_pass

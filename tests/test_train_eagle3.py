@@ -1,6 +1,6 @@
 """`outrider train eagle3` (issue 9, item 3) on a tiny random target and word-level tokenizer:
 training lowers the loss on a fixed batch; a resumed run ends with the same tensors as an
-uninterrupted one; the exported head loads (heads/eagle3_format.py) and drafts with greedy
+uninterrupted one; the exported head loads (heads/eagle3/format.py) and drafts with greedy
 speculative == autoregressive; regeneration commits what generation commits and carries over;
 bad arguments are one-line errors before any loading; two torchrun processes (gloo) match one.
 The data sources, their order and batches: tests/test_train_data.py."""
@@ -21,7 +21,7 @@ from train_common import SEQ, corpus, log_of, options, target, words, write_json
 
 from outrider.cli import main
 from outrider.errors import ConfigError
-from outrider.heads.eagle3_format import load_eagle3
+from outrider.heads.eagle3.format import load_eagle3
 from outrider.weights.loader import load_decoder
 from outrider.train.loop import train
 

@@ -124,7 +124,7 @@ def test_a_windowed_draft_model_equals_full_attention_over_the_kept_keys(target,
 
 def test_a_windowed_head_equals_full_attention_over_the_kept_keys(tmp_path, monkeypatch):
     from outrider.drafters.eagle3 import Eagle3Drafter
-    from outrider.heads.eagle3_format import load_eagle3
+    from outrider.heads.eagle3.format import load_eagle3
 
     folder, head_folder = target_with_head(tmp_path)
     tgt = load_decoder(folder, "cpu")
@@ -254,7 +254,7 @@ CODE = "def is_prime(n):\n    \"\"\"Return True if n is a prime number.\"\"\"\n 
 def test_smollm2_windowed_greedy_output_is_autoregressive(smollm2_decoder, smollm2_tokenizer, drafter):
     from outrider.drafters.eagle3 import Eagle3Drafter
     from outrider.heads.catalog import resolve_head
-    from outrider.heads.eagle3_format import load_eagle3
+    from outrider.heads.eagle3.format import load_eagle3
 
     target = smollm2_decoder
     window = Window(16, 4)  # the prompt is ~70 tokens: the window restricts the draft

@@ -1,7 +1,7 @@
-"""`--drafter dflash:PATH_OR_NAME`: a DFlash block head (heads/dflash.py) drafts a whole block per forward.
+"""`--drafter dflash:PATH_OR_NAME`: a DFlash block head (heads/dflash/head.py) drafts a whole block per forward.
 
 PATH is a head folder in z-lab's DFlash layout (config.json + model.safetensors,
-heads/dflash_format.py); NAME a head shipped for that target (heads/catalog.py). The head reads
+heads/dflash/format.py); NAME a head shipped for that target (heads/catalog.py). The head reads
 several target layers, declared as `needs_hidden`, so the verify forward of each round returns
 them at no extra target pass.
 
@@ -226,13 +226,13 @@ def parse_argument(text: str) -> str:
 
 
 def check_fits(argument: str, target_config, target_path: Path) -> str | None:
-    from ..heads.dflash_format import misfit, read_config
+    from ..heads.dflash.format import misfit, read_config
 
     return misfit(read_config(_split(argument)[0]), target_config)
 
 
 def build(argument: str, shape: TreeShape, target, target_path: Path) -> DFlashDrafter:
-    from ..heads.dflash_format import load_dflash
+    from ..heads.dflash.format import load_dflash
 
     folder, vocab, names = _split(argument)
     head = load_dflash(folder, target)

@@ -13,11 +13,10 @@ never changes.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..heads.vocab_map import readout_rows
+from ..heads.dflash.vocab import cut_readout
 from .draft_model import draft_vocab_ids
 
 
@@ -30,17 +29,10 @@ def parse_vocab(text: str | None, drafter: str = "dflash") -> int | None:
 
 
 def reduce_readout(head, target_path: Path, n: int):
-    """The head with its readout cut to the ids `draft_vocab_ids` keeps (a new DFlashHead; the
-    target's own output head untouched)."""
-    from ..heads.dflash import DFlashHead
-
+    """The head with its readout cut to the ids `draft_vocab_ids` keeps (a new DFlashHead,
+    heads/dflash/vocab.py; the target's own output head untouched)."""
     c = head.config
     if head.w.draft_to_target is not None:
         raise ConfigError("vocab=: this DFlash head already reads out its own draft vocabulary "
                           f"({c.draft_vocab_size} tokens); drop vocab=")
-    ids = draft_vocab_ids(target_path, n, c.vocab_size).to(head.device)  # [m] sorted
-    if ids.numel() >= c.vocab_size:
-        return head
-    rows = readout_rows(head.w.lm_head, ids, c.hidden_size, head.dtype, head.device)  # [m, H]
-    weights = replace(head.w, lm_head=rows, draft_to_target=ids)
-    return DFlashHead(replace(c, draft_vocab_size=int(ids.numel())), weights)
+    return cut_readout(head, draft_vocab_ids(target_path, n, c.vocab_size))

@@ -1,6 +1,6 @@
-"""`--drafter eagle3:PATH_OR_NAME`: an EAGLE-3 head (heads/eagle3.py) drafts from the target's own features.
+"""`--drafter eagle3:PATH_OR_NAME`: an EAGLE-3 head (heads/eagle3/head.py) drafts from the target's own features.
 
-PATH is a head folder (config.json + model.safetensors, heads/eagle3_format.py), in the EAGLE or
+PATH is a head folder (config.json + model.safetensors, heads/eagle3/format.py), in the EAGLE or
 the speculators layout; NAME a head shipped for that target (heads/catalog.py). The head reads
 three target layers; the drafter declares them as `needs_hidden` (in our tap convention, converted
 from the head's), so the target's verify forward of each round returns them at no extra pass and
@@ -47,8 +47,8 @@ from pathlib import Path
 
 import torch
 
-from ..heads.eagle3 import Eagle3Head
-from ..heads.eagle3_format import load_eagle3
+from ..heads.eagle3.head import Eagle3Head
+from ..heads.eagle3.format import load_eagle3
 from ..models.batch import pack
 from ..sampling import SamplingParams, warp_probs
 from ..spec.random import PositionalRandom

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..heads.catalog import resolve_head
-from ..heads.eagle3_format import HEAD_QUANTS, misfit, read_config
+from ..heads.eagle3.format import HEAD_QUANTS, misfit, read_config
 from .dflash_vocab import parse_vocab
 from .window import Window, parse_options, window_misfit, window_of
 
@@ -24,7 +24,7 @@ def parse_argument(text: str) -> str:
     """`PATH_OR_NAME[@DTYPE][,window=W[,sink=S]][,vocab=N]`: a head folder, or a shipped head by
     its target's catalog name (heads/catalog.py); DTYPE one of HEAD_DTYPES (default: see
     `head_dtype`); vocab=N: the readout cut to the draft tokens among target ids 0..N-1 and the
-    added tokens (heads/eagle3_vocab.py). Returns the folder, with the @DTYPE kept when given, then
+    added tokens (heads/eagle3/vocab.py). Returns the folder, with the @DTYPE kept when given, then
     the options."""
     options = {}
     if not Path(text).expanduser().is_dir():

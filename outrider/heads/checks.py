@@ -1,7 +1,7 @@
 """What `outrider check-head` does for every kind of head: one `Check` a line, the weights file's
 header read once, its float tensors' dtypes (one dtype, the config's torch_dtype), the golden
 re-measured: what the head computes (golden logits, heads/golden_compute.py), then its tau
-(heads/eagle3_check.py, heads/dflash_check.py)."""
+(heads/eagle3/check.py, heads/dflash/check.py)."""
 
 from __future__ import annotations
 

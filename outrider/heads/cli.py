@@ -44,7 +44,7 @@ def add_parsers(sub) -> None:
     e3.set_defaults(run=run_export)
     df = kinds.add_parser("dflash", help="a DFlash head: config.json + model.safetensors + golden tau")
     df.add_argument("head", help="head folder, or the name of a shipped DFlash head (its target's catalog name)")
-    df.add_argument("--format", required=True, help="zlab (z-lab's DFlash), vllm or sglang (heads/dflash_format.py), "
+    df.add_argument("--format", required=True, help="zlab (z-lab's DFlash), vllm or sglang (heads/dflash/format.py), "
                     "or gguf (llama.cpp: --spec-type draft-dflash; --out FILE.gguf)")
     df.add_argument("--out", required=True, help="output folder, new or empty")
     df.add_argument("--target", default=None, help="catalog name or folder of the target (default: the recorded one)")
@@ -113,7 +113,7 @@ def _trained_target(head: Path) -> str | None:
 def run_export(args) -> int:
     from .catalog import resolve_head
     from .staging import check_out
-    from .eagle3_export import export_eagle3
+    from .eagle3.export import export_eagle3
     from .golden import GoldenSettings
 
     if args.format == "gguf":
@@ -138,7 +138,7 @@ def run_export(args) -> int:
 
 def run_export_dflash(args) -> int:
     from .catalog import resolve_head
-    from .dflash_export import export_dflash
+    from .dflash.export import export_dflash
     from .staging import check_out
     from .golden import GoldenSettings, read_golden
 
@@ -171,9 +171,9 @@ def run_export_gguf(args, kind: str) -> int:
 
 def run_check(args) -> int:
     from .catalog import resolve_head
-    from .dflash_check import check_dflash
-    from .dflash_format import is_dflash
-    from .eagle3_check import check_head
+    from .dflash.check import check_dflash
+    from .dflash.format import is_dflash
+    from .eagle3.check import check_head
     from .files import read_raw
 
     kind, _, name = args.dir.partition(":") if args.dir.startswith("dflash:") else ("eagle3", "", args.dir)

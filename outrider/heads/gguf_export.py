@@ -47,8 +47,8 @@ def head_tensors(kind: str, source: str | Path, target_config, dtype: torch.dtyp
     """(config, {our name: tensor}) of the head in folder `source` as llama.cpp takes them: every
     tensor the config implies, checked against it; d2t as absolute target ids; t2d left out."""
     if kind == "eagle3":
-        from .eagle3_export import disk_tensors, from_folder
-        from .eagle3_format import misfit
+        from .eagle3.export import disk_tensors, from_folder
+        from .eagle3.format import misfit
 
         head = from_folder(source)
         reason = misfit(head.config, target_config, "embed_tokens.weight" in head.tensors,
@@ -57,7 +57,7 @@ def head_tensors(kind: str, source: str | Path, target_config, dtype: torch.dtyp
             raise ModelError(f"the head does not fit the target: {reason}")
         config, tensors = head.config, disk_tensors(head, "eagle", dtype)
     else:
-        from .dflash_format import expected_shapes, misfit, read_config, read_tensors
+        from .dflash.format import expected_shapes, misfit, read_config, read_tensors
 
         config = read_config(source)
         reason = misfit(config, target_config)

@@ -27,7 +27,7 @@ Read from the llama.cpp vendored in the llama-cpp-python 0.3.36 sdist (paths und
                               draft carries the target's tokenizer (as the converters copy it).
     conversion/llama.py       d2t is written as absolute target ids (d + d2t[d]), I64; t2d is dropped.
 
-Names here are ours on the left (heads/eagle3_format.py's `midlayer.` names, z-lab's for DFlash),
+Names here are ours on the left (heads/eagle3/format.py's `midlayer.` names, z-lab's for DFlash),
 llama.cpp's on the right. Shapes are given as torch shapes ([rows, cols]); GGUF stores the
 reversed order (ne = [cols, rows]), as llama.cpp's create_tensor calls write them.
 """

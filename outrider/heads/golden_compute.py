@@ -11,8 +11,8 @@ the golden run generated; the inputs are fixed by the prompts and the target, ne
                  "logits": [[...] per prompt: the logit of that argmax, rounded to 4 decimals],
                  "tolerance": {"atol": ..., "rtol": ..., "note": ...}}
 
-The kinds fill it in (heads/dflash_golden.py: the block at every generated position, slots
-1..B-1; heads/eagle3_golden.py: every generated position, slot 1 from the target's features,
+The kinds fill it in (heads/dflash/golden.py: the block at every generated position, slots
+1..B-1; heads/eagle3/golden.py: every generated position, slot 1 from the target's features,
 slots 2..depth fed the text's tokens and the head's own hidden, as a chain drafts).
 
 `compare_computes`: for every slot, the re-measured logit of the golden argmax token must be within

@@ -26,7 +26,7 @@ def to_target_logits(m: torch.Tensor | None, logits: torch.Tensor, vocab: int) -
 def readout_rows(lm_head, ids: torch.Tensor, hidden_size: int, dtype: torch.dtype, device):
     """Rows `ids` ([m] long) of an output head: a float tensor's by index, a QuantLinear's read back
     exactly (its product with the identity) and quantized again in its kind. Both heads' `vocab=`
-    (drafters/dflash_vocab.py, heads/eagle3_vocab.py)."""
+    (drafters/dflash_vocab.py, heads/eagle3/vocab.py)."""
     if isinstance(lm_head, torch.Tensor):
         return lm_head.index_select(0, ids)  # [m, H]
     eye = torch.eye(hidden_size, dtype=dtype, device=device)

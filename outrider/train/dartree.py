@@ -106,7 +106,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from ..catalog.resolve import resolve_model
     from ..drafters.dflash import parse_argument
-    from ..heads.dflash_format import load_dflash
+    from ..heads.dflash.format import load_dflash
     from ..weights.loader import load_decoder
 
     if args.threads:

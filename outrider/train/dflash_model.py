@@ -1,6 +1,6 @@
 """The DFlash head as a trainable module: every anchor block of a sequence in one forward.
 
-The runtime head (heads/dflash.py) drafts one block per sequence from a K/V cache of its context;
+The runtime head (heads/dflash/head.py) drafts one block per sequence from a K/V cache of its context;
 training runs A blocks per sequence at once, as SpecForge trains DFlash (learned-drafters.md,
 section 3). Shapes: S sequences of T tokens, n taps of the target's hidden size Ht, H the head's
 (= the target's), A anchors per sequence, B the block size, K = B - 1 predicted slots, Vd the
@@ -16,7 +16,7 @@ For an anchor a (a committed position whose next token is a label):
 One forward holds every block of a sequence: the queries are the A*B block rows, the keys the T
 context rows then the A*B block rows, and the mask lets block i see the context rows p < a_i and
 its own B rows (both ways), never another block: exactly the runtime head's `block` for the
-context 0..a_i-1 (tested against heads/dflash_reference.py through `runtime_weights`).
+context 0..a_i-1 (tested against heads/dflash/reference.py through `runtime_weights`).
 
 Parameters carry z-lab's names (`fc.weight`, `hidden_norm.weight`, `layers.{l}.self_attn.q_proj.weight`,
 ..., `norm.weight`, and `lm_head.weight` for a reduced draft vocabulary). The target's embedding and,
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..heads.dflash import DFlashConfig, default_layer_ids
+from ..heads.dflash.head import DFlashConfig, default_layer_ids
 
 
 @dataclass
@@ -261,7 +261,7 @@ class DFlashTrainable(torch.nn.Module):
         run = right.long().cumprod(-1).sum(-1)  # [S, A] leading right predictions
         return StepOutput(sums, rows, hits, accepted=float(run[first].sum()), blocks=int(first.sum()))
 
-    # -- weights on disk (heads/dflash_format.py reads them) ----------------------------------------
+    # -- weights on disk (heads/dflash/format.py reads them) ----------------------------------------
     def state_tensors(self, training: bool = False) -> dict[str, torch.Tensor]:
         """The head under z-lab's names (fc.weight with the input scale folded in), plus
         lm_head.weight, d2t (int64 offsets) and t2d (bool) for a reduced draft vocabulary; no
@@ -299,7 +299,7 @@ class DFlashTrainable(torch.nn.Module):
                 self.feature_scale.fill_(1.0)
 
     def export_config(self, **extra) -> dict:
-        """config.json in the vllm layout, z-lab's plus what vLLM reads (heads/dflash_format.py)."""
-        from ..heads.dflash_format import config_json
+        """config.json in the vllm layout, z-lab's plus what vLLM reads (heads/dflash/format.py)."""
+        from ..heads.dflash.format import config_json
 
         return {**config_json(self.config, "vllm", dtype="float32"), **extra}

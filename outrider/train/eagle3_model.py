@@ -1,6 +1,6 @@
 """The EAGLE-3 head as a trainable module, with the training-time test (TTT) unroll.
 
-The runtime head (heads/eagle3.py) drafts one tree at a time from a K/V cache; training runs
+The runtime head (heads/eagle3/head.py) drafts one tree at a time from a K/V cache; training runs
 every position of a sequence at once and unrolls `steps` draft steps, so the head learns from
 its own hidden states as it will meet them while drafting. Shapes: B sequences of T tokens,
 H the head's hidden size (= the target's: the head shares its embedding), Ht the target's,
@@ -14,7 +14,7 @@ Row p of step s stands for the draft s steps past anchor p (the runtime's commit
 
 Step s of row p attends to step 0's keys 0..p (the committed rows) and to its own row in steps
 1..s (its ancestors in the draft chain and itself): exactly what the drafter's tree mask gives
-the depth-s node hanging off row p (tested against heads/eagle3_reference.py). Tokens are the
+the depth-s node hanging off row p (tested against heads/eagle3/reference.py). Tokens are the
 ground truth (teacher forcing); the loss of step s is weighted decay**s.
 """
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..heads.eagle3 import Eagle3Config
+from ..heads.eagle3.head import Eagle3Config
 
 
 @dataclass
@@ -110,7 +110,7 @@ class Eagle3Trainable(torch.nn.Module):
                    norm_init=target.norm if warm_start else None)
 
     def taps(self, num_target_layers: int) -> tuple[int, ...]:
-        """The target hidden states to request (our Decoder indices, heads/eagle3.py `taps`)."""
+        """The target hidden states to request (our Decoder indices, heads/eagle3/head.py `taps`)."""
         return self.config.taps(num_target_layers)
 
     @torch.no_grad()
@@ -213,7 +213,7 @@ class Eagle3Trainable(torch.nn.Module):
         return TTTOutput(loss=loss, step_loss=step_loss, step_acc=step_acc, rows=rows0, step_sums=sums,
                          step_rows=counts)
 
-    # -- weights on disk (heads/eagle3_format.py reads them) ------------------------------------------
+    # -- weights on disk (heads/eagle3/format.py reads them) ------------------------------------------
     _NAMES = {
         "fc": "fc.weight", "input_norm": "midlayer.input_layernorm.weight",
         "hidden_norm": "midlayer.hidden_norm.weight", "post_norm": "midlayer.post_attention_layernorm.weight",
@@ -264,7 +264,7 @@ class Eagle3Trainable(torch.nn.Module):
                 self.feature_scale.fill_(1.0)
 
     def export_config(self, **extra) -> dict:
-        """config.json of the EAGLE layout (heads/eagle3_format.read_config reads it back)."""
+        """config.json of the EAGLE layout (heads/eagle3/format.read_config reads it back)."""
         c = self.config
         config = {
             "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,

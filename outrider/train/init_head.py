@@ -14,7 +14,7 @@ def init_head(name: str, target) -> tuple[dict[str, torch.Tensor], list[int]]:
 
     from ..heads.catalog import resolve_head
     from ..heads.files import WEIGHTS
-    from ..heads.eagle3_format import layer_prefix, misfit, read_config
+    from ..heads.eagle3.format import layer_prefix, misfit, read_config
 
     folder = resolve_head(name)
     config = read_config(folder)

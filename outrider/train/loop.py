@@ -11,7 +11,7 @@ Rank 0 writes the log, checkpoints and the head.
 
     OUT/train_log.jsonl    one line a step: step, tokens, loss, step_acc (per unrolled step), lr, elapsed_s
     OUT/checkpoint/        every --checkpoint-every steps and at the end (train/checkpoint.py)
-    OUT/config.json + model.safetensors   the head, EAGLE layout (heads/eagle3_format.py loads it)
+    OUT/config.json + model.safetensors   the head, EAGLE layout (heads/eagle3/format.py loads it)
     OUT/train_info.json    command, data, seed, tokens, time, final per-step acceptance
     OUT/snapshots/step-N/  with --snapshot-every: the head at step N (for tau against training tokens)
 """

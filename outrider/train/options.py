@@ -134,7 +134,7 @@ class TrainOptions:
                 raise ConfigError(f"--code-root {root}: no such folder; give a folder of .py files")
         if self.init_from is not None:  # a head that is not there: refused before anything loads
             from ..heads.catalog import resolve_head
-            from ..heads.eagle3_format import read_config
+            from ..heads.eagle3.format import read_config
 
             read_config(resolve_head(self.init_from))
         out = Path(self.out)

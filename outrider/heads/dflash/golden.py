@@ -3,7 +3,7 @@
 The record is heads/golden.py's (same fields, `compare`, tolerances, `outrider_golden.json`);
 only the measurement differs: for each fixed prompt the target generates greedily (one thread,
 plain F.linear, as there), one target forward over prompt + output gives the tapped hidden states,
-and the DFlash chain is replayed on that text with the runtime head (heads/dflash.py):
+and the DFlash chain is replayed on that text with the runtime head (heads/dflash/head.py):
 
     the first generated token comes from the prefill (not counted); then each round, with the last
     committed token at position a: the block [x_a, MASK...] over the context 0..a-1 drafts B-1
@@ -25,17 +25,17 @@ from pathlib import Path
 
 import torch
 
-from ..config import overriding
-from .golden import PROMPTS, GoldenSettings, machine
-from .golden_compute import measured_part, top_of
+from ...config import overriding
+from ..golden import PROMPTS, GoldenSettings, machine
+from ..golden_compute import measured_part, top_of
 
 
 def measure(head_dir: str | Path, target: str | Path, settings: GoldenSettings = GoldenSettings(),
             prompts=PROMPTS) -> dict:
     """The record's measured part (heads/golden.py's module docstring) for the DFlash
     head in `head_dir` on `target`; settings.depth is ignored (the chain is the block's B-1)."""
-    from ..llm import LLM
-    from .dflash_format import load_dflash
+    from ...llm import LLM
+    from .format import load_dflash
 
     threads = torch.get_num_threads()
     with overriding(linear="linear", threads=1):
@@ -82,7 +82,7 @@ def replay(head, target, text: list[int], prompt_len: int):
     """(rounds, committed, the head's cache of the text's context rows) of greedy DFlash drafting
     along `text` (prompt, then the target's greedy output) from the second generated token on
     (module docstring)."""
-    from ..models.batch import causal_batch
+    from ...models.batch import causal_batch
 
     n = len(text)
     if n - prompt_len < 2:

@@ -45,10 +45,10 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ModelError
-from .dflash import DFlashConfig, DFlashHead, DFlashLayer, DFlashWeights
-from .vocab_map import draft_to_target
-from .files import open_weights, read_raw, read_weight
+from ...errors import ModelError
+from .head import DFlashConfig, DFlashHead, DFlashLayer, DFlashWeights
+from ..vocab_map import draft_to_target
+from ..files import open_weights, read_raw, read_weight
 
 WEIGHTS = "model.safetensors"
 FORMATS = ("zlab", "vllm", "sglang")

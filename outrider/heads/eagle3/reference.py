@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from .eagle3 import Eagle3Head
+from .head import Eagle3Head
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -27,8 +27,8 @@ a ModuleList `layers`; vLLM and recent SGLang map either name).
 
 from __future__ import annotations
 
-from .eagle3 import Eagle3Config
-from .files import field_problems, json_is
+from .head import Eagle3Config
+from ..files import field_problems, json_is
 
 SPECULATORS_VERSION = "0.9.0"  # the release whose source the field list follows
 
@@ -129,7 +129,7 @@ def _method_problems(methods: list[dict], default) -> list[str]:
 
 
 def runtime_problems(raw: dict) -> list[str]:
-    """Valid speculators choices that Outrider's EAGLE-3 runtime (heads/eagle3.py) does not run."""
+    """Valid speculators choices that Outrider's EAGLE-3 runtime (heads/eagle3/head.py) does not run."""
     layer = raw.get("transformer_layer_config") or {}
     problems = []
     if layer.get("model_type", "llama") != "llama":

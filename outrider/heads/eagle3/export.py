@@ -12,9 +12,9 @@ Both write `config.json` + `model.safetensors` (never pickles) + `outrider_golde
                  lm_head to the embedding otherwise)                       reads these and adds 1)
     speculators  speculators_model_type "eagle3",          layers.0.       eagle_aux_hidden_state_layer_ids,
                  transformer_layer_config, verifier                        vllm semantics (as vLLM passes
-                 (heads/eagle3_speculators.py)                             them through)
+                 (heads/eagle3/speculators.py)                             them through)
 
-Tensors (heads/eagle3_format.py's table): floats in the head's dtype or `dtype`; d2t int64 and
+Tensors (heads/eagle3/format.py's table): floats in the head's dtype or `dtype`; d2t int64 and
 t2d bool when Vd < V; lm_head only when the head has its own (a reduced one always); the
 embedding only when the head carries its own (else every engine shares the target's). Layer ids
 are always written explicitly, resolved against the target (a head without ids reads 2, N//2,
@@ -29,13 +29,13 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError, ModelError
-from .eagle3 import Eagle3Config, Eagle3Head
-from .eagle3_format import expected_shapes, misfit, read_config, read_tensors
-from .golden import GoldenSettings, PROMPTS, record, write_golden
-from .eagle3_golden import measure
-from .eagle3_speculators import speculators_config
-from .staging import DTYPE_NAMES, DTYPES, check_out, staged_head
+from ...errors import ConfigError, ModelError
+from .head import Eagle3Config, Eagle3Head
+from .format import expected_shapes, misfit, read_config, read_tensors
+from ..golden import GoldenSettings, PROMPTS, record, write_golden
+from .golden import measure
+from .speculators import speculators_config
+from ..staging import DTYPE_NAMES, DTYPES, check_out, staged_head
 
 FORMATS = ("eagle", "speculators")
 PREFIX = {"eagle": "midlayer.", "speculators": "layers.0."}
@@ -62,7 +62,7 @@ def from_folder(folder: str | Path) -> HeadTensors:
 
 
 def from_head(head: Eagle3Head, target) -> HeadTensors:
-    """A loaded head (heads/eagle3.py) in the dtype it runs in; `target` is the Decoder it was
+    """A loaded head (heads/eagle3/head.py) in the dtype it runs in; `target` is the Decoder it was
     loaded for: its embedding and lm_head, shared, are left out."""
     c, w = head.config, head.w
     q_rows, kv_rows, inter = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
@@ -141,8 +141,8 @@ def export_eagle3(source, out: str | Path, fmt: str, target: str | Path, *, dtyp
     folder, absolute (loads offline, on this machine), e.g. a Hugging Face id for another machine."""
     import json
 
-    from ..catalog.resolve import resolve_model
-    from ..models.config import ModelConfig
+    from ...catalog.resolve import resolve_model
+    from ...models.config import ModelConfig
 
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")

@@ -17,7 +17,7 @@ maps of learned-drafters.md (d2t[d] = target - d, t2d[target] true for the Vd ke
 shared tensors are the target's own objects, never copies. RoPE position of row p is p.
 
 `Eagle3Head.forward` is the fast path (batched slots, K/V cache, tree masks from
-models/batch.py); heads/eagle3_reference.py is the slow one it is tested against.
+models/batch.py); heads/eagle3/reference.py is the slow one it is tested against.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.kv_cache import KVCache
-from ..models.batch import ForwardBatch
-from .vocab_map import to_target_ids, to_target_logits
-from ..models.layers import apply_rotary, attention, embedding, linear, rms_norm, rotary_tables, swiglu_mlp
+from ...models.kv_cache import KVCache
+from ...models.batch import ForwardBatch
+from ..vocab_map import to_target_ids, to_target_logits
+from ...models.layers import apply_rotary, attention, embedding, linear, rms_norm, rotary_tables, swiglu_mlp
 
 CONVENTIONS = ("vllm", "sglang")  # how stored aux layer ids count: see Eagle3Config.taps
 
@@ -124,7 +124,7 @@ class Eagle3Head:
         if self._native is None:
             self._native = self._native_matrices()
         if self._native is not False:  # the layer in one native call (kernels/decoder_layer.py)
-            from ..kernels.decoder_layer import LayerCall
+            from ...kernels.decoder_layer import LayerCall
 
             call = LayerCall(batch, cache, residual, cos, sin, nh, G, D, c.intermediate_size, h_in=x)
             call.run(0, self._native, None, w.post_norm, eps)
@@ -149,7 +149,7 @@ class Eagle3Head:
     def _native_matrices(self):
         """(QWeight * 4) when the head's matrices are native QuantLinears on a float32 CPU head
         (`eagle3:PATH@q4_0`, the default beside a quantized target), else False: the torch layer."""
-        from ..kernels.decoder_layer import NativeLayers, enabled
+        from ...kernels.decoder_layer import NativeLayers, enabled
 
         if self.device.type != "cpu" or self.dtype != torch.float32 or not enabled():
             return False

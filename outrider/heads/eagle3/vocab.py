@@ -17,8 +17,8 @@ from dataclasses import replace
 
 import torch
 
-from ..errors import ConfigError
-from .vocab_map import readout_rows
+from ...errors import ConfigError
+from ..vocab_map import readout_rows
 
 
 def cut_readout(config, weights, keep_targets: torch.Tensor):

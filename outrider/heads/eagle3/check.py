@@ -7,7 +7,7 @@ One `Check` per line, each ok, FAIL (with what to do) or skipped (with why), in 
                        so here, first, and the checks of its tensors are skipped)
     config fields      present with their JSON types (eagle: the LlamaConfig fields the engines
                        read, tie_word_embeddings false; speculators: the field list read from
-                       speculators 0.9.0's source, heads/eagle3_speculators.py), and runnable here
+                       speculators 0.9.0's source, heads/eagle3/speculators.py), and runnable here
     speculators class  the installed `speculators` package's own config class accepts config.json
                        (skipped where the package is not importable: it is never a dependency)
     target             the head reads this target's hidden size and vocabulary
@@ -17,7 +17,7 @@ One `Check` per line, each ok, FAIL (with what to do) or skipped (with why), in 
     vocab map          t2d has exactly Vd true entries; d + d2t[d] is the d-th true index of t2d
     layer ids          the stored ids, under the stored convention, are layers of this target
     golden logits      what the head computes on the golden's fixed inputs (heads/golden_compute.py)
-    golden tau         outrider_golden.json re-measured (heads/eagle3_golden.py)
+    golden tau         outrider_golden.json re-measured (heads/eagle3/golden.py)
 
 config fields also needs `norm_before_residual` in both layouts: engines default it differently
 (EAGLE's code false, vLLM's speculators loader true), so a head without it drafts
@@ -34,13 +34,13 @@ from pathlib import Path
 
 import torch
 
-from ..errors import OutriderError
-from .files import WEIGHTS, read_raw
-from .eagle3_format import expected_shapes, layer_prefix, layout, misfit, read_config
-from .checks import FLOATS, Check, dtype_problems, golden_check, weights_check
-from .eagle3_golden import measure
-from .eagle3_speculators import class_check, schema_problems
-from .files import field_problems
+from ...errors import OutriderError
+from ..files import WEIGHTS, read_raw
+from .format import expected_shapes, layer_prefix, layout, misfit, read_config
+from ..checks import FLOATS, Check, dtype_problems, golden_check, weights_check
+from .golden import measure
+from .speculators import class_check, schema_problems
+from ..files import field_problems
 
 EAGLE_FIELDS = (  # what vLLM's and SGLang's LlamaForCausalLMEagle3 read from the EAGLE layout
     ("architectures", "list[str]", True),
@@ -133,8 +133,8 @@ def _class_check(raw: dict, kind: str, add) -> None:
 
 
 def _target_check(target, config, header: dict | None, add):
-    from ..catalog.resolve import resolve_model
-    from ..models.config import ModelConfig
+    from ...catalog.resolve import resolve_model
+    from ...models.config import ModelConfig
 
     try:
         target_path = resolve_model(target)

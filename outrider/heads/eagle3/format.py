@@ -24,7 +24,7 @@ top-level `eagle_aux_hidden_state_layer_ids` first (semantics from a top-level
 config whose two lists name different target layers.
 
 A config.json with `speculators_model_type` is the vllm-project/speculators layout
-(heads/eagle3_speculators.py): sizes in `transformer_layer_config`, ids with vllm semantics,
+(heads/eagle3/speculators.py): sizes in `transformer_layer_config`, ids with vllm semantics,
 tensors under `layers.0.`. Every problem is a one-line ModelError naming the folder and saying
 what to do.
 """
@@ -35,11 +35,11 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError, ModelError
-from .eagle3 import CONVENTIONS, Eagle3Config, Eagle3Head, Eagle3Weights
-from .eagle3_speculators import config_from_speculators, runtime_problems, schema_problems
-from .files import WEIGHTS, open_weights, read_raw, read_weight
-from .vocab_map import draft_to_target
+from ...errors import ConfigError, ModelError
+from .head import CONVENTIONS, Eagle3Config, Eagle3Head, Eagle3Weights
+from .speculators import config_from_speculators, runtime_problems, schema_problems
+from ..files import WEIGHTS, open_weights, read_raw, read_weight
+from ..vocab_map import draft_to_target
 
 
 def layout(raw: dict) -> str:
@@ -149,7 +149,7 @@ def load_eagle3(folder: str | Path, target, quantize: str | None = None,
     drafting step reads a quarter of the bytes. What the head proposes may change a little, never
     what is committed (the target verifies every draft).
 
-    vocab: target ids ([n] long) the readout keeps (heads/eagle3_vocab.py; None: every draft id)."""
+    vocab: target ids ([n] long) the readout keeps (heads/eagle3/vocab.py; None: every draft id)."""
     folder = Path(folder)
     config = read_config(folder)
     tensors = open_weights(folder)
@@ -190,7 +190,7 @@ def load_eagle3(folder: str | Path, target, quantize: str | None = None,
         weights.draft_to_target = draft_to_target(read_weight(tensors, folder, "d2t"), read_weight(tensors, folder, "t2d"),
                                                   str(folder)).to(device)
     if vocab is not None:
-        from .eagle3_vocab import cut_readout
+        from .vocab import cut_readout
 
         config, weights = cut_readout(config, weights, vocab)
     if quantize is not None:  # the readout too when it is the head's own (or rows cut from a float one)
@@ -201,8 +201,8 @@ def load_eagle3(folder: str | Path, target, quantize: str | None = None,
 
 def _quantize_matrices(w: Eagle3Weights, kind: str, own_lm_head: bool, dtype: torch.dtype) -> None:
     """Replace the head's float matrices by QuantLinear weights of `kind` (see load_eagle3)."""
-    from ..kernels import native, quant_linear
-    from ..kernels.blocks import quantize
+    from ...kernels import native, quant_linear
+    from ...kernels.blocks import quantize
 
     if kind not in HEAD_QUANTS:
         raise ConfigError(f"an EAGLE-3 head can draft in {', '.join(HEAD_QUANTS)} or its own float dtype, not {kind!r}")

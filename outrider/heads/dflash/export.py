@@ -1,24 +1,24 @@
-"""Write a DFlash head in the layouts z-lab's DFlash, vLLM and SGLang load (heads/dflash_format.py).
+"""Write a DFlash head in the layouts z-lab's DFlash, vLLM and SGLang load (heads/dflash/format.py).
 
     export_dflash("runs/my-dflash", "out/my-dflash", "zlab", "smollm2-135m-instruct", dtype="bf16")
 
-Each writes `config.json` (`dflash_format.config_json`), `model.safetensors` (z-lab's names, never
-pickles) and `outrider_golden.json` (heads/dflash_golden.py). `zlab` and `sglang` read out through
+Each writes `config.json` (`format.config_json`), `model.safetensors` (z-lab's names, never
+pickles) and `outrider_golden.json` (heads/dflash/golden.py). `zlab` and `sglang` read out through
 the target's lm_head and size fc by the head's own hidden size, so a head with a reduced draft
 vocabulary or another target hidden size is refused there in one line (`vllm` loads both). The
 folder is written under a temporary name beside `out` and renamed when complete; an existing
-non-empty `out` is refused before any work (as heads/eagle3_export.py).
+non-empty `out` is refused before any work (as heads/eagle3/export.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import ConfigError, ModelError
-from .dflash_format import FORMATS, config_json, expected_shapes, misfit, read_config, read_tensors
-from .staging import DTYPE_NAMES, DTYPES, check_out
-from .staging import staged_head
-from .golden import PROMPTS, GoldenSettings, record, write_golden
+from ...errors import ConfigError, ModelError
+from .format import FORMATS, config_json, expected_shapes, misfit, read_config, read_tensors
+from ..staging import DTYPE_NAMES, DTYPES, check_out
+from ..staging import staged_head
+from ..golden import PROMPTS, GoldenSettings, record, write_golden
 
 
 def export_dflash(source: str | Path, out: str | Path, fmt: str, target: str | Path, *, dtype: str | None = None,
@@ -27,8 +27,8 @@ def export_dflash(source: str | Path, out: str | Path, fmt: str, target: str | P
     """Write the DFlash head in folder `source` for `target` (catalog name or folder) into `out`
     in layout `fmt` (zlab, vllm, sglang), floats in `dtype` (bf16, fp16, fp32; None: as stored),
     with its golden tau; returns `out`."""
-    from ..catalog.resolve import resolve_model
-    from ..models.config import ModelConfig
+    from ...catalog.resolve import resolve_model
+    from ...models.config import ModelConfig
 
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
@@ -74,8 +74,8 @@ def export_dflash(source: str | Path, out: str | Path, fmt: str, target: str | P
 def write_record(folder: Path, target, target_path: Path, settings: GoldenSettings = GoldenSettings(),
                  prompts=PROMPTS, log=None) -> dict:
     """Measure the head in `folder` on `target` and write its outrider_golden.json; returns the record."""
-    from ..models.config import ModelConfig
-    from .dflash_golden import measure
+    from ...models.config import ModelConfig
+    from .golden import measure
 
     if log:
         log(f"measuring the golden tau on {len(prompts)} prompts ({settings.device}, {settings.dtype})")

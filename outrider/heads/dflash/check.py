@@ -15,7 +15,7 @@ One `Check` a line (heads/checks.py), in this order:
     block size      block_size is the one the golden was recorded with (the weights do not hold
                     it: a head trained on blocks of 8 runs blocks of 16 without complaint)
     golden logits   what the head computes on the golden's fixed inputs (heads/golden_compute.py)
-    golden tau      outrider_golden.json re-measured (heads/dflash_golden.py)
+    golden tau      outrider_golden.json re-measured (heads/dflash/golden.py)
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 
-from ..errors import OutriderError
-from .checks import FLOATS, Check, dtype_problems, golden_check, weights_check
-from .golden import GOLDEN, read_golden
-from .dflash_format import WHAT, expected_shapes, misfit, read_config
-from .vocab_map import draft_to_target
-from .files import field_problems, read_raw
+from ...errors import OutriderError
+from ..checks import FLOATS, Check, dtype_problems, golden_check, weights_check
+from ..golden import GOLDEN, read_golden
+from .format import WHAT, expected_shapes, misfit, read_config
+from ..vocab_map import draft_to_target
+from ..files import field_problems, read_raw
 
 DFLASH_FIELDS = (  # what z-lab's DFlashDraftModel, vLLM's DFlashQwen3ForCausalLM and SGLang's DFlashDraftModel read
     ("architectures", "list[str]", True),
@@ -55,9 +55,9 @@ DFLASH_FIELDS = (  # what z-lab's DFlashDraftModel, vLLM's DFlashQwen3ForCausalL
 def check_dflash(folder: str | Path, target: str | Path, *, device: str | None = None,
                  golden: bool = True) -> list[Check]:
     """Every check of the module docstring on the DFlash head in `folder` for `target`."""
-    from ..catalog.resolve import resolve_model
-    from ..models.config import ModelConfig
-    from .dflash_golden import measure
+    from ...catalog.resolve import resolve_model
+    from ...models.config import ModelConfig
+    from .golden import measure
 
     folder = Path(folder)
     checks: list[Check] = []

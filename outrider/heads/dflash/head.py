@@ -27,7 +27,7 @@ own K/V is never cached). This is DFlash's layout (z-lab/dflash `dflash/model.py
 44947fb): `fc`, `hidden_norm`, `layers.{l}.self_attn.{q,k,v,o}_proj`, `q_norm`, `k_norm`,
 `input_layernorm`, `post_attention_layernorm`, `mlp.{gate,up,down}_proj`, `norm`.
 
-`DFlashHead.block` is the fast path (slots, cached context); heads/dflash_reference.py is the
+`DFlashHead.block` is the fast path (slots, cached context); heads/dflash/reference.py is the
 slow one it is tested against (the whole context recomputed, one sequence, nothing cached).
 """
 
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.kv_cache import KVCache
-from .vocab_map import to_target_ids, to_target_logits
-from ..models.layers import apply_rotary, attention, embedding, linear, rms_norm, rotary_tables, swiglu_mlp
+from ...models.kv_cache import KVCache
+from ..vocab_map import to_target_ids, to_target_logits
+from ...models.layers import apply_rotary, attention, embedding, linear, rms_norm, rotary_tables, swiglu_mlp
 
 
 def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
@@ -189,7 +189,7 @@ class DFlashHead:
         logits = linear(rms_norm(h[:, 1:], w.norm, eps), w.lm_head).float()  # [S, B-1, Vd]
         return logits, h
 
-    # -- the draft vocabulary (as heads/eagle3.py) -----------------------------------------------
+    # -- the draft vocabulary (as heads/eagle3/head.py) -----------------------------------------------
     def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target ids (same shape)."""
         return to_target_ids(self.w.draft_to_target, draft_ids)

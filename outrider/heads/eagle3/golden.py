@@ -16,17 +16,17 @@ from pathlib import Path
 
 import torch
 
-from ..config import overriding
-from .golden import PROMPTS, GoldenSettings, machine
-from .golden_compute import measured_part, top_of
+from ...config import overriding
+from ..golden import PROMPTS, GoldenSettings, machine
+from ..golden_compute import measured_part, top_of
 
 
 def measure(head_dir: str | Path, target: str | Path, settings: GoldenSettings = GoldenSettings(),
             prompts=PROMPTS) -> dict:
     """Greedy speculative generation of each prompt (one at a time) with the head in `head_dir`
     drafting for `target`; the record's measured part (see the module docstring)."""
-    from ..llm import LLM
-    from .eagle3_format import load_eagle3
+    from ...llm import LLM
+    from .format import load_eagle3
 
     threads = torch.get_num_threads()
     # The CPU's matrix-product path is otherwise chosen by timing (kernels/cpu_linear.py), which a
@@ -66,7 +66,7 @@ def chain_logits(head, target, text: list[int], rows: list[int], depth: int) -> 
     committed row r in `rows` (r + depth < len(text)), fed the text's tokens: slot 1 is row r
     ((feature r, token x_{r+1}) predicting x_{r+2}), slot k the node at position r + k - 1
     (token x_{r+k}, input slot k-1's output hidden) as drafters/eagle3.py's chain feeds it."""
-    from ..models.batch import causal_batch, pack
+    from ...models.batch import causal_batch, pack
 
     n = len(text)
     out = torch.zeros(len(rows), depth, head.config.vocab_size)

@@ -1,7 +1,7 @@
 """The DFlash head's forward written out plainly: one sequence, the whole context every time.
 
 The slow reference `DFlashHead.block` (cached context, slots, masks) is tested against
-(tests/test_dflash_head.py). It follows heads/dflash.py's docstring line by line, with plain
+(tests/test_dflash_head.py). It follows heads/dflash/head.py's docstring line by line, with plain
 matrix products and an explicit softmax, and no K/V cache.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .dflash import DFlashHead
+from .head import DFlashHead
 
 
 def _rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
