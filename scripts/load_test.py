@@ -15,6 +15,8 @@ client's counts, and judges the goals of issue 8 (item 7). Writes into --out:
 
     .venv/bin/python scripts/load_test.py --quick       # 5.5 min on 2 cores at load 4-5 (SmolLM2)
     .venv/bin/python scripts/load_test.py --soak 300 --out load-full
+    .venv/bin/python scripts/load_test.py --quick --against llama-server:ngram-mod --concurrency 1,4,16 \
+        --threads 1 --workload code-edit      # against llama.cpp's server (outrider/bench/serve_peer.py)
 
 A script rather than `outrider bench serve`: `outrider bench` is the offline method comparison
 with its own flags, and the load test needs none of its machinery (the logic is in
@@ -41,7 +43,8 @@ PRESETS = {
 }
 
 
-def parse_args(argv=None) -> tuple[LoadPlan, Path]:
+def parse_args(argv=None, with_against: bool = False) -> tuple:
+    """(plan, out), and --against's value too when `with_against`."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the quick preset (default: full)")
     ap.add_argument("--model", default=None, help="catalog name or model folder (default: smollm2-135m-instruct)")
@@ -63,6 +66,9 @@ def parse_args(argv=None) -> tuple[LoadPlan, Path]:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--request-timeout", type=float, default=300.0, help="a request unanswered this long is lost")
     ap.add_argument("--out", default=None, help="output folder (default load-results/<time>)")
+    ap.add_argument("--against", default=None, metavar="llama-server[:TYPE]",
+                    help="instead: the same closed-loop levels on outrider serve (speculation on) and on "
+                         "llama-server (e.g. llama-server:ngram-mod), one after the other (bench/serve_peer.py)")
     args = ap.parse_args(argv)
     preset = PRESETS["quick" if args.quick else "full"]
     chosen = {"prompts": args.prompts, "max_tokens": args.max_tokens, "requests": args.requests,
@@ -74,7 +80,7 @@ def parse_args(argv=None) -> tuple[LoadPlan, Path]:
                     modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()), threads=args.threads,
                     device=args.device, request_timeout=args.request_timeout, **settings)
     out = Path(args.out or Path("load-results") / time.strftime("%Y%m%d-%H%M%S"))
-    return plan.check(), out
+    return (plan.check(), out, args.against) if with_against else (plan.check(), out)
 
 
 def _numbers(text: str, kind, flag: str) -> tuple:
@@ -176,14 +182,29 @@ def plot(results: dict, path: Path) -> Path:
     return path
 
 
+def _against(plan: LoadPlan, kind: str, out: Path, log) -> int:
+    """--against: outrider serve and llama-server under the same load (bench/serve_peer.py)."""
+    from outrider.bench.serve_peer import against_table, run_against
+
+    results = run_against(plan, kind, out, log=log)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    print(against_table(results))
+    la = results["load_average"]
+    print(f"\n{results['cpus']} CPUs, load average {la['before'][0]:.2f} before, {la['after'][0]:.2f} after; "
+          f"{results['wall_s']:.0f} s in all\nresults: {out / 'results.json'}")
+    return 0
+
+
 def main(argv=None) -> int:
     try:
-        plan, out = parse_args(argv)
+        plan, out, against = parse_args(argv, with_against=True)
         if out.exists() and any(out.iterdir()):
             from outrider.errors import ConfigError
 
             raise ConfigError(f"--out {out} is not empty: give a new or empty folder")
         log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+        if against:
+            return _against(plan, against, out, log)
         results = run_load(plan, out, log=log)
     except OutriderError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -94,11 +94,12 @@ def find_binary() -> Path:
 
 
 def server_args(binary: Path, gguf: Path, kind: str, threads: int, port: int, draft_gguf: Path | None,
-                repack: bool) -> list[str]:
-    """The command line that starts the server for a peer kind."""
+                repack: bool, slots: int = 1, context: int = CONTEXT) -> list[str]:
+    """The command line that starts the server for a peer kind: `slots` requests decoded at once
+    (-np; the bench's one, a load test's clients), `context` rows of K/V in all (-c)."""
     spec, n_max = parse_kind(kind)
     args = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-            "-tb", str(threads), "-c", str(CONTEXT), "-np", "1", "--no-webui"]
+            "-tb", str(threads), "-c", str(context), "-np", str(slots), "--no-webui"]
     if spec:
         args += ["--spec-type", spec]
     if spec in NEEDS_DRAFT:
@@ -113,8 +114,10 @@ def server_args(binary: Path, gguf: Path, kind: str, threads: int, port: int, dr
 class LlamaServerPeer:
     """One llama-server process for one peer kind; run() and close() as a bench peer's."""
 
-    def __init__(self, binary: Path, gguf: Path, kind: str, threads: int, draft_gguf: Path | None = None):
+    def __init__(self, binary: Path, gguf: Path, kind: str, threads: int, draft_gguf: Path | None = None,
+                 slots: int = 1, context: int = CONTEXT):
         self.binary, self.gguf, self.kind, self.threads, self.draft_gguf = binary, gguf, kind, threads, draft_gguf
+        self.slots, self.context = slots, context  # -np and -c (a load test serves many clients: serve_peer.py)
         self.proc: subprocess.Popen | None = None
         self._log = tempfile.NamedTemporaryFile(prefix="outrider-llama-server-", suffix=".log", delete=False)
         try:
@@ -134,7 +137,8 @@ class LlamaServerPeer:
     def _start(self, repack: bool) -> None:
         self.close()
         self.port = free_port()
-        self.args = server_args(self.binary, self.gguf, self.kind, self.threads, self.port, self.draft_gguf, repack)
+        self.args = server_args(self.binary, self.gguf, self.kind, self.threads, self.port, self.draft_gguf, repack,
+                                self.slots, self.context)
         self._log.seek(0)
         self._log.truncate()
         self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=self._log,
@@ -192,6 +196,11 @@ class LlamaServerPeer:
             os.unlink(self._log.name)
         except Exception:  # noqa: BLE001 (interpreter shutdown)
             pass
+
+    @property
+    def url(self) -> str:
+        """http://127.0.0.1:PORT, the server's root (its OpenAI-style API is under /v1)."""
+        return self._url("")
 
     def _url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"

@@ -135,6 +135,9 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict, chat: bool, r
                     ext = payload.get("outrider") or {}
                     rec.rounds, rec.drafted = ext.get("rounds", 0), ext.get("drafted", 0)
                     rec.accepted = ext.get("accepted", 0)
+            timings = payload.get("timings") or {}  # llama-server's: its drafts (bench/serve_peer.py)
+            if "draft_n" in timings:
+                rec.drafted, rec.accepted = int(timings["draft_n"]), int(timings.get("draft_n_accepted", 0))
     if done and usage_seen and rec.finish_reason is not None:
         rec.outcome = "ok"
     else:
