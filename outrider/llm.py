@@ -33,7 +33,7 @@ class LLM:
                  controller: str = "fixed:4", device: str | None = None, dtype: str | None = None,
                  threads: int | None = None, max_tree_nodes: int = MAX_TREE_NODES, kv_dtype: str | None = None,
                  config: RuntimeConfig | dict | None = None, verifier: str | None = None,
-                 prefix_cache_mb: int = 256):
+                 prefix_cache_mb: int = 256, kv_memory: int | str | None = None):
         """`drafter`: None (autoregressive), "ngram", "suffix", "draft-model:NAME", "early-exit:K",
         "eagle3:PATH_OR_NAME" or "hybrid:[K,]DRAFTER"; `tree`: chain, static:B1,B2,...,
         sampled:B1,B2,... (siblings drawn from q; temperature > 0 only) or dynamic:K,N;
@@ -46,7 +46,9 @@ class LLM:
         process; `threads` is its `threads`; `prefix_cache_mb`: memory of the exact prefix cache kept
         across `generate` calls (prompts that share a prefix with an earlier call's prompt or output
         prefill only the rest; engine/prefix_cache.py; 0: off; off by itself where it would not be
-        exact, `prefix_cache_note` says why). Bad strings are refused before loading."""
+        exact, `prefix_cache_note` says why); `kv_memory`: paged K/V in a pool of that many MiB (512)
+        or pages ("2000p"; engine/paging.py), the prompts of a `generate` call running as its pages
+        allow (None: a slot each). Bad strings are refused before loading."""
         from .catalog.packages import DEFAULT_MODEL
         from .catalog.resolve import resolve_model
 
@@ -60,6 +62,10 @@ class LLM:
             _check_threads(threads)
         if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, numbers.Integral) or prefix_cache_mb < 0:
             raise ConfigError(f"prefix_cache_mb must be an integer >= 0 (0: off), got {prefix_cache_mb!r}")
+        if kv_memory is not None:
+            from .engine.paging import parse_kv_memory
+
+            parse_kv_memory(kv_memory)
         if config is not None or threads is not None:
             runtime.use(config, **({"threads": threads} if threads is not None else {}))
         self.config = runtime.current()
@@ -78,6 +84,11 @@ class LLM:
         self._grammars = None
         self.prefix_cache = PrefixCache(budget_bytes=prefix_cache_mb << 20) if prefix_cache_mb else None
         self.prefix_cache_note: str | None = None  # why the cache is off, after the first generate
+        self.kv_pages = None  # paged K/V: the pool's pages (engine/paging.py)
+        if kv_memory is not None:
+            from .engine.paging import pages_of
+
+            self.kv_pages = pages_of(kv_memory, self.target, 16)
 
     # -- prompts -------------------------------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
@@ -157,7 +168,7 @@ class LLM:
         requests = [Request(ids, max_new_tokens, params, tuple(stops), grammar=grammar,
                             grammar_drafting=grammar_drafting, prompt_embeds=embeds) for ids, embeds in encoded]
         engine = offline_engine(self.target, requests, self.eos_ids, self.speculator, self.decode,
-                                prefix_cache=self.prefix_cache)
+                                prefix_cache=self.prefix_cache, kv_pages=self.kv_pages)
         self.prefix_cache_note = engine.prefix_cache_note
         ids = {engine.add(r): i for i, r in enumerate(requests)}  # request id -> prompt index
         out: list[Completion | None] = [None] * len(batch)

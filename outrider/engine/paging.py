@@ -12,7 +12,40 @@ its drafter restarts from the committed tokens, so greedy output is unchanged (t
 
 from __future__ import annotations
 
+import re
+
+import torch
+
+from ..errors import ConfigError
 from ..models.paged_cache import OutOfPages
+
+
+
+def page_bytes(target, page_size: int) -> int:
+    """Bytes one page of `page_size` rows takes in `target`'s cache, every layer's K and V."""
+    c = target.config
+    size = torch.empty((), dtype=target.kv_dtype or target.dtype).element_size()
+    return 2 * c.num_layers * c.num_kv_heads * page_size * c.head_dim * size
+
+
+def parse_kv_memory(text) -> tuple[str, int]:
+    """--kv-memory's value: ("mib", N) or ("pages", N); ConfigError naming the flag otherwise."""
+    m = re.fullmatch(r"\s*(\d+)\s*(mib|mb|m|pages|page|p)?\s*", str(text).lower())
+    if m is None or int(m.group(1)) < 1 or isinstance(text, bool):
+        raise ConfigError(f"--kv-memory must be a positive number of MiB (512, 512MiB) or pages (2000p), got {text!r}")
+    return ("pages" if m.group(2) and m.group(2).startswith("p") else "mib"), int(m.group(1))
+
+
+def pages_of(text, target, page_size: int) -> int:
+    """The pool's pages for --kv-memory `text` in `target` (MiB: as many whole pages as fit)."""
+    unit, n = parse_kv_memory(text)
+    if unit == "pages":
+        return n
+    pages = (n << 20) // page_bytes(target, page_size)
+    if pages < 1:
+        raise ConfigError(f"--kv-memory {text}: one page of {page_size} rows takes "
+                          f"{page_bytes(target, page_size) / (1 << 20):.2f} MiB in this model; give more")
+    return pages
 
 
 def fill_rows(seq) -> int:

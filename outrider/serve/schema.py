@@ -344,6 +344,14 @@ class PrefixCacheHealth(_Strict):
     hits: Optional[int] = None  # of those, tokens restored
 
 
+class KvPagesHealth(_Strict):
+    pages: int  # the pool's pages (--kv-memory)
+    page_rows: int
+    used: int  # held by running requests now
+    memory_mb: float
+    preemptions: int  # requests preempted for pages so far (engine/paging.py)
+
+
 class Health(_Strict):
     status: Literal["ok", "draining", "failed"]
     error: Optional[str] = None
@@ -351,6 +359,7 @@ class Health(_Strict):
     replicas_alive: Optional[int] = None
     replica_restarts: Optional[int] = None  # new actors started in dead replicas' slots so far
     prefix_cache: Optional[PrefixCacheHealth] = None  # engine/prefix_cache.py: its blocks and counters, or why off
+    kv_pages: Optional[KvPagesHealth] = None  # paged K/V's pool (--kv-memory); absent with slots
 
 
 def stream(chunk_model: str) -> dict:

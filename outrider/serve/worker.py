@@ -141,14 +141,19 @@ class EngineWorker:
 
     def health(self) -> dict:
         """What /health adds to its status: the prefix cache where it is on, its blocks and counters
-        (where it is off, the startup line says why)."""
-        cache, note = self.engine.prefix_cache, self.engine.prefix_cache_note
+        (where it is off, the startup line says why); paged K/V's pool."""
+        e = self.engine
+        pool = {}
+        if getattr(e, "paged", False):  # paged K/V (--kv-memory): the pool and how much of it is held
+            pool = {"kv_pages": {"pages": e.cache.num_pages, "page_rows": e.cache.page_size, "used": e.cache.pages_used,
+                                 "memory_mb": round(e.cache.nbytes() / (1 << 20), 3), "preemptions": e.preemptions}}
+        cache, note = e.prefix_cache, e.prefix_cache_note
         if cache is None:
-            return {}
+            return pool
         info = {"enabled": True, "block_tokens": cache.block, "budget_mb": cache.budget_bytes / (1 << 20),
                 "blocks": cache.blocks, "usage": round(cache.usage(), 6), "queries": cache.queries,
                 "hits": cache.hits}
-        return {"prefix_cache": info | ({"reason": note} if note else {})}
+        return pool | {"prefix_cache": info | ({"reason": note} if note else {})}
 
     @property
     def queued(self) -> int:
