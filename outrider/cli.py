@@ -220,6 +220,12 @@ def _parser() -> argparse.ArgumentParser:
                           "more than the context is refused)")
     srv.add_argument("--max-kv-rows", type=int, default=None,
                      help="K/V rows all running requests may reserve (default: every slot full)")
+    srv.add_argument("--kv-memory", default=None, metavar="MiB|Np",
+                     help="K/V memory as a pool of pages (paged K/V: a request holds pages for the tokens it has, "
+                          "not --max-model-len rows; admitted when its prompt's pages are free, preempted and re-queued "
+                          "when the pool runs short): MiB (512) or pages (2000p); default: off, a slot of "
+                          "--max-model-len rows a running request")
+    srv.add_argument("--kv-page", type=int, default=16, help="rows a K/V page with --kv-memory (default: %(default)s)")
     srv.add_argument("--chunk-size", type=int, default=512,
                      help="prompt tokens prefilled per step (default: %(default)s)")
     srv.add_argument("--prefix-cache-mb", type=int, default=512,
@@ -367,7 +373,7 @@ def _serve(args) -> int:
     keys = ("model", "drafter", "verifier", "max_tree_nodes", "host", "port", "api_key", "max_running",
             "max_queue", "max_model_len", "max_kv_rows", "chunk_size", "max_body_mb", "device", "dtype", "threads",
             "kv_dtype", "replicas", "address", "policy", "replica_restarts", "prefix_cache", "prefix_cache_mb",
-            "prefix_cache_block")
+            "prefix_cache_block", "kv_memory", "kv_page")
     options = ServeOptions(**{k: getattr(args, k) for k in keys}, tree=tree, controller=controller)
     if options.check().replicas is None and options.address is None:
         return serve(options)

@@ -45,6 +45,8 @@ class ServeOptions:
     prefix_cache: bool = True  # the exact prefix cache (engine/prefix_cache.py); off: every prompt prefilled whole
     prefix_cache_mb: int = 512
     prefix_cache_block: int = 16
+    kv_memory: str | None = None  # paged K/V: MiB ("512") or pages ("2000p"); None: a slot of max_model_len rows each
+    kv_page: int = 16  # rows a K/V page
     max_body_mb: int = MAX_BODY_MB  # a larger request body gets a 413
     device: str | None = None
     dtype: str | None = None
@@ -59,7 +61,7 @@ class ServeOptions:
     def check(self) -> "ServeOptions":
         """Refuse bad values by their flag's name, before anything loads."""
         for key in ("max_running", "max_queue", "max_model_len", "chunk_size", "max_kv_rows", "replicas",
-                    "max_body_mb", "prefix_cache_mb", "prefix_cache_block"):
+                    "max_body_mb", "prefix_cache_mb", "prefix_cache_block", "kv_page"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
@@ -75,6 +77,10 @@ class ServeOptions:
         from ..weights.loader import parse_kv_dtype
 
         parse_kv_dtype(self.kv_dtype)
+        if self.kv_memory is not None:
+            from ..engine.paging import parse_kv_memory
+
+            parse_kv_memory(self.kv_memory)
         return self
 
 
@@ -104,6 +110,7 @@ def engine_worker(options: ServeOptions, on_fatal=None):
     from ..llm import LLM
     from ..engine.loop import EngineLoop
     from ..engine.prefix_cache import PrefixCache
+    from ..engine.paging import pages_of
     from .metrics import Metrics
     from .worker import EngineWorker
 
@@ -117,9 +124,11 @@ def engine_worker(options: ServeOptions, on_fatal=None):
             return llm.decode(ids)
 
     prefix = PrefixCache(options.prefix_cache_block, options.prefix_cache_mb << 20) if options.prefix_cache else None
+    pages = pages_of(options.kv_memory, llm.target, options.kv_page) if options.kv_memory is not None else None
     engine = EngineLoop(llm.target, llm.eos_ids, llm.speculator, decode=decode, max_running=options.max_running,
                         max_len=max_model_len(options, llm.target.config.max_position_embeddings),
-                        max_kv_rows=options.max_kv_rows, chunk_size=options.chunk_size, prefix_cache=prefix)
+                        max_kv_rows=options.max_kv_rows, chunk_size=options.chunk_size, prefix_cache=prefix,
+                        kv_pages=pages, page_size=options.kv_page)
     metrics = Metrics(llm.name)
     worker = EngineWorker(engine, metrics, options.max_queue, on_fatal=on_fatal)
     return llm, worker, metrics, lock
@@ -175,6 +184,19 @@ def prefix_cache_line(options: ServeOptions, worker) -> str:
         return f"prefix cache off: {note}"
     line = f"prefix cache on: blocks of {options.prefix_cache_block} tokens, up to {options.prefix_cache_mb} MiB"
     return line + (f" ({note})" if note else "")
+
+
+def kv_line(worker) -> str:
+    """The startup line on the K/V: a paged pool's pages, rows and MiB, or the slots."""
+    engine = getattr(worker, "engine", None)
+    if engine is None:
+        return "K/V: held by the replicas"
+    if getattr(engine, "paged", False):
+        cache = engine.cache
+        return (f"K/V: paged, {cache.num_pages} pages of {cache.page_size} rows ({cache.nbytes() / (1 << 20):.0f} MiB), "
+                f"up to {engine.scheduler.num_slots} requests at once as their pages allow")
+    return (f"K/V: {engine.scheduler.num_slots} slots of {engine.max_len} rows ({engine.cache.nbytes() / (1 << 20):.0f} "
+            "MiB; --kv-memory pages it)")
 
 
 def serve(options: ServeOptions, log=print, builder=None) -> int:
@@ -234,6 +256,7 @@ def serve(options: ServeOptions, log=print, builder=None) -> int:
     log(f"outrider serve: {state.model_name} on http://{options.host}:{port}/v1", file=sys.stderr)
     log(f"outrider serve: {summary_line()}", file=sys.stderr)
     log(f"outrider serve: {prefix_cache_line(options, state.worker)}", file=sys.stderr)
+    log(f"outrider serve: {kv_line(state.worker)}", file=sys.stderr)
     note = sampled_tree_note(options)
     if note:
         log(f"outrider serve: {note}", file=sys.stderr)
