@@ -15,6 +15,7 @@ from outrider.cli import main
 from outrider.drafters.dflash import DFlashDrafter
 from outrider.control.controllers import FixedController
 from outrider.engine.generate import generate_ids
+from outrider.engine.loop import EngineLoop
 from outrider.engine.request import Request
 from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.errors import ConfigError, ModelError
@@ -144,6 +145,19 @@ def test_greedy_tokens_equal_transformers_and_speculation_equals_plain(vlm):
         speculator = Speculator.build(SpecOptions(drafter, tree, "fixed:3"), model, folder)
         done = generate_ids(model, _requests(ids, embeds), set(), speculation=speculator)
         assert [c.token_ids for c in done] == plain, drafter
+
+
+def test_batched_and_chunked_prefill_in_the_engine(vlm):
+    """Three prompts in one engine, prefilled in one forward (each batch row's image rows at its own
+    offsets) or 7 tokens a step (chunks that cut through the image rows): each gives its own run's
+    tokens."""
+    _, _, _, model, pixels, ids = vlm
+    embeds = [prompt_embeds(model.vision, ids, list(pixels)), None, prompt_embeds(model.vision, ids, list(pixels.flip(0)))]
+    solo = [generate_ids(model, _requests(ids, e, 12), set())[0].token_ids for e in embeds]
+    assert solo[0] != solo[2]
+    for chunk in (None, 7):
+        engine = EngineLoop(model, set(), None, max_running=3, max_len=64, chunk_size=chunk)
+        assert [c.token_ids for c in engine.run_all([_requests(ids, e, 12)[0] for e in embeds])] == solo, chunk
 
 
 def test_block_drafter_reads_the_fused_hidden_states(vlm):
