@@ -95,6 +95,27 @@ def test_plain_starts_without_speculation(fake):
     assert run.output_ids == [41, 42] and "draft_n" not in run.stats
 
 
+def test_in_a_bench_that_samples_it_samples_our_law_seeded(fake, tmp_path, monkeypatch):
+    """temperature then top-p, nothing else of its default chain (top-k 40, min-p 0.05), the
+    prompt's seed in its seed field's range; greedy without sampling."""
+    bodies = tmp_path / "bodies.jsonl"
+    monkeypatch.setenv("FAKE_LLAMA_SERVER_BODIES", str(bodies))
+    assert peers.samples("llama-server:ngram-mod") and peers.samples("transformers") and not peers.samples("llama.cpp")
+    for sampling in ((0.7, 0.9), None):
+        peer = peers.make_peer("llama-server:ngram-mod", fake["target"], assistant_path=None, lookup=10, threads=1,
+                               sampling=sampling)
+        run = peer.run([5, 6, 7], 4, *((2**40 + 3,) if sampling else ()))
+        peer.close()
+        assert run.output_ids == [8, 9, 10, 11]
+        body = json.loads(bodies.read_text().splitlines()[-1])
+        if sampling:
+            assert body["temperature"] == 0.7 and body["top_p"] == 0.9 and body["samplers"] == ["temperature", "top_p"]
+            assert body["top_k"] == 0 and body["min_p"] == 0.0 and body["repeat_penalty"] == 1.0
+            assert body["seed"] == (2**40 + 3) % 2**31
+        else:
+            assert body["temperature"] == 0.0 and "seed" not in body and "samplers" not in body
+
+
 def test_where_repacked_weights_crash_it_runs_with_no_repack_and_says_so(fake, monkeypatch):
     monkeypatch.setenv("FAKE_LLAMA_SERVER_MODE", "crash-unless-no-repack")
     peer = peers.make_peer("llama-server:ngram-mod", fake["target"], assistant_path=None, lookup=10, threads=1)

@@ -9,8 +9,12 @@ The server runs on the model's original GGUF (catalog models keep one), with the
 (`-t`, `-tb`, and the draft's `-td`, `-tbd`), one slot, no web UI. Each prompt is one POST
 /completion with the bench's prompt token ids, n_predict = the prompt's budget, temperature 0,
 cache_prompt false and return_tokens true; it stops at the model's end-of-generation tokens as
-ours do. The row's seconds are the request's wall time (prefill included, as every row's); its
-own `timings` (prompt_ms, predicted_per_token_ms, draft_n, draft_n_accepted) go in the stats.
+ours do. In a bench that samples (bench/sampling.py) it samples too: the bench's temperature and
+top-p in our order (`samplers` ["temperature", "top_p"]: no top-k, min-p or penalties, which its
+defaults would add), seeded with the prompt's timed seed (modulo 2**31, its seed field's range);
+its own random numbers, so its text is not ours, and it is not audited. The row's seconds are
+the request's wall time (prefill included, as every row's); its own `timings` (prompt_ms,
+predicted_per_token_ms, draft_n, draft_n_accepted) go in the stats.
 
 The binary: $OUTRIDER_LLAMA_SERVER, else `llama-server` on PATH, else the one
 scripts/build_llama_server.sh built into the cache (cache_dir()/llama-server/*/build/bin/).
@@ -115,8 +119,9 @@ class LlamaServerPeer:
     """One llama-server process for one peer kind; run() and close() as a bench peer's."""
 
     def __init__(self, binary: Path, gguf: Path, kind: str, threads: int, draft_gguf: Path | None = None,
-                 slots: int = 1, context: int = CONTEXT):
+                 slots: int = 1, context: int = CONTEXT, sampling: tuple[float, float] | None = None):
         self.binary, self.gguf, self.kind, self.threads, self.draft_gguf = binary, gguf, kind, threads, draft_gguf
+        self.sampling = sampling  # (temperature, top_p) to sample with; None: greedy
         self.slots, self.context = slots, context  # -np and -c (a load test serves many clients: serve_peer.py)
         self.proc: subprocess.Popen | None = None
         self._log = tempfile.NamedTemporaryFile(prefix="outrider-llama-server-", suffix=".log", delete=False)
@@ -161,9 +166,12 @@ class LlamaServerPeer:
         self._kill()
         raise PeerFailed(f"failed to load: no /health in {LOAD_TIMEOUT_S:.0f} s; stopped it")
 
-    def run(self, prompt_ids: list[int], max_new_tokens: int) -> PromptRun:
+    def run(self, prompt_ids: list[int], max_new_tokens: int, seed: int | None = None) -> PromptRun:
+        """One completion; seed: the prompt's seed when sampling (module docstring)."""
         body = {"prompt": [int(t) for t in prompt_ids], "n_predict": int(max_new_tokens), "temperature": 0.0,
                 "cache_prompt": False, "return_tokens": True, "stream": False}
+        if self.sampling is not None:
+            body.update(sampling_fields(*self.sampling, seed or 0))
         request = urllib.request.Request(self._url("/completion"), data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         start = time.perf_counter()
@@ -232,6 +240,12 @@ class LlamaServerPeer:
         return _one_line(lines[-1])[:200] if lines else ""
 
 
+def sampling_fields(temperature: float, top_p: float, seed: int) -> dict:
+    """A /completion body's sampling fields: our law (temperature, then top-p), seeded."""
+    return {"temperature": float(temperature), "top_p": float(top_p), "samplers": ["temperature", "top_p"],
+            "top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0, "seed": int(seed) % 2**31}
+
+
 def completion_stats(reply: dict, seconds: float) -> dict:
     """A /completion reply's figures, in the bench's words (prefill_s: its own prompt time)."""
     timings = reply.get("timings") or {}
@@ -258,8 +272,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_llama_server(kind: str, model_path: Path, assistant_path: Path | None, threads: int) -> LlamaServerPeer:
-    """The peer for a model folder (its original.gguf); PeerUnavailable where it cannot run."""
+def make_llama_server(kind: str, model_path: Path, assistant_path: Path | None, threads: int,
+                      sampling: tuple[float, float] | None = None) -> LlamaServerPeer:
+    """The peer for a model folder (its original.gguf); PeerUnavailable where it cannot run.
+    sampling: (temperature, top_p) in a bench that samples; None: greedy."""
     spec, _ = parse_kind(kind)
     binary = find_binary()
     gguf = Path(model_path) / "original.gguf"
@@ -270,7 +286,7 @@ def make_llama_server(kind: str, model_path: Path, assistant_path: Path | None, 
         draft = Path(assistant_path or "") / "original.gguf"
         if assistant_path is None or not draft.exists():
             raise PeerUnavailable(f"{spec} needs the assistant's original GGUF; none at {draft}")
-    return LlamaServerPeer(binary, gguf, kind, threads, draft)
+    return LlamaServerPeer(binary, gguf, kind, threads, draft, sampling=sampling)
 
 
 def _one_line(text: str) -> str:

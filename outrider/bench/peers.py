@@ -1,7 +1,7 @@
 """Peers: other engines run on the same model and prompts, each in a child process of its own.
 
     transformers                  AutoModelForCausalLM.generate, greedy (sampling, seeded, in a bench
-                                  that samples: bench/sampling.py; the other peers stay greedy)
+                                  that samples: bench/sampling.py; llama-server too; the others stay greedy)
     transformers-assisted         the same with assistant_model (a draft model)
     transformers-prompt-lookup    the same with prompt_lookup_num_tokens
     llama.cpp                     llama-cpp-python on the model's original GGUF (the `peers` extra)
@@ -144,6 +144,12 @@ def _check_llama_cpp(gguf: Path) -> None:
 SAMPLES = ("transformers", "transformers-assisted", "transformers-prompt-lookup")  # the peers that sample when asked
 
 
+def samples(kind: str) -> bool:
+    """Whether a peer kind samples in a bench that samples (the rest stay greedy): transformers'
+    and llama-server's (bench/llama_server.py)."""
+    return kind in SAMPLES or llama_server.is_kind(kind)
+
+
 def open_peer(kind: str, model_path: Path, assistant_path: Path | None, lookup: int, threads: int,
               sampling: tuple[float, float] | None = None):
     """The peer itself, in this process (the child's side of make_peer)."""
@@ -156,9 +162,9 @@ def make_peer(kind: str, model_path: Path, *, assistant_path: Path | None, looku
               sampling: tuple[float, float] | None = None) -> PeerProcess:
     """The peer in a child process. What can be seen from here to stop it (not installed, no
     weights for it) raises PeerUnavailable before a process starts; a crash while it loads raises
-    PeerFailed. sampling: (temperature, top_p) for a peer in SAMPLES (the others stay greedy)."""
+    PeerFailed. sampling: (temperature, top_p) for a peer that samples (`samples`; the others stay greedy)."""
     if llama_server.is_kind(kind):  # a process of its own already: no child of ours around it
-        return llama_server.make_llama_server(kind, Path(model_path), assistant_path, threads)
+        return llama_server.make_llama_server(kind, Path(model_path), assistant_path, threads, sampling)
     if kind.startswith("transformers"):
         _check_transformers(Path(model_path), kind, assistant_path)
     else:

@@ -16,9 +16,10 @@ Order of work, so that bad input fails before anything heavy happens:
        autoregressive output), built from the saved prompts (results.assemble).
 
 A bench that samples (temperature > 0, bench/sampling.py) seeds each prompt's requests, runs the
-transformers peer sampled too (the other peers stay greedy, said in their note), and after every
-workload's timed prompts on a model runs the distributional audit (bench/audit.py) of each of our
-methods, saved as one line per (model, workload) so that --resume keeps it.
+transformers and llama-server peers sampled too (the other peers stay greedy, said in their
+note), and after every workload's timed prompts on a model runs the distributional audit
+(bench/audit.py) of each of our methods, saved as one line per (model, workload) so that
+--resume keeps it.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from ..engine.speculator import Speculator
 from .methods import BenchConfig
 from .peers import PeerFailed, PeerUnavailable, make_peer
 from .audit import BATCH, CONTEXT, POSITIONS, SAMPLES, audit_prompt
-from .peers import SAMPLES as SAMPLING_PEERS
+from .peers import samples as peer_samples
 from .results import BASELINE, assemble, identity, method_names, model_facts
 from .sampling import BenchSampling
 from .results import needs_exit_failure, write_results  # noqa: F401 (the CLI's imports)
@@ -186,7 +187,7 @@ def _run_workloads(p: Plan, model: str, store: RunStore, target, tok, eos: set[i
                 elif name in specs:
                     r = run_ours(target, specs[name], ids[prompt.id], w.budget(prompt), eos, params)
                 else:
-                    sampled = not sampling.greedy and p_method(p, name).peer in SAMPLING_PEERS
+                    sampled = not sampling.greedy and peer_samples(p_method(p, name).peer)
                     try:
                         r = peers[name].run(ids[prompt.id], w.budget(prompt), *((seed,) if sampled else ()))
                     except PeerFailed as why:
@@ -268,7 +269,7 @@ def _peers(p: Plan, model: str, store: RunStore, threads: int, bar, log, peers: 
             continue
         try:
             sampled = sampling is not None and not sampling.greedy
-            extra = {"sampling": (sampling.temperature, sampling.top_p)} if sampled and m.peer in SAMPLING_PEERS else {}
+            extra = {"sampling": (sampling.temperature, sampling.top_p)} if sampled and peer_samples(m.peer) else {}
             peer = make_peer(m.peer, p.model_paths[model], assistant_path=p.model_paths.get(m.assistant),
                              lookup=m.lookup, threads=threads, **extra)
         except PeerUnavailable as why:
@@ -286,7 +287,7 @@ def _peers(p: Plan, model: str, store: RunStore, threads: int, bar, log, peers: 
             continue
         peers[m.name] = peer
         note = getattr(peer, "note", None)
-        if sampled and m.peer not in SAMPLING_PEERS:  # said, not hidden: its row is greedy decoding
+        if sampled and not peer_samples(m.peer):  # said, not hidden: its row is greedy decoding
             note = ((note + "; ") if note else "") + "greedy: this peer does not sample in the bench (not audited)"
         if note and m.name not in store.notes_on(model):
             store.add_note(model, m.name, note)
