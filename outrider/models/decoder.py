@@ -154,12 +154,15 @@ class Decoder:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: KVCache, num_layers: int | None = None,
-                attention: bool = False) -> ForwardOutput:
+                attention: bool = False, *, rows: torch.Tensor | None = None, head: bool = True) -> ForwardOutput:
         """Run the first `num_layers` layers (all by default), then the final norm and head.
 
         Fewer layers give the self-speculative early-exit drafter; it needs its own cache.
         attention: also return ForwardOutput.attention where the native layer runs the forward (the
         scores option, kernels/decoder_layer.py: the outputs are the same bits with it or without).
+        A pipeline stage (cluster/pipeline_stage.py) holds some layers only: rows [B, T, E] enter its
+        first layer in place of the tokens' embeddings (a stage after the first), and head=False
+        stops after its last layer: logits None, those rows in hidden[len(layers)] (a stage before the last).
         """
         c = self.config
         self._choose_linear_paths()
@@ -168,8 +171,10 @@ class Decoder:
         if num_layers is None and native is not None and batch.fills_only:
             part = self._fill_part_rows(batch)
             if part is not None:  # one long prompt past the native workspace: in parts, the same bits
-                return self._fill_in_parts(batch, cache, part)
+                return self._fill_in_parts(batch, cache, part, rows, head)
         cos, sin = rotary_tables(batch.positions, self.inv_freq, self.dtype, self.rope_scale)
+        if rows is not None:  # a pipeline stage after the first: the previous stage's output rows
+            return self._layers_and_head(batch, cache, rows, cos, sin, num_layers, attention, head, native, {})
         x = embedding(batch.tokens, self.embed)  # [B, T, E]
         if c.embed_scale:  # Gemma: times sqrt(E), the factor rounded to the embedding's dtype as transformers does
             x = x * torch.tensor(c.hidden_size ** 0.5, dtype=x.dtype)
@@ -180,6 +185,13 @@ class Decoder:
         hidden = {}
         if 0 in batch.hidden_layers:
             hidden[0] = x
+        return self._layers_and_head(batch, cache, x, cos, sin, num_layers, attention, head, native, hidden)
+
+    def _layers_and_head(self, batch: ForwardBatch, cache, x: torch.Tensor, cos, sin, num_layers, attention: bool,
+                         head: bool, native, hidden: dict) -> ForwardOutput:
+        """forward's layers over x [B, T, E], then (head) the final norm and head."""
+        c = self.config
+        B, T = batch.tokens.shape
         layers = self.layers[: num_layers or len(self.layers)]
         path = self.prefill_path(batch) if batch.fills_only and native is not None else None
         mass = at = None
@@ -190,6 +202,9 @@ class Decoder:
                                  fill=path.fill if path is not None else 0, mass=mass, mass_at=at)
         else:
             x = self._torch_layers(layers, batch, cache, x, cos, sin, hidden)
+        if not head:  # a pipeline stage before the last: its rows go on to the next stage
+            hidden[len(layers)] = x
+            return ForwardOutput(logits=None, hidden=hidden, attention=mass)
         if batch.logits_flat is not None:  # real rows only: padding gets no lm_head
             x = x.reshape(B * T, x.shape[-1]).index_select(0, batch.logits_flat)  # [N, E]
         elif batch.logits_rows is not None:
@@ -278,14 +293,21 @@ class Decoder:
         part = NATIVE_FILL_FLOATS // self._fill_rows_floats(1, batch.kv_len)
         return part if part >= 1 and self._cpu_prefill(part) is not PrefillPath.TORCH else None
 
-    def _fill_in_parts(self, batch: ForwardBatch, cache: KVCache, part: int) -> ForwardOutput:
-        """One sequence's cache filled `part` rows at a time (its rows consecutive cache rows)."""
+    def _fill_in_parts(self, batch: ForwardBatch, cache: KVCache, part: int, rows: torch.Tensor | None = None,
+                       head: bool = True) -> ForwardOutput:
+        """One sequence's cache filled `part` rows at a time (its rows consecutive cache rows);
+        rows, head: a pipeline stage's (forward), its rows [1, T, E] cut the same way and, without
+        the head, its output rows joined again."""
         slot, start = batch.slot_ids[0], int(batch.rows[0, 0])
         tokens = batch.tokens[0]
-        out = None
+        out, outs = None, []
         for i in range(0, tokens.shape[0], part):
             piece = pack([slot], [start + i], [tokens[i:i + part]], logits="none", device=tokens.device)
-            out = self.forward(piece, cache)
+            out = self.forward(piece, cache, rows=None if rows is None else rows[:, i:i + part], head=head)
+            outs.append(out)
+        if not head:
+            key = len(self.layers)
+            out.hidden[key] = torch.cat([o.hidden[key] for o in outs], dim=1)  # [1, T, E]
         return out
 
     def prefill_path(self, batch: ForwardBatch) -> PrefillPath:
