@@ -38,8 +38,10 @@ from dataclasses import dataclass
 import torch
 
 from ...models.kv_cache import KVCache
+from ..layer import attend_and_mlp
+from ..taps import taps
 from ..vocab_map import to_target_ids, to_target_logits
-from ...models.layers import apply_rotary, attention, embedding, linear, rms_norm, rotary_tables, swiglu_mlp
+from ...models.layers import apply_rotary, embedding, linear, rms_norm, rotary_tables
 
 
 def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
@@ -74,9 +76,9 @@ class DFlashConfig:
         return tuple(ids) if ids is not None else default_layer_ids(num_target_layers, self.num_layers)
 
     def taps(self, num_target_layers: int) -> tuple[int, ...]:
-        """The target layers in our tap convention (`Decoder` hidden[l] = output of layer l,
-        1-based, 0 = embeddings): DFlash id l (output of layer l, 0-based) is our l + 1."""
-        return tuple(i + 1 for i in self.layer_ids(num_target_layers))
+        """The target layers in our tap convention (heads/taps.py): DFlash's ids count layer
+        outputs, 0-based (the "sglang" convention), so id l is our l + 1."""
+        return taps(self.layer_ids(num_target_layers), "sglang")
 
 
 @dataclass
@@ -183,9 +185,7 @@ class DFlashHead:
             held_k, held_v = cache.gather(l, index, L)  # [S, G, L, D]
             keys = torch.cat((held_k, k), dim=2)  # [S, G, L + B, D]
             values = torch.cat((held_v, v), dim=2)
-            out = attention(q, keys, values, mask)  # [S, nh, B, D]
-            h = h + linear(out.transpose(1, 2).reshape(S, B, nh * D), layer.o)
-            h = h + swiglu_mlp(rms_norm(h, layer.post_norm, eps), layer.gate_up, layer.down)
+            h = attend_and_mlp(h, q, keys, values, mask, layer.o, layer.post_norm, layer.gate_up, layer.down, eps)
         logits = linear(rms_norm(h[:, 1:], w.norm, eps), w.lm_head).float()  # [S, B-1, Vd]
         return logits, h
 

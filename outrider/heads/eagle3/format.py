@@ -36,9 +36,10 @@ from pathlib import Path
 import torch
 
 from ...errors import ConfigError, ModelError
-from .head import CONVENTIONS, Eagle3Config, Eagle3Head, Eagle3Weights
+from .head import Eagle3Config, Eagle3Head, Eagle3Weights
 from .speculators import config_from_speculators, runtime_problems, schema_problems
 from ..files import WEIGHTS, open_weights, read_raw, read_weight
+from ..taps import CONVENTIONS
 from ..vocab_map import draft_to_target
 
 

@@ -28,10 +28,10 @@ import torch
 
 from ...models.kv_cache import KVCache
 from ...models.batch import ForwardBatch
+from ..layer import attend_and_mlp
+from ..taps import taps
 from ..vocab_map import to_target_ids, to_target_logits
-from ...models.layers import apply_rotary, attention, embedding, linear, rms_norm, rotary_tables, swiglu_mlp
-
-CONVENTIONS = ("vllm", "sglang")  # how stored aux layer ids count: see Eagle3Config.taps
+from ...models.layers import apply_rotary, embedding, linear, rms_norm, rotary_tables
 
 
 @dataclass(frozen=True)
@@ -51,14 +51,11 @@ class Eagle3Config:
     layer_convention: str = "vllm"
 
     def taps(self, num_target_layers: int) -> tuple[int, ...]:
-        """The three target layers in our tap convention (`Decoder` hidden[l] = output of layer l,
-        0 = embeddings, which is Hugging Face's hidden_states[l]).
-
-        "vllm" (EAGLE, vLLM): id l reads hidden_states[l], the residual entering layer l: ours is l.
-        "sglang" (SpecForge, SGLang): id l is the output of layer l (0-based): ours is l + 1."""
+        """The three target layers in our tap convention (heads/taps.py: the stored ids in
+        `layer_convention`; without ids 2, N//2, N-3 as "vllm" counts them)."""
         n = num_target_layers
         ids = self.layer_ids if self.layer_ids is not None else (2, n // 2, n - 3)
-        return tuple(i + 1 for i in ids) if self.layer_convention == "sglang" else tuple(ids)
+        return taps(ids, self.layer_convention)
 
 
 @dataclass
@@ -134,10 +131,8 @@ class Eagle3Head:
         k = apply_rotary(k.view(B, T, G, D).transpose(1, 2), cos, sin).transpose(1, 2)  # [B, T, G, D]
         cache.write(0, batch.slots, batch.rows, k, v.view(B, T, G, D))
         keys, values = cache.span(0, batch.span_first, batch.span_size, batch.kv_len)  # [B, G, L, D]
-        out = attention(q, keys, values, batch.attn_mask)  # [B, nh, T, D]
-        h = residual + linear(out.transpose(1, 2).reshape(B, T, nh * D), w.o)
-        h = h + swiglu_mlp(rms_norm(h, w.post_norm, eps), w.gate_up, w.down)  # [B, T, H]
-        return self._out(h, last)
+        h = attend_and_mlp(residual, q, keys, values, batch.attn_mask, w.o, w.post_norm, w.gate_up, w.down, eps)
+        return self._out(h, last)  # h: [B, T, H]
 
     def _out(self, h: torch.Tensor, last: torch.Tensor | None):
         """h: [B, T, H] the layer's output -> (logits [B, T', Vd] float32, h [B, T', H]); T' = T, or
