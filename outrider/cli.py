@@ -256,6 +256,18 @@ def _parser() -> argparse.ArgumentParser:
                           "outlets | balance | tailsieve (default: %(default)s)")
     srv.add_argument("--replica-restarts", type=int, default=2,
                      help="new actors a dead replica's slot may get, 0 for none (default: %(default)s)")
+    srv.add_argument("--pipeline-stages", type=int, default=None,
+                     help="the model's layers cut into N stages, each a Ray actor holding its layers and their K/V "
+                          "(a stage a machine on a Ray cluster); the drafter stays in this process and one pass down "
+                          "the stages verifies its drafts (docs/serving.md; default: one process)")
+    srv.add_argument("--pipeline-hop-ms", type=float, default=0.0,
+                     help="a simulated delay each time rows cross from one stage to the next (default: %(default)s)")
+    srv.add_argument("--pipeline-rewind", default="trim", choices=("trim", "mask"),
+                     help="rejected drafts' K/V cut back (trim) or left in place and masked (mask) on the stages "
+                          "(default: %(default)s)")
+    srv.add_argument("--pipeline-micro-batches", type=int, default=1,
+                     help="groups of sequences a batch goes down the stages in, so stages work at once "
+                          "(default: %(default)s)")
     srv.set_defaults(run=_serve)
 
     cfg = sub.add_parser("config", help="the runtime config in force, the CPU's instruction sets and the kernels")
@@ -374,6 +386,7 @@ def _serve(args) -> int:
             "max_queue", "max_model_len", "max_kv_rows", "chunk_size", "max_body_mb", "device", "dtype", "threads",
             "kv_dtype", "replicas", "address", "policy", "replica_restarts", "prefix_cache", "prefix_cache_mb",
             "prefix_cache_block", "kv_memory", "kv_page")
+    keys += ("pipeline_stages", "pipeline_hop_ms", "pipeline_rewind", "pipeline_micro_batches")
     options = ServeOptions(**{k: getattr(args, k) for k in keys}, tree=tree, controller=controller)
     if options.check().replicas is None and options.address is None:
         return serve(options)

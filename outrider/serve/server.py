@@ -57,6 +57,11 @@ class ServeOptions:
     address: str | None = None  # an existing Ray cluster ("auto", "ray://HOST:PORT"); None: a local one
     policy: str = "least-load"
     replica_restarts: int = 2  # new actors a dead replica's slot may get (0: none)
+    # the target's layers on N pipeline stages, Ray actors (cluster/pipeline*.py); None: in this process
+    pipeline_stages: int | None = None
+    pipeline_hop_ms: float = 0.0  # a simulated delay each time rows cross from one stage's machine to the next
+    pipeline_rewind: str = "trim"  # "mask": rejected rows stay in the stages' K/V, masked (cluster/pipeline_rewind.py)
+    pipeline_micro_batches: int = 1  # groups of sequences a batch goes down the pipeline in
 
     def check(self) -> "ServeOptions":
         """Refuse bad values by their flag's name, before anything loads."""
@@ -77,11 +82,26 @@ class ServeOptions:
         from ..weights.loader import parse_kv_dtype
 
         parse_kv_dtype(self.kv_dtype)
+        if self.pipeline_stages is not None:
+            self._check_pipeline()
         if self.kv_memory is not None:
             from ..engine.paging import parse_kv_memory
 
             parse_kv_memory(self.kv_memory)
         return self
+
+
+    def _check_pipeline(self) -> None:
+        for key in ("pipeline_stages", "pipeline_micro_batches"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
+        if self.replicas is not None or self.address is not None:
+            raise ConfigError("--pipeline-stages puts one engine's layers on Ray actors: it does not combine with "
+                              "--replicas or --address")
+        from ..cluster.pipeline import check_hop_and_rewind
+
+        check_hop_and_rewind(self.pipeline_hop_ms, self.pipeline_rewind)
 
 
 def require_extra() -> None:
@@ -117,6 +137,13 @@ def engine_worker(options: ServeOptions, on_fatal=None):
     llm = LLM(options.model, drafter=options.drafter, tree=options.tree, controller=options.controller,
               device=options.device, dtype=options.dtype, threads=options.threads,
               max_tree_nodes=options.max_tree_nodes, kv_dtype=options.kv_dtype, verifier=options.verifier)
+    if options.pipeline_stages is not None:  # the target's layers on Ray actors (cluster/pipeline_llm.py)
+        from ..cluster.pipeline_llm import split_llm
+        from ..config import current
+
+        split_llm(llm, options.pipeline_stages, hop_ms=options.pipeline_hop_ms, rewind=options.pipeline_rewind,
+                  micro_batches=options.pipeline_micro_batches, threads=options.threads, runtime=current(),
+                  dtype=options.dtype, kv_dtype=options.kv_dtype)
     lock = threading.Lock()  # the tokenizer is shared by the HTTP side and the engine thread
 
     def decode(ids: list[int]) -> str:
