@@ -234,6 +234,23 @@ def test_cli_generate_with_an_image_file_gives_transformers_tokens(vlm, tmp_path
     assert runs[()] == want and runs[("--drafter", "suffix")] == want
 
 
+@pytest.mark.parametrize("shape", [(40, 48), (100, 60), (20, 20)])
+def test_our_preprocessing_gives_the_processors_pixels_for_an_unsplit_image(vlm, tmp_path, shape):
+    """read_pixels against transformers' Idefics3 image processor (without splitting), with the
+    processor's settings read from the preprocessor_config.json it saves: a first resize of the
+    longest edge to size.longest_edge, then to S x S, rescale and normalize."""
+    Image = pytest.importorskip("PIL.Image")
+    processor = tf.Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": 64},
+                                             max_image_size={"longest_edge": 32}, image_mean=[0.4, 0.5, 0.6],
+                                             image_std=[0.3, 0.2, 0.25])
+    processor.save_pretrained(tmp_path)
+    torch.manual_seed(5)
+    png = tmp_path / "image.png"
+    Image.fromarray((torch.rand(*shape, 3) * 255).to(torch.uint8).numpy()).save(png)
+    want = processor(images=[[Image.open(png)]], return_tensors="pt")["pixel_values"][0, 0]  # [3, 32, 32]
+    assert torch.allclose(read_pixels(png, vlm[3].config.vision, tmp_path), want, atol=1e-5)
+
+
 def test_one_line_refusals(vlm, tmp_path, capsys):
     import numpy as np
 

@@ -2,14 +2,14 @@
 preprocessed, the prompt's `<image>` markers expanded into the image tokens the model replaces,
 and the image rows that replace them (`Request.prompt_embeds`).
 
-An image is a file: PNG / JPEG / anything Pillow reads (when Pillow is installed), resized to the
-vision encoder's S x S (Lanczos), scaled by 1/255 and normalized by the folder's
-preprocessor_config.json (image_mean, image_std, rescale_factor; 0.5, 0.5 and 1/255 when it has
-none); or a pixel tensor already preprocessed as transformers' processor gives `pixel_values`:
-a .npy file or a .safetensors file holding one tensor (`pixel_values` if several), [3, S, S] (or
-[1, 3, S, S], [1, 1, 3, S, S]); or such a tensor in Python. Our resize is not the processor's
-(it resizes the longest edge and may split the image into tiles: not supported, docs/models.md),
-so a file gives the pixels transformers gets from the same tensor, not from the processor.
+An image is a file: PNG / JPEG / anything Pillow reads (when Pillow is installed), preprocessed as
+Idefics3's image processor does an image it does not split, with the folder's
+preprocessor_config.json: the longest edge resized to size.longest_edge, then to the vision
+encoder's S x S (Lanczos both), scaled by rescale_factor, normalized by image_mean / image_std
+(S, 1/255, 0.5, 0.5 without the file); splitting into tiles is not supported (docs/models.md). Or
+a pixel tensor already preprocessed as transformers' processor gives `pixel_values`: a .npy file
+or a .safetensors file holding one tensor (`pixel_values` if several), [3, S, S] (or
+[1, 3, S, S], [1, 1, 3, S, S]); or such a tensor in Python.
 
 Each `<image>` in the prompt becomes, as Idefics3's and SmolVLM's processors write an image that
 is not split: `<fake_token_around_image><global-img>` + K x `<image>` + `<fake_token_around_image>`,
@@ -53,16 +53,39 @@ def read_pixels(image, vision: VisionConfig, folder: Path | None = None) -> torc
     except ImportError:
         raise ConfigError(f"image '{image}': reading image files needs Pillow (pip install pillow); or give the "
                           "pixels as a .npy / .safetensors tensor [3, S, S]") from None
+    raw = _preprocessor(folder)
     try:
         with Image.open(path) as img:
-            rgb = img.convert("RGB").resize((S, S), Image.Resampling.LANCZOS)
+            rgb = img.convert("RGB")
+            rgb = rgb.resize(longest_edge_size(rgb.width, rgb.height, (raw.get("size") or {}).get("longest_edge") or S),
+                             Image.Resampling.LANCZOS)
+            rgb = rgb.resize((S, S), Image.Resampling.LANCZOS)  # the unsplit image: S x S
     except (UnidentifiedImageError, OSError) as err:
         raise ConfigError(f"image '{image}' is not an image Pillow can read ({type(err).__name__})") from None
     import numpy as np
 
     pixels = torch.from_numpy(np.asarray(rgb, dtype=np.float32).copy()).permute(2, 0, 1)  # [3, S, S], 0..255
-    mean, std, scale = _normalization(folder)
+    mean = torch.tensor(raw.get("image_mean") or [0.5] * 3, dtype=torch.float32)
+    std = torch.tensor(raw.get("image_std") or [0.5] * 3, dtype=torch.float32)
+    scale = float(raw.get("rescale_factor") or 1 / 255)
     return (pixels * scale - mean.view(3, 1, 1)) / std.view(3, 1, 1)
+
+
+def longest_edge_size(width: int, height: int, longest: int, cap: int = 4096) -> tuple[int, int]:
+    """(width, height) with the longest edge `longest` and the aspect kept, the other edge rounded
+    down then up to even, at most `cap` (the Idefics3 processor's first resize, `size.longest_edge`)."""
+    if width >= height:
+        w, h = longest, int(longest / (width / height))
+        h += h % 2
+    else:
+        h, w = longest, int(longest * (width / height))
+        w += w % 2
+    h, w = max(h, 1), max(w, 1)
+    if w >= h and w > cap:
+        w, h = cap, int(cap / (w / h))
+    elif h > w and h > cap:
+        h, w = cap, int(cap * (w / h))
+    return max(w, 1), max(h, 1)
 
 
 def _safetensors_pixels(path: Path) -> torch.Tensor:
@@ -88,14 +111,15 @@ def _checked(pixels: torch.Tensor, S: int, what: str) -> torch.Tensor:
     return pixels.float()
 
 
-def _normalization(folder: Path | None) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """image_mean [3], image_std [3] and rescale_factor from the folder's preprocessor_config.json."""
-    raw = {}
-    if folder is not None and (Path(folder) / "preprocessor_config.json").is_file():
-        raw = json.loads((Path(folder) / "preprocessor_config.json").read_text())
-    mean = torch.tensor(raw.get("image_mean") or [0.5] * 3, dtype=torch.float32)
-    std = torch.tensor(raw.get("image_std") or [0.5] * 3, dtype=torch.float32)
-    return mean, std, float(raw.get("rescale_factor") or 1 / 255)
+def _preprocessor(folder: Path | None) -> dict:
+    """The folder's preprocessor_config.json ({} without one)."""
+    path = Path(folder) / "preprocessor_config.json" if folder is not None else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path} is not valid JSON ({err.msg} at line {err.lineno})") from None
 
 
 def image_text(prompt: str, count: int, chat: bool, tokenizer) -> str:
