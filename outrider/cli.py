@@ -136,7 +136,9 @@ def _parser() -> argparse.ArgumentParser:
                      f"default: {CONTROLLER_DEFAULT['generate']})")
     gen.add_argument("--verifier", default=None, help="a verifier by name (needs --drafter; default: the best exact "
                      "one, the walk with --seed, so that a seed gives one text whatever the controller drafts: "
-                     "docs/usage.md#seeds); resispec-lossy is LOSSY (docs/methods.md#resispec)")
+                     "docs/usage.md#seeds); resispec-lossy is LOSSY (docs/methods.md#resispec); on an MoE target "
+                     "acceptmoe-lossy[:ETA][,resident=R] and edgexpert-lossy[:C][,important=P][,budget=R] route the "
+                     "verify's experts LOSSILY (docs/methods.md#acceptmoe, #edgexpert)")
     gen.add_argument("--max-tree-nodes", type=int, default=256,
                      help="refuse drafters/trees/controllers whose rounds could hold more draft nodes (default 256)")
     gen.add_argument("--stats", action="store_true", help="print speculation statistics to stderr")
@@ -331,6 +333,16 @@ def _speculation(args) -> tuple[str, str]:
     return tree, controller
 
 
+def _expert_selection(verifier: str | None) -> dict | None:
+    """What a named LOSSY expert selection (spec/verify_routed.py) counted in this process, or None."""
+    if not verifier:
+        return None
+    from .spec.verifiers import verifier_entry
+
+    selection = getattr(getattr(verifier_entry(verifier), "verify", None), "selection", None)
+    return None if selection is None else selection.report()
+
+
 def _generate(args) -> int:
     from .llm import LLM
     from .sampling import SamplingParams
@@ -362,15 +374,19 @@ def _generate(args) -> int:
         top_p=args.top_p, seed=args.seed, stop=args.stop, chat=args.chat,
         on_text=None if args.json else on_text, images=args.image or None,
     )
+    selected = _expert_selection(args.verifier)  # a LOSSY MoE routing's counters (acceptmoe-lossy, edgexpert-lossy)
     if args.json:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids,
-                          "finish_reason": result.finish_reason, "stats": result.stats}))
+                          "finish_reason": result.finish_reason, "stats": result.stats,
+                          **({"expert_selection": selected} if selected else {})}))
     else:
         sys.stdout.write("\n")
     if args.stats:
         from .engine.stats import format_stats
 
         print(format_stats(result.stats), file=sys.stderr)
+        if selected:
+            print(f"expert selection ({args.verifier}, LOSSY): {json.dumps(selected)}", file=sys.stderr)
     return 0
 
 

@@ -48,6 +48,7 @@ from ..errors import ConfigError
 from ..kernels.dispatch import PrefillPath
 from ..models.batch import pack, with_embeds
 from ..models.decoder import Decoder
+from ..models.expert_select import selected_by, selection_of
 from ..spec.processing import PathProcessor
 from ..spec.random import PositionalRandom
 from ..spec.verifiers import choose_verifier
@@ -282,7 +283,14 @@ class EngineLoop:
                                                                                              logits)
             if not exact:  # its rows are not a whole prefill's bits: not kept
                 jobs[0][0].cacheable = False
-        out = self.target.forward(batch, self.cache)
+        selection = selection_of([s.verify for s, _ in jobs])  # a LOSSY expert selection's prefill, named only
+        if selection is None:
+            out = self.target.forward(batch, self.cache)
+        else:
+            for seq, _ in jobs:  # its K/V is not a plain prefill's: never kept by the prefix cache
+                seq.cacheable = seq.cacheable and getattr(seq.verify, "selection", None) is not selection
+            out = selection.prefill_forward(self.target, batch, self.cache, [int(c.shape[0]) for _, c in jobs],
+                                            selected_by([s.verify for s, _ in jobs], selection))
         events = []
         for b, (seq, chunk) in enumerate(jobs):
             n = int(chunk.shape[0])

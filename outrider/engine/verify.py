@@ -22,6 +22,7 @@ import torch
 
 from ..models.batch import pack
 from ..models.decoder import Decoder, ForwardOutput
+from ..models.expert_select import selected_by, selection_of
 from ..models.kv_cache import KVCache
 from ..spec.tree import tree_problem
 from ..spec.types import DraftTree, VerifyResult
@@ -65,6 +66,11 @@ class Forward:
                      [trees[b].parents for b in order], logits="real", hidden_layers=hidden_layers,
                      scratch_row=cache.scratch_row, device=target.device)
         asked = {"attention": True} if attention else {}  # the scores only where a drafter reads them
+        selection = selection_of([seqs[b].verify for b in order])  # a LOSSY expert selection, named only
+        if selection is not None:
+            out = selection.verify_forward(target, batch, cache, [trees[b] for b in order],
+                                           selected_by([seqs[b].verify for b in order], selection), **asked)
+            return Forward(order, rows, lengths, out)
         return Forward(order, rows, lengths, target.forward(batch, cache, **asked))
 
     def hidden(self, b: int, path: list[int]) -> dict[int, torch.Tensor]:

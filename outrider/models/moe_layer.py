@@ -23,6 +23,11 @@ tests/test_moe_grouping.py holds the grouped product to it.
 Expert skip (S2-MoE's self-drafter, drafters/s2moe.py): inside `fewer_experts(k', renormalise)`
 every MoE layer routed in this thread (or task) chooses k' < k experts per row of the same router
 scores, renormalised over the k' where the model renormalises or `renormalise` asks.
+
+Expert selection (LOSSY, the verify-side selections: spec/acceptmoe.py, models/edgexpert.py):
+inside `selecting(selection)` moe_mlp routes its rows by `selection.route(w, cfg, flat)`, which
+calls route() with `allowed` [M, N] bool, each row choosing its k among its allowed experts only
+(models/expert_select.py). Outside it (every forward by default) routing is route()'s, exactly.
 """
 
 from __future__ import annotations
@@ -55,6 +60,18 @@ class MoeWeights:
 
 
 _SKIP: ContextVar[tuple[int, bool] | None] = ContextVar("outrider_expert_skip", default=None)
+_SELECT: ContextVar[object | None] = ContextVar("outrider_expert_select", default=None)
+
+
+@contextmanager
+def selecting(selection):
+    """Within it, moe_mlp routes by `selection.route(w, cfg, flat) -> (weights [M, k], experts [M, k])`
+    (an expert_select.Selection: LOSSY routing restricted to eligible sets, and its counters)."""
+    token = _SELECT.set(selection)
+    try:
+        yield
+    finally:
+        _SELECT.reset(token)
 
 
 @contextmanager
@@ -68,21 +85,30 @@ def fewer_experts(top_k: int, renormalise: bool = False):
         _SKIP.reset(token)
 
 
+def router_scores(x: torch.Tensor, router: torch.Tensor, cfg: MoeConfig) -> torch.Tensor:
+    """x [M, E] -> [M, N] float32: each row's router scores (softmax or sigmoid of its logits), as route() has them."""
+    logits = linear(x.float(), router.float()) if cfg.router_float32 else linear(x, router)  # [M, N]
+    if cfg.scoring == "softmax":
+        return torch.softmax(logits, dim=-1, dtype=torch.float32)
+    return torch.sigmoid(logits.float())
+
+
 def route(x: torch.Tensor, router: torch.Tensor, cfg: MoeConfig,
-          score_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+          score_bias: torch.Tensor | None = None, allowed: torch.Tensor | None = None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, E] -> (weights [M, k] in x's dtype, float32 where cfg.weights_float32; experts [M, k]
     long): each row's k experts of the
     best scores (softmax or sigmoid of the router's logits, in float32; plus score_bias [N] for
     choosing, within the row's best groups where cfg.n_group > 1), weighted by their unbiased
-    scores, renormalised over the k when cfg.norm_topk_prob, times cfg.routed_scale."""
-    logits = linear(x.float(), router.float()) if cfg.router_float32 else linear(x, router)  # [M, N]
-    if cfg.scoring == "softmax":
-        scores = torch.softmax(logits, dim=-1, dtype=torch.float32)  # [M, N]
-    else:
-        scores = torch.sigmoid(logits.float())  # [M, N]
+    scores, renormalised over the k when cfg.norm_topk_prob, times cfg.routed_scale. `allowed`
+    [M, N] bool (LOSSY expert selection): each row chooses among its allowed experts only (each
+    row must allow at least k)."""
+    scores = router_scores(x, router, cfg)  # [M, N]
     choice = scores if score_bias is None else scores + score_bias  # [M, N]
     if cfg.n_group > 1:
         choice = _within_best_groups(choice, cfg)
+    if allowed is not None:
+        choice = choice.masked_fill(~allowed, float("-inf"))
     skip = _SKIP.get()  # (k', renormalise) under fewer_experts: S2-MoE's draft
     top_k, renormalise = (cfg.top_k, False) if skip is None else (min(skip[0], cfg.top_k), skip[1])
     experts = torch.topk(choice, top_k, dim=-1)[1]  # [M, k]
@@ -118,7 +144,7 @@ def _chosen_weights(scores: torch.Tensor, choice: torch.Tensor, experts: torch.T
 def moe_mlp(w: MoeWeights, cfg: MoeConfig, x: torch.Tensor) -> torch.Tensor:
     """x [B, T, E] (normed) -> the MoE MLP's output [B, T, E]."""
     flat = x.reshape(-1, x.shape[-1])  # [M, E]
-    weights, experts = route(flat, w.router, cfg, w.score_bias)  # [M, k], [M, k]
+    weights, experts = _routed(w, cfg, flat)  # [M, k], [M, k]
     k = experts.shape[1]
     chosen = experts.reshape(-1)  # [M k]: row m's j-th choice at m * k + j
     order = torch.argsort(chosen, stable=True)  # [M k]: the choices grouped by expert, rows ascending
@@ -141,12 +167,20 @@ def moe_mlp_per_token(w: MoeWeights, cfg: MoeConfig, x: torch.Tensor) -> torch.T
     """The slow reference of moe_mlp: x [B, T, E] -> [B, T, E], each row's k chosen experts run on
     that row alone, one at a time, and summed weighted (the same route)."""
     flat = x.reshape(-1, x.shape[-1])  # [M, E]
-    weights, experts = route(flat, w.router, cfg, w.score_bias)  # [M, k], [M, k]
+    weights, experts = _routed(w, cfg, flat)  # [M, k], [M, k]
     out = torch.zeros_like(flat)  # [M, E]
     for m, (row_weights, row_experts) in enumerate(zip(weights, experts.tolist())):
         for weight, e in zip(row_weights, row_experts):
             out[m] += (swiglu_mlp(flat[m: m + 1], w.gate_up[e], w.down[e])[0] * weight).to(out.dtype)
     return _with_shared(w, flat, out).reshape(x.shape)
+
+
+def _routed(w: MoeWeights, cfg: MoeConfig, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """route() of flat [M, E]'s rows, or the selection's inside `selecting` (LOSSY)."""
+    selection = _SELECT.get()
+    if selection is None:
+        return route(flat, w.router, cfg, w.score_bias)
+    return selection.route(w, cfg, flat)
 
 
 def _with_shared(w: MoeWeights, flat: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

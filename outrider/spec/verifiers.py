@@ -38,7 +38,11 @@ from typing import Callable
 
 import torch
 
+from ..models.edgexpert import NAME as EDGEXPERT_NAME
+from ..models.edgexpert import verifier as edgexpert_verifier
 from ..sampling import SamplingParams
+from .acceptmoe import NAME as ACCEPTMOE_NAME
+from .acceptmoe import verifier as acceptmoe_verifier
 from .types import TREE_KINDS, DraftTree, VerifyResult
 from .verify_chain import verify_chain, verify_chain_reference
 from .verify_greedy import verify_greedy_chain, verify_greedy_reference, verify_greedy_tree
@@ -82,6 +86,9 @@ VERIFIERS: dict[str, Entry] = {
 PARAMETERIZED: dict[str, Callable[[str], Entry]] = {
     # LOSSY (docs/methods.md#verifier-skipping): a confident prefix committed unverified; greedy chains only
     SKIP_NAME: lambda argument: Entry(parse_skip(argument), ("chain",), False, True, lossy=True),
+    # LOSSY MoE routing of the verify forward (docs/methods.md#acceptmoe, #edgexpert); greedy walks
+    ACCEPTMOE_NAME: lambda argument: Entry(acceptmoe_verifier(argument), TREE_KINDS, False, True, lossy=True),
+    EDGEXPERT_NAME: lambda argument: Entry(edgexpert_verifier(argument), TREE_KINDS, False, True, lossy=True),
 }
 _BUILT: dict[str, Entry] = {}
 
