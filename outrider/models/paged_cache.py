@@ -3,7 +3,7 @@
 The same state calls as `KVCache` (kv_cache.py): lengths on the host, `set_length`, `compact`,
 `copy_rows`, `write`, `span`, `gather`, `keys`. What differs is where a slot's row lives:
 
-    k[layer], v[layer]: [num_pages + 1, G, P, D]   the pool; page num_pages is the scratch page
+    k[layer], v[layer]: [G, num_pages + 1, P, D]   the pool; page num_pages is the scratch page
     table: [num_slots, max_pages] long              slot s, row r -> page table[s, r // P], row r % P
     held[s]: the pages slot s holds, in order (the host copy of its table row)
 
@@ -16,8 +16,9 @@ only at masked columns (finite values times a zero weight), so the result equals
 partial last one; a write into a page held by more than one slot first copies it (copy on
 write), so sharing never changes what another slot reads.
 
-Attention over pages: `span` gathers a span's pages into [S, G, L, D] (a copy: the slow
-reference, exact). The native decoder layer reads slot caches only; a decoder given a paged cache
+Attention over pages: `span` gathers a span's pages into [S, G, L, D] (one index_select a layer,
+K and V, read as a view: the slow reference, exact; heads first in the pool so the gathered pages
+of a slot are already its rows in order). The native decoder layer reads slot caches only; a decoder given a paged cache
 runs the torch layers (models/decoder.py).
 """
 
@@ -39,7 +40,7 @@ class PagedKVCache:
                  dtype: torch.dtype, device: torch.device | str, num_pages: int, page_size: int = 16):
         if num_pages < 1 or page_size < 1:
             raise ValueError(f"a paged cache needs at least one page of at least one row, got {num_pages} x {page_size}")
-        shape = (num_pages + 1, kv_heads, page_size, head_dim)
+        shape = (kv_heads, num_pages + 1, page_size, head_dim)
         # zeros: a page not yet written is read (masked) as finite values
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -78,7 +79,7 @@ class PagedKVCache:
         """Bytes one page takes over every layer, K and V."""
         if not self.k:
             return 0
-        per = self.k[0][0].numel() * self.k[0].element_size()
+        per = self.k[0][:, 0].numel() * self.k[0].element_size()
         return 2 * len(self.k) * per
 
     def pages_needed(self, slot: int, rows: int) -> int:
@@ -121,7 +122,7 @@ class PagedKVCache:
             raise OutOfPages(f"slot {slot} must copy a shared K/V page before writing it, and no page is free")
         fresh = heapq.heappop(self._free)
         for cache in (*self.k, *self.v):
-            cache[fresh] = cache[page]
+            cache[:, fresh] = cache[:, page]
         self.refs[page] -= 1
         self.refs[fresh] = 1
         self.held[slot][index] = fresh
@@ -155,8 +156,8 @@ class PagedKVCache:
         dst_page = torch.tensor([held[d // P] for _, d in moves], device=self.k[0].device)
         dst_off = torch.tensor([d % P for _, d in moves], device=self.k[0].device)
         for cache in (*self.k, *self.v):
-            rows = cache[src_page, :, src_off]  # [m, G, D], a copy
-            cache[dst_page, :, dst_off] = rows
+            rows = cache[:, src_page, src_off]  # [G, m, D], a copy
+            cache[:, dst_page, dst_off] = rows
 
     def copy_rows(self, src_slot: int, dst_slot: int, n: int) -> None:
         """Rows 0..n-1 of `src_slot` into `dst_slot` (which holds no pages): its whole pages shared
@@ -174,7 +175,7 @@ class PagedKVCache:
             self.reserve(dst_slot, n)
             src, dst = self.held[src_slot][whole], self.held[dst_slot][whole]
             for cache in (*self.k, *self.v):
-                cache[dst, :, :rest] = cache[src, :, :rest]
+                cache[:, dst, :rest] = cache[:, src, :rest]
 
     def can_copy_prefix(self, src_slot: int, n: int) -> bool:
         return True
@@ -234,8 +235,9 @@ class PagedKVCache:
     def write(self, layer: int, slots: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [B, T, G, D] to rows[b, t] (long [B, T]) of slots[b] (long [B])."""
         page, offset = self._map(slots, rows)
-        self.k[layer][page, :, offset] = k.to(self.k[layer].dtype)  # the indexed view: [B, T, G, D]
-        self.v[layer][page, :, offset] = v.to(self.v[layer].dtype)
+        # the indexed view: [G, B, T, D]
+        self.k[layer][:, page, offset] = k.to(self.k[layer].dtype).permute(2, 0, 1, 3)
+        self.v[layer][:, page, offset] = v.to(self.v[layer].dtype).permute(2, 0, 1, 3)
 
     def write_slot(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [G, m, D] to rows start .. start + m - 1 of one slot."""
@@ -244,11 +246,12 @@ class PagedKVCache:
         self.write(layer, slots, rows, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0))
 
     def _pages(self, cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
-        """The first `length` rows of each table row's pages: table [S, n] -> [S, G, length, D] (a copy)."""
+        """The first `length` rows of each table row's pages: table [S, n] -> [S, G, length, D] (a view
+        of one copy)."""
         S, n = table.shape
-        _, G, P, D = cache.shape
-        picked = cache.index_select(0, table.reshape(S * n)).view(S, n, G, P, D)
-        return picked.permute(0, 2, 1, 3, 4).reshape(S, G, n * P, D)[:, :, :length]
+        G, _, P, D = cache.shape
+        picked = cache.index_select(1, table.reshape(S * n))  # [G, S n, P, D]: slot s's pages in order
+        return picked.view(G, S, n * P, D).transpose(0, 1)[:, :, :length]
 
     def gather(self, layer: int, slots: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of `slots` (long [S]), rows 0 .. length - 1: [S, G, L, D] copies."""

@@ -16,7 +16,9 @@ position, cut back by a length. `HybridState` below joins it (for the attention 
 `DeltaState` (delta_state.py: gated-delta layers, a state that cannot be cut back, whose tree
 rows are held until a commit folds the accepted path). `SlidingState` (sliding_state.py) joins a
 KVCache (the global layers) with rings that keep only the rows a sliding window still reads
-(ring_cache.py). A paged K/V store with shared prefixes is one more implementation of the same calls.
+(ring_cache.py). `PagedKVCache` (paged_cache.py) is one more implementation of the same calls for
+a model of plain attention layers: rows in pages of one pool through a block table, whole pages
+shared by reference with copy on write (--kv-memory; the others keep their per-slot stores).
 """
 
 from __future__ import annotations
