@@ -210,3 +210,21 @@ def test_resident_routing_reads_nothing_while_drafting(models):
                 model.layers[l].moe.gate_up, model.layers[l].moe.down = gu, dn
             store.close()
     assert misses["resident"] == 0 < misses["top1"]
+
+
+def test_the_shipped_draft_experts():
+    """The SmolLM2 MoE's draft experts: one 64-neuron expert for each of its 30 MoE layers, float16,
+    under 25 MB, with the recipe that rebuilds them; named by `draftexpert:smollm2-135m-moe8`."""
+    import json
+
+    from outrider.models.draft_experts import shipped, shipped_names
+
+    assert "smollm2-135m-moe8" in shipped_names()
+    path = shipped("smollm2-135m-moe8")
+    experts = DraftExperts.load(path)
+    assert sorted(experts.gate_up) == list(range(30)) and experts.size == 64
+    assert experts.gate_up[0].shape == (128, 576) and experts.router.shape == (8, 576)
+    assert path.stat().st_size < 25 * 2**20
+    recipe = json.loads((path.parent / "recipe.json").read_text())
+    assert recipe["seed"] == 0 and "draftexpert_train" in recipe["command"] and len(recipe["layers"]) == 30
+    assert parse_argument("smollm2-135m-moe8,conf=0.3").file == "smollm2-135m-moe8"
