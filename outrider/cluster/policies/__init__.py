@@ -2,6 +2,7 @@
 
     least_load.py   fewest running + queued sequences (vLLM's data-parallel default)
     sticky.py       session-sticky: a session's requests go where its history is, else least-load
+    prefix.py       cache-aware: to the replica holding the longest cached prefix of the prompt
     war.py          WAR: suffix decoding at low load, cache-aware routing of sessions at high load
     outlets.py      OUTLETS: shortest predicted output first (a learned length regressor), with aging
     balance.py      BALANCE: speculate or not, and where, under each replica's K/V memory limit
@@ -20,6 +21,7 @@ from ...errors import ConfigError
 POLICIES = {
     "least-load": "least_load",
     "sticky": "sticky",
+    "prefix": "prefix",
     "war": "war",
     "outlets": "outlets",
     "balance": "balance",
