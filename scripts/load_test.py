@@ -66,6 +66,12 @@ def parse_args(argv=None, with_against: bool = False) -> tuple:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--request-timeout", type=float, default=300.0, help="a request unanswered this long is lost")
     ap.add_argument("--out", default=None, help="output folder (default load-results/<time>)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="off/on pairs per closed-loop level, every other one on first (figures pooled)")
+    ap.add_argument("--no-prefix-cache", action="store_true",
+                    help="the server's prefix cache off (fair comparisons where prompts repeat or share a prefix)")
+    ap.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                    help="the server's --config (e.g. gemm_prefill=off, where the prefix cache needs it)")
     ap.add_argument("--against", default=None, metavar="llama-server[:TYPE]",
                     help="instead: the same closed-loop levels on outrider serve (speculation on) and on "
                          "llama-server (e.g. llama-server:ngram-mod), one after the other (bench/serve_peer.py)")
@@ -78,7 +84,9 @@ def parse_args(argv=None, with_against: bool = False) -> tuple:
     plan = LoadPlan(model=args.model, drafter=args.drafter, controller=args.controller, tree=args.tree,
                     workload=args.workload, concurrency=_numbers(args.concurrency, int, "--concurrency"),
                     modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()), threads=args.threads,
-                    device=args.device, request_timeout=args.request_timeout, **settings)
+                    device=args.device, request_timeout=args.request_timeout,
+                    server_args=(("--no-prefix-cache",) if args.no_prefix_cache else ())
+                    + tuple(a for c in args.config for a in ("--config", c)), repeats=args.repeats, **settings)
     out = Path(args.out or Path("load-results") / time.strftime("%Y%m%d-%H%M%S"))
     return (plan.check(), out, args.against) if with_against else (plan.check(), out)
 
@@ -120,6 +128,9 @@ def goals_text(results: dict) -> str:
         met = {True: "met", False: "NOT met", None: "not measured"}[v["met"]]
         value = "-" if v["value"] is None else f"{v['value']:.2f}x"
         lines.append(f"{label}: {value} (goal >= {v['goal']}x): {met}")
+    for c, v in sorted(g.get("spec_on_over_off_by_concurrency", {}).items()):  # every level, wall and CPU
+        cpu = g.get("spec_on_over_off_by_concurrency_cpu", {}).get(c)
+        lines.append(f"spec on / off at c={c}: {_f(v)}x output tokens/s, {_f(cpu)}x per server CPU second")
     soak = g["soak"]
     if soak["met"] is not None:
         lines.append(f"soak, {soak['clients']} clients for {soak['seconds']:g} s: {soak['requests']} requests, "

@@ -64,9 +64,11 @@ class LoadPlan:
     chunk_size: int = 512
     request_timeout: float = 300.0
     seed: int = 0
+    server_args: tuple[str, ...] = ()  # more `outrider serve` flags, e.g. ("--no-prefix-cache",)
+    repeats: int = 1  # off/on pairs per closed-loop level, every other one on first (their figures pooled)
 
     def check(self) -> "LoadPlan":
-        for name in ("prompts", "max_tokens", "requests", "min_requests"):
+        for name in ("prompts", "max_tokens", "requests", "min_requests", "repeats"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
         if not self.concurrency or min(self.concurrency) < 1:
@@ -99,6 +101,7 @@ class ServerProcess:
                             ("--device", plan.device)):
             if value is not None:
                 cmd += [flag, str(value)]
+        cmd += list(plan.server_args)
         self.command = cmd
         self.log_path = log_path
         self._log = open(log_path, "w")
@@ -182,12 +185,15 @@ def _phase(server: ServerProcess, target: Target, kind: str, level: float, plan:
            mode: str, time_limit: float, max_requests: int, log) -> dict:
     target.extra = {} if mode == "on" else {"speculate": False}
     before = scrape(server.url)
+    cpu = server_cpu_s(server.proc.pid)
     if kind != "open":  # closed, warmup, soak
         least = min(plan.min_requests, max_requests)
         records, wall = asyncio.run(closed_loop(target, int(level), max_requests, time_limit, least))
     else:
         records, wall = asyncio.run(open_loop(target, level, max_requests, time_limit, plan.seed))
     summary = summarize(records, wall)
+    if cpu is not None:  # the server's CPU time over the phase: less moved by other processes' load than wall time
+        summary["server_cpu_s"] = server_cpu_s(server.proc.pid) - cpu
     phase = {"kind": kind, "mode": mode, "concurrency": int(level) if kind != "open" else None,
              "rate": level if kind == "open" else None, "time_limit_s": time_limit,
              "max_requests": max_requests, "first_prompt": target.offset % len(target.prompts),
@@ -199,6 +205,15 @@ def _phase(server: ServerProcess, target: Target, kind: str, level: float, plan:
         f"TTFT p50 {_fmt(summary['ttft_s']['p50'])} s, TPOT p50 {_fmt(summary['tpot_s']['p50'], 1000)} ms, "
         f"metrics {'agree' if phase['metrics']['agree'] else 'DISAGREE'}")
     return phase
+
+
+def server_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid`, all its threads (Linux /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _fmt(x, scale=1.0) -> str:
@@ -232,7 +247,8 @@ def run_load(plan: LoadPlan, out: Path, log=print) -> dict:
 
         pair("warmup", 1, plan.phase_s, 1)  # first-call costs and the cost controller's profile
         for c in plan.concurrency:
-            phases += pair("closed", c, plan.phase_s, plan.requests)
+            for k in range(plan.repeats):  # every other pair the other way round: both see the drift of load
+                phases += pair("closed", c, plan.phase_s, plan.requests, modes=plan.modes[::1 if k % 2 == 0 else -1])
         for rate in plan.rates:
             phases += pair("open", rate, plan.phase_s, plan.requests)
         if plan.soak_s > 0:
@@ -248,12 +264,13 @@ def run_load(plan: LoadPlan, out: Path, log=print) -> dict:
 
 # ---- goals (issue 8, item 7) ------------------------------------------------------------------
 
-def _throughput(phases: list[dict], kind: str, level, mode: str) -> float | None:
+def _throughput(phases: list[dict], kind: str, level, mode: str, per: str = "wall_s") -> float | None:
+    """Output tokens per second of wall time (per="wall_s") or of the server's CPU time
+    ("server_cpu_s"), pooled over the matching phases (a level's repeats)."""
     key = "rate" if kind == "open" else "concurrency"
-    for p in phases:
-        if p["kind"] == kind and p[key] == level and p["mode"] == mode and p["ok"]:
-            return p["throughput_tok_s"]
-    return None
+    match = [p for p in phases if p["kind"] == kind and p[key] == level and p["mode"] == mode and p["ok"]]
+    seconds = sum(p.get(per) or 0.0 for p in match)
+    return sum(p["output_tokens"] for p in match) / seconds if match and seconds > 0 else None
 
 
 def _ratio(a, b) -> float | None:
@@ -275,6 +292,9 @@ def goals(phases: list[dict]) -> dict:
     out["spec_on_over_off_c1"] = goal(on_off.get(1), 1.4)
     out["spec_on_over_off_c32"] = goal(on_off.get(32), 0.95)
     out["spec_on_over_off_by_concurrency"] = on_off
+    out["spec_on_over_off_by_concurrency_cpu"] = {  # tokens per server CPU second
+        c: _ratio(_throughput(phases, "closed", c, "on", "server_cpu_s"),
+                  _throughput(phases, "closed", c, "off", "server_cpu_s")) for c in closed}
     soak = [p for p in phases if p["kind"] == "soak"]
     out["soak"] = ({"clients": soak[0]["concurrency"], "seconds": soak[0]["time_limit_s"],
                     "requests": soak[0]["requests"], "errors": soak[0]["errors"], "lost": soak[0]["lost"],
