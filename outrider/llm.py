@@ -106,16 +106,17 @@ class LLM:
     def encode_images(self, prompt: str, images: list, chat: bool = False) -> tuple[list[int], tuple]:
         """A prompt with images: its token ids (each image's tokens expanded) and the image rows
         that replace them (Request.prompt_embeds); models/image_prompt.py."""
-        from .models.image_prompt import expand, image_text, prompt_embeds, read_pixels
+        from .models.image_pixels import read_image
+        from .models.image_prompt import expand_text, image_text, prompt_embeds
 
         tower = self.target.vision
         if tower is None:
             raise ConfigError(f"model '{self.name}' is a text model ({self.target.config.architecture}): it takes no "
                               "images; give one to a vision-language model (docs/models.md)")
         check_text(prompt, "the prompt")
-        pixels = [read_pixels(image, tower.config, self.path) for image in images]
-        text = image_text(prompt, len(images), chat, self.tokenizer)
-        ids = expand(self.tokenizer(text, add_special_tokens=not chat)["input_ids"], tower.config, self.tokenizer)
+        pixels = [read_image(image, tower.config, self.path) for image in images]
+        text = expand_text(image_text(prompt, len(images), chat, self.tokenizer), pixels, tower.config, self.tokenizer)
+        ids = self.tokenizer(text, add_special_tokens=not chat)["input_ids"]
         return ids, prompt_embeds(tower, ids, pixels)
 
     def grammars(self):

@@ -20,13 +20,15 @@ from outrider.engine.request import Request
 from outrider.engine.speculator import SpecOptions, Speculator
 from outrider.errors import ConfigError, ModelError
 from outrider.models.batch import pack, with_embeds
-from outrider.models.image_prompt import expand, prompt_embeds, read_pixels
+from outrider.models.image_pixels import read_image, read_pixels
+from outrider.models.image_prompt import expand, prompt_embeds
 from outrider.sampling import SamplingParams
 from outrider.spec.shapes import parse_shape
 from outrider.weights.loader import load_decoder
 from tiny import add_tokenizer, make_tiny
 
 VOCAB, IMAGE, AROUND, GLOBAL = 96, 93, 94, 95
+GRID, GRID_NAMES = 84, [f"<row_{i}_col_{j}>" for i in (1, 2, 3) for j in (1, 2, 3)]  # tokens 84 .. 92
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {% if m['content'] is string %}{{ m['content'] }}"
             "{% else %}{% for c in m['content'] %}{% if c['type'] == 'image' %}<image>{% else %}{{ c['text'] }}"
             "{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
@@ -34,20 +36,21 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {% if m['content
 
 
 def _tokenizer(folder):
-    """A word-level tokenizer w3 .. w92, with <image>, <fake_token_around_image> and <global-img>
-    as special tokens 93, 94, 95 (as SmolVLM's tokenizer keeps them) and a chat template that
-    places an image content item as <image>."""
+    """A word-level tokenizer w3 .. w83, with <row_i_col_j> (i, j <= 3) as special tokens 84 .. 92
+    and <image>, <fake_token_around_image> and <global-img> as 93, 94, 95 (as SmolVLM's tokenizer
+    keeps them) and a chat template that places an image content item as <image>."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2, **{f"w{i}": i for i in range(3, IMAGE)},
+    words = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2, **{f"w{i}": i for i in range(3, GRID)},
+             **{name: GRID + i for i, name in enumerate(GRID_NAMES)},
              "<image>": IMAGE, "<fake_token_around_image>": AROUND, "<global-img>": GLOBAL}
     tok = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.decoder = decoders.WordPiece(prefix="##")
     tok.add_special_tokens([AddedToken(w, normalized=False, special=True)
                             for w in ("<|im_start|>", "<|im_end|>", "<image>", "<fake_token_around_image>",
-                                      "<global-img>")])
+                                      "<global-img>", *GRID_NAMES)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>",
                                    bos_token="<|im_start|>")
     fast.chat_template = TEMPLATE
@@ -249,6 +252,38 @@ def test_our_preprocessing_gives_the_processors_pixels_for_an_unsplit_image(vlm,
     Image.fromarray((torch.rand(*shape, 3) * 255).to(torch.uint8).numpy()).save(png)
     want = processor(images=[[Image.open(png)]], return_tensors="pt")["pixel_values"][0, 0]  # [3, 32, 32]
     assert torch.allclose(read_pixels(png, vlm[3].config.vision, tmp_path), want, atol=1e-5)
+
+
+def test_a_split_image_gives_transformers_processor_inputs_and_tokens(vlm, tmp_path):
+    """With the processor's do_image_splitting (a preprocessor_config.json in the folder), a 70 x 50
+    image becomes 2 x 2 tiles and the whole image: our tokens and tiles equal transformers'
+    processor's, and LLM.generate(images=) answers transformers' greedy tokens on them."""
+    import shutil
+
+    from outrider import LLM
+
+    Image = pytest.importorskip("PIL.Image")
+    folder, reference, tokenizer, model, _, _ = vlm
+    shutil.copytree(folder, tmp_path / "m")
+    image_processor = tf.Idefics3ImageProcessorPil(do_image_splitting=True, size={"longest_edge": 64},
+                                                   max_image_size={"longest_edge": 32})
+    image_processor.save_pretrained(tmp_path / "m")
+    torch.manual_seed(6)
+    png = tmp_path / "image.png"
+    Image.fromarray((torch.rand(50, 70, 3) * 255).to(torch.uint8).numpy()).save(png)
+    ours = read_image(png, model.config.vision, tmp_path / "m")
+    assert (ours.rows, ours.cols, ours.tiles.shape[0]) == (2, 2, 5)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text",
+                                          "text": "w5 w6"}]}], add_generation_prompt=True, tokenize=False)
+    processor = tf.Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4)
+    inputs = processor(text=[text], images=[[Image.open(png)]], add_special_tokens=False, return_tensors="pt")
+    assert torch.allclose(ours.tiles, inputs["pixel_values"][0], atol=1e-5)
+    llm = LLM(str(tmp_path / "m"), dtype="float32", prefix_cache_mb=0)
+    ids, embeds = llm.encode_images("w5 w6", [png], chat=True)
+    assert ids == inputs["input_ids"][0].tolist() and ids.count(IMAGE) == 20 and GRID + 4 in ids  # <row_2_col_2>
+    with torch.no_grad():
+        out = reference.generate(**inputs, max_new_tokens=12, do_sample=False, eos_token_id=2)
+    assert llm.generate("w5 w6", 12, chat=True, images=png).token_ids == out[0, len(ids):].tolist()
 
 
 def test_one_line_refusals(vlm, tmp_path, capsys):
