@@ -290,6 +290,8 @@ def test_one_line_refusals(vlm, tmp_path, capsys):
     import numpy as np
 
     folder = vlm[0]
+    assert main(["models", "check", str(folder)]) == 0
+    assert "a vision tower (2 layers, 32 x 32 tiles of 4 image tokens)" in capsys.readouterr().out
     code, _, err = _cli(capsys, "w5", "--model", str(folder), "--image", str(tmp_path / "missing.png"))
     assert code == 2 and err.strip().count("\n") == 0 and "no such file" in err
     bad = tmp_path / "small.npy"

@@ -95,8 +95,11 @@ def check_command(args) -> int:
         moe = (f", MoE MLPs in {sparse} layers ({c.moe.num_experts} experts, top {c.moe.top_k}{groups}{scored}"
                f"{scaled}{', a shared expert' if c.moe.shared_size else ''})")
     windows = _window_bytes(c) if c.layer_windows and c.mla is None and c.delta is None else ""
+    v = c.vision  # a vision-language model's tower (models/vision_encoder.py)
+    vision = (f", a vision tower ({v.num_layers} layers, {v.image_size} x {v.image_size} tiles of "
+              f"{v.rows_per_image} image tokens)" if v is not None else "")
     print(f"supported: {folder}: {c.architecture}, {c.num_layers} layers ({', '.join(kinds)}){moe}, "
-          f"hidden {c.hidden_size}, vocab {c.vocab_size}, RoPE {rope}{windows}")
+          f"hidden {c.hidden_size}, vocab {c.vocab_size}, RoPE {rope}{windows}{vision}")
     return 0
 
 
