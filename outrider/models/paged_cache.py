@@ -16,10 +16,10 @@ only at masked columns (finite values times a zero weight), so the result equals
 partial last one; a write into a page held by more than one slot first copies it (copy on
 write), so sharing never changes what another slot reads.
 
-Attention over pages: `span` gathers a span's pages into [S, G, L, D] (one index_select a layer,
-K and V, read as a view: the slow reference, exact; heads first in the pool so the gathered pages
-of a slot are already its rows in order). The native decoder layer reads slot caches only; a decoder given a paged cache
-runs the torch layers (models/decoder.py).
+Attention over pages: `span` gathers a span's pages into [S, G, L, D] (one row gather a layer for
+K and for V, read as a view: the slow reference, exact; heads first in the pool, so a slot's
+gathered pages are its rows in order). The native decoder layer reads slot caches only: a decoder
+given a paged cache runs the torch layers (models/decoder.py).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 
 import torch
+import torch.nn.functional as F
 
 
 class OutOfPages(RuntimeError):
@@ -39,7 +40,8 @@ class PagedKVCache:
     def __init__(self, num_layers: int, num_slots: int, max_len: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str, num_pages: int, page_size: int = 16):
         if num_pages < 1 or page_size < 1:
-            raise ValueError(f"a paged cache needs at least one page of at least one row, got {num_pages} x {page_size}")
+            raise ValueError(f"a paged cache needs at least one page of at least one row, got {num_pages} x "
+                             f"{page_size}")
         shape = (kv_heads, num_pages + 1, page_size, head_dim)
         # zeros: a page not yet written is read (masked) as finite values
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -54,6 +56,8 @@ class PagedKVCache:
         self.table = torch.full((num_slots, self._max_pages()), num_pages, dtype=torch.long, device=device)
         self._mapped = None  # (rows tensor, version, page [B, T], offset [B, T]) of the last write
         self._version = 0  # bumped whenever a table entry changes
+        self._read = None  # (what, length, version) and the table rows a read covers
+        self._picks = None  # (those rows, the pool rows they pick)
 
     def _max_pages(self) -> int:
         return -(-(self.max_len + 1) // self.page_size)
@@ -247,22 +251,36 @@ class PagedKVCache:
 
     def _pages(self, cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
         """The first `length` rows of each table row's pages: table [S, n] -> [S, G, length, D] (a view
-        of one copy)."""
+        of one copy: the pool seen as [G (pages + 1), P D] rows, each head's pages picked as rows)."""
         S, n = table.shape
-        G, _, P, D = cache.shape
-        picked = cache.index_select(1, table.reshape(S * n))  # [G, S n, P, D]: slot s's pages in order
+        G, pages, P, D = cache.shape
+        m = self._picks
+        if m is None or m[0] is not table:  # the same picks for every layer of a forward
+            heads = torch.arange(G, device=table.device).view(G, 1) * pages  # [G, 1]
+            m = self._picks = (table, (heads + table.reshape(1, S * n)).reshape(G * S * n))
+        picked = F.embedding(m[1], cache.view(G * pages, P * D))  # [G S n, P D]: a row copy each
         return picked.view(G, S, n * P, D).transpose(0, 1)[:, :, :length]
 
     def gather(self, layer: int, slots: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of `slots` (long [S]), rows 0 .. length - 1: [S, G, L, D] copies."""
-        table = self.table[slots.to(self.table.device), : self.pages_for(length)]
+        table = self._span_table(("slots", tuple(slots.tolist())), length)
         return self._pages(self.k[layer], table, length), self._pages(self.v[layer], table, length)
 
     def span(self, layer: int, first: int, size: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of slots first .. first + size - 1, rows 0 .. length - 1: [S, G, L, D],
         gathered from their pages (the reference: a copy)."""
-        table = self.table[first: first + size, : self.pages_for(length)]
+        table = self._span_table(("span", first, size), length)
         return self._pages(self.k[layer], table, length), self._pages(self.v[layer], table, length)
+
+    def _span_table(self, which: tuple, length: int) -> torch.Tensor:
+        """The block-table rows a read covers ([S, pages for length]), one tensor for every layer of a
+        forward (so their picks are made once) until the table changes."""
+        key = (which, length, self._version)
+        if self._read is None or self._read[0] != key:
+            n = self.pages_for(length)
+            rows = self.table[which[1]: which[1] + which[2]] if which[0] == "span" else self.table[list(which[1])]
+            self._read = (key, rows[:, :n].contiguous())
+        return self._read[1]
 
     def keys(self, layer: int, slot: int, length: int) -> torch.Tensor:
         """A slot's first `length` keys of a layer, [G, length, D] (a copy)."""
