@@ -220,10 +220,11 @@ def kv_line(worker) -> str:
         return "K/V: held by the replicas"
     if getattr(engine, "paged", False):
         cache = engine.cache
-        return (f"K/V: paged, {cache.num_pages} pages of {cache.page_size} rows ({cache.nbytes() / (1 << 20):.0f} MiB), "
+        mib = cache.nbytes() / (1 << 20)
+        return (f"K/V: paged, {cache.num_pages} pages of {cache.page_size} rows ({mib:.0f} MiB), "
                 f"up to {engine.scheduler.num_slots} requests at once as their pages allow")
-    return (f"K/V: {engine.scheduler.num_slots} slots of {engine.max_len} rows ({engine.cache.nbytes() / (1 << 20):.0f} "
-            "MiB; --kv-memory pages it)")
+    mib = engine.cache.nbytes() / (1 << 20)
+    return f"K/V: {engine.scheduler.num_slots} slots of {engine.max_len} rows ({mib:.0f} MiB; --kv-memory pages it)"
 
 
 def serve(options: ServeOptions, log=print, builder=None) -> int:
