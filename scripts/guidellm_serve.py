@@ -161,6 +161,8 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=32, help="requests per level and tool")
     ap.add_argument("--seconds", type=float, default=300, help="at most this long per level and tool")
     ap.add_argument("--threads", type=int, default=None, help="the server's CPU threads")
+    ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                    help="one more `outrider serve` argument, repeatable (e.g. --server-arg=--no-prefix-cache)")
     ap.add_argument("--guidellm", default=None, help="guidellm's executable (default: beside python, or on PATH)")
     ap.add_argument("--skip-builtin", action="store_true", help="guidellm alone")
     ap.add_argument("--dry-run", action="store_true", help="write the scenario, print the command, run nothing")
@@ -176,7 +178,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     plan = LoadPlan(model=args.model, drafter=args.drafter, controller=args.controller, workload=args.workload,
                     prompts=args.prompts, max_tokens=args.max_tokens, concurrency=tuple(levels),
-                    requests=max(args.requests, 256), threads=args.threads).check()
+                    requests=max(args.requests, 256), threads=args.threads,
+                    server_args=tuple(args.server_arg)).check()
     try:
         prompts, chat, source = load_prompts(plan)
         folder = resolve_model(args.model)
