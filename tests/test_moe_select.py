@@ -1,5 +1,6 @@
 """The LOSSY verify-side expert selections: AcceptMoE (spec/acceptmoe.py, `--verifier
-acceptmoe-lossy`) and EdgeXpert (models/edgexpert.py, `--verifier edgexpert-lossy`), on the shared
+acceptmoe-lossy`), EdgeXpert (models/edgexpert.py, `--verifier edgexpert-lossy`) and S2-MoE's
+reuse-aware gating (spec/s2moe_gate.py, `--verifier s2moe-gate-lossy`), on the shared
 mechanics of models/expert_select.py. Refused by any other name, at temperature > 0 and on a dense
 target; never a default nor among the lossless verifiers. With a budget covering every expert the
 greedy output equals plain decoding's token for token (so the end-to-end runs can fail); with a
@@ -26,6 +27,7 @@ from outrider.models.expert_select import (ExpertTraffic, RowGroups, smallest_co
 from outrider.models.moe_layer import route
 from outrider.sampling import SamplingParams
 from outrider.spec.acceptmoe import AcceptMoeSelection, CommitPrior
+from outrider.spec.s2moe_gate import ReuseGate
 from outrider.spec.types import DraftTree
 from outrider.spec.verifiers import choose_verifier, lossless_names, verifier_entry
 from outrider.weights.loader import load_decoder
@@ -56,21 +58,21 @@ def _run(qwen, verifier, tree="static:2,2,1"):
 # -- names and refusals ---------------------------------------------------------------------------
 
 def test_refused_without_the_lossy_name_and_never_a_default():
-    for name in ("acceptmoe", "edgexpert", "acceptmoe:0.9", "edgexpert:2"):
+    for name in ("acceptmoe", "edgexpert", "acceptmoe:0.9", "edgexpert:2", "s2moe-gate", "s2moe-gate:2"):
         with pytest.raises(ConfigError, match="no such verifier"):
             SpecOptions("s2moe:1", "static:2,1", verifier=name).check()
-    for name in ("acceptmoe-lossy", "edgexpert-lossy"):
+    for name in ("acceptmoe-lossy", "edgexpert-lossy", "s2moe-gate-lossy"):
         assert name not in lossless_names() and verifier_entry(name).lossy
         assert not choose_verifier("tree", False, SamplingParams(0.0)).name.endswith("lossy")
         with pytest.raises(ConfigError, match="temperature 0"):
             SpecOptions("s2moe:1", "static:2,1", verifier=name).check_sampling(SamplingParams(0.8))
     for bad in ("acceptmoe-lossy:0", "acceptmoe-lossy:1.5", "acceptmoe-lossy:0.9,resident=0",
                 "acceptmoe-lossy:x", "acceptmoe-lossy:0.9,budget=2", "edgexpert-lossy:0", "edgexpert-lossy:2,important=0",
-                "edgexpert-lossy:2,resident=2"):
+                "edgexpert-lossy:2,resident=2", "s2moe-gate-lossy:0", "s2moe-gate-lossy:2,lambda=-1"):
         with pytest.raises(ConfigError, match="lossy"):
             verifier_entry(bad)
     dense = SimpleNamespace(config=SimpleNamespace(moe=None, mlp_kinds=("dense",)))
-    for selection in (AcceptMoeSelection(), EdgeXpertSelection()):
+    for selection in (AcceptMoeSelection(), EdgeXpertSelection(), ReuseGate()):
         with pytest.raises(ConfigError, match="no MoE layers"):
             selection.check_target(dense)
 
@@ -78,7 +80,8 @@ def test_refused_without_the_lossy_name_and_never_a_default():
 # -- exact when every expert is eligible ---------------------------------------------------------
 
 @pytest.mark.parametrize("verifier", ["acceptmoe-lossy:1", "acceptmoe-lossy:1,resident=2",
-                                      "edgexpert-lossy:8,important=1", "edgexpert-lossy:8,important=1,budget=3"])
+                                      "edgexpert-lossy:8,important=1", "edgexpert-lossy:8,important=1,budget=3",
+                                      "s2moe-gate-lossy:8", "s2moe-gate-lossy:2,lambda=0"])
 def test_every_expert_eligible_equals_plain(qwen, verifier):
     tokens, selection, done = _run(qwen, verifier)
     assert tokens == qwen[2]
@@ -87,7 +90,8 @@ def test_every_expert_eligible_equals_plain(qwen, verifier):
     assert verify.forwards > 0 and verify.distinct == verify.distinct_exact > 0
 
 
-@pytest.mark.parametrize("verifier", ["acceptmoe-lossy:0.3", "edgexpert-lossy:2,important=0.25"])
+@pytest.mark.parametrize("verifier", ["acceptmoe-lossy:0.3", "edgexpert-lossy:2,important=0.25",
+                                      "s2moe-gate-lossy:2,lambda=4"])
 def test_a_small_budget_reads_fewer_experts(qwen, verifier):
     _, selection, _ = _run(qwen, verifier)
     verify = selection.traffic.phases["verify"]
@@ -249,3 +253,33 @@ def test_traffic_counts_bytes_and_lru_moves():
     assert ExpertTraffic().resident("layer") == set()
     rows = RowGroups(torch.tensor([0, -1]), torch.ones(2), torch.tensor([True, False]), 1)
     assert rows.phase == "verify"
+
+
+def test_reuse_gate_biases_toward_the_trees_best_experts(qwen):
+    model = qwen[1]
+    cfg = model.config.moe
+    w = next(layer.moe for layer in model.layers if layer.moe is not None)
+    x = torch.randn(8, model.config.hidden_size, generator=torch.Generator().manual_seed(5))  # 6 nodes, 2 padding
+    tree = DraftTree(torch.arange(6), torch.tensor([-1, 0, 0, 1, 2, 3]), confidence=torch.tensor([1, .6, .3, .5, .1, .4]))
+    scores = torch.softmax(x @ w.router.T, -1)
+    logits = scores.log()
+    g = (logits[:6] * tree.confidence[:, None]).sum(0)
+    star = set(torch.topk(g, 3).indices.tolist())
+    exact = route(x, w.router, cfg)[1]
+    moved = 0
+    for strength in (0.2, 0.5, 1.0, 2.0, 100.0):
+        gate = ReuseGate(cap=3, strength=strength)
+        gate.rows = gate.verify_rows((1, 8), [tree], [True])[0]
+        _, experts = gate.route(w, cfg, x)
+        assert torch.equal(experts[6:], exact[6:])  # padding: exact
+        for r in range(6):
+            top = torch.topk(logits[r], 3).values
+            bias = strength * float(top[0] - top[-1])  # top-1 minus the (k+1)-th
+            biased = [float(logits[r, e]) + (bias if e in star else 0.0) for e in range(cfg.num_experts)]
+            want = set(sorted(range(cfg.num_experts), key=lambda e: -biased[e])[:2])
+            assert set(experts[r].tolist()) == want
+            moved += want != set(exact[r].tolist())
+        if strength == 100.0:
+            assert set(experts[:6].reshape(-1).tolist()) <= star
+            assert len(set(experts[:6].reshape(-1).tolist())) < len(set(exact[:6].reshape(-1).tolist()))
+    assert moved > 0

@@ -43,6 +43,8 @@ from ..models.edgexpert import verifier as edgexpert_verifier
 from ..sampling import SamplingParams
 from .acceptmoe import NAME as ACCEPTMOE_NAME
 from .acceptmoe import verifier as acceptmoe_verifier
+from .s2moe_gate import NAME as GATE_NAME
+from .s2moe_gate import verifier as gate_verifier
 from .types import TREE_KINDS, DraftTree, VerifyResult
 from .verify_chain import verify_chain, verify_chain_reference
 from .verify_greedy import verify_greedy_chain, verify_greedy_reference, verify_greedy_tree
@@ -89,6 +91,7 @@ PARAMETERIZED: dict[str, Callable[[str], Entry]] = {
     # LOSSY MoE routing of the verify forward (docs/methods.md#acceptmoe, #edgexpert); greedy walks
     ACCEPTMOE_NAME: lambda argument: Entry(acceptmoe_verifier(argument), TREE_KINDS, False, True, lossy=True),
     EDGEXPERT_NAME: lambda argument: Entry(edgexpert_verifier(argument), TREE_KINDS, False, True, lossy=True),
+    GATE_NAME: lambda argument: Entry(gate_verifier(argument), TREE_KINDS, False, True, lossy=True),
 }
 _BUILT: dict[str, Entry] = {}
 
