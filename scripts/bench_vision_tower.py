@@ -4,7 +4,7 @@ thread CPU seconds.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_vision_tower.py --tiles 1 --repeats 3
 
-Defaults are SmolVLM-256M's config.json sizes: vision 768 wide, 12 layers, 12 heads, MLP 3072,
+Defaults are SmolVLM-256M's sizes as we know its published config.json (not read from a file): vision 768 wide, 12 layers, 12 heads, MLP 3072,
 512 x 512 tiles of 16-pixel patches, scale factor 4 (64 image tokens a tile), text hidden 576.
 """
 
