@@ -14,6 +14,7 @@ sequence alone.
 """
 
 import json
+from dataclasses import replace
 
 import pytest
 from eagle3_tiny import write_eagle3
@@ -23,6 +24,7 @@ from tiny import make_tiny
 from outrider.control.controllers import FixedController
 from outrider.drafters.eagle3 import Eagle3Drafter
 from outrider.drafters.model import ModelDrafter
+from outrider.drafters.model_growers import TreeGrowers
 from outrider.engine.generate import generate_ids
 from outrider.engine.request import Request
 from outrider.heads.eagle3.format import load_eagle3
@@ -180,3 +182,47 @@ def test_sampled_siblings_same_alone_in_a_batch_and_by_the_reference(models, kin
     assert summary(alone) == summary(together)
     slow = drafter_of(kind, models, shape, batched=False)
     assert summary(run(target, speculator(slow, shape, 3), params=params)) == summary(together)
+
+
+class _Budgeted:
+    """Wraps a drafter: every budget it gets carries `nodes`, `min_confidence` and a chain's
+    `stop` after `stop_after` drafts (the engine sizes `nodes` from the depth itself); records
+    every tree."""
+
+    def __init__(self, drafter, nodes: int, min_confidence: float = 0.0, stop_after: int | None = None):
+        self.drafter, self.trees = drafter, []
+        stop = None if stop_after is None else (lambda entropies: len(entropies) >= stop_after)
+        self.fields = {"nodes": nodes, "min_confidence": min_confidence, "stop": stop}
+
+    def propose_batch(self, seq_ids, tokens, budgets):
+        trees = self.drafter.propose_batch(seq_ids, tokens, [replace(b, **self.fields) for b in budgets])
+        self.trees += trees
+        return trees
+
+    def __getattr__(self, name):
+        return getattr(self.drafter, name)
+
+
+@pytest.mark.parametrize("kind", ["draft-model", "eagle3"])
+def test_one_grower_honours_every_budget_field_for_every_model_drafter(models, kind):
+    """Issue 43: the draft model and the EAGLE-3 head grow their trees with the one grower
+    (drafters/model_growers.py), so every shape honours every Budget field for both: at most
+    `nodes` drafts, no node below `min_confidence` expanded, a chain stopped by `stop`; greedy
+    output stays plain's."""
+    target = models[0]
+    plain = [f.token_ids for f in run(target, None)]
+    for shape in ("chain", "static:2,2,1", "dynamic:2,4"):
+        for nodes, confidence, stop_after in ((2, 0.0, None), (3, 0.0, 1), (3, 0.5, None)):
+            drafter = drafter_of(kind, models, shape).drafter
+            assert isinstance(drafter, TreeGrowers)
+            budgeted = _Budgeted(drafter, nodes, confidence, stop_after)
+            spec = Speculator(SpecOptions(drafter.name, shape, "fixed:3"), budgeted, FixedController(3),
+                              parse_shape(shape))
+            assert [f.token_ids for f in run(target, spec)] == plain
+            trees = budgeted.trees
+            assert trees and all(tree.size - 1 <= nodes for tree in trees), (shape, nodes)
+            if shape == "chain" and not confidence:  # the stop, else the budget, bounds every chain
+                assert max(tree.size for tree in trees) == 1 + (stop_after or nodes)
+            for tree in trees:  # a node with children was expanded: its path confidence is >= the floor
+                expanded = {p for p in tree.parents.tolist()[1:] if p > 0}
+                assert all(float(tree.confidence[p]) >= confidence - 1e-6 for p in expanded), (shape, tree)

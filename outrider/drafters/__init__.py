@@ -9,8 +9,8 @@
                       shape grown); draft_model.py and early_exit.py register it as
                       `draft-model:NAME` and `early-exit:K`; s2moe.py as `s2moe:K'` (the MoE
                       target routing fewer experts a token: S2-MoE's expert skip)
-    eagle3.py         an EAGLE-3 head drafting from the target's features (heads/eagle3/head.py);
-                      eagle3_options.py its argument
+    eagle3.py         an EAGLE-3 head drafting from the target's features (heads/eagle3/head.py;
+                      its trees grown by model_growers.py too); eagle3_options.py its argument
     dflash.py         a DFlash block head: a whole block per forward (heads/dflash/head.py)
     block.py          a drafted block and its trees: argmax and sampled chains, DDTree
     refiners/         block refiners (ReTrace, CURE, DARTree, LiLiCorr): block -> draft tree

@@ -40,9 +40,7 @@ positions (`rows`) are its cache rows plus `shift` past the sink.
 
 from __future__ import annotations
 
-import heapq
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -54,14 +52,14 @@ from ..sampling import SamplingParams, warp_probs
 from ..spec.random import PositionalRandom
 from ..spec.shapes import TreeShape
 from ..spec.types import Budget, DraftTree, VerifyResult
-from .base import DrafterBase, ancestors_kept
+from .base import DrafterBase
 from .capabilities import Capabilities, Drafts
 from .draft_model import draft_vocab_ids
 from .eagle3_options import USAGE, argument_options, check_fits, head_dtype, parse_argument, split_dtype  # noqa: F401 (tests)
-from .grow import Feed, Grower, done, grow_alone, grow_together
+from .grow import Feed, done, grow_alone, grow_together
+from .model_growers import TreeGrowers
 from .pending import PendingRows
 from .registry import DrafterEntry, register
-from .siblings import draw_siblings
 from .slots import SlotCache
 from .window import Window, reclaim
 
@@ -83,10 +81,13 @@ class _State:
     last_hidden: torch.Tensor | None = None  # [H] output hidden of row rows-1
     last_logits: torch.Tensor | None = None  # [Vd] its logits
     shift: int = 0  # positions minus cache rows past the sink (a window reclaimed the rows between)
+    base: int = 0  # the round's root position (committed tokens - 1): the grower's draws count from it
+    fed: set = field(default_factory=set)  # the round's tree nodes a forward wrote (the grower's record)
 
 
-class Eagle3Drafter(DrafterBase):
+class Eagle3Drafter(TreeGrowers, DrafterBase):
     """Drafts with an EAGLE-3 head; `capabilities.needs_hidden` are this head's target layers.
+    Trees grow by the model drafters' growers (model_growers.py), fed each parent's output hidden.
     batched=False drafts each sequence with forwards of its own (the slow reference, grow.py)."""
 
     def __init__(self, head: Eagle3Head, shape: TreeShape, taps: tuple[int, ...], name: str = "eagle3",
@@ -97,7 +98,7 @@ class Eagle3Drafter(DrafterBase):
         self.name = name
         self.batched = batched
         self.capabilities = Capabilities(trees=TREES, needs_hidden=tuple(taps), couples=True)
-        self.vocab = head.config.vocab_size
+        self.target_vocab = head.config.vocab_size
         self.slots = SlotCache(head.new_cache)
         self._states: dict[int, _State] = {}
 
@@ -169,7 +170,10 @@ class Eagle3Drafter(DrafterBase):
         self.slots.ensure_rows(max(len(t) - st.shift + self.shape.fed_nodes(d) + 1
                                    for st, t, d in zip(states, tokens, depths)))
         self._catch_up(states, tokens)
-        growers = [self._grower(st, toks, depth, budget)
+        for st, toks in zip(states, tokens):
+            st.base, st.fed = len(toks) - 1, {0}
+        growers = [self._grower(st, toks[-1], (st.last_logits, st.last_hidden), depth, budget) if st.rows
+                   else done(DraftTree.root_only(toks[-1]))  # a one-token prompt: no feature yet
                    for st, toks, depth, budget in zip(states, tokens, depths, budgets)]
 
         def forward(indices: list[int], feeds: list[Feed]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -178,15 +182,6 @@ class Eagle3Drafter(DrafterBase):
                                  shifts=[st.shift for st in chosen])
 
         return (grow_together if self.batched else grow_alone)(growers, forward)
-
-    def _grower(self, st: _State, tokens: list[int], depth: int, budget: Budget) -> Grower:
-        if st.rows == 0 or depth < 1 or budget.nodes < 1:  # a one-token prompt: no feature yet
-            return done(DraftTree.root_only(tokens[-1]))
-        if self.shape.is_chain:
-            return self._chain(st, tokens, min(depth, budget.nodes), budget.min_confidence, budget.stop)
-        if self.shape.kind == "sampled" and not st.params.greedy:
-            return self._sampled(st, tokens, depth, budget.nodes, budget.min_confidence)
-        return self._tree(st, tokens[-1], depth, budget.nodes, budget.min_confidence)
 
     # -- the head's forward -------------------------------------------------------------------
     def _forward(self, slots: list[int], starts: list[int], feeds: list[Feed], last_only: bool = False,
@@ -246,132 +241,22 @@ class Eagle3Drafter(DrafterBase):
         if self.window is not None:
             _, st.shift = reclaim(self.window, self.cache, st.slot, st.rows - st.shift, st.shift)
 
-    # -- drafting, one sequence (a grower: yields the nodes to feed, grow.py) -------------------
-    def _chain(self, st: _State, tokens: list[int], k: int, min_confidence: float = 0.0, stop=None) -> Grower:
-        """Up to k drafts; after the first whose path confidence falls below `min_confidence`, or
-        after which `stop(entropies)` says so (Budget.stop: the entropies, nats, of the head's
-        distributions over its draft vocabulary the drafts so far came from, as
-        drafters/model_growers.py reports them), no deeper one is drafted (that one is kept:
-        dropping a sampled draft for its own probability would bias the drafts the verifier sees
-        as draws from q; the entropy of the distribution a draft came from does not depend on
-        the draft drawn)."""
-        sampling = not st.params.greedy
-        rng = st.rng.at(len(tokens))  # offset d - 1: the token at depth d
-        logits, hidden = st.last_logits, st.last_hidden
-        drafts, qs, confidence, entropies = [], [], [1.0], []
-        for d in range(1, k + 1):
-            if sampling:
-                q = warp_probs(self.head.target_logits(logits), st.params)  # over [V]
-                token = rng.categorical(q, offset=d - 1)
-                qs.append(q)
-                confidence.append(confidence[-1] * float(q[token]))
-            else:
-                token = self.head.greedy_token(logits)
-                share = torch.exp(logits.float().max() - logits.float().logsumexp(-1))  # its softmax share
-                confidence.append(confidence[-1] * float(share))
-            drafts.append(token)
-            halt = False
-            if stop is not None:  # told every draft's entropy, the last one's too
-                logp = torch.log_softmax(logits.float(), dim=-1)  # [Vd]
-                entropies.append(float(-(logp.exp() * logp).sum()))
-                halt = stop(entropies)
-            if d < k and confidence[-1] >= min_confidence and not halt:
-                out_logits, out_hidden = yield Feed([token], list(range(-1, d)), d, hidden.unsqueeze(0))
-                logits, hidden = out_logits[0], out_hidden[0]
-            else:
-                break
-        probs = None
-        if sampling:
-            probs = torch.zeros(len(drafts) + 1, self.vocab)
-            probs[: len(drafts)] = torch.stack(qs).cpu()
-        return replace(DraftTree.chain(tokens[-1], drafts, probs), confidence=torch.tensor(confidence))
+    # -- what a node's output means to the growers (model_growers.py) -------------------------
+    def _q(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        """q: the head's warped distribution over the target vocabulary [V] from draft logits [Vd]."""
+        return warp_probs(self.head.target_logits(logits), params)
 
-    def _sampled(self, st: _State, committed: list[int], depth: int, max_nodes: int,
-                 min_confidence: float = 0.0) -> Grower:
-        """b children per node drawn from q (the head's warped distribution over the target
-        vocabulary) without replacement (siblings.py), q kept for the verifier; a node whose path
-        confidence is below `min_confidence` gets none (a rule on its own path, never on which of
-        its siblings were drawn)."""
-        rng = st.rng.at(len(committed))  # offset d: the tokens at depth d + 1
-        tokens, parents, confidence, qs = [committed[-1]], [-1], [1.0], {}
-        frontier = [0]
-        logits, hidden = st.last_logits.unsqueeze(0), st.last_hidden.unsqueeze(0)  # [f, Vd], [f, H]
-        for d in range(depth):
-            new, inputs = [], []
-            for row, node in enumerate(frontier):
-                if len(tokens) - 1 >= max_nodes:
-                    break
-                q = warp_probs(self.head.target_logits(logits[row]), st.params)  # [V]
-                qs[node] = q
-                for token, share in draw_siblings(q, min(self.shape.branching[d], max_nodes - len(tokens) + 1), rng, d):
-                    tokens.append(token)
-                    parents.append(node)
-                    confidence.append(confidence[node] * share)
-                    new.append(len(tokens) - 1)
-                    inputs.append(row)
-            if not new or d == depth - 1 or max(confidence[i] for i in new) < min_confidence:
-                break
-            first = new[0]
-            out_logits, out_hidden = yield Feed(tokens[first:], list(parents), first, hidden[inputs])
-            keep = [j for j, i in enumerate(new) if confidence[i] >= min_confidence]
-            frontier = [new[j] for j in keep]
-            logits, hidden = out_logits[keep], out_hidden[keep]
-        probs = torch.zeros(len(tokens), self.vocab)
-        for node, q in qs.items():
-            probs[node] = q.cpu()
-        return DraftTree(torch.tensor(tokens), torch.tensor(parents), probs, torch.tensor(confidence))
+    def _columns(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits  # [..., Vd]: every draft id is a target token
 
-    def _tree(self, st: _State, root: int, depth: int, max_nodes: int, min_confidence: float = 0.0) -> Grower:
-        """Static (top-b of every node) or dynamic (EAGLE-2) trees, grown one depth per forward;
-        a node whose path confidence is below `min_confidence` is not expanded.
+    def _tokens(self, columns: torch.Tensor) -> list:
+        return self.head.target_ids(columns).tolist()
 
-        cand[i] = (target token, parent cand id, cumulative log q); cand 0 is the root. Expanded
-        candidates are fed to the head as a tree of their own (`fed`, node 0 the root's row)."""
-        dynamic = self.shape.kind == "dynamic"
-        floor = math.log(min_confidence) if min_confidence > 0 else -math.inf
-        if dynamic:
-            max_nodes = min(max_nodes, self.shape.max_nodes)
-        cand: list[tuple[int, int, float]] = [(root, -1, 0.0)]
-        fed_of = {0: 0}  # cand id -> node in the fed tree
-        fed_tokens, fed_parents = [root], [-1]
-        frontier = [0]
-        logits, hidden = st.last_logits.unsqueeze(0), st.last_hidden.unsqueeze(0)  # [f, Vd], [f, H]
-        for d in range(depth):
-            width = self.shape.top_k if dynamic else self.shape.branching[d]
-            logp = torch.log_softmax(logits.float(), dim=-1)
-            top = logp.topk(min(width, logp.shape[-1]), dim=-1)
-            ids = self.head.target_ids(top.indices).tolist()
-            children = []
-            for row, cid in enumerate(frontier):
-                for lp, token in zip(top.values[row].tolist(), ids[row]):
-                    if not dynamic and len(cand) - 1 >= max_nodes:
-                        break
-                    cand.append((token, cid, cand[cid][2] + lp))
-                    children.append(len(cand) - 1)
-            expand = heapq.nlargest(self.shape.top_k, children, key=lambda c: cand[c][2]) if dynamic else children
-            expand = [c for c in expand if cand[c][2] >= floor]
-            if d == depth - 1 or not expand:
-                break
-            first = len(fed_tokens)
-            for cid in expand:
-                fed_of[cid] = len(fed_tokens)
-                fed_tokens.append(cand[cid][0])
-                fed_parents.append(fed_of[cand[cid][1]])
-            rows = {cid: i for i, cid in enumerate(frontier)}
-            inputs = hidden[[rows[cand[cid][1]] for cid in expand]]  # [e, H]: each parent's output
-            logits, hidden = yield Feed(fed_tokens[first:], list(fed_parents), first, inputs)
-            frontier = expand
-        chosen = range(1, len(cand))
-        if dynamic:
-            best = set(heapq.nlargest(max_nodes, chosen, key=lambda c: cand[c][2]))
-            chosen = [c for c in chosen if c in best and ancestors_kept(cand, c, best)]
-        index, tokens, parents = {0: 0}, [root], [-1]
-        for c in chosen:  # cand ids grow with depth: parents come first
-            index[c] = len(tokens)
-            tokens.append(cand[c][0])
-            parents.append(index[cand[c][1]])
-        confidence = torch.tensor([0.0] + [cand[c][2] for c in chosen]).exp()  # cumulative log q -> path probability
-        return DraftTree(torch.tensor(tokens), torch.tensor(parents), confidence=confidence)
+    def _greedy(self, logits: torch.Tensor) -> int:
+        return self.head.greedy_token(logits)
+
+    def _split(self, out):
+        return out  # (logits [n, Vd], output hidden [n, H]): the hidden goes with each child fed
 
 
 # -- registration ---------------------------------------------------------------------------------
