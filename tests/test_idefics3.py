@@ -286,6 +286,23 @@ def test_a_split_image_gives_transformers_processor_inputs_and_tokens(vlm, tmp_p
     assert llm.generate("w5 w6", 12, chat=True, images=png).token_ids == out[0, len(ids):].tolist()
 
 
+def test_llm_generate_takes_images_a_prompt(vlm, tmp_path):
+    """LLM.generate over a list of prompts with one images entry a prompt (an image, a list, None)
+    gives each prompt's own answer; a list of the wrong length is refused in one line."""
+    from outrider import LLM
+
+    folder, _, _, model, pixels, _ = vlm
+    llm = LLM(str(folder), dtype="float32", prefix_cache_mb=0)
+    prompts, images = ["w5 w6", "w7 <image> w8 <image> w9", "w5 w6"], [pixels[0], list(pixels), None]
+    together = [c.token_ids for c in llm.generate(prompts, 10, images=images)]
+    alone = [llm.generate(p, 10, images=i).token_ids for p, i in zip(prompts, images)]
+    assert together == alone and together[0] != together[2]
+    with pytest.raises(ConfigError, match="one entry a prompt"):
+        llm.generate(prompts, 4, images=[pixels[0]])
+    with pytest.raises(ConfigError, match="2 <image> markers for 1 image"):
+        llm.generate("w5 <image> <image>", 4, images=pixels[0])
+
+
 def test_one_line_refusals(vlm, tmp_path, capsys):
     import numpy as np
 
