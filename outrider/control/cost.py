@@ -47,11 +47,14 @@ class _Exploration:
     since: int = 0
     tried_from: int | None = None  # the depth chosen when the last try went one deeper
 
-    def depth(self, best: int, most: int) -> int:
+    def depth(self, best: int, most: int, could_pay: bool = True) -> int:
+        """This round's depth: `best`, or one deeper when a try is due. `could_pay` False: even
+        every draft accepted would not make one deeper pay (the batch rule's bound), so no try
+        is made or counted: it would cost a dear round and could not change the choice."""
         if self.tried_from is not None:  # the round after a try, whose outcome `best` has seen
             self.interval = EXPLORE_EVERY if best > self.tried_from else min(2 * self.interval, EXPLORE_MOST)
             self.tried_from = None
-        if best >= most:
+        if best >= most or not could_pay:
             return best
         self.since += 1
         if self.since < self.interval:
@@ -238,8 +241,15 @@ class CostController(PerSequence):
             if rate > best:
                 depth, best = d, rate
         if best < base * (1 + self.margin):
-            depth = 0
-        depth = self._explore.setdefault(-1, _Exploration()).depth(depth, self.max_depth)
+            depth, best = 0, base
+        # a try one deeper only where it could pay: where every drafting sequence accepting all
+        # depth + 1 drafts (the most any estimate could turn out to be) beats the chosen rate.
+        # Where the batch's wider verify alone forbids that (many sequences on a CPU), a try
+        # costs a dear round and teaches nothing (issue 42, item 6: 16 sequences on the Xeon,
+        # where a round 3 rows wide costs about 3 of 1 row, tried one every 16-256 rounds)
+        deeper = min(depth + 1, self.max_depth)
+        could_pay = (batch_size + n * deeper) / round_time(deeper) > best * (1 + self.margin)
+        depth = self._explore.setdefault(-1, _Exploration()).depth(depth, self.max_depth, could_pay)
         confidence = 1.0
         if depth:
             c0 = self.batch_cost(batch_size, 1)
