@@ -404,8 +404,8 @@ def _serve(args) -> int:
             "prefix_cache_block", "kv_memory", "kv_page")
     keys += ("pipeline_stages", "pipeline_hop_ms", "pipeline_rewind", "pipeline_micro_batches")
     options = ServeOptions(**{k: getattr(args, k) for k in keys}, tree=tree, controller=controller)
-    if options.check().replicas is None and options.address is None:
-        return serve(options)
+    if options.check().replicas is None and (options.address is None or options.pipeline_stages is not None):
+        return serve(options)  # one engine (its layers on --pipeline-stages Ray actors, --address: on that cluster)
     from .cluster.backend import build as cluster
 
     return serve(options, builder=cluster)

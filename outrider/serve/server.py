@@ -96,9 +96,9 @@ class ServeOptions:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
-        if self.replicas is not None or self.address is not None:
+        if self.replicas is not None:
             raise ConfigError("--pipeline-stages puts one engine's layers on Ray actors: it does not combine with "
-                              "--replicas or --address")
+                              "--replicas")
         from ..cluster.pipeline import check_hop_and_rewind
 
         check_hop_and_rewind(self.pipeline_hop_ms, self.pipeline_rewind)
@@ -143,7 +143,7 @@ def engine_worker(options: ServeOptions, on_fatal=None):
 
         split_llm(llm, options.pipeline_stages, hop_ms=options.pipeline_hop_ms, rewind=options.pipeline_rewind,
                   micro_batches=options.pipeline_micro_batches, threads=options.threads, runtime=current(),
-                  dtype=options.dtype, kv_dtype=options.kv_dtype)
+                  dtype=options.dtype, kv_dtype=options.kv_dtype, address=options.address)
     lock = threading.Lock()  # the tokenizer is shared by the HTTP side and the engine thread
 
     def decode(ids: list[int]) -> str:
