@@ -120,6 +120,10 @@ class LocalStages:
     def busy(self) -> list[float]:
         return [s.busy() for s in self.stages]
 
+    def set_hop(self, hop_s: float) -> None:
+        for stage in self.stages:
+            stage.hop_s = hop_s
+
     def where(self) -> list[str]:
         return [s.where() for s in self.stages]
 
@@ -176,6 +180,11 @@ class PipelineTarget:
             time.sleep(self.hop_s)
         logits = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
         return ForwardOutput(logits=logits, hidden={})
+
+    def set_hop(self, hop_ms: float) -> None:
+        """A new simulated delay a link crossing, on the stages and here (a sweep over hop latency)."""
+        self.hop_s = hop_ms / 1000
+        self.stages.set_hop(self.hop_s)
 
     def close(self) -> None:
         self.stages.close()

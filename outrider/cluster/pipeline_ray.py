@@ -48,6 +48,10 @@ class StageActor:
     def busy(self) -> float:
         return self.stage.busy()
 
+    def set_hop(self, hop_s: float) -> None:
+        """A new simulated link delay (a measurement's sweep over hop latency)."""
+        self.stage.hop_s = hop_s
+
     def run(self, ticket: int, cache_id: int, ops: list, batch, rows, hop: bool):
         if hop and self.stage.hop_s:  # the link: does not hold the stage
             time.sleep(self.stage.hop_s)
@@ -105,6 +109,9 @@ class RayStages:
 
     def busy(self) -> list[float]:
         return self._get([h.busy.remote() for h in self.handles])
+
+    def set_hop(self, hop_s: float) -> None:
+        self._get([h.set_hop.remote(hop_s) for h in self.handles])
 
     def _get(self, refs):
         try:
