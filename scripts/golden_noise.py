@@ -6,7 +6,7 @@ prints how many slot argmaxes moved and the largest logit difference (the noise 
 heads/golden_compute.py is chosen against):
 
     .venv/bin/python scripts/golden_noise.py outrider/heads/shipped/dflash/smollm2-135m-instruct
-    .venv/bin/python scripts/golden_noise.py outrider/heads/shipped/smollm2-135m-instruct
+    .venv/bin/python scripts/golden_noise.py outrider/heads/shipped/eagle3/smollm2-135m-instruct
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ from pathlib import Path
 
 from outrider.catalog.resolve import resolve_model
 from outrider.config import overriding
-from outrider.heads.dflash import golden as dflash_golden
-from outrider.heads.eagle3 import golden as eagle3_golden
-from outrider.heads.dflash.format import is_dflash
 from outrider.heads.files import read_raw
+from outrider.heads.kinds import kind_of
 from outrider.heads.golden import read_golden, settings_of
 
 
@@ -28,7 +26,7 @@ def main() -> None:
     parser.add_argument("folder", type=Path, help="a head folder with an outrider_golden.json")
     folder = parser.parse_args().folder
     golden = read_golden(folder)
-    module = dflash_golden if is_dflash(read_raw(folder)) else eagle3_golden
+    module = kind_of(read_raw(folder)).module("golden")
     args = (folder, resolve_model(golden["target"]["name"]), settings_of(golden), golden["prompts"])
     pinned = module.measure(*args)
     module.overriding = lambda **_: overriding(linear="auto", threads=2)  # what measure pins, undone

@@ -6,8 +6,8 @@ logits, heads/golden_compute.py); the shipped heads' goldens were re-recorded wi
 the target's outputs are the ones recorded before:
 
     .venv/bin/python scripts/rerecord_golden.py outrider/heads/shipped/dflash/smollm2-135m-instruct
-    .venv/bin/python scripts/rerecord_golden.py outrider/heads/shipped/smollm2-135m-instruct
-    .venv/bin/python scripts/rerecord_golden.py outrider/heads/shipped/smollm2-135m-gdn
+    .venv/bin/python scripts/rerecord_golden.py outrider/heads/shipped/eagle3/smollm2-135m-instruct
+    .venv/bin/python scripts/rerecord_golden.py outrider/heads/shipped/eagle3/smollm2-135m-gdn
 """
 
 from __future__ import annotations
@@ -17,10 +17,8 @@ import time
 from pathlib import Path
 
 from outrider.catalog.resolve import resolve_model
-from outrider.heads.dflash import golden as dflash_golden
-from outrider.heads.eagle3 import golden as eagle3_golden
-from outrider.heads.dflash.format import is_dflash
 from outrider.heads.files import read_raw
+from outrider.heads.kinds import kind_of
 from outrider.heads.golden import read_golden, record, settings_of, write_golden
 
 
@@ -31,8 +29,8 @@ def main() -> None:
     old = read_golden(folder)
     if old is None:
         raise SystemExit(f"{folder} has no outrider_golden.json: export the head to record one")
-    kind = "dflash" if is_dflash(read_raw(folder)) else "eagle3"
-    measure = (dflash_golden if kind == "dflash" else eagle3_golden).measure
+    head_kind = kind_of(read_raw(folder))
+    kind, measure = head_kind.name, head_kind.part("measure")
     start = time.time()
     measured = measure(folder, resolve_model(old["target"]["name"]), settings_of(old), old["prompts"])
     new = record(measured, old["target"]["name"], Path(old["target"]["path"]), old["target"]["architectures"])

@@ -46,7 +46,7 @@ def heads(tmp_path_factory, smollm2_path):
     root = tmp_path_factory.mktemp("corrupt")
     dflash = bare_copy(SHIPPED / "dflash" / "smollm2-135m-instruct", root / "dflash")
     write_record(dflash, "smollm2-135m-instruct", smollm2_path, SMALL, PROMPTS)
-    eagle = bare_copy(SHIPPED / "smollm2-135m-instruct", root / "eagle3")
+    eagle = bare_copy(SHIPPED / "eagle3" / "smollm2-135m-instruct", root / "eagle3")
     write_golden(eagle, record(measure(eagle, smollm2_path, SMALL, PROMPTS), "smollm2-135m-instruct",
                                smollm2_path, ["LlamaForCausalLM"]))
     return {"dflash": dflash, "eagle3": eagle}

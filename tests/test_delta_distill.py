@@ -134,7 +134,7 @@ def test_shipped_smollm2_gdn_speculates_exactly(smollm2_path):
     assert model.config.layer_kinds.count("attention") == 8
     requests = [Request([1, 504, 3458, 30, 2144, 30, 2517, 30], 6, SamplingParams(0.0))]
     plain = [c.token_ids for c in generate_ids(model, requests, set())]
-    # trees verified by TreeWY; the EAGLE-3 head shipped for it (heads/shipped/smollm2-135m-gdn) too
+    # trees verified by TreeWY; the EAGLE-3 head shipped for it (heads/shipped/eagle3/smollm2-135m-gdn) too
     for drafter, tree in (("suffix", "chain"), ("early-exit:4", "static:2,2"), ("eagle3:smollm2-135m-gdn", "chain"),
                           ("eagle3:smollm2-135m-gdn", "dynamic:4,12")):
         speculator = Speculator.build(SpecOptions(drafter, tree, "fixed:3"), model, folder)

@@ -206,11 +206,11 @@ def test_eagle_layout_with_disagreeing_id_lists_is_refused(setup, tmp_path):
 def test_shipped_heads_resolve_by_name_and_show_in_models_list(setup, tmp_path, monkeypatch, capsys, runtime):
     _, target, head, eagle, _ = setup
     shipped = tmp_path / "shipped"
-    shutil.copytree(eagle, shipped / "tiny-target")
-    (shipped / "smollm2-135m-instruct").mkdir()
-    (shipped / "smollm2-135m-instruct" / "config.json").write_text("{}")
+    shutil.copytree(eagle, shipped / "eagle3" / "tiny-target")
+    (shipped / "eagle3" / "smollm2-135m-instruct").mkdir()
+    (shipped / "eagle3" / "smollm2-135m-instruct" / "config.json").write_text("{}")
     monkeypatch.setattr(catalog, "SHIPPED_DIR", shipped)
-    assert catalog.resolve_head("tiny-target") == shipped / "tiny-target"
+    assert catalog.resolve_head("tiny-target") == shipped / "eagle3" / "tiny-target"
     assert catalog.resolve_head(str(head)) == head  # a folder wins
     decoder = load_decoder(target, "cpu")
     spec = Speculator.build(SpecOptions("eagle3:tiny-target", "chain", "fixed:3"), decoder, target)

@@ -1,4 +1,4 @@
-"""The EAGLE-3 head shipped for SmolLM2-135M (outrider/heads/shipped/smollm2-135m-instruct):
+"""The EAGLE-3 head shipped for SmolLM2-135M (outrider/heads/shipped/eagle3/smollm2-135m-instruct):
 it fits the 25 MB limit, passes check-head's structural checks against the pulled target, and
 drafts losslessly (greedy speculative == autoregressive, chain and dynamic tree) on real code."""
 
@@ -21,7 +21,7 @@ from outrider.engine.speculator import SpecOptions, Speculator
 
 pytestmark = pytest.mark.model
 
-HEAD = Path(__file__).parents[1] / "outrider" / "heads" / "shipped" / "smollm2-135m-instruct"
+HEAD = Path(__file__).parents[1] / "outrider" / "heads" / "shipped" / "eagle3" / "smollm2-135m-instruct"
 
 
 def test_shipped_files_are_small_safetensors_with_their_recipe():

@@ -1,11 +1,10 @@
 """Heads shipped with the package, found by their kind and their target's catalog name.
 
-A shipped EAGLE-3 head lives in `outrider/heads/shipped/<target-catalog-name>/`, a DFlash head in
-`outrider/heads/shipped/dflash/<target-catalog-name>/` (config.json, model.safetensors,
-outrider_golden.json, train_info.json), so `--drafter eagle3:NAME` / `dflash:NAME` and `outrider
-export eagle3|dflash NAME` reach it by the name of the model it drafts for:
+A shipped head of every kind (heads/kinds.py) lives in `outrider/heads/shipped/<kind>/<target-catalog-name>/`
+(config.json, model.safetensors, outrider_golden.json, train_info.json), so `--drafter eagle3:NAME` /
+`dflash:NAME` and `outrider export eagle3|dflash NAME` reach it by the name of the model it drafts for:
 
-    resolve_head("smollm2-135m-instruct")             # -> .../heads/shipped/smollm2-135m-instruct
+    resolve_head("smollm2-135m-instruct")             # -> .../heads/shipped/eagle3/smollm2-135m-instruct
     resolve_head("smollm2-135m-instruct", "dflash")   # -> .../heads/shipped/dflash/smollm2-135m-instruct
     resolve_head("./my-head")                         # a folder: itself, whatever its name
     drafters_for("smollm2-135m-instruct")   # -> ["eagle3:smollm2-135m-instruct", "dflash:..."] (models list)
@@ -21,14 +20,14 @@ import os
 from pathlib import Path
 
 from ..errors import ConfigError
+from .kinds import KINDS
 
 SHIPPED_DIR = Path(__file__).parent / "shipped"
-KINDS = {"eagle3": "EAGLE-3", "dflash": "DFlash"}  # kind -> its name in messages; eagle3's folder is the root
 
 
 def shipped_heads(kind: str = "eagle3") -> dict[str, Path]:
     """Target catalog name -> the folder of its shipped head of `kind` (those with a config.json)."""
-    root = Path(SHIPPED_DIR) if kind == "eagle3" else Path(SHIPPED_DIR) / kind
+    root = Path(SHIPPED_DIR) / kind
     if not root.is_dir():
         return {}
     return {p.name: p for p in sorted(root.iterdir()) if p.is_dir() and (p / "config.json").is_file()}
@@ -53,5 +52,5 @@ def resolve_head(text: str, kind: str = "eagle3") -> Path:
     if text in shipped:
         return shipped[text]
     known = ", ".join(shipped) or "none in this installation"
-    raise ConfigError(f"no head folder '{text}' and no shipped {KINDS[kind]} head of that name; give a head folder "
+    raise ConfigError(f"no head folder '{text}' and no shipped {KINDS[kind].title} head of that name; give a head folder "
                       f"(config.json + model.safetensors) or a shipped head: {known}")

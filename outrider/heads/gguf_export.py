@@ -1,6 +1,6 @@
 """Write an EAGLE-3 or DFlash head as the GGUF file llama.cpp's llama-server drafts with, and read one back.
 
-    export_gguf("eagle3", "outrider/heads/shipped/smollm2-135m-instruct", "out/eagle3.gguf", "smollm2-135m-instruct")
+    export_gguf("eagle3", "outrider/heads/shipped/eagle3/smollm2-135m-instruct", "out/eagle3.gguf", "smollm2-135m-instruct")
     llama-server -m TARGET.gguf -md out/eagle3.gguf --spec-type draft-eagle3 --spec-draft-n-max 4 --spec-draft-p-min 0
 
 The layout (names, keys, the q/k RoPE permutation, absolute d2t) is heads/gguf_layout.py's, read from
