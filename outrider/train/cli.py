@@ -49,6 +49,12 @@ def add_parser(sub) -> None:
                         "(--refiner lilicorr; docs/block-drafters.md)")
     lilicorr.add_arguments(p)
     p.set_defaults(run=lilicorr.run)
+    from . import matryoshka
+
+    p = tsub.add_parser("matryoshka", help="train a Matryoshka suite of nested models from scratch on code "
+                        "(--drafter matryoshka[:K]; docs/methods.md#matryoshka), or with --independent its baselines")
+    matryoshka.add_arguments(p)
+    p.set_defaults(run=matryoshka.run)
 
 
 def _ids(text: str) -> list[int]:
