@@ -6,7 +6,10 @@ default), and times their decode steps in turns once every prompt is prefilled. 
 sequences the cost controller drafts nothing, so the two must cost the same; `--profile`
 prints where a speculative step's time goes (cProfile, the top functions by own time). A third
 engine, "follow", runs the speculation as it was before issue 42: the drafter followed (updated)
-every round, whether it proposed or not (its speculator's catches_up off).
+every round, whether it proposed or not (its speculator's catches_up off). A fourth, "tries",
+as it was between that change and the next: the batch rule's try one depth deeper made every
+16-256 rounds even where it cannot pay (its controller's bounded_tries off). Medians show a
+typical step; means (the total over the steps) what throughput pays, tries included.
 
     .venv/bin/python scripts/bench_backoff.py --batch 16 --steps 40 --threads 2 [--profile]
 """
@@ -56,26 +59,28 @@ def main() -> None:
     tokens = args.steps * 2 + 8
     old = Speculator.build(llm.speculator.options, llm.target, llm.path)
     old.catches_up = False  # the drafter follows every round (before issue 42, item 6)
-    spec, follow, plain = (engine(llm, llm.speculator, prompts, tokens), engine(llm, old, prompts, tokens),
-                           engine(llm, None, prompts, tokens))
-    wall = {"spec": [], "follow": [], "plain": []}
-    cpu = {"spec": [], "follow": [], "plain": []}  # this thread's CPU time: less moved by the other processes' load
-    drafted = 0
+    trying = Speculator.build(llm.speculator.options, llm.target, llm.path)
+    if hasattr(trying.controller, "bounded_tries"):
+        trying.controller.bounded_tries = False  # tries deeper where they cannot pay (before the bound)
+    engines = {"spec": engine(llm, llm.speculator, prompts, tokens), "follow": engine(llm, old, prompts, tokens),
+               "tries": engine(llm, trying, prompts, tokens), "plain": engine(llm, None, prompts, tokens)}
+    wall = {name: [] for name in engines}
+    cpu = {name: [] for name in engines}  # this thread's CPU time: less moved by the other processes' load
+    drafted = dict.fromkeys(engines, 0)
     for _ in range(args.steps):
-        for name, eng in (("spec", spec), ("follow", follow), ("plain", plain)):
+        for name, eng in engines.items():
             before = sum(s.stats.drafted for s in eng.scheduler.running)
             t, c = time.perf_counter(), time.thread_time()
             eng.step()
             wall[name].append(time.perf_counter() - t)
             cpu[name].append(time.thread_time() - c)
-            if name == "spec":
-                drafted += sum(s.stats.drafted for s in eng.scheduler.running) - before
+            drafted[name] += sum(s.stats.drafted for s in eng.scheduler.running) - before
     for label, times in (("wall", wall), ("cpu", cpu)):
-        med = {k: statistics.median(v) for k, v in times.items()}
-        print(f"batch {args.batch}, {args.steps} steps each, threads {args.threads}, {label} time (median): spec step "
-              f"{med['spec'] * 1e3:.2f} ms ({med['spec'] / med['plain']:.3f}x plain), following every round "
-              f"{med['follow'] * 1e3:.2f} ms ({med['follow'] / med['plain']:.3f}x), plain {med['plain'] * 1e3:.2f} ms")
-    print(f"drafted {drafted} tokens in the spec engine's timed steps")
+        for stat, of in (("median", statistics.median), ("mean", statistics.fmean)):
+            at = {k: of(v) for k, v in times.items()}
+            print(f"batch {args.batch}, {args.steps} steps each, threads {args.threads}, {label} time ({stat}): "
+                  + ", ".join(f"{k} {at[k] * 1e3:.2f} ms ({at[k] / at['plain']:.3f}x)" for k in engines))
+    print("draft tokens in the timed steps: " + ", ".join(f"{k} {v}" for k, v in drafted.items()))
     if args.profile:
         prof = cProfile.Profile(time.thread_time)
         prof.enable()

@@ -162,7 +162,8 @@ def main() -> None:
                 messages = [{"role": "system", "content": system},
                             {"role": "user", "content": "Complete this function:\n" + task}]
                 f.write(json.dumps({"id": f"shared{i}", "messages": messages}) + "\n")
-        print(f"{args.clients * args.turns} prompts sharing a {args.system_tokens}-token system prompt: {args.write_jsonl}")
+        print(f"{args.clients * args.turns} prompts sharing a {args.system_tokens}-token system prompt: "
+              f"{args.write_jsonl}")
         return
     results = []
     for r in range(args.repeats):

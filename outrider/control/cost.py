@@ -114,6 +114,7 @@ class CostController(PerSequence):
         self._pool_reached = self._pool_accepted = 0.0  # over all depths (acceptance shrinks towards their rate)
         self._explore: dict[int, _Exploration] = {}  # per sequence; -1: the batch rounds'
         self._timed = False  # whether a proposal's time was seen (the first is not fitted)
+        self.bounded_tries = True  # False: batch tries deeper even where they cannot pay (scripts/bench_backoff.py)
 
     def start(self, seq_id: int) -> None:
         self._seqs[seq_id] = _PerPosition()
@@ -248,7 +249,7 @@ class CostController(PerSequence):
         # costs a dear round and teaches nothing (issue 42, item 6: 16 sequences on the Xeon,
         # where a round 3 rows wide costs about 3 of 1 row, tried one every 16-256 rounds)
         deeper = min(depth + 1, self.max_depth)
-        could_pay = (batch_size + n * deeper) / round_time(deeper) > best * (1 + self.margin)
+        could_pay = (batch_size + n * deeper) / round_time(deeper) > best * (1 + self.margin) or not self.bounded_tries
         depth = self._explore.setdefault(-1, _Exploration()).depth(depth, self.max_depth, could_pay)
         confidence = 1.0
         if depth:
