@@ -18,7 +18,7 @@ from outrider.cli import main
 @pytest.fixture(scope="module")
 def heads(tmp_path_factory):
     """A vocab-8, 4-layer Llama with a tokenizer, an EAGLE-3 head and a DFlash head for it."""
-    from outrider.train.dflash_model import DFlashTrainable
+    from outrider.heads.dflash.trainable import DFlashTrainable
     from outrider.train.outputs import write_head
     from outrider.weights.loader import load_decoder
 

@@ -10,7 +10,7 @@ from enumerate_law import one_thread
 from tiny import add_tokenizer, make_tiny
 
 from outrider.cli import main
-from outrider.train.dflash_model import DFlashTrainable
+from outrider.heads.dflash.trainable import DFlashTrainable
 from outrider.train.outputs import write_head
 from outrider.weights.loader import load_decoder
 

@@ -20,7 +20,7 @@ from outrider.heads.dflash.check import check_dflash
 from outrider.heads.dflash.export import export_dflash
 from outrider.heads.dflash.format import load_dflash, read_config
 from outrider.heads.golden import GOLDEN, GoldenSettings
-from outrider.train.dflash_model import DFlashTrainable
+from outrider.heads.dflash.trainable import DFlashTrainable
 from outrider.train.outputs import write_head
 from outrider.weights.loader import load_decoder
 

@@ -22,7 +22,7 @@ from outrider.heads.dflash.format import read_tensors as read_dflash
 from outrider.heads.eagle3.format import read_tensors as read_eagle3
 from outrider.heads.gguf_export import export_gguf, ours_from_gguf, read_gguf
 from outrider.heads.gguf_layout import rope_permute
-from outrider.train.dflash_model import DFlashTrainable
+from outrider.heads.dflash.trainable import DFlashTrainable
 from outrider.train.outputs import write_head
 from outrider.weights.loader import load_decoder
 

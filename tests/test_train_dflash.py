@@ -16,7 +16,7 @@ from outrider.cli import main
 from outrider.heads.dflash.format import load_dflash, runtime_weights
 from outrider.heads.dflash.head import DFlashHead
 from outrider.heads.dflash.reference import reference_block
-from outrider.train.dflash_model import DFlashTrainable
+from outrider.heads.dflash.trainable import DFlashTrainable
 from outrider.train.loop import train
 from outrider.train.target_pass import target_pass
 from outrider.train.data import Example

@@ -1,4 +1,4 @@
-"""The trainable EAGLE-3 head (train/eagle3_model.py): its training-time-test unroll computes,
+"""The trainable EAGLE-3 head (heads/eagle3/trainable.py): its training-time-test unroll computes,
 for every anchor and step, exactly what the runtime head computes for the draft chain hanging off
 that anchor (checked against the slow spec reference, heads/eagle3/reference.py, through an export
 that the runtime loader reads back); the weights round-trip; a few optimiser steps lower the loss."""
@@ -13,7 +13,7 @@ from tiny import make_tiny
 from outrider.heads.eagle3.format import load_eagle3
 from outrider.heads.eagle3.reference import reference_rows
 from outrider.weights.loader import load_decoder
-from outrider.train.eagle3_model import Eagle3Trainable
+from outrider.heads.eagle3.trainable import Eagle3Trainable
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,14 @@
 """The head kinds: a kind is one package under heads/ and one `HeadKind` registered here.
 
 A kind's package holds its model (head.py; reference.py the slow one it is tested against), its
-layout on disk (format.py), export.py, check.py, golden.py and its `outrider export KIND`
-sub-command (cli.py), over the base every kind shares (heads/: files.py, vocab_map.py, taps.py,
-layer.py, golden.py, golden_compute.py, checks.py, staging.py, catalog.py). Registering it
-names those parts for what every kind goes through: the shipped-head catalog (catalog.py:
-`shipped/<kind>/<target>/`), `outrider check-head` (which kind a config.json is, then its
-checks), `outrider export <kind>` and the golden's re-measurement (scripts/rerecord_golden.py).
+trainable module and training job (trainable.py), its layout on disk (format.py), export.py,
+check.py, golden.py and its `outrider export KIND` sub-command (cli.py), over the base every kind
+shares (heads/: files.py, vocab_map.py, taps.py, layer.py, trainable.py, golden.py,
+golden_compute.py, checks.py, staging.py, catalog.py). Registering it names those parts for
+what every kind goes through: the shipped-head catalog (catalog.py: `shipped/<kind>/<target>/`),
+`outrider check-head` (which kind a config.json is, then its checks), `outrider export <kind>`,
+`outrider train <kind>` (train/trainables.py) and the golden's re-measurement
+(scripts/rerecord_golden.py).
 The drafter that runs the kind registers in drafters/registry.py under the same name
 (`--drafter eagle3:NAME`). Parts are named "module:attribute" within the package and imported
 when used, so the registry imports no model code. docs/adding-a-method.md shows a new kind.
@@ -29,6 +31,7 @@ class HeadKind:
     check: str = "check:check"  # (folder, target, *, device, golden) -> [checks.Check]
     measure: str = "golden:measure"  # (folder, target, settings, prompts) -> the golden's measured part
     add_export: str = "cli:add_export"  # (the `export` sub-parsers) -> adds `outrider export NAME`
+    train_job: str = "trainable:job"  # (options, target, tokenizer, used, layer_ids) -> its `outrider train` job
 
     def module(self, part: str):
         """The kind's module `part` ("golden": heads/<kind>/golden.py), imported."""

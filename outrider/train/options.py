@@ -68,7 +68,7 @@ class TrainOptions:
     block_size: int = 16  # DFlash: B, the root and B-1 masked slots
     anchors: int = 32  # DFlash: random anchor blocks per sequence and step
     gamma: float = 7.0  # DFlash: slot k's loss weight is exp(-(k-1)/gamma)
-    mask_token: int | None = None  # DFlash: the MASK token id (None: train/trainables.default_mask_token)
+    mask_token: int | None = None  # DFlash: the MASK token id (None: heads/dflash/trainable.default_mask_token)
     target_layers: list[int] | None = None  # DFlash ids (output of layer l, 0-based); None: DFlash's default
     progress: bool = True
     command: list[str] = field(default_factory=list)

@@ -4,6 +4,7 @@
     format.py       z-lab's, vLLM's and SGLang's layouts on disk
     export.py       writing them                          check.py   `outrider check-head`
     golden.py       its golden measurement (blocks replayed on the text)  vocab.py   `vocab=N`
+    trainable.py    the module `outrider train dflash` trains, and its job     cli.py     `outrider export dflash`
 
 The drafter that runs it is drafters/dflash.py (block.py, refiners/); its registration as a head
 kind, heads/kinds.py.

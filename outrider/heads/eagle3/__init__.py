@@ -4,6 +4,7 @@
     format.py       the EAGLE / SpecForge layout on disk (speculators.py: vllm-project/speculators')
     export.py       writing it for vLLM and SGLang       check.py   `outrider check-head`
     golden.py       its golden measurement (chains fed the text)          vocab.py   `vocab=N`
+    trainable.py    the module `outrider train eagle3` trains, and its job     cli.py     `outrider export eagle3`
 
 The drafter that runs it is drafters/eagle3.py; its registration as a head kind, heads/kinds.py.
 """

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..heads.eagle3.head import Eagle3Config
+from ..trainable import StepOutput
+from .head import Eagle3Config
 
 
 @dataclass
@@ -280,3 +281,29 @@ class Eagle3Trainable(torch.nn.Module):
                                       "eagle_aux_layer_semantics": c.layer_convention}
         config.update(extra)
         return config
+
+
+# -- the training job (heads/trainable.py: what train/loop.py drives) ---------------------------
+@dataclass
+class Eagle3Job:
+    model: Eagle3Trainable
+    ttt_steps: int
+    decay: float
+    needs_logits = True
+    first = 0
+
+    def weights(self) -> list[float]:
+        return [self.decay ** s for s in range(self.ttt_steps)]
+
+    def step(self, tb, step: int, rank: int) -> StepOutput:
+        r = self.model.ttt(tb.features, tb.tokens, tb.draft_logits, tb.valid, steps=self.ttt_steps, decay=self.decay)
+        missing = self.ttt_steps - len(r.step_sums)  # steps past a short sequence
+        zero = torch.zeros((), device=tb.tokens.device)
+        return StepOutput(sums=list(r.step_sums) + [zero] * missing, rows=list(r.step_rows) + [0] * missing,
+                          hits=[n * a for n, a in zip(r.step_rows, r.step_acc)] + [0.0] * missing)
+
+
+def job(o, target, tokenizer, used: torch.Tensor, layer_ids=None) -> Eagle3Job:
+    """The job of run options `o` (train/options.py) for `target` with draft vocabulary `used`
+    [Vd]; layer_ids (vllm semantics) from a checkpoint or --init-from, else the default."""
+    return Eagle3Job(Eagle3Trainable.for_target(target, used, seed=o.seed, layer_ids=layer_ids), o.ttt_steps, o.decay)

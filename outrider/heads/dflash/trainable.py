@@ -21,32 +21,21 @@ context 0..a_i-1 (tested against heads/dflash/reference.py through `runtime_weig
 Parameters carry z-lab's names (`fc.weight`, `hidden_norm.weight`, `layers.{l}.self_attn.q_proj.weight`,
 ..., `norm.weight`, and `lm_head.weight` for a reduced draft vocabulary). The target's embedding and,
 without a reduced vocabulary, its lm_head are frozen buffers shared with the target. As the
-EAGLE-3 trainer does (train/eagle3_model.py), fc trains on the target's features divided by each
+EAGLE-3 trainer does (heads/eagle3/trainable.py), fc trains on the target's features divided by each
 dimension's RMS (`calibrate`), folded into `fc.weight` on export.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ..heads.dflash.head import DFlashConfig, default_layer_ids
-
-
-@dataclass
-class StepOutput:
-    """What one training step of a head gives the loop (train/loop.py), per predicted position k:
-    the summed loss of its scored rows (with grad), their count and how many the head got right;
-    the loop weights position k by `weights[k]` over the global count (so torchrun ranks add up)."""
-
-    sums: list[torch.Tensor]  # [K] scalars with grad
-    rows: list[int]  # [K]
-    hits: list[float]  # [K]
-    accepted: float = 0.0  # summed leading run of right predictions per block (DFlash), else 0
-    blocks: int = 0  # blocks counted in `accepted`
+from ..trainable import StepOutput
+from .head import DFlashConfig, default_layer_ids
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -300,6 +289,44 @@ class DFlashTrainable(torch.nn.Module):
 
     def export_config(self, **extra) -> dict:
         """config.json in the vllm layout, z-lab's plus what vLLM reads (heads/dflash/format.py)."""
-        from ..heads.dflash.format import config_json
+        from .format import config_json
 
         return {**config_json(self.config, "vllm", dtype="float32"), **extra}
+
+
+# -- the training job (heads/trainable.py: what train/loop.py drives) ---------------------------
+@dataclass
+class DFlashJob:
+    model: DFlashTrainable
+    seed: int
+    anchors: int
+    gamma: float
+    needs_logits = False
+    first = 1
+
+    def weights(self) -> list[float]:
+        return self.model.weights(self.gamma)
+
+    def step(self, tb, step: int, rank: int) -> StepOutput:
+        key = hashlib.sha256(f"dflash-anchors:{self.seed}:{step}:{rank}".encode()).digest()
+        generator = torch.Generator().manual_seed(int.from_bytes(key[:8], "little") >> 1)
+        return self.model.step(tb, generator, self.anchors)
+
+
+def job(o, target, tokenizer, used: torch.Tensor, layer_ids=None) -> DFlashJob:
+    """The job of run options `o` (train/options.py) for `target` with draft vocabulary `used`
+    [Vd] (its taps: --target-layers, `layer_ids` is EAGLE-3's)."""
+    mask = o.mask_token if o.mask_token is not None else default_mask_token(tokenizer, target.config.vocab_size)
+    model = DFlashTrainable.for_target(target, used, seed=o.seed, layers=o.layers, block_size=o.block_size,
+                                       mask_token_id=mask, layer_ids=o.target_layers)
+    return DFlashJob(model, o.seed, o.anchors, o.gamma)
+
+
+def default_mask_token(tokenizer, vocab_size: int) -> int:
+    """DFlash's MASK token when --mask-token is not given: the highest-id special token the
+    tokenizer adds that is none of its named ones (bos, eos, pad, the chat template's), i.e. one
+    that text never holds (SmolLM2: 16, `<empty_output>`); else the last id of the vocabulary."""
+    named = set(getattr(tokenizer, "all_special_ids", None) or ())
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    spare = [i for i, tok in added.items() if getattr(tok, "special", False) and i not in named and i < vocab_size]
+    return max(spare) if spare else vocab_size - 1
