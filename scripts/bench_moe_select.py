@@ -5,7 +5,8 @@ the exact tree verify (greedy_tree) of the same drafter and tree, in one run, in
     tau, distinct experts and bytes per verify forward (selected, and exact routing's on the same
     rows), bytes an LRU set of R experts a layer moves in (simulated), KL(exact || selected) and
     top-1 agreement of the verify logits (a second pass with an exact forward beside each verify),
-    greedy drift against plain (tokens equal at the same position, first divergence), wall time.
+    greedy drift against plain (tokens equal at the same position, first divergence); with --timed
+    wall time too, from a run of its own (the compared run does an exact forward beside each verify).
 
 With --store-share S the runs are repeated with the experts behind the expert store
 (models/expert_store.py) holding S of all layers' experts: bytes really copied in per new token,
@@ -30,7 +31,6 @@ from outrider.bench.datasets import humaneval
 from outrider.engine.generate import generate_ids
 from outrider.engine.request import Request
 from outrider.engine.speculator import SpecOptions, Speculator
-from outrider.models.expert_select import ExpertTraffic
 from outrider.models.expert_store import ExpertStore
 from outrider.sampling import SamplingParams
 from outrider.spec.verifiers import verifier_entry
@@ -43,17 +43,12 @@ CONFIGS = (EXACT, "acceptmoe-lossy:1,resident=2", "acceptmoe-lossy:0.9", "accept
            "edgexpert-lossy:2,important=1", "edgexpert-lossy:8,important=0.25")
 
 
-def _fresh(selection) -> None:
-    selection.traffic = ExpertTraffic(selection.traffic.budget)
-    selection.quality = {"rows": 0, "kl_sum": 0.0, "top1_agree": 0}
-
-
 def _generate(model, folder, prompt, new, verifier, tree, depth, compare=False):
     spec = None
     if verifier is not None:
         spec = Speculator.build(SpecOptions("s2moe:1", tree, f"fixed:{depth}", verifier=verifier), model, folder)
         selection = verifier_entry(verifier).verify.selection
-        _fresh(selection)
+        selection.reset()
         selection.compare = compare
     start = time.perf_counter()
     done = generate_ids(model, [Request(prompt, new, SamplingParams(0.0))], set(), speculation=spec)[0]
@@ -83,6 +78,7 @@ def main() -> None:
     ap.add_argument("--tree", default="static:3,2,1")
     ap.add_argument("--depth", type=int, default=3)
     ap.add_argument("--configs", default=";".join(CONFIGS), help="verifier names, ';'-separated")
+    ap.add_argument("--timed", action="store_true", help="also a timed run without the exact forward beside")
     ap.add_argument("--store-share", type=float, default=None)
     ap.add_argument("--store-configs", default=f"{EXACT};acceptmoe-lossy:0.7;acceptmoe-lossy:0.7,resident=2;"
                                                 "edgexpert-lossy:2")
@@ -101,14 +97,16 @@ def main() -> None:
         plains.append(plain)
         plain_wall += wall
         for name in configs:
-            tokens, wall, tau, _ = _generate(model, folder, prompt, args.new, name, args.tree, args.depth)
-            _, _, _, report = _generate(model, folder, prompt, args.new, name, args.tree, args.depth, compare=True)
+            wall = None
+            if args.timed:
+                _, wall, _, _ = _generate(model, folder, prompt, args.new, name, args.tree, args.depth)
+            tokens, _, tau, report = _generate(model, folder, prompt, args.new, name, args.tree, args.depth, compare=True)
             same, first = _drift(tokens, plain)
             r = rows[name]
             r["tokens"] += len(plain)
             r["same"] += same
             r["first"].append(first)
-            r["wall"] += wall
+            r["wall"] = None if wall is None else r["wall"] + wall
             r["tau"].append(tau)
             r["reports"].append(report)
     out = {"moe": str(folder), "prompts": args.prompts, "new": args.new, "tree": args.tree, "depth": args.depth,
@@ -120,7 +118,7 @@ def main() -> None:
         quality = [rep.get("quality") for rep in r["reports"] if rep.get("quality")]
         qrows = sum(q["rows"] for q in quality)
         prefill = [rep["traffic"].get("prefill") for rep in r["reports"] if rep["traffic"].get("prefill")]
-        row = {"verifier": name, "tau": sum(r["tau"]) / len(r["tau"]), "speedup_vs_ar": plain_wall / r["wall"],
+        row = {"verifier": name, "tau": sum(r["tau"]) / len(r["tau"]), "speedup_vs_ar": plain_wall / r["wall"] if r["wall"] else None,
                "tokens_equal_plain": f"{r['same']}/{r['tokens']}", "first_divergence": r["first"],
                "verify_forwards": forwards, "moe_layers": layers,
                "distinct_per_verify_per_layer": sum(v["distinct"] for v in verify) / max(forwards * layers, 1),
@@ -131,6 +129,10 @@ def main() -> None:
                                               if r["reports"][0]["traffic"]["lru_budget_per_layer"] else None),
                "kl_mean": sum(q["kl_mean"] * q["rows"] for q in quality) / max(qrows, 1),
                "top1_agreement": sum(q["top1_agreement"] * q["rows"] for q in quality) / max(qrows, 1)}
+        prows = sum(q.get("path_rows", 0) for q in quality)
+        row |= {"path_kl_mean": sum(q.get("path_kl_mean", 0) * q.get("path_rows", 0) for q in quality) / max(prows, 1),
+                "path_top1_agreement": (sum(q.get("path_top1_agreement", 0) * q.get("path_rows", 0) for q in quality)
+                                        / max(prows, 1))}
         if prefill:
             row["prefill_distinct_per_layer"] = sum(p["distinct"] for p in prefill) / max(sum(p["layers"] for p in prefill), 1)
             row["prefill_exact_distinct_per_layer"] = (sum(p["distinct_exact"] for p in prefill)

@@ -108,15 +108,19 @@ def test_compare_counts_kl_and_agreement(qwen):
         spec = Speculator.build(SpecOptions("s2moe:1", "static:2,2,1", "fixed:3", verifier=f"acceptmoe-lossy:{eta}"),
                                 model, folder)
         selection = verifier_entry(f"acceptmoe-lossy:{eta}").verify.selection
-        selection.compare, selection.quality = True, {"rows": 0, "kl_sum": 0.0, "top1_agree": 0}
-        generate_ids(model, _requests()[:1], set(), speculation=spec)
+        selection.reset()
+        selection.compare = True
+        done = generate_ids(model, _requests()[:1], set(), speculation=spec)[0]
         q = selection.report()["quality"]
         selection.compare = False
-        assert q["rows"] > 0
+        assert q["rows"] > q["path_rows"] > 0
+        # each verify's committed rows (the root's, the accepted nodes') gave one new token each;
+        # the last round may commit up to its depth (3) past the length limit
+        assert len(done.token_ids) <= q["path_rows"] <= len(done.token_ids) + 3
         if exact:
-            assert q["kl_mean"] == 0.0 and q["top1_agreement"] == 1.0
+            assert q["kl_mean"] == 0.0 and q["top1_agreement"] == 1.0 and q["path_top1_agreement"] == 1.0
         else:
-            assert q["kl_mean"] > 1e-4
+            assert q["kl_mean"] > 1e-4 and q["path_kl_mean"] >= 0.0
 
 
 # -- each node routes inside its set -------------------------------------------------------------

@@ -203,8 +203,16 @@ class Selection:
     def __init__(self, budget: int | None = None):
         self.traffic = ExpertTraffic(budget)
         self.rows: RowGroups | None = None
+        self._last: tuple[list[float], list[bool]] | None = None
         self.compare = False
-        self.quality = {"rows": 0, "kl_sum": 0.0, "top1_agree": 0}
+        self.quality = {"rows": 0, "kl_sum": 0.0, "top1_agree": 0, "path_rows": 0, "path_kl_sum": 0.0, "path_agree": 0}
+        self._pending: dict[int, tuple[list[float], list[bool]]] = {}  # id(tree) -> its rows' KL, agreement
+
+    def reset(self) -> None:
+        """Counters back to zero (a new measurement)."""
+        self.traffic = ExpertTraffic(self.traffic.budget)
+        self.quality = {key: 0 for key in self.quality}
+        self._pending.clear()
 
     # -- per MoE layer ------------------------------------------------------------------------
     def allowed(self, key, w: MoeWeights, cfg: MoeConfig, scores: torch.Tensor,
@@ -247,7 +255,13 @@ class Selection:
         """The round's verify forward (engine/verify.py) with this routing for the selected trees."""
         self.check_target(target)
         rows, compare = self.verify_rows(tuple(batch.tokens.shape), trees, selected, batch.tokens.device)
-        return self.forward(target, batch, cache, rows, compare, **asked)
+        out = self.forward(target, batch, cache, rows, compare, **asked)
+        if self._last is not None:  # each selected tree's rows, in order, for `committed`
+            at = 0
+            for tree in (t for t, chosen in zip(trees, selected) if chosen):
+                self._pending[id(tree)] = (self._last[0][at: at + tree.size], self._last[1][at: at + tree.size])
+                at += tree.size
+        return out
 
     def prefill_forward(self, target, batch, cache, sizes: list[int], selected: list[bool]):
         """A prompt chunk's forward (engine/loop.py) with this routing, or exact where prefill_rows is None."""
@@ -261,7 +275,7 @@ class Selection:
         """target.forward(batch, cache) with this routing for `rows`. With `compare` on, an exact
         forward runs first over the same rows (the selected one then writes the cache) and
         compare_rows [R] long (indices into the logits' rows) are compared."""
-        exact = None
+        exact, self._last = None, None
         if self.compare and compare_rows is not None and compare_rows.numel():
             exact = target.forward(batch, cache, **asked).logits
         self.rows = rows
@@ -279,9 +293,23 @@ class Selection:
         """exact, selected [R, vocab] logits."""
         p = torch.log_softmax(exact.float(), -1)
         q = torch.log_softmax(selected.float(), -1)
+        kl = (p.exp() * (p - q)).sum(-1)  # [R]
+        agree = exact.argmax(-1) == selected.argmax(-1)  # [R]
         self.quality["rows"] += exact.shape[0]
-        self.quality["kl_sum"] += float((p.exp() * (p - q)).sum())
-        self.quality["top1_agree"] += int((exact.argmax(-1) == selected.argmax(-1)).sum())
+        self.quality["kl_sum"] += float(kl.sum())
+        self.quality["top1_agree"] += int(agree.sum())
+        self._last = kl.tolist(), agree.tolist()
+
+    def committed(self, tree, accepted_nodes: list[int]) -> None:
+        """The verifier's walk on `tree` committed after the root and `accepted_nodes`: those rows'
+        comparison (when compared) counts as the committed path's."""
+        pending = self._pending.pop(id(tree), None)
+        if pending is None:
+            return
+        for i in [0, *accepted_nodes]:
+            self.quality["path_rows"] += 1
+            self.quality["path_kl_sum"] += pending[0][i]
+            self.quality["path_agree"] += int(pending[1][i])
 
     def report(self) -> dict:
         q = self.quality
@@ -289,6 +317,9 @@ class Selection:
         if q["rows"]:
             out["quality"] = {"rows": q["rows"], "kl_mean": q["kl_sum"] / q["rows"],
                               "top1_agreement": q["top1_agree"] / q["rows"]}
+        if q["path_rows"]:  # the rows whose argmax was committed (the root and the accepted nodes)
+            out["quality"] |= {"path_rows": q["path_rows"], "path_kl_mean": q["path_kl_sum"] / q["path_rows"],
+                               "path_top1_agreement": q["path_agree"] / q["path_rows"]}
         return out
 
 

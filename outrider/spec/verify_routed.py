@@ -22,3 +22,14 @@ class RoutedGreedyVerifier(GreedyVerifier):
     def __init__(self, selection):
         super().__init__(follow_tree)
         self.selection = selection
+
+    def __call__(self, tree, target_logits, params=None, rng=None):
+        result = super().__call__(tree, target_logits, params, rng)
+        self.selection.committed(tree, result.accepted_nodes)
+        return result
+
+    def from_choices(self, tree, choice):
+        """The walk; the selection learns which rows were committed (its quality counts, when compared)."""
+        result = super().from_choices(tree, choice)
+        self.selection.committed(tree, result.accepted_nodes)
+        return result
