@@ -155,6 +155,6 @@ def against_table(results: dict) -> str:
     lines = ["\n".join(rows), ""]
     for c, r in results["ratios"].items():
         met = {True: "met", False: "NOT met", None: "not measured"}[r["met"]]
-        value = "-" if r["throughput"] is None else f"{r['throughput']:.2f}x"
+        value = "-" if r["throughput"] is None else f"{r['throughput']:.3f}x"
         lines.append(f"throughput ours / llama-server at {c} clients: {value} (goal >= {r['goal']}x): {met}")
     return "\n".join(lines)
