@@ -155,3 +155,41 @@ def test_refusals_are_one_line(folders):
     early = LLM(str(target), drafter="early-exit:1", device="cpu", threads=1)
     with pytest.raises(ConfigError, match="live on the pipeline's stages"):
         split_llm(early, 2, transport="local")
+
+
+def test_a_prompt_past_the_native_workspace_is_filled_in_parts_on_every_stage(folders, monkeypatch, runtime):
+    """A prompt the whole model fills in parts of the native layer (models/decoder.py) is filled in
+    the same parts on each stage, the rows joined again between stages: the same bits."""
+    import outrider.models.decoder as decoder_module
+
+    runtime(gemm_prefill="off")  # prefills in the native layer's fill kernel, where parts apply
+    whole = load_decoder(folders[0], torch.device("cpu"), parse_dtype("q4"))
+    prompt = torch.arange(3, 23)  # 20 tokens, in parts of 6
+    monkeypatch.setattr(decoder_module, "NATIVE_FILL_FLOATS", whole._fill_rows_floats(6, 20))
+
+    def run(model):
+        state = model.new_cache(1, 64)
+        model.forward(pack([0], [0], [prompt], logits="none", scratch_row=state.scratch_row), state)
+        state.set_length(0, 20)
+        return model.forward(pack([0], [20], [torch.tensor([7])], scratch_row=state.scratch_row), state).logits
+
+    expected = run(whole)
+    assert whole._fill_part_rows(pack([0], [0], [prompt], logits="none")) == 6  # the parts path was taken
+    for rewind in ("trim", "mask"):
+        assert torch.equal(run(local_pipeline(whole, 2, rewind=rewind)), expected), rewind
+
+
+def test_mask_rewind_sends_padding_to_the_physical_scratch_row():
+    """The engine's scratch row (its max_len) is an ordinary row of the stage's longer physical
+    cache: padding must go to the physical scratch row, gaps or no gaps."""
+    from outrider.models.kv_cache import KVCache
+
+    rows = MaskedRows(KVCache(1, 2, 16, 1, 4, torch.float32, "cpu"), 8)
+    assert rows.kv.scratch_row == 16 and rows.scratch_row == 8
+    batch = pack([0, 1], [0, 0], [torch.tensor([3, 4, 5]), torch.tensor([6])], scratch_row=rows.scratch_row)
+    assert batch.rows[1].tolist() == [0, 8, 8]  # the engine's padding
+    assert rows.physical(batch).rows[1].tolist() == [0, 16, 16]
+    rows.set_length(0, 1)  # a rejection: a gap from now on
+    rows.set_length(1, 1)
+    batch = pack([0, 1], [1, 1], [torch.tensor([7, 8]), torch.tensor([9])], scratch_row=rows.scratch_row)
+    assert rows.physical(batch).rows.tolist() == [[3, 4], [1, 16]]

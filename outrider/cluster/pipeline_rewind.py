@@ -15,7 +15,10 @@ Example: length 5 (rows 0..4), a verify of 3 nodes at physical rows 5, 6, 7 of w
 writes at rows 8.. and its queries see rows 0..5 and 7.
 
 When a slot's physical rows run out, its mapped rows are moved down once (`_repack`: the same
-values, in position order) and the slot goes on from there.
+values, in position order) and the slot goes on from there. While no slot of a batch has a gap
+(a prompt; rounds with nothing rejected) its rows are its positions and the batch keeps its own
+mask, so a long prompt is filled in the parts one process fills it in (models/decoder.py); only
+padding moves, to the physical scratch row.
 """
 
 from __future__ import annotations
@@ -105,6 +108,12 @@ class MaskedRows:
             fresh.append({r: base + r - written[0] for r in written})
             self.kv.lengths[slot] = base + need
         scratch = self.kv.scratch_row
+        if all(self._packed(slot, fresh[b]) for b, slot in enumerate(batch.slot_ids)):
+            # no gaps yet (a prompt, rounds with nothing rejected): rows are positions, the batch's own
+            # mask holds (and a long prompt is filled in the parts one process fills it in)
+            for b, slot in enumerate(batch.slot_ids):
+                self.rows[slot] += sorted(fresh[b].values())
+            return replace(batch, rows=torch.where(batch.rows == self.scratch_row, scratch, batch.rows))
         rows = torch.tensor([[fresh[b].get(r, scratch) for r in logical[b]] for b in range(B)], dtype=torch.long)
         kv_len = max(self.kv.lengths[s] for s in batch.slot_ids)
         L = batch.kv_len
@@ -123,6 +132,11 @@ class MaskedRows:
             self.rows[slot] += [fresh[b][r] for r in sorted(fresh[b])]
         return replace(batch, rows=rows, attn_mask=mask[..., :kv_len].contiguous(), kv_len=kv_len,
                        starts=None, ends=None, committed_run=False)
+
+    def _packed(self, slot: int, fresh: dict[int, int]) -> bool:
+        """Whether the slot's positions sit at rows of the same number and its new rows follow them."""
+        mapped = self.rows[slot]  # increasing: the identity when its last entry is its length - 1
+        return (not mapped or mapped[-1] == len(mapped) - 1) and all(r == p for p, r in fresh.items())
 
     def _repack(self, slot: int, need: int) -> None:
         """Move the slot's mapped rows down to rows 0..n-1 (position order), so that `need` more fit."""

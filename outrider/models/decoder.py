@@ -303,7 +303,10 @@ class Decoder:
         out, outs = None, []
         for i in range(0, tokens.shape[0], part):
             piece = pack([slot], [start + i], [tokens[i:i + part]], logits="none", device=tokens.device)
-            out = self.forward(piece, cache, rows=None if rows is None else rows[:, i:i + part], head=head)
+            if rows is None and head:
+                out = self.forward(piece, cache)
+            else:  # a pipeline stage's part
+                out = self.forward(piece, cache, rows=None if rows is None else rows[:, i:i + part], head=head)
             outs.append(out)
         if not head:
             key = len(self.layers)
