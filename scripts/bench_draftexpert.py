@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 
 from outrider.bench.datasets import humaneval
+from outrider.bench.run import encode_prompt
+from outrider.bench.workloads import load_workload
 from outrider.engine.generate import generate_ids
 from outrider.engine.request import Request
 from outrider.engine.speculator import SpecOptions, Speculator
@@ -133,7 +135,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--moe", required=True)
     ap.add_argument("--prompts", type=int, default=3)
-    ap.add_argument("--skip", type=int, default=0, help="HumanEval problems skipped first")
+    ap.add_argument("--workload", default="humaneval-raw", help="humaneval-raw, or a bench workload (code-edit, ...)")
+    ap.add_argument("--skip", type=int, default=0, help="prompts skipped first")
     ap.add_argument("--new", type=int, default=48)
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--methods", default="AR;suffix;draftexpert", help="';'-separated; DRAFTER[@CONTROLLER]")
@@ -143,8 +146,12 @@ def main() -> None:
     torch.set_num_threads(1)
     folder = Path(args.moe)
     tok = load_tokenizer(folder)
-    problems = humaneval()[args.skip: args.skip + args.prompts]
-    prompts = [tok(p["prompt"], add_special_tokens=False)["input_ids"] for p in problems]
+    if args.workload == "humaneval-raw":  # the HumanEval prompts as raw completions (bench_s2moe.py's)
+        problems = humaneval()[args.skip: args.skip + args.prompts]
+        prompts = [tok(p["prompt"], add_special_tokens=False)["input_ids"] for p in problems]
+    else:  # a bench workload, as `outrider bench` feeds it (chat template where it is a chat workload)
+        w = load_workload(args.workload, limit=args.skip + args.prompts)
+        prompts = [encode_prompt(tok, w, p) for p in w.prompts[args.skip:]]
     model = load_decoder(folder, "cpu", torch.float32)
     cfg = json.loads((folder / "config.json").read_text())
     L, N = cfg["num_hidden_layers"], cfg["num_experts"]

@@ -21,8 +21,10 @@ what the verify forward will route that token to.
   `prefetch=off`; nothing to do when the experts are in memory).
 - Expert-expansion truncation (`expand=N`, chains): the drafts' predicted pairs that are neither
   predicted for the root nor resident at the round's start are the experts drafting adds to the
-  verify; once they pass N no deeper draft is made (the draft whose routing passed N is the last:
-  a stopping rule on drafts already made, as the entropy controller's, so sampling stays exact).
+  verify; once the fed drafts' pairs pass N no deeper draft is made. A draft's routing is known
+  when it is fed, by the forward that also gives the next draft, so the draft in hand then is the
+  last one kept (a stopping rule on drafts already made, as the entropy controller's: sampling
+  stays exact).
 - Confidence truncation (`conf=C`): no deeper draft once the path's draft probability falls
   below C (Budget.min_confidence, every tree shape).
 - Resident routing (`route=resident`, under an expert store): the draft's top-1 expert chosen among
