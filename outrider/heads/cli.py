@@ -33,7 +33,8 @@ def add_parsers(sub) -> None:
 
     check = sub.add_parser("check-head", help="check an EAGLE-3 or DFlash head folder: config, tensors and dtypes, "
                            "vocab map, layer ids, block size, golden logits and tau")
-    check.add_argument("dir", help="the head folder (or a shipped head's name; dflash:NAME for a shipped DFlash head)")
+    check.add_argument("dir", help="the head folder (or a shipped head's name; KIND:NAME for a shipped head of "
+                       "another kind, dflash:NAME for a DFlash head)")
     check.add_argument("--target", default=None, help="catalog name or folder (default: the one recorded in "
                        "outrider_golden.json or train_info.json)")
     check.add_argument("--device", default=None, help="where to re-measure the golden (default: as recorded)")
