@@ -46,7 +46,7 @@ def models(tmp_path_factory):
 
 
 def _requests():
-    return [Request(PROMPT, 24, SamplingParams(0.0)), Request(PROMPT[3:] + [60, 61], 17, SamplingParams(0.0))]
+    return [Request(PROMPT, 16, SamplingParams(0.0)), Request(PROMPT[3:] + [60, 61], 12, SamplingParams(0.0))]
 
 
 def _spec(models, name, arg, tree="chain", control="fixed:3"):
