@@ -1,12 +1,14 @@
 """Write an EAGLE-3 or DFlash head as the GGUF file llama.cpp's llama-server drafts with, and read one back.
 
-    export_gguf("eagle3", "outrider/heads/shipped/eagle3/smollm2-135m-instruct", "out/eagle3.gguf", "smollm2-135m-instruct")
+    export_gguf("eagle3", "outrider/heads/shipped/eagle3/smollm2-135m-instruct", "out/eagle3.gguf",
+                "smollm2-135m-instruct")
     llama-server -m TARGET.gguf -md out/eagle3.gguf --spec-type draft-eagle3 --spec-draft-n-max 4 --spec-draft-p-min 0
 
-The layout (names, keys, the q/k RoPE permutation, absolute d2t) is heads/gguf_layout.py's, read from
-llama.cpp's loader. Matrices keep the head's dtype (or `dtype`): F32, F16 or BF16 (BF16 words written
-as they are); one-dimensional tensors (norms) are written F32, as llama.cpp's converters do, which
-holds any bf16/fp16 value exactly. The draft GGUF carries the target GGUF's tokenizer (every
+The layout (names, keys, the q/k RoPE permutation, absolute d2t) is heads/gguf_layout.py's and each
+kind's (heads/<kind>/gguf.py, named in heads/kinds.py), read from llama.cpp's loader. Matrices keep
+the head's dtype (or `dtype`): F32, F16 or BF16 (BF16 words written as they are); one-dimensional
+tensors (norms) are written F32, as llama.cpp's converters do, which holds any bf16/fp16 value
+exactly. The draft GGUF carries the target GGUF's tokenizer (every
 `tokenizer.*` key: llama-server checks the two vocabularies agree and DFlash reads its mask id from
 the draft's), from the target's `original.gguf` (catalog models keep one) or `target_gguf`.
 No golden is written: a GGUF head is checked by running it (scripts/llamacpp_head_check.py).
@@ -45,35 +47,9 @@ def target_gguf_of(target_path: Path, given: str | Path | None) -> Path:
 
 def head_tensors(kind: str, source: str | Path, target_config, dtype: torch.dtype | None = None):
     """(config, {our name: tensor}) of the head in folder `source` as llama.cpp takes them: every
-    tensor the config implies, checked against it; d2t as absolute target ids; t2d left out."""
-    if kind == "eagle3":
-        from .eagle3.export import disk_tensors, from_folder
-        from .eagle3.format import misfit
-
-        head = from_folder(source)
-        reason = misfit(head.config, target_config, "embed_tokens.weight" in head.tensors,
-                        "lm_head.weight" in head.tensors)
-        if reason:
-            raise ModelError(f"the head does not fit the target: {reason}")
-        config, tensors = head.config, disk_tensors(head, "eagle", dtype)
-    else:
-        from .dflash.format import expected_shapes, misfit, read_config, read_tensors
-
-        config = read_config(source)
-        reason = misfit(config, target_config)
-        if reason:
-            raise ModelError(f"the head does not fit the target: {reason}")
-        stored = read_tensors(source)
-        required, optional = expected_shapes(config, target_config.num_layers)
-        tensors = {}
-        for name in [*required, *(n for n in optional if n in stored)]:
-            if name not in stored:
-                raise ModelError(f"the head lacks tensor {name}; it cannot be exported: re-train it")
-            t, shape = stored[name], required.get(name, optional.get(name))
-            if tuple(t.shape) != shape:
-                raise ModelError(f"the head's tensor {name} has shape {list(t.shape)} but its config says "
-                                 f"{list(shape)}: fix the head before exporting it")
-            tensors[name] = t if name in ("d2t", "t2d") or dtype is None else t.to(dtype)
+    tensor the config implies, checked against it (the kind's heads/<kind>/gguf.py); d2t as
+    absolute target ids; t2d left out."""
+    config, tensors = layout.gguf_of(kind).head_tensors(source, target_config, dtype)
     tensors.pop("t2d", None)
     if "d2t" in tensors:
         d2t = tensors["d2t"].to(torch.int64)  # [Vd]: target id = d + d2t[d]
@@ -82,21 +58,17 @@ def head_tensors(kind: str, source: str | Path, target_config, dtype: torch.dtyp
 
 
 def metadata(kind: str, config, target_config) -> dict:
-    """The arch's keys (without the `ARCH.` prefix) with their values."""
-    c = config
+    """The arch's keys (without the `ARCH.` prefix) with their values: every kind's, then its own."""
+    c, g = config, layout.gguf_of(kind)
     taps = list(c.taps(target_config.num_layers))  # Hugging Face hidden_states ids = llama.cpp's layer inputs
     keys = {"context_length": target_config.max_position_embeddings, "embedding_length": c.hidden_size,
-            "block_count": 1 if kind == "eagle3" else c.num_layers, "feed_forward_length": c.intermediate_size,
+            "block_count": g.num_layers(c), "feed_forward_length": c.intermediate_size,
             "attention.head_count": c.num_heads, "attention.head_count_kv": c.num_kv_heads,
             "attention.key_length": c.head_dim, "attention.value_length": c.head_dim,
             "rope.freq_base": float(c.rope_theta), "rope.dimension_count": c.head_dim,
             "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps), "vocab_size": c.vocab_size,
             "target_layers": taps}
-    if kind == "eagle3":
-        keys.update({"target_hidden_size": c.target_hidden_size,
-                     "norm_before_residual": bool(c.norm_before_residual), "norm_before_fc": False})
-    else:
-        keys["block_size"] = c.block_size
+    keys.update(g.metadata(c))
     return keys
 
 
@@ -110,8 +82,7 @@ def export_gguf(kind: str, source: str | Path, out: str | Path, target: str | Pa
     from ..models.config import ModelConfig
     from .staging import DTYPES
 
-    if kind not in layout.ARCH:
-        raise ConfigError(f"no GGUF layout for a {kind} head; llama.cpp loads eagle3 and dflash")
+    g = layout.gguf_of(kind)  # a one-line refusal for a kind llama.cpp does not load
     if dtype is not None and dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype!r}: use bf16, fp16 or fp32 (or leave it out to keep the head's)")
     out = check_out_file(out)
@@ -119,7 +90,7 @@ def export_gguf(kind: str, source: str | Path, out: str | Path, target: str | Pa
     tcfg = ModelConfig.load(target_path)
     tokenizer_from = target_gguf_of(target_path, target_gguf)
     config, tensors = head_tensors(kind, source, tcfg, DTYPES[dtype] if dtype else None)
-    arch = layout.ARCH[kind]
+    arch = g.ARCH
     keys = metadata(kind, config, tcfg)
     check_loadable(kind, config, tensors, keys)
     writer = gguf.GGUFWriter(None, arch)
@@ -135,8 +106,7 @@ def export_gguf(kind: str, source: str | Path, out: str | Path, target: str | Pa
         else:
             writer.add_uint32(full, int(value))
     copy_tokenizer(writer, tokenizer_from)
-    if kind == "dflash":
-        writer.add_mask_token_id(config.mask_token_id)
+    g.extra(writer, config)  # DFlash: its mask token
     for name, t in tensors.items():
         heads = layout.permuted_heads(kind, name, config.num_heads, config.num_kv_heads)
         if heads is not None:
@@ -161,11 +131,11 @@ def check_loadable(kind: str, config, tensors: dict, keys: dict) -> None:
     """ModelError unless every tensor and key the loader requires (gguf_layout) is about to be written
     with the shape it asks for: a guard between the head's config and llama.cpp's create_tensor calls."""
     written = {layout.gguf_name(kind, n): tuple(t.shape) for n, t in tensors.items()}
+    g = layout.gguf_of(kind)
     need = layout.required_tensors(kind, config.hidden_size, tensors["fc.weight"].shape[1], config.num_heads,
-                                   config.num_kv_heads, config.head_dim, config.intermediate_size,
-                                   1 if kind == "eagle3" else config.num_layers)
+                                   config.num_kv_heads, config.head_dim, config.intermediate_size, g.num_layers(config))
     wrong = [n for n, shape in need.items() if written.get(n) != shape]
-    wrong += [k for k in layout.REQUIRED_KEYS[kind] if k not in keys]
+    wrong += [k for k in g.REQUIRED_KEYS if k not in keys]
     if wrong:
         raise ModelError(f"the {kind} head would not load in llama.cpp: {', '.join(wrong)} missing or misshapen")
 

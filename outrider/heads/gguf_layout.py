@@ -27,8 +27,10 @@ Read from the llama.cpp vendored in the llama-cpp-python 0.3.36 sdist (paths und
                               draft carries the target's tokenizer (as the converters copy it).
     conversion/llama.py       d2t is written as absolute target ids (d + d2t[d]), I64; t2d is dropped.
 
-Names here are ours on the left (heads/eagle3/format.py's `midlayer.` names, z-lab's for DFlash),
-llama.cpp's on the right. Shapes are given as torch shapes ([rows, cols]); GGUF stores the
+The names every kind shares are here, each kind's own in its package (heads/eagle3/gguf.py,
+heads/dflash/gguf.py: its names, required keys and tensors, metadata; a kind llama.cpp loads names
+its module in heads/kinds.py); ours on the left (heads/eagle3/format.py's `midlayer.` names,
+z-lab's for DFlash), llama.cpp's on the right. Shapes are given as torch shapes ([rows, cols]); GGUF stores the
 reversed order (ne = [cols, rows]), as llama.cpp's create_tensor calls write them.
 """
 
@@ -36,43 +38,36 @@ from __future__ import annotations
 
 import torch
 
-ARCH = {"eagle3": "eagle3", "dflash": "dflash"}
 LAYER = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
          "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
          "self_attn.o_proj.weight": "attn_output.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
          "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-         "mlp.down_proj.weight": "ffn_down.weight"}
-EAGLE3_LAYER = {**LAYER, "hidden_norm.weight": "attn_norm_2.weight"}
-DFLASH_LAYER = {**LAYER, "self_attn.q_norm.weight": "attn_q_norm.weight",
-                "self_attn.k_norm.weight": "attn_k_norm.weight"}
+         "mlp.down_proj.weight": "ffn_down.weight"}  # every kind's layer; each kind adds its own (heads/<kind>/gguf.py)
 TOP = {"fc.weight": "fc.weight", "norm.weight": "output_norm.weight", "lm_head.weight": "output.weight",
        "embed_tokens.weight": "token_embd.weight", "d2t": "d2t"}
-DFLASH_TOP = {**TOP, "hidden_norm.weight": "enc.output_norm.weight"}
 
-# The metadata keys each loader reads without a default (llama-model.cpp's llama_model_base::load_hparams
-# l.1321-1327, then the arch's load_arch_hparams), without the `ARCH.` prefix.
-REQUIRED_KEYS = {"eagle3": ("context_length", "embedding_length", "block_count", "attention.layer_norm_rms_epsilon",
-                            "target_layers", "target_hidden_size"),
-                 "dflash": ("context_length", "embedding_length", "block_count", "attention.layer_norm_rms_epsilon",
-                            "target_layers")}
+
+def gguf_of(kind: str):
+    """The kind's GGUF module (heads/<kind>/gguf.py: ARCH, names, REQUIRED_KEYS, its tensors and
+    keys); a one-line ConfigError for a kind llama.cpp does not load."""
+    from ..errors import ConfigError
+    from .kinds import KINDS
+
+    if kind not in KINDS or KINDS[kind].gguf is None:
+        loadable = ", ".join(k.name for k in KINDS.values() if k.gguf is not None)
+        raise ConfigError(f"no GGUF layout for a {kind} head; llama.cpp loads {loadable}")
+    return KINDS[kind].module(KINDS[kind].gguf)
 
 
 def gguf_name(kind: str, ours: str) -> str:
     """llama.cpp's name of our tensor `ours` (ValueError for one llama.cpp has no place for)."""
-    layer = EAGLE3_LAYER if kind == "eagle3" else DFLASH_LAYER
-    top = TOP if kind == "eagle3" else DFLASH_TOP
-    if ours in top:
-        return top[ours]
-    if kind == "eagle3" and ours.startswith("midlayer."):
-        rest, index = ours[len("midlayer."):], 0
-    elif kind == "dflash" and ours.startswith("layers."):
-        index_text, _, rest = ours[len("layers."):].partition(".")
-        index = int(index_text)
-    else:
+    g = gguf_of(kind)
+    if ours in g.NAMES_TOP:
+        return g.NAMES_TOP[ours]
+    found = g.layer_of(ours)
+    if found is None or found[1] not in g.NAMES_LAYER:
         raise ValueError(f"no llama.cpp tensor for {ours}")
-    if rest not in layer:
-        raise ValueError(f"no llama.cpp tensor for {ours}")
-    return f"blk.{index}.{layer[rest]}"
+    return f"blk.{found[0]}.{g.NAMES_LAYER[found[1]]}"
 
 
 def rope_permute(w: torch.Tensor, heads: int) -> torch.Tensor:
@@ -91,24 +86,19 @@ def rope_unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
 def permuted_heads(kind: str, ours: str, num_heads: int, num_kv_heads: int) -> int | None:
     """How many heads a tensor's rows are RoPE-permuted by on its way to llama.cpp (EAGLE-3's q/k
     only: its graph ropes in NORM mode; DFlash's ropes NEOX, as Hugging Face), else None."""
-    if kind != "eagle3":
-        return None
-    if ours.endswith("self_attn.q_proj.weight"):
-        return num_heads
-    if ours.endswith("self_attn.k_proj.weight"):
-        return num_kv_heads
-    return None
+    return gguf_of(kind).permuted_heads(ours, num_heads, num_kv_heads)
 
 
 def required_tensors(kind: str, hidden: int, inputs: int, heads: int, kv_heads: int, head_dim: int,
                      inter: int, layers: int = 1) -> dict[str, tuple[int, ...]]:
     """What the loader's create_tensor calls without TENSOR_NOT_REQUIRED ask for, as torch shapes
     (rows, cols) of llama.cpp's names: `inputs` is fc's input width (3Ht for EAGLE-3, n*H for DFlash)."""
+    g = gguf_of(kind)
     H, D = hidden, head_dim
-    attn_in = 2 * H if kind == "eagle3" else H
+    attn_in = g.attention_inputs(H)
     out = {"fc.weight": (H, inputs), "output_norm.weight": (H,)}
-    if kind == "dflash":
-        out["enc.output_norm.weight"] = (H,)
+    if "hidden_norm.weight" in g.NAMES_TOP:  # DFlash's norm after fc
+        out[g.NAMES_TOP["hidden_norm.weight"]] = (H,)
     for i in range(layers):
         p = f"blk.{i}."
         out.update({p + "attn_norm.weight": (H,), p + "attn_q.weight": (heads * D, attn_in),
@@ -116,8 +106,5 @@ def required_tensors(kind: str, hidden: int, inputs: int, heads: int, kv_heads: 
                     p + "attn_output.weight": (H, heads * D), p + "ffn_norm.weight": (H,),
                     p + "ffn_gate.weight": (inter, H), p + "ffn_up.weight": (inter, H),
                     p + "ffn_down.weight": (H, inter)})
-        if kind == "eagle3":
-            out[p + "attn_norm_2.weight"] = (H,)
-        else:
-            out.update({p + "attn_q_norm.weight": (D,), p + "attn_k_norm.weight": (D,)})
+        out.update(g.required_layer(p, H, D))
     return out

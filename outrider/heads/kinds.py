@@ -7,8 +7,8 @@ shares (heads/: files.py, vocab_map.py, taps.py, layer.py, trainable.py, golden.
 golden_compute.py, checks.py, staging.py, catalog.py). Registering it names those parts for
 what every kind goes through: the shipped-head catalog (catalog.py: `shipped/<kind>/<target>/`),
 `outrider check-head` (which kind a config.json is, then its checks), `outrider export <kind>`,
-`outrider train <kind>` (train/trainables.py) and the golden's re-measurement
-(scripts/rerecord_golden.py).
+`outrider train <kind>` (train/trainables.py), the golden's re-measurement
+(scripts/rerecord_golden.py) and, for a kind llama.cpp loads, `--format gguf` (its gguf.py).
 The drafter that runs the kind registers in drafters/registry.py under the same name
 (`--drafter eagle3:NAME`). Parts are named "module:attribute" within the package and imported
 when used, so the registry imports no model code. docs/adding-a-method.md shows a new kind.
@@ -32,6 +32,7 @@ class HeadKind:
     measure: str = "golden:measure"  # (folder, target, settings, prompts) -> the golden's measured part
     add_export: str = "cli:add_export"  # (the `export` sub-parsers) -> adds `outrider export NAME`
     train_job: str = "trainable:job"  # (options, target, tokenizer, used, layer_ids) -> its `outrider train` job
+    gguf: str | None = None  # its GGUF module (heads/<kind>/gguf.py), when llama.cpp loads the kind
 
     def module(self, part: str):
         """The kind's module `part` ("golden": heads/<kind>/golden.py), imported."""
@@ -71,5 +72,7 @@ def kind_of(raw: dict) -> HeadKind:
     return default
 
 
-register_kind(HeadKind("eagle3", "EAGLE-3", "outrider.heads.eagle3", claims=None, check="check:check_head"))
-register_kind(HeadKind("dflash", "DFlash", "outrider.heads.dflash", claims="format:is_dflash", check="check:check_dflash"))
+register_kind(HeadKind("eagle3", "EAGLE-3", "outrider.heads.eagle3", claims=None, check="check:check_head",
+                       gguf="gguf"))
+register_kind(HeadKind("dflash", "DFlash", "outrider.heads.dflash", claims="format:is_dflash",
+                       check="check:check_dflash", gguf="gguf"))

@@ -5,6 +5,7 @@
     export.py       writing them                          check.py   `outrider check-head`
     golden.py       its golden measurement (blocks replayed on the text)  vocab.py   `vocab=N`
     trainable.py    the module `outrider train dflash` trains, and its job     cli.py     `outrider export dflash`
+    gguf.py         the GGUF llama.cpp loads (`--format gguf`; the shared part: heads/gguf_layout.py)
 
 The drafter that runs it is drafters/dflash.py (block.py, refiners/); its registration as a head
 kind, heads/kinds.py.
