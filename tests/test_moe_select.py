@@ -287,3 +287,20 @@ def test_reuse_gate_biases_toward_the_trees_best_experts(qwen):
             assert set(experts[:6].reshape(-1).tolist()) <= star
             assert len(set(experts[:6].reshape(-1).tolist())) < len(set(exact[:6].reshape(-1).tolist()))
     assert moved > 0
+
+
+def test_generate_from_the_command_line_reports_the_selection(qwen, capsys):
+    import json
+
+    from outrider.cli import main
+
+    folder = str(qwen[0])
+    common = ["generate", "a b c a b c a b", "--model", folder, "--threads", "1", "--max-new-tokens", "12", "--json"]
+    assert main(common) == 0
+    plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "expert_selection" not in plain
+    assert main(common + ["--drafter", "s2moe:1", "--tree", "static:2,1", "--verifier", "edgexpert-lossy:8,important=1"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["token_ids"] == plain["token_ids"]
+    verify = out["expert_selection"]["traffic"]["verify"]
+    assert verify["forwards"] > 0 and verify["distinct"] == verify["distinct_exact"]
