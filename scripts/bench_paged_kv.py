@@ -9,9 +9,9 @@ with the pages those bytes hold) and `--max-running` slots of block table. Every
 queued at once (short prompts cut from a stdlib source file, greedy, EOS ignored so that each
 runs --max-tokens); each step records how many requests run at once. Printed per arm: the K/V
 bytes, the most and the mean running at once, steps, wall time and output tokens a second, and
-whether the arms' tokens are equal. The paged cache runs the torch layers (the native layer reads
-slots), so a third arm `slots-torch` (slots, config native_layer=off) is the paged arm's
-like-for-like throughput baseline.
+whether the arms' tokens are equal. Arms: slots and paged on the native layer (over pages it reads
+each forward's span copied out in slot layout), and both on the torch layers (config
+native_layer=off): slots-torch, paged-torch (pages gathered a layer at a time).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--page", type=int, default=16)
     ap.add_argument("--chunk-size", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--arms", default="slots,paged,slots-torch")
+    ap.add_argument("--arms", default="slots,paged,slots-torch,paged-torch")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from outrider import LLM
@@ -91,9 +91,12 @@ def main() -> None:
         if arm == "slots":  # the native layer (chosen at this model's first forward, above)
             r = run(native, arm, reqs, max_running=args.slots, max_len=args.max_model_len, pages=None, page=args.page,
                     chunk=args.chunk_size)
+        elif arm == "paged":  # the native layer over each forward's span copied out of the pages
+            r = run(native, arm, reqs, max_running=args.max_running, max_len=args.max_model_len, pages=pages,
+                    page=args.page, chunk=args.chunk_size)
         else:
             torch_llm = torch_llm or LLM(args.model, threads=args.threads, config={"native_layer": False})
-            if arm == "paged":
+            if arm == "paged-torch":
                 r = run(torch_llm, arm, reqs, max_running=args.max_running, max_len=args.max_model_len, pages=pages,
                         page=args.page, chunk=args.chunk_size)
             else:

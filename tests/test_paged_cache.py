@@ -131,3 +131,19 @@ def test_paged_mode_is_refused_for_state_that_is_not_plain_k_v(tmp_path):
     hybrid = load_decoder(make_tiny("qwen3_5", tmp_path / "h"), "cpu")
     with pytest.raises(ValueError, match="gated-delta layers keep a per-slot state"):
         hybrid.new_cache(2, 32, pages=8)
+
+
+def test_the_native_layer_over_pages_gives_the_slot_caches_bits(tmp_path_factory):
+    """A q4 model runs the native decoder layer: over a paged cache it reads the span copied out in
+    slot layout and writes its rows back into the pages; the logits equal the slot cache's."""
+    from test_native_layer import make_family
+
+    native = load_decoder(make_family("llama", tmp_path_factory.mktemp("paged-native") / "llama"), "cpu", "q4")
+    caches = _both(native)
+    rng = random.Random(3)
+    a, b = [rng.randrange(3, 96) for _ in range(21)], [rng.randrange(3, 96) for _ in range(11)]
+    _run(native, caches, [0, 2], [0, 0], [a, b])
+    _run(native, caches, [2, 0], [11, 21], [[5], [6]])  # out of order, a hole at slot 1
+    tree = _random_tree(rng, 7)
+    _run(native, caches, [0], [22], [[rng.randrange(3, 96) for _ in tree]], [tree])
+    assert native._native is not None and caches[1].pages_used > 0

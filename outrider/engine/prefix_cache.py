@@ -211,8 +211,8 @@ def why_not_exact(target, state) -> str | None:
     """Why a prefix restored from the cache would not be the bits of a whole prefill on this
     target and CPU (the cache is then off), or None."""
     if getattr(state, "paged", False):
-        return ("paged K/V (--kv-memory) runs the torch layers, whose K/V bits depend on how a prompt is chunked: "
-                "the prefix cache is off with it")
+        return ("the prefix cache copies its blocks into slots, not into pages: it is off with paged K/V "
+                "(--kv-memory)")
     if not isinstance(state, KVCache):
         return (f"this model's slot state ({type(state).__name__}) is not K/V rows by position (recurrent "
                 "gated-delta layers, whose state at a block boundary is not kept, or sliding-window rings): "

@@ -167,7 +167,7 @@ class Decoder:
         c = self.config
         self._choose_linear_paths()
         B, T = batch.tokens.shape
-        native = self._native if not isinstance(cache, PagedKVCache) else None  # the native layer reads slots
+        native = self._native if not (attention and isinstance(cache, PagedKVCache)) else None
         if num_layers is None and native is not None and batch.fills_only:
             part = self._fill_part_rows(batch)
             if part is not None:  # one long prompt past the native workspace: in parts, the same bits
@@ -198,8 +198,12 @@ class Decoder:
         if native is not None and path is not PrefillPath.TORCH:  # one native call a span
             if attention:
                 mass, at = self._attention_buffer(batch, cache, len(layers))
-            x = self._native.run(self, batch, cache, x, cos, sin, len(layers), hidden,
-                                 fill=path.fill if path is not None else 0, mass=mass, mass_at=at)
+            paged = isinstance(cache, PagedKVCache)  # its span copied out as slots, written back after
+            copy = cache.slot_copy(batch, len(layers)) if paged else None
+            x = self._native.run(self, copy.batch if paged else batch, copy if paged else cache, x, cos, sin,
+                                 len(layers), hidden, fill=path.fill if path is not None else 0, mass=mass, mass_at=at)
+            if paged:
+                copy.write_back()
         else:
             x = self._torch_layers(layers, batch, cache, x, cos, sin, hidden)
         if not head:  # a pipeline stage before the last: its rows go on to the next stage

@@ -18,8 +18,10 @@ write), so sharing never changes what another slot reads.
 
 Attention over pages: `span` gathers a span's pages into [S, G, L, D] (one row gather a layer for
 K and for V, read as a view: the slow reference, exact; heads first in the pool, so a slot's
-gathered pages are its rows in order). The native decoder layer reads slot caches only: a decoder
-given a paged cache runs the torch layers (models/decoder.py).
+gathered pages are its rows in order). The native decoder layer reads slot caches: over pages it
+gets each forward's span copied out in slot layout, every layer at once, and its new rows are
+written back (`slot_copy`, models/decoder.py): the same bits as over slots, for a copy a forward.
+A kernel reading pages in place through the table is not written.
 """
 
 from __future__ import annotations
@@ -286,5 +288,43 @@ class PagedKVCache:
         """A slot's first `length` keys of a layer, [G, length, D] (a copy)."""
         return self._pages(self.k[layer], self.table[slot: slot + 1, : self.pages_for(length)], length)[0]
 
+    def slot_copy(self, batch, layers: int) -> "SlotCopy":
+        """The span of `batch` copied out of the pages in the slot cache's layout, for the native
+        decoder layer (which reads slots); `write_back()` then puts the rows the forward wrote into
+        their pages."""
+        return SlotCopy(self, batch, layers)
+
     def gather_from(self, source, src_slot: int, dst_slot: int, kept: torch.Tensor) -> None:
         raise ValueError("a paged K/V cache is not a drafter's own cache (sparsespec keeps a slot cache of its own)")
+
+
+class SlotCopy:
+    """A paged span in slot layout: k[l], v[l] [S, G, L + 1, D] hold rows 0 .. L - 1 of the batch's
+    span slots (L = batch.kv_len; row L is the scratch row), `batch` the same forward with its
+    slots counted from the span's first and its padding sent to row L. The native layer writes the
+    new rows here and reads them with the rest, the same values at the same rows as in a slot cache,
+    so the same bits; `write_back` copies the rows it wrote into the pages."""
+
+    def __init__(self, paged: PagedKVCache, batch, layers: int):
+        from dataclasses import replace
+
+        S, first, L = batch.span_size, batch.span_first, batch.kv_len
+        self.paged, self.source, self.first, self.scratch_row = paged, batch, first, L
+        table = paged._span_table(("span", first, S), L)
+        self.k, self.v = [], []
+        for layer in range(layers):
+            for own, pool in ((self.k, paged.k[layer]), (self.v, paged.v[layer])):
+                G, _, _, D = pool.shape
+                rows = torch.empty((S, G, L + 1, D), dtype=pool.dtype, device=pool.device)
+                rows[:, :, :L] = paged._pages(pool, table, L)
+                rows[:, :, L] = 0
+                own.append(rows)
+        rows = torch.where(batch.rows == paged.scratch_row, L, batch.rows)  # [B, T]
+        self.batch = replace(batch, slot_ids=[s - first for s in batch.slot_ids], rows=rows, span_first=0)
+
+    def write_back(self) -> None:
+        """The rows the forward wrote, into their pages (padding into the scratch page)."""
+        local = self.batch.slots.unsqueeze(1)  # [B, 1]
+        for layer, (k, v) in enumerate(zip(self.k, self.v)):
+            self.paged.write(layer, self.source.slots, self.source.rows, k[local, :, self.batch.rows],
+                             v[local, :, self.batch.rows])  # [B, T, G, D] each
