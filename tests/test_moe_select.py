@@ -304,3 +304,53 @@ def test_generate_from_the_command_line_reports_the_selection(qwen, capsys):
     assert out["token_ids"] == plain["token_ids"]
     verify = out["expert_selection"]["traffic"]["verify"]
     assert verify["forwards"] > 0 and verify["distinct"] == verify["distinct_exact"]
+
+
+# -- S2-MoE's routing-aware expansion (drafters/s2moe_expand.py; lossless) ------------------------
+
+def test_expansion_trim_equals_its_reference():
+    from outrider.drafters.s2moe_expand import node_experts, trim, trim_reference
+
+    rng = random.Random(1)
+    for _ in range(150):
+        n = rng.randint(1, 12)
+        parents = [-1] + [rng.randrange(i) for i in range(1, n)]
+        conf = [1.0]
+        for i in range(1, n):
+            conf.append(conf[parents[i]] * rng.random())
+        tree = DraftTree(torch.arange(n) + 5, torch.tensor(parents), confidence=torch.tensor(conf))
+        fed = {i: {rng.randrange(6) for _ in range(2)} for i in range(n) if rng.random() < 0.7}
+        experts = node_experts(tree, fed)
+        for i in range(n):  # an unfed node takes its nearest fed ancestor's
+            j = i
+            while j not in fed and j > 0:
+                j = parents[j]
+            assert experts[i] == fed.get(j, set())
+        cost, draft = rng.choice([0.0, 0.05, 0.3]), rng.choice([0.0, 0.1])
+        got = trim(tree, experts, cost, draft)
+        keep = trim_reference(tree, experts, cost, draft)
+        assert got.tokens.tolist() == [t + 5 for t in keep]
+        assert [keep[p] if p >= 0 else -1 for p in got.parents.tolist()] == [parents[i] for i in keep]
+        if cost == draft == 0.0:
+            assert keep == list(range(n))
+
+
+def test_expansion_is_lossless_and_verifies_fewer_experts(qwen):
+    from outrider.drafters.registry import parse_drafter
+
+    assert parse_drafter("s2moe:1,expand=0.1,draft=0.2")[1] == (1, False, 0.1, 0.2)
+    for bad in ("s2moe:1,expand=-1", "s2moe:1,expand", "s2moe:1,wide=2"):
+        with pytest.raises(ConfigError, match="expansion"):
+            parse_drafter(bad)
+    folder, model, plain = qwen
+    per_verify = {}
+    for drafter in ("s2moe:1", "s2moe:1,expand=0.2"):
+        spec = Speculator.build(SpecOptions(drafter, "static:3,2,1", "fixed:3", verifier="acceptmoe-lossy:1.0"),
+                                model, folder)
+        selection = verifier_entry("acceptmoe-lossy:1.0").verify.selection
+        selection.reset()
+        done = generate_ids(model, _requests(), set(), speculation=spec)
+        assert [c.token_ids for c in done] == plain
+        verify = selection.traffic.phases["verify"]
+        per_verify[drafter] = verify.distinct / verify.forwards
+    assert per_verify["s2moe:1,expand=0.2"] < per_verify["s2moe:1"]
