@@ -3,7 +3,8 @@ outrider.train.moe_split, with every expert resident and under an offload budget
 behind an expert store holding a share of them), in one run, interleaved per prompt (issue 41's
 done-when: "under an offload budget, at least one lossless method beats AR on the same budget").
 
-Per method and tier: greedy tokens equal to AR's (every method is lossless), tau, decode time
+Requests stop at the tokenizer's end-of-text tokens (`--past-eos`: always --new tokens, the text
+past the end included). Per method and tier: greedy tokens equal to AR's (every method is lossless), tau, decode time
 (the request's time less its prefill) and its ratio to AR's in the same tier, verify forwards,
 distinct target experts a verify routes to (all MoE layers), bytes read and read stalls per
 committed token, and for DraftExpert the share of each verify's experts its draft predicted
@@ -22,6 +23,7 @@ A fresh store per request (cold; the prompt's prefill fills it, the same for eve
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -40,7 +42,7 @@ from outrider.models.expert_store import ExpertStore
 from outrider.models.slow_tier import DirectStore, PacedStore
 from outrider.sampling import SamplingParams
 from outrider.weights.loader import load_decoder
-from outrider.weights.tokenizer import load_tokenizer
+from outrider.weights.tokenizer import eos_ids_of, load_tokenizer
 
 
 class VerifyWatch:
@@ -91,7 +93,7 @@ def make_store(tier: str, path: Path, L: int, N: int):
     raise SystemExit(f"unknown tier {tier!r}")
 
 
-def run_one(model, folder, prompt, new, method, depth, store):
+def run_one(model, folder, prompt, new, method, depth, store, eos=frozenset()):
     layers = moe_layers(model)
     saved = [(model.layers[l].moe.gate_up, model.layers[l].moe.down) for l in layers]
     if store is not None:
@@ -107,7 +109,7 @@ def run_one(model, folder, prompt, new, method, depth, store):
             if store is not None:
                 watch.on_first = lambda: snap.update(store.stats.as_dict())
             t0 = time.perf_counter()
-            done = generate_ids(model, [Request(prompt, new, SamplingParams(0.0))], set(), speculation=speculation)[0]
+            done = generate_ids(model, [Request(prompt, new, SamplingParams(0.0))], set(eos), speculation=speculation)[0]
             wall = time.perf_counter() - t0
     finally:
         for l, (gu, dn) in zip(layers, saved):
@@ -139,6 +141,8 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=0, help="prompts skipped first")
     ap.add_argument("--new", type=int, default=48)
     ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument("--k", type=int, default=None, help="route each token to its top k experts (default: the config's)")
+    ap.add_argument("--past-eos", action="store_true", help="do not stop at the end-of-text token (always --new tokens)")
     ap.add_argument("--methods", default="AR;suffix;draftexpert", help="';'-separated; DRAFTER[@CONTROLLER]")
     ap.add_argument("--tiers", default="resident;page:0.25")
     ap.add_argument("--json", default=None)
@@ -153,6 +157,9 @@ def main() -> None:
         w = load_workload(args.workload, limit=args.skip + args.prompts)
         prompts = [encode_prompt(tok, w, p) for p in w.prompts[args.skip:]]
     model = load_decoder(folder, "cpu", torch.float32)
+    eos = frozenset() if args.past_eos else frozenset(eos_ids_of(folder, tok))
+    if args.k is not None:  # the same experts routed top-k (docs/models.md: k 4 is nearer the dense model)
+        model.config = dataclasses.replace(model.config, moe=dataclasses.replace(model.config.moe, top_k=args.k))
     cfg = json.loads((folder / "config.json").read_text())
     L, N = cfg["num_hidden_layers"], cfg["num_experts"]
     methods, tiers = args.methods.split(";"), args.tiers.split(";")
@@ -163,7 +170,7 @@ def main() -> None:
         for tier in tiers:  # interleaved: every method on this prompt and tier before the next
             for method in methods:
                 row = run_one(model, folder, prompt, args.new, method, args.depth,
-                              make_store(tier, folder / "model.safetensors", L, N))
+                              make_store(tier, folder / "model.safetensors", L, N), eos)
                 reference.setdefault(i, row["tokens"])
                 row["equal"] = row["tokens"] == reference[i]
                 totals.setdefault((tier, method), []).append(row)
