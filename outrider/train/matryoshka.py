@@ -5,7 +5,8 @@ or with --independent one model per slice size at the same token budget (the bas
 Data: the `code` source (train/data.py: the standard library's .py files, tests and code-edit
 modules out), its items sorted by id with every tenth (index % 10 == 9) held out for validation;
 tokens from the base model's tokenizer cut to its first --vocab ids (train/cut_vocab.py). Per step
-one batch of --batch-size chunks of --seq-len tokens in the seeded order (data.Stream), AdamW
+one batch of --batch-size chunks of --seq-len tokens drawn at random from a buffer of the next
+--shuffle-buffer chunks in the seeded order (data.Stream), AdamW
 (weight decay 0.1 on matrices), linear warmup then cosine decay to a tenth, gradients clipped.
 
     OUT/config.json, model.safetensors, tokenizer files   the suite (its largest slice; config.json
@@ -51,6 +52,8 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup-steps", type=int, default=None, help="linear warmup (default 5%% of the steps)")
     p.add_argument("--clip", type=float, default=1.0, help="gradient-norm clip (default 1)")
     p.add_argument("--val-sequences", type=int, default=32, help="held-out chunks for perplexity (default 32)")
+    p.add_argument("--shuffle-buffer", type=int, default=512,
+                   help="examples the batches are drawn from at random (default 512; 1: stream order)")
     p.add_argument("--seed", type=int, default=0, help="initialisation and data order (default 0)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     p.add_argument("--log-every", type=int, default=10, help="steps between log lines (default 10)")
@@ -88,6 +91,20 @@ def pad(examples: list) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens, mask
 
 
+def shuffled(stream, batch_size: int, buffer: int, seed: int):
+    """Batches of `batch_size` examples drawn at random (seeded) from a buffer of the stream's next
+    `buffer` examples, refilled as it empties: a long file's chunks, consecutive in the stream, are
+    spread over many batches instead of filling one (yields (None, examples) like data.batches)."""
+    g = torch.Generator().manual_seed(seed)
+    it = stream.examples()
+    pool = []
+    while True:
+        while len(pool) < buffer:
+            pool.append(next(it)[1])
+        picks = sorted(torch.randperm(len(pool), generator=g)[:batch_size].tolist(), reverse=True)
+        yield None, [pool.pop(i) for i in picks]
+
+
 def lr_at(step: int, steps: int, warmup: int, peak: float) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -114,7 +131,7 @@ def run(args) -> int:
     from ..catalog.resolve import resolve_model
     from ..weights.tokenizer import load_tokenizer
     from .cut_vocab import cut_tokenizer
-    from .data import Corpus, Encoder, Stream, batches, load_corpus
+    from .data import Corpus, Encoder, Stream, load_corpus
     from .matryoshka_model import NestedLM, joint_loss
 
     if args.threads:
@@ -149,7 +166,7 @@ def run(args) -> int:
     warmup = args.warmup_steps if args.warmup_steps is not None else max(1, args.steps // 20)
     log = (out / "train_log.jsonl").open("w")
     tokens_seen, start = 0, time.perf_counter()
-    it = batches(stream, args.batch_size)
+    it = shuffled(stream, args.batch_size, args.shuffle_buffer, args.seed)
     for step in range(args.steps):
         _, examples = next(it)
         tokens, mask = pad(examples)
@@ -180,6 +197,7 @@ def run(args) -> int:
               "vocab": args.vocab, "slices": [s.to_json() for s in slices], "independent": args.independent,
               "kd": 0.0 if args.independent else args.kd, "temperature": args.temperature, "steps": args.steps,
               "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
+              "shuffle_buffer": args.shuffle_buffer, "hidden": args.hidden, "head_dim": args.head_dim,
               "tokens_per_model": tokens_seen, "train_seconds": round(seconds, 1), "threads": torch.get_num_threads(),
               "torch": torch.__version__}
     if args.independent:
