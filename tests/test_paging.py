@@ -6,6 +6,7 @@ suffix drafter and a draft model."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from enumerate_law import one_thread
 
@@ -131,3 +132,37 @@ def test_a_drafter_reading_the_target_cache_is_refused_with_pages(target):
                                share_target_cache=True))
     with pytest.raises(ConfigError, match="reads the target's slot cache"):
         paged(target, 16, early)
+
+
+def test_the_prefix_cache_restores_into_pages_with_the_plain_answers(tmp_path_factory, runtime):
+    """A q4 model (the native layer, whose prefill is the same bits in any chunks): the prefix cache
+    keeps blocks read out of pages and copies them into a new request's pages; multi-turn chats
+    give the answers of a slot engine without the cache, with the same cached tokens as on slots."""
+    from outrider.engine.prefix_cache import PrefixCache
+    from test_native_layer import make_family
+    from test_prefix_cache import TURNS, chat
+
+    runtime(amx_prefill=False, gemm_prefill="off")
+    q4 = load_decoder(make_family("qwen2", tmp_path_factory.mktemp("paged-prefix") / "qwen2"), "cpu", "q4")
+    plain, _ = chat(EngineLoop(q4, set(), None, max_running=4, max_len=200), TURNS)
+    cache = PrefixCache(block=8)
+    engine = EngineLoop(q4, set(), None, max_running=4, max_len=200, chunk_size=5, prefix_cache=cache,
+                        kv_pages=40, page_size=P)
+    assert engine.prefix_cache is cache, engine.prefix_cache_note
+    answers, cached = chat(engine, TURNS)
+    assert answers == plain and cached == [0, 32, 48] and engine.cache.pages_used == 0
+    # a repeated first turn: its restored and prefilled rows, read out of the pages, are a whole prefill's bits
+    from outrider.engine.request import Request as R
+
+    n = len(TURNS[0]) - 1
+    rows = []
+    for eng in (engine, EngineLoop(q4, set(), None, max_running=4, max_len=200)):
+        rid = eng.add(R(list(TURNS[0]), 4))
+        while not eng._seqs[rid].decoding:
+            eng.step()
+        if eng is engine:
+            assert eng._seqs[rid].cached_tokens == 24  # 25 prompt rows: 3 whole blocks from the cache
+            rows.append([eng.cache.slot_rows(t, 0, 0, n) for t in (*eng.cache.k, *eng.cache.v)])
+        else:
+            rows.append([t[0, :, :n] for t in (*eng.cache.k, *eng.cache.v)])
+    assert all(torch.equal(a, b) for a, b in zip(*rows))

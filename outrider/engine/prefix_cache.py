@@ -84,9 +84,16 @@ class PrefixCache:
         self._hold(blocks, 1)
         try:
             rows = torch.tensor([b.row for b in blocks], device=self.pool[0].device)
-            for own, kept in zip(_tensors(state), self.pool):
-                got = kept.index_select(0, rows)  # [m, heads, P, width]
-                own[slot, :, :n] = got.permute(1, 0, 2, 3).reshape(own.shape[1], n, own.shape[3])
+            got = [kept.index_select(0, rows).permute(1, 0, 2, 3) for kept in self.pool]  # [heads, m, P, width]
+            if getattr(state, "paged", False):  # into the slot's pages (copied: a block is not a page)
+                layers = len(got) // 2
+                for layer in range(layers):
+                    k, v = got[layer], got[layers + layer]
+                    state.write_slot(layer, slot, 0, k.reshape(k.shape[0], n, k.shape[3]),
+                                     v.reshape(v.shape[0], n, v.shape[3]))
+            else:
+                for own, kept in zip(_tensors(state), got):
+                    own[slot, :, :n] = kept.reshape(own.shape[1], n, own.shape[3])
         finally:
             self._hold(blocks, -1)
         return n
@@ -120,8 +127,9 @@ class PrefixCache:
                 first, m = len(chain) * self.block, len(added) * self.block
                 rows = torch.tensor([b.row for b in added], device=self.pool[0].device)
                 for own, kept in zip(_tensors(state), self.pool):
-                    part = own[slot, :, first:first + m]  # [heads, m, width]
-                    kept.index_copy_(0, rows, part.reshape(own.shape[1], len(added), self.block, own.shape[3])
+                    part = (state.slot_rows(own, slot, first, m) if getattr(state, "paged", False)
+                            else own[slot, :, first:first + m])  # [heads, m, width]
+                    kept.index_copy_(0, rows, part.reshape(part.shape[0], len(added), self.block, part.shape[2])
                                      .permute(1, 0, 2, 3))
             self._touch(chain + added)
         finally:
@@ -190,14 +198,16 @@ class PrefixCache:
         """The pool, allocated at the first store for `state`'s tensors; False when the budget
         holds no block. A state of another layout than the pool's is refused."""
         tensors = _tensors(state)
+        heads = 0 if getattr(state, "paged", False) else 1  # a page pool's [heads, pages, P, width]
         if self.pool is None:
-            per_block = self.block * sum(t.shape[1] * t.shape[3] * t.element_size() for t in tensors)
+            per_block = self.block * sum(t.shape[heads] * t.shape[3] * t.element_size() for t in tensors)
             self.capacity = self.budget_bytes // per_block if per_block else 0
-            self.pool = [torch.empty((self.capacity, t.shape[1], self.block, t.shape[3]), dtype=t.dtype,
+            self.pool = [torch.empty((self.capacity, t.shape[heads], self.block, t.shape[3]), dtype=t.dtype,
                                      device=t.device) for t in tensors]
             self._free = list(range(self.capacity))[::-1]  # row 0 first
         if len(tensors) != len(self.pool) or any(
-                (t.shape[1], t.shape[3], t.dtype) != (p.shape[1], p.shape[3], p.dtype) for t, p in zip(tensors, self.pool)):
+                (t.shape[heads], t.shape[3], t.dtype) != (p.shape[1], p.shape[3], p.dtype)
+                for t, p in zip(tensors, self.pool)):
             raise ValueError("this prefix cache holds another model's K/V: give each model its own")
         return self.capacity > 0
 
@@ -210,10 +220,7 @@ def _tensors(state: KVCache) -> list[torch.Tensor]:
 def why_not_exact(target, state) -> str | None:
     """Why a prefix restored from the cache would not be the bits of a whole prefill on this
     target and CPU (the cache is then off), or None."""
-    if getattr(state, "paged", False):
-        return ("the prefix cache copies its blocks into slots, not into pages: it is off with paged K/V "
-                "(--kv-memory)")
-    if not isinstance(state, KVCache):
+    if not isinstance(state, KVCache) and not getattr(state, "paged", False):
         return (f"this model's slot state ({type(state).__name__}) is not K/V rows by position (recurrent "
                 "gated-delta layers, whose state at a block boundary is not kept, or sliding-window rings): "
                 "the prefix cache is off for it")

@@ -198,10 +198,11 @@ class Decoder:
         if native is not None and path is not PrefillPath.TORCH:  # one native call a span
             if attention:
                 mass, at = self._attention_buffer(batch, cache, len(layers))
-            paged = isinstance(cache, PagedKVCache)  # its span copied out as slots, written back after
+            paged = isinstance(cache, PagedKVCache)  # a layer at a time over its span copied out as slots
             copy = cache.slot_copy(batch, len(layers)) if paged else None
-            x = self._native.run(self, copy.batch if paged else batch, copy if paged else cache, x, cos, sin,
-                                 len(layers), hidden, fill=path.fill if path is not None else 0, mass=mass, mass_at=at)
+            run = self._native.run_one if paged else self._native.run
+            x = run(self, copy.batch if paged else batch, copy if paged else cache, x, cos, sin, len(layers), hidden,
+                    fill=path.fill if path is not None else 0, mass=mass, mass_at=at)
             if paged:
                 copy.write_back()
         else:

@@ -19,8 +19,8 @@ write), so sharing never changes what another slot reads.
 Attention over pages: `span` gathers a span's pages into [S, G, L, D] (one row gather a layer for
 K and for V, read as a view: the slow reference, exact; heads first in the pool, so a slot's
 gathered pages are its rows in order). The native decoder layer reads slot caches: over pages it
-gets each forward's span copied out in slot layout, every layer at once, and its new rows are
-written back (`slot_copy`, models/decoder.py): the same bits as over slots, for a copy a forward.
+runs a layer at a time over each layer's span copied out in slot layout, its new rows written back
+(`slot_copy`, models/decoder.py): the same bits as over slots, for a copy a layer.
 A kernel reading pages in place through the table is not written.
 """
 
@@ -60,6 +60,7 @@ class PagedKVCache:
         self._version = 0  # bumped whenever a table entry changes
         self._read = None  # (what, length, version) and the table rows a read covers
         self._picks = None  # (those rows, the pool rows they pick)
+        self._copy = None  # SlotCopy's buffers (one layer's span, K and V), kept across forwards
 
     def _max_pages(self) -> int:
         return -(-(self.max_len + 1) // self.page_size)
@@ -294,37 +295,70 @@ class PagedKVCache:
         their pages."""
         return SlotCopy(self, batch, layers)
 
+    def slot_rows(self, pool: torch.Tensor, slot: int, first: int, m: int) -> torch.Tensor:
+        """Rows first .. first + m - 1 of `slot` in `pool` (one of k, v): [G, m, D] (a copy; the
+        prefix cache keeps them)."""
+        return self._pages(pool, self.table[slot: slot + 1, : self.pages_for(first + m)], first + m)[0, :, first:]
+
     def gather_from(self, source, src_slot: int, dst_slot: int, kept: torch.Tensor) -> None:
         raise ValueError("a paged K/V cache is not a drafter's own cache (sparsespec keeps a slot cache of its own)")
 
 
 class SlotCopy:
-    """A paged span in slot layout: k[l], v[l] [S, G, L + 1, D] hold rows 0 .. L - 1 of the batch's
-    span slots (L = batch.kv_len; row L is the scratch row), `batch` the same forward with its
-    slots counted from the span's first and its padding sent to row L. The native layer writes the
-    new rows here and reads them with the rest, the same values at the same rows as in a slot cache,
-    so the same bits; `write_back` copies the rows it wrote into the pages."""
+    """A paged span in slot layout, one layer at a time: k[l], v[l] [S, G, L + 1, D] hold rows
+    0 .. L - 1 of the batch's span slots in layer l (L = batch.kv_len; row L is the scratch row),
+    copied out of the pages when layer l is first read, into one pair of buffers the cache keeps
+    (a layer's span, not every layer's); `batch` is the same forward with its slots counted from
+    the span's first and its padding sent to row L. The native layer, called a layer at a time,
+    writes the new rows there and reads them with the rest: the same values at the same rows as in
+    a slot cache, so the same bits. Moving to the next layer, and `write_back` after the last, copy
+    the rows the forward wrote into their pages."""
 
     def __init__(self, paged: PagedKVCache, batch, layers: int):
         from dataclasses import replace
 
         S, first, L = batch.span_size, batch.span_first, batch.kv_len
-        self.paged, self.source, self.first, self.scratch_row = paged, batch, first, L
-        table = paged._span_table(("span", first, S), L)
-        self.k, self.v = [], []
-        for layer in range(layers):
-            for own, pool in ((self.k, paged.k[layer]), (self.v, paged.v[layer])):
-                G, _, _, D = pool.shape
-                rows = torch.empty((S, G, L + 1, D), dtype=pool.dtype, device=pool.device)
-                rows[:, :, :L] = paged._pages(pool, table, L)
-                rows[:, :, L] = 0
-                own.append(rows)
+        self.paged, self.source, self.scratch_row, self.layers = paged, batch, L, layers
+        self.table = paged._span_table(("span", first, S), L)
+        G, _, _, D = paged.k[0].shape
+        need = S * G * (L + 1) * D
+        if paged._copy is None or paged._copy[0].numel() < need:  # kept: no fresh pages a forward
+            paged._copy = [torch.empty(need, dtype=paged.k[0].dtype, device=paged.k[0].device) for _ in range(2)]
+        self.bufs = [b[:need].view(S, G, L + 1, D) for b in paged._copy]
+        self.layer = -1
+        self.k, self.v = _OneLayer(self, 0), _OneLayer(self, 1)
         rows = torch.where(batch.rows == paged.scratch_row, L, batch.rows)  # [B, T]
         self.batch = replace(batch, slot_ids=[s - first for s in batch.slot_ids], rows=rows, span_first=0)
 
+    def load(self, layer: int) -> None:
+        """Layer `layer`'s span in the buffers (the layer before written back first)."""
+        if layer == self.layer:
+            return
+        self.write_back()
+        L = self.scratch_row
+        for buf, pool in zip(self.bufs, (self.paged.k[layer], self.paged.v[layer])):
+            buf[:, :, :L] = self.paged._pages(pool, self.table, L)
+            buf[:, :, L] = 0
+        self.layer = layer
+
     def write_back(self) -> None:
-        """The rows the forward wrote, into their pages (padding into the scratch page)."""
+        """The rows the forward wrote in the loaded layer, into their pages (padding into the scratch page)."""
+        if self.layer < 0:
+            return
         local = self.batch.slots.unsqueeze(1)  # [B, 1]
-        for layer, (k, v) in enumerate(zip(self.k, self.v)):
-            self.paged.write(layer, self.source.slots, self.source.rows, k[local, :, self.batch.rows],
-                             v[local, :, self.batch.rows])  # [B, T, G, D] each
+        k, v = (buf[local, :, self.batch.rows] for buf in self.bufs)  # [B, T, G, D] each
+        self.paged.write(self.layer, self.source.slots, self.source.rows, k, v)
+        self.layer = -1
+
+
+class _OneLayer:
+    """SlotCopy's k or v as the native layer indexes them: layer i loads layer i's span first."""
+
+    def __init__(self, copy: SlotCopy, which: int):
+        self.copy, self.which = copy, which
+
+    def __getitem__(self, layer: int) -> torch.Tensor:
+        if not isinstance(layer, int) or not 0 <= layer < self.copy.layers:
+            raise IndexError(f"a paged span's copy gives one layer at a time, 0 .. {self.copy.layers - 1}")
+        self.copy.load(layer)
+        return self.copy.bufs[self.which]
