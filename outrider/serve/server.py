@@ -216,7 +216,7 @@ def prefix_cache_line(options: ServeOptions, worker) -> str:
 def kv_line(worker) -> str:
     """The startup line on the K/V: a paged pool's pages, rows and MiB, or the slots."""
     engine = getattr(worker, "engine", None)
-    if engine is None:
+    if engine is None or not hasattr(engine, "cache"):  # a Router's engine is its replicas' Limits
         return "K/V: held by the replicas"
     if getattr(engine, "paged", False):
         cache = engine.cache
