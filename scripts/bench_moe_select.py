@@ -43,10 +43,13 @@ CONFIGS = (EXACT, "acceptmoe-lossy:1,resident=2", "acceptmoe-lossy:0.9", "accept
            "edgexpert-lossy:2,important=1", "edgexpert-lossy:8,important=0.25")
 
 
+DRAFTER = ["s2moe:1"]  # --drafter
+
+
 def _generate(model, folder, prompt, new, verifier, tree, depth, compare=False):
     spec = None
     if verifier is not None:
-        spec = Speculator.build(SpecOptions("s2moe:1", tree, f"fixed:{depth}", verifier=verifier), model, folder)
+        spec = Speculator.build(SpecOptions(DRAFTER[0], tree, f"fixed:{depth}", verifier=verifier), model, folder)
         selection = verifier_entry(verifier).verify.selection
         selection.reset()
         selection.compare = compare
@@ -76,6 +79,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--tree", default="static:3,2,1")
+    ap.add_argument("--drafter", default="s2moe:1", help="e.g. s2moe:1,expand=0.05 (the routing-aware expansion)")
     ap.add_argument("--depth", type=int, default=3)
     ap.add_argument("--configs", default=";".join(CONFIGS), help="verifier names, ';'-separated")
     ap.add_argument("--timed", action="store_true", help="also a timed run without the exact forward beside")
@@ -85,6 +89,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
+    DRAFTER[0] = args.drafter
     folder = Path(args.moe)
     tok = load_tokenizer(folder)
     model = load_decoder(folder, "cpu", torch.float32)
@@ -110,7 +115,7 @@ def main() -> None:
             r["tau"].append(tau)
             r["reports"].append(report)
     out = {"moe": str(folder), "prompts": args.prompts, "new": args.new, "tree": args.tree, "depth": args.depth,
-           "drafter": "s2moe:1", "plain_wall_s": plain_wall, "rows": []}
+           "drafter": args.drafter, "plain_wall_s": plain_wall, "rows": []}
     for name, r in rows.items():
         verify = [rep["traffic"]["verify"] for rep in r["reports"]]
         forwards = sum(v["forwards"] for v in verify)
