@@ -228,3 +228,10 @@ def test_the_shipped_draft_experts():
     recipe = json.loads((path.parent / "recipe.json").read_text())
     assert recipe["seed"] == 0 and "draftexpert_train" in recipe["command"] and len(recipe["layers"]) == 30
     assert parse_argument("smollm2-135m-moe8,conf=0.3").file == "smollm2-135m-moe8"
+
+
+def test_confidence_truncation_shortens_the_drafts(models):
+    _, spec = _spec(models, "qwen2-moe", "")
+    _, confident = _spec(models, "qwen2-moe", ",conf=0.9")
+    mean = [sum(r["drafts"] for r in s.drafter.rounds) / len(s.drafter.rounds) for s in (spec, confident)]
+    assert mean[1] < mean[0]
