@@ -8,15 +8,18 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import httpx
-import openai
 import pytest
 import torch
 import uvicorn
 
 from outrider.llm import LLM
 from outrider.serve.server import ServeOptions, build
+
+if TYPE_CHECKING:  # openai is imported where used: about 1 s of CPU in every process that only collects
+    import openai
 
 KEY = "sk-test"
 
@@ -46,6 +49,8 @@ class LiveServer:
         self.name = self.state.model_name
 
     def client(self, key=KEY) -> openai.OpenAI:
+        import openai
+
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=60)
 
     def close(self):
@@ -88,6 +93,8 @@ def metric(srv: LiveServer, name: str, labels: str = "") -> float:
 
 
 def test_health_models_and_api_key(server):
+    import openai
+
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}  # no key needed
     assert [m.id for m in server.client().models.list().data] == [server.name]
     with pytest.raises(openai.AuthenticationError):
@@ -135,6 +142,8 @@ def test_stream_text_equals_whole_text_with_stop_strings(server, offline, chat):
 
 
 def test_bad_requests_get_openai_errors(server):
+    import openai
+
     url, auth = server.url + "/v1/completions", {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     cases = [
         (b"{not json", 400, None),
