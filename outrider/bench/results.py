@@ -116,10 +116,11 @@ def _sampling(p):
 def _audit(p, store: RunStore) -> dict:
     """The distributional audit (bench/audit.py): per model, each method's verdict over its
     audited workloads; `ok` when every lossless method of every model passed."""
-    from ..spec.verifiers import VERIFIERS
+    from ..spec.verifiers import verifier_entry
     from .audit import ALPHA, LEAST, summarize
 
-    lossy = {m.name for m in p.config.methods if m.spec and m.spec.verifier and VERIFIERS[m.spec.verifier].lossy}
+    lossy = {m.name for m in p.config.methods
+             if m.spec and m.spec.verifier and (e := verifier_entry(m.spec.verifier)) is not None and e.lossy}
     models = {}
     for model in p.config.models:
         audits = [a for w in p.workloads if (a := store.audited(model, w.name))]
