@@ -7,8 +7,15 @@ import re
 
 import pytest
 
-from outrider.bench.report import write_report
 from outrider.bench.table import summary_table
+
+
+def write_report(*args, **kwargs):
+    """outrider.bench.report's, imported at the first call: it imports matplotlib (about 0.45 s of
+    CPU in every pytest-xdist worker, each of which collects this file)."""
+    from outrider.bench.report import write_report as write
+
+    return write(*args, **kwargs)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 EVIL = "suffix <b>&</b> \"tree\" | fixed:6"  # an ours method whose label needs escaping
