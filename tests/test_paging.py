@@ -134,16 +134,28 @@ def test_a_drafter_reading_the_target_cache_is_refused_with_pages(target):
         paged(target, 16, early)
 
 
-def test_the_prefix_cache_restores_into_pages_with_the_plain_answers(tmp_path_factory, runtime):
+@pytest.fixture(scope="module")
+def q4(tmp_path_factory):
+    """A q4 model: the native decoder layer runs it (over pages: models/paged_cache.py SlotCopy)."""
+    from test_native_layer import make_family
+
+    return load_decoder(make_family("qwen2", tmp_path_factory.mktemp("paged-q4") / "qwen2"), "cpu", "q4")
+
+
+def test_greedy_speculation_on_the_native_layer_over_pages_equals_plain(q4):
+    engine = paged(q4, 14, _spec(SuffixDrafter()))
+    outs, _ = _run(engine, _requests())
+    assert [o.token_ids for o in outs] == alone(q4) and engine.preemptions > 0
+
+
+def test_the_prefix_cache_restores_into_pages_with_the_plain_answers(q4, runtime):
     """A q4 model (the native layer, whose prefill is the same bits in any chunks): the prefix cache
     keeps blocks read out of pages and copies them into a new request's pages; multi-turn chats
     give the answers of a slot engine without the cache, with the same cached tokens as on slots."""
     from outrider.engine.prefix_cache import PrefixCache
-    from test_native_layer import make_family
     from test_prefix_cache import TURNS, chat
 
     runtime(amx_prefill=False, gemm_prefill="off")
-    q4 = load_decoder(make_family("qwen2", tmp_path_factory.mktemp("paged-prefix") / "qwen2"), "cpu", "q4")
     plain, _ = chat(EngineLoop(q4, set(), None, max_running=4, max_len=200), TURNS)
     cache = PrefixCache(block=8)
     engine = EngineLoop(q4, set(), None, max_running=4, max_len=200, chunk_size=5, prefix_cache=cache,
