@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from outrider.models.batch import pack
-from outrider.models.paged_cache import OutOfPages, PagedKVCache
+from outrider.models.paged_cache import OutOfPages
 from outrider.spec.tree import depths
 from outrider.weights.loader import load_decoder
 

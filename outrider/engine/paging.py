@@ -20,7 +20,6 @@ from ..errors import ConfigError
 from ..models.paged_cache import OutOfPages
 
 
-
 def page_bytes(target, page_size: int) -> int:
     """Bytes one page of `page_size` rows takes in `target`'s cache, every layer's K and V."""
     c = target.config
