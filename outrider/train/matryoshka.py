@@ -43,6 +43,8 @@ def add_arguments(p) -> None:
                    help=f"slices smallest first, layers/heads/FFN neurons each (default {DEFAULT_SLICES})")
     p.add_argument("--independent", action="store_true",
                    help="train one model per slice size instead (the baseline), each on the same batches")
+    p.add_argument("--weights", type=_floats, default=None, metavar="W1,W2,...",
+                   help="each slice's cross-entropy weight, smallest first (default 1 each)")
     p.add_argument("--kd", type=float, default=1.0, help="weight of the distillation from the largest (default 1)")
     p.add_argument("--temperature", type=float, default=1.0, help="distillation temperature (default 1)")
     p.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
@@ -57,6 +59,15 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="initialisation and data order (default 0)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     p.add_argument("--log-every", type=int, default=10, help="steps between log lines (default 10)")
+
+
+def _floats(text: str) -> list[float]:
+    import argparse
+
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
 def _slices(text: str) -> list[Slice]:
@@ -140,8 +151,11 @@ def run(args) -> int:
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out {out} is not empty: give a new folder")
     slices = args.slices
-    if any(s.ffn < 1 for s in slices) or args.steps < 1:
+    if args.steps < 1:
         raise ConfigError("--steps must be positive")
+    weights = args.weights or [1.0] * len(slices)
+    if len(weights) != len(slices):
+        raise ConfigError(f"--weights gives {len(weights)} numbers for {len(slices)} slices")
     began = time.perf_counter()
     cut_tokenizer(resolve_model(args.base), args.vocab, out)
     tokenizer = load_tokenizer(out)
@@ -176,7 +190,8 @@ def run(args) -> int:
         for (model, own), opt in zip(runs, optimizers):
             for group in opt.param_groups:
                 group["lr"] = lr
-            loss, terms = joint_loss(model, tokens, mask, own, [1.0] * len(own), 0.0 if args.independent else args.kd,
+            loss, terms = joint_loss(model, tokens, mask, own, [1.0] if args.independent else weights,
+                                     0.0 if args.independent else args.kd,
                                      args.temperature)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -195,7 +210,7 @@ def run(args) -> int:
     recipe = {"command": ["outrider"] + sys.argv[1:], "seed": args.seed, "data": corpus.sources,
               "held_out_rule": "code items sorted by id, index % 10 == 9", "base_tokenizer": args.base,
               "vocab": args.vocab, "slices": [s.to_json() for s in slices], "independent": args.independent,
-              "kd": 0.0 if args.independent else args.kd, "temperature": args.temperature, "steps": args.steps,
+              "kd": 0.0 if args.independent else args.kd, "weights": None if args.independent else weights, "temperature": args.temperature, "steps": args.steps,
               "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
               "shuffle_buffer": args.shuffle_buffer, "hidden": args.hidden, "head_dim": args.head_dim,
               "tokens_per_model": tokens_seen, "train_seconds": round(seconds, 1), "threads": torch.get_num_threads(),
