@@ -149,7 +149,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     ap.add_argument("--write-jsonl", default=None, metavar="PATH",
                     help="only write the system load's first --clients x --turns prompts as a jsonl workload "
-                         "(for scripts/load_test.py or scripts/guidellm_serve.py --workload jsonl:PATH)")
+                         "of completion prompts, the system prompt and the task as one text (for "
+                         "scripts/load_test.py or scripts/guidellm_serve.py --workload jsonl:PATH)")
     args = ap.parse_args()
     if args.config:
         runtime.use({k: v for k, _, v in (c.partition("=") for c in args.config)})
@@ -159,9 +160,8 @@ def main() -> None:
         system = system_prompt(llm, args.system_tokens)
         with open(args.write_jsonl, "w") as f:
             for i, task in enumerate(humaneval_tasks(0, args.clients * args.turns)):
-                messages = [{"role": "system", "content": system},
-                            {"role": "user", "content": "Complete this function:\n" + task}]
-                f.write(json.dumps({"id": f"shared{i}", "messages": messages}) + "\n")
+                text = system + "\n\nComplete this function:\n" + task  # guidellm reads text prompts only
+                f.write(json.dumps({"id": f"shared{i}", "prompt": text}) + "\n")
         print(f"{args.clients * args.turns} prompts sharing a {args.system_tokens}-token system prompt: "
               f"{args.write_jsonl}")
         return

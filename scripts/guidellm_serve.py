@@ -186,6 +186,10 @@ def main(argv=None) -> int:
     except OutriderError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if chat and not args.dry_run:  # guidellm 0.8 drops every row whose prompt is a message list, then waits
+        print(f"error: guidellm reads text prompts, and --workload {args.workload} is chat messages: use a "
+              "completion workload (humaneval, or a jsonl of 'prompt' lines)", file=sys.stderr)
+        return 2
     data = out / "prompts.jsonl"
     data.write_text(prompts_jsonl(prompts, args.max_tokens))
     exe = find_guidellm(args.guidellm)
