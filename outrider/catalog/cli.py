@@ -28,10 +28,12 @@ def list_command(args) -> int:
         table.append((r["name"], "-", f"{r['size'] / 1e6:.0f} MB", "-", present,
                       dtype({**r, "state": "damaged" if r["problem"] else "pulled"}), "-"))
     from .composed import COMPOSED, composed_path, is_composed
+    from .packages import CATALOG
 
-    for name, (base, _) in COMPOSED.items():  # a pulled base plus layers shipped in the package (composed.py)
+    for name, (base, _) in COMPOSED.items():  # a pulled base plus shipped layers or an MoE split (composed.py)
         pulled = is_composed(composed_path(name))
-        table.append((name, "135M", "-", f"as {base}", "yes" if pulled else "no", "float32" if pulled else "-", "-"))
+        table.append((name, CATALOG[base].params, "-", f"as {base}", "yes" if pulled else "no",
+                      "float32" if pulled else "-", " ".join(drafters_for(name)) or "-"))
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

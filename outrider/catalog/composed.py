@@ -9,6 +9,9 @@ The shipped folder holds `hybrid.json` (the fields added to the base's config.js
 layers' safetensors (any float dtype; written float32 here, as the base's converted folder is) and
 `recipe.json` (how they were made; its `files` sha256 are checked before composing). The marker
 `outrider-composed.json` is written last: a folder without it is incomplete and composed again.
+
+A shipped folder whose recipe names a `split.safetensors` is an MoE split of the base instead
+(`smollm2-135m-moe8`, `qwen2.5-coder-0.5b-moe8`: catalog/moe_rebuild.py writes those folders).
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from safetensors.torch import load_file, save_file
 
 from ..config import cache_dir
 from ..errors import ModelError
+from .moe_rebuild import MOE_SPLITS, is_split, write_moe
 
 SHIPPED = Path(__file__).resolve().parent.parent / "models" / "shipped"
-COMPOSED = {"smollm2-135m-gdn": ("smollm2-135m-instruct", SHIPPED / "smollm2-135m-gdn")}
+COMPOSED = {"smollm2-135m-gdn": ("smollm2-135m-instruct", SHIPPED / "smollm2-135m-gdn"), **MOE_SPLITS}
 MARKER = "outrider-composed.json"
 COPIED = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 
@@ -41,13 +45,39 @@ def is_composed(folder: Path) -> bool:
 
 
 def compose(base: Path, shipped: Path, folder: Path) -> Path:
-    """Write `folder` from the base model folder and a shipped hybrid folder; returns `folder`."""
+    """Write `folder` from the base model folder and a shipped folder (a hybrid's layers or an MoE
+    split); returns `folder`. A shipped file that is missing or changed is a one-line ModelError."""
     base, shipped, folder = Path(base), Path(shipped), Path(folder)
-    recipe = json.loads((shipped / "recipe.json").read_text())
+    try:
+        recipe = json.loads((shipped / "recipe.json").read_text())
+        for name, digest in recipe["files"].items():
+            if hashlib.sha256((shipped / name).read_bytes()).hexdigest() != digest:
+                raise ModelError(f"{shipped / name} does not have the sha256 recipe.json records; reinstall outrider")
+    except (OSError, ValueError, KeyError) as err:
+        raise ModelError(f"{shipped} is incomplete ({err}); reinstall outrider") from None
+    part = folder.parent / f".{folder.name}.partial-{os.getpid()}"
+    shutil.rmtree(part, ignore_errors=True)
+    part.mkdir(parents=True)
+    try:
+        if is_split(shipped):  # an MoE split of the base (catalog/moe_rebuild.py)
+            write_moe(base, shipped, part)
+        else:
+            _write_hybrid(base, shipped, recipe, part)
+    except BaseException:
+        shutil.rmtree(part, ignore_errors=True)
+        raise
+    (part / MARKER).write_text(json.dumps({"base": str(base), "shipped": str(shipped), "files": recipe["files"],
+                                           "model_sha256": recipe.get("model_sha256")}, indent=1) + "\n")
+    if folder.exists():
+        shutil.rmtree(folder)
+    part.rename(folder)
+    return folder
+
+
+def _write_hybrid(base: Path, shipped: Path, recipe: dict, part: Path) -> None:
+    """The base's tensors less the replaced layers' attention, plus the shipped layers, into `part`."""
     new: dict[str, torch.Tensor] = {}
-    for name, digest in recipe["files"].items():
-        if hashlib.sha256((shipped / name).read_bytes()).hexdigest() != digest:
-            raise ModelError(f"{shipped / name} does not have the sha256 recipe.json records; reinstall outrider")
+    for name in recipe["files"]:
         new.update(load_file(str(shipped / name)))
     hybrid = json.loads((shipped / "hybrid.json").read_text())
     raw = json.loads((base / "config.json").read_text())
@@ -58,20 +88,11 @@ def compose(base: Path, shipped: Path, folder: Path) -> Path:
     dropped = tuple(f"model.layers.{i}.self_attn." for i in replaced)
     tensors = {k: v for k, v in load_file(str(base / "model.safetensors")).items() if not k.startswith(dropped)}
     tensors.update({k: v.float() for k, v in new.items()})
-    part = folder.parent / f".{folder.name}.partial-{os.getpid()}"
-    shutil.rmtree(part, ignore_errors=True)
-    part.mkdir(parents=True)
     (part / "config.json").write_text(json.dumps({**raw, **hybrid}, indent=2) + "\n")
     save_file(tensors, str(part / "model.safetensors"), metadata={"format": "pt"})
     for name in COPIED:
         if (base / name).is_file():
             shutil.copy2(base / name, part / name)
-    (part / MARKER).write_text(json.dumps({"base": str(base), "shipped": str(shipped),
-                                           "files": recipe["files"]}, indent=1) + "\n")
-    if folder.exists():
-        shutil.rmtree(folder)
-    part.rename(folder)
-    return folder
 
 
 def pull_composed(name: str, pull_base: Callable[..., Path], log: Callable[[str], None] = print,
@@ -81,8 +102,9 @@ def pull_composed(name: str, pull_base: Callable[..., Path], log: Callable[[str]
     base_name, shipped = COMPOSED[name]
     folder = composed_path(name)
     if is_composed(folder) and not force:
-        recorded = json.loads((folder / MARKER).read_text()).get("files")
-        if recorded == json.loads((shipped / "recipe.json").read_text())["files"]:
+        recorded = json.loads((folder / MARKER).read_text())
+        recipe = json.loads((shipped / "recipe.json").read_text())
+        if (recorded.get("files"), recorded.get("model_sha256")) == (recipe["files"], recipe.get("model_sha256")):
             return folder
     base = pull_base(base_name, log=log)
     log(f"composing {name}: {base_name} + {shipped}")
