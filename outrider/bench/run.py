@@ -32,6 +32,7 @@ import torch
 
 from ..weights.tokenizer import eos_ids_of
 from ..errors import ConfigError
+from ..catalog.composed import COMPOSED, composed_path, is_composed
 from ..catalog.packages import CATALOG
 from ..catalog.pull import is_present, pull
 from ..catalog.resolve import resolve_model
@@ -79,7 +80,7 @@ def plan(config: BenchConfig, log=print) -> Plan:
                 needed.append(extra)
     paths = {}
     for name in needed:
-        if name in CATALOG and not is_present(name):
+        if (name in CATALOG and not is_present(name)) or (name in COMPOSED and not is_composed(composed_path(name))):
             log(f"pulling {name} (once)")
             pull(name, log=log)
         paths[name] = resolve_model(name)
