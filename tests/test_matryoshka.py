@@ -178,3 +178,21 @@ def test_the_shipped_suite_loads_and_its_files_are_small():
     assert len(slices) == 3 and [s.to_json() for s in slices] == recipe["slices"]
     small = slice_decoder(target, slices[0])
     assert _logits(small, [1604, 275, 24, 104]).shape == (4, target.config.vocab_size)
+
+
+def test_the_tokenizer_cut_keeps_the_first_ids_and_the_merges_among_them():
+    from outrider.train.cut_vocab import cut_tokenizer_json
+
+    vocab = {"<s>": 0, "a": 1, "b": 2, "c": 3, "ab": 4, "abc": 5, "bc": 6}
+    raw = {"added_tokens": [{"id": 0, "content": "<s>"}],
+           "model": {"type": "BPE", "vocab": vocab, "merges": [["a", "b"], ["ab", "c"], ["b", "c"]]}}
+    cut = cut_tokenizer_json(raw, 5)
+    assert cut["model"]["vocab"] == {t: i for t, i in vocab.items() if i < 5}
+    assert cut["model"]["merges"] == [["a", "b"]]  # "abc" (5) and "bc" (6) are cut with their merges
+    assert cut_tokenizer_json(raw, 7)["model"]["merges"] == raw["model"]["merges"]
+    with pytest.raises(ConfigError, match="adds tokens"):
+        cut_tokenizer_json({**raw, "added_tokens": [{"id": 6, "content": "bc"}]}, 5)
+    with pytest.raises(ConfigError, match="BPE"):
+        cut_tokenizer_json({**raw, "model": {"type": "Unigram"}}, 5)
+    with pytest.raises(ConfigError, match="byte symbols"):  # a byte symbol the original has must stay
+        cut_tokenizer_json({**raw, "model": {**raw["model"], "vocab": {**vocab, "d": 7}}}, 5)
