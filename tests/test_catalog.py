@@ -177,3 +177,14 @@ def test_unreachable_registry_says_so(fake_entry, cache, monkeypatch, runtime):
     message = str(err.value)
     assert "registry" in message and "OUTRIDER_WHEELHOUSE" in message and "\n" not in message
     assert not packages.model_path("tiny-test").exists()
+
+
+def test_a_shipped_model_is_found_by_its_name_from_any_folder(tmp_path, monkeypatch):
+    from outrider.catalog.resolve import SHIPPED, resolve_model, shipped_model
+
+    monkeypatch.chdir(tmp_path)  # not the repository root: the name, not a relative path, finds it
+    assert resolve_model("matryoshka-code-3") == SHIPPED / "matryoshka-code-3"
+    assert shipped_model("smollm2-135m-moe8") is None  # a split to rebuild (composed), not a model folder
+    assert shipped_model("../shipped/matryoshka-code-3") is None and shipped_model("") is None
+    with pytest.raises(ModelError, match="unknown model"):
+        resolve_model("matryoshka-code-4")

@@ -28,11 +28,24 @@ def list_models() -> list[dict]:
     return rows
 
 
+SHIPPED = Path(__file__).resolve().parents[1] / "models" / "shipped"
+
+
+def shipped_model(name: str) -> Path | None:
+    """A whole model trained here and shipped in the package (outrider/models/shipped/NAME with its
+    config.json, e.g. the Matryoshka suite `matryoshka-code-3`), found by its bare name; else None."""
+    if not name or "/" in name or name.startswith("."):
+        return None
+    folder = SHIPPED / name
+    return folder if (folder / "config.json").is_file() else None
+
+
 def resolve_model(name_or_path: str | os.PathLike, log: Callable[[str], None] | None = None) -> Path:
     """A catalog name -> its pulled folder; an imported GGUF's name -> its folder (also as the user
     typed it: "My Smol Model" is the "my-smol-model" the import named, imported.normal_name); a folder
     path -> itself; a .gguf file -> its imported folder (imported first if need be, telling `log`, by
-    default stderr: catalog/imported.py). Never pulls.
+    default stderr: catalog/imported.py); a shipped model's name -> its folder in the package
+    (shipped_model). Never pulls.
 
     A pulled folder gets the quick check (files present with their recorded sizes), so a
     truncated or missing file is refused here with what to run, not deep in the loader."""
@@ -51,6 +64,9 @@ def resolve_model(name_or_path: str | os.PathLike, log: Callable[[str], None] | 
             raise ModelError(f"model '{text}' in {model_path(text)} is damaged ({found.summary()}): "
                              f"run `outrider models pull {text}` to repair it")
         return model_path(text)
+    shipped = shipped_model(text)
+    if shipped is not None:
+        return shipped
     imported = imported_folder(text)
     if imported is not None:
         return imported
