@@ -254,8 +254,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="an existing Ray cluster to run the replicas on (auto, or ray://HOST:PORT; default: "
                           "a local Ray started and stopped with the server)")
     srv.add_argument("--policy", default="least-load",
-                     help="how replicas are chosen: NAME[:key=value,...], least-load | sticky[:max_skew=N] | war | "
-                          "outlets | balance | tailsieve (default: %(default)s)")
+                     help="how replicas are chosen: NAME[:key=value,...], least-load | sticky[:max_skew=N] | "
+                          "prefix[:min_tokens=N,slack=N] (the longest cached prefix) | war | outlets | balance | "
+                          "tailsieve (default: %(default)s)")
     srv.add_argument("--replica-restarts", type=int, default=2,
                      help="new actors a dead replica's slot may get, 0 for none (default: %(default)s)")
     srv.add_argument("--pipeline-stages", type=int, default=None,
