@@ -1,7 +1,5 @@
 """WAR: suffix decoding while the cluster is lightly loaded, cache-aware routing when it is busy.
 
-    --policy war[:busy=FRACTION,slack=N]
-
 At low load (running + queued over the live replicas' slots below `busy`) every request goes
 to the least-loaded replica and speculates: suffix decoding costs little where batches are
 small. At high load a wide verify costs the whole batch (control/batch_cost.py), so drafting
