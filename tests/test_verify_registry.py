@@ -84,7 +84,8 @@ def test_siblings_are_drawn_with_replacement_unless_said():
 
 
 KNOWN = ("greedy_chain, greedy_tree, greedy_reference, rejection_chain, rejection_chain_reference, chain_walk, "
-         "tree_walk, tree_walk_reference, multidraft, multidraft_without_replacement, resispec-lossy, verify-skip-lossy:...")
+         "tree_walk, tree_walk_reference, multidraft, multidraft_without_replacement, resispec-lossy, verify-skip-lossy:..., "
+         "acceptmoe-lossy:..., edgexpert-lossy:..., s2moe-gate-lossy:...")
 
 
 @pytest.mark.parametrize(
