@@ -14,7 +14,8 @@ One step, between rounds and then one round (engine/round.py):
    decoding. A prompt's last token is not prefilled: it is the first round's root. With a
    prefix cache (engine/prefix_cache.py), a request first copies the K/V of its prompt's
    longest cached prefix of whole blocks into its slot and prefills only the rest; its blocks
-   are kept after its prefill and when it ends (its output's rows too: a chat's next turn);
+   are kept after its prefill and when it ends (its output's rows too: a chat's next turn;
+   engine/prompt_reuse.py);
    with a paged cache (`kv_pages`), a request is admitted when the pages of its prompt are free,
    and before the round each decoding request takes the pages its round may write, preempting
    the last admitted when the pool runs short (engine/paging.py);
@@ -52,6 +53,7 @@ from ..models.expert_select import selected_by, selection_of
 from ..spec.processing import PathProcessor
 from ..spec.random import PositionalRandom
 from ..spec.verifiers import choose_verifier
+from . import prompt_reuse
 from .commit import token_logprobs
 from .drafting import why as failure
 from .request import Completion, Request, TokenLogprob, check_request
@@ -250,11 +252,12 @@ class EngineLoop:
         for seq in list(self.scheduler.running):  # a copy: a request failing as it starts leaves it
             if seq.decoding or budget <= 0:
                 continue
-            if seq.prefilled == 0 and not seq.resume_at and self._copy_prefix(seq, taps):
+            source = self._seqs.get(seq.request.prefill_from) if seq.request.prefill_from is not None else None
+            if seq.prefilled == 0 and not seq.resume_at and prompt_reuse.copy_from(self.cache, source, seq, taps):
                 events += self._start_decoding(seq)
                 continue
             if seq.prefilled == 0 and not seq.looked_up:
-                self._restore_prefix(seq, taps)
+                prompt_reuse.restore(self.prefix_cache, self.cache, seq, taps)
             prompt = seq.tokens[: fill_rows(seq)]  # the last prompt token is the root
             take = int(min(len(prompt) - seq.prefilled, budget))
             if take > 0:
@@ -302,7 +305,7 @@ class EngineLoop:
             seq.prefilled += n
             self.cache.set_length(seq.slot, seq.prefilled)
             if seq.prefilled == fill_rows(seq):
-                self._store_prefix(seq, seq.prefilled)
+                prompt_reuse.store(self.prefix_cache, self.cache, seq, seq.prefilled)
                 events += self._start_decoding(seq)
         return events
 
@@ -313,41 +316,6 @@ class EngineLoop:
         if self.target.prefill_path(batch) is PrefillPath.NATIVE:
             return True
         return len(batch.slot_ids) == 1 and batch.attn_mask is None and not batch.hidden_layers
-
-    def _restore_prefix(self, seq: Sequence, taps) -> None:
-        """Copy the K/V of the prompt's longest cached prefix into the slot (not for a request
-        whose prompt logprobs or drafter's hidden states need every prompt row computed)."""
-        seq.looked_up = True
-        cache = self.prefix_cache
-        if (cache is None or seq.request.prompt_logprobs is not None or (taps and seq.speculate)
-                or seq.request.prompt_embeds is not None):  # image rows: its tokens do not say its K/V
-            return
-        n = cache.restore(self.cache, seq.slot, seq.tokens[: seq.prompt_len - 1])
-        cache.record(seq.prompt_len, n)
-        seq.prefilled = seq.cached_tokens = n
-        self.cache.set_length(seq.slot, n)
-
-    def _store_prefix(self, seq: Sequence, rows: int) -> None:
-        """Keep the slot's first `rows` rows (the K/V of seq.tokens[:rows]) in the prefix cache."""
-        if (self.prefix_cache is not None and seq.cacheable and seq.request.prompt_logprobs is None
-                and seq.request.prompt_embeds is None):
-            self.prefix_cache.store(self.cache, seq.slot, seq.tokens[:rows])
-
-    def _copy_prefix(self, seq: Sequence, taps) -> bool:
-        """Copy the prompt's K/V from `prefill_from` when that request is running with the same
-        prompt wholly in the cache (not when the drafter needs the prompt's hidden states)."""
-        source = self._seqs.get(seq.request.prefill_from) if seq.request.prefill_from is not None else None
-        if (source is None or source.slot < 0 or not source.decoding or (taps and seq.speculate)
-                or source.request.prompt_embeds is not seq.request.prompt_embeds
-                or source.tokens[: source.prompt_len] != seq.tokens[: seq.prompt_len]):
-            return False
-        n = seq.prompt_len - 1
-        if not self.cache.can_copy_prefix(source.slot, n):  # a recurrent state holds only its whole prefix
-            return False
-        self.cache.copy_rows(source.slot, seq.slot, n)
-        seq.prefilled = n
-        self.cache.set_length(seq.slot, n)
-        return True
 
     def _start_decoding(self, seq: Sequence) -> list[Event]:
         seq.decoding = True
@@ -404,7 +372,8 @@ class EngineLoop:
             self.scheduler.drop_waiting(seq)
         else:
             if seq.decoding and reason != "error":  # its prompt's and output's rows, for a next turn
-                self._store_prefix(seq, min(self.cache.lengths[seq.slot], len(seq.tokens)))
+                rows = min(self.cache.lengths[seq.slot], len(seq.tokens))
+                prompt_reuse.store(self.prefix_cache, self.cache, seq, rows)
             if seq.decoding and seq.speculate:
                 try:
                     self.speculation.finish(seq)
