@@ -172,6 +172,10 @@ def test_the_cache_is_off_where_a_prefill_is_not_the_same_bits_chunked(folder, r
     from outrider.models.state import HybridState
 
     assert "HybridState" in why_not_exact(None, HybridState.__new__(HybridState))  # recurrent layers: off
+    from outrider.cluster.pipeline import PipelineState
+
+    why = why_not_exact(None, PipelineState.__new__(PipelineState))  # the stages hold the K/V: says so
+    assert "pipeline's stages" in why and "gated-delta" not in why
 
 
 def test_llm_generate_keeps_the_cache_across_calls(folder, runtime):

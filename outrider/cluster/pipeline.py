@@ -48,6 +48,8 @@ class PipelineState:
     """The engine's slot state for a pipeline: lengths on the host; every call the engine makes is
     recorded (`pending`) for the stages, which apply them before the next forward."""
 
+    NOT_ROWS = "the K/V lives on the pipeline's stages, not in this process"  # why the prefix cache is off
+
     def __init__(self, cache_id: int, num_slots: int, max_len: int, nbytes: int):
         self.cache_id = cache_id
         self.lengths = [0] * num_slots

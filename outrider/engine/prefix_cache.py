@@ -221,8 +221,9 @@ def why_not_exact(target, state) -> str | None:
     """Why a prefix restored from the cache would not be the bits of a whole prefill on this
     target and CPU (the cache is then off), or None."""
     if not isinstance(state, KVCache) and not getattr(state, "paged", False):
-        return (f"this model's slot state ({type(state).__name__}) is not K/V rows by position (recurrent "
-                "gated-delta layers, whose state at a block boundary is not kept, or sliding-window rings): "
+        kind = getattr(state, "NOT_ROWS", None) or ("recurrent gated-delta layers, whose state at a block "
+                                                    "boundary is not kept, or sliding-window rings")
+        return (f"this model's slot state ({type(state).__name__}) is not K/V rows by position ({kind}): "
                 "the prefix cache is off for it")
     for rows in PROBE_ROWS:
         path = target.prefill_path(pack([0], [0], [torch.zeros(rows, dtype=torch.long)], logits="none"))
