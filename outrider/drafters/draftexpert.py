@@ -195,18 +195,6 @@ class DraftExpertDrafter(ModelDrafter):
                             "pairs": frozenset(r["union"])})
         return trees
 
-    def _roll_back(self, committed: dict[int, int]) -> None:
-        """The draft's rows dropped: each slot's length back to its committed prefix (the root's
-        row), where the verify forward starts writing."""
-        for slot, length in committed.items():
-            self.target_cache.set_length(slot, length)
-
-    def _hold(self, states: list[ModelDraftState], ends: list[int]) -> None:
-        """Over the target's cache, the slots' lengths cover the rows the draft has written."""
-        if self.target_cache is not None:
-            for st, end in zip(states, ends):
-                self.target_cache.set_length(st.slot, max(self.target_cache.lengths[st.slot], end))
-
     def _forward(self, states: list[ModelDraftState], feeds: list[Feed]) -> list[torch.Tensor]:
         if self._round is not None:
             self._round["phase"] = "drafts"

@@ -124,6 +124,19 @@ class ModelDrafter(TreeGrowers, DrafterBase):
             self.finish(seq_id, [])
         self.target_cache = cache
 
+    def _roll_back(self, committed: dict[int, int]) -> None:
+        """A drafter that writes its rows into the target's cache (s2moe, draftexpert) drops them
+        before verification: each slot's length back to its committed prefix (the root's row),
+        where the verify forward starts writing."""
+        for slot, length in committed.items():
+            self.target_cache.set_length(slot, length)
+
+    def _hold(self, states: list[ModelDraftState], ends: list[int]) -> None:
+        """Over the target's cache, the slots' lengths cover the rows the draft has written."""
+        if self.target_cache is not None:
+            for st, end in zip(states, ends):
+                self.target_cache.set_length(st.slot, max(self.target_cache.lengths[st.slot], end))
+
     # -- protocol -----------------------------------------------------------------------------
     def max_nodes(self, depth: int) -> int:
         return self.shape.max_drafts(depth)

@@ -123,18 +123,6 @@ class S2MoeDrafter(ModelDrafter):
         finally:
             self._predictor.rows = None
 
-    def _roll_back(self, committed: dict[int, int]) -> None:
-        """Drop the draft's rows before verification: each slot's length back to its committed
-        prefix (the root's row), where the verify forward starts writing."""
-        for slot, length in committed.items():
-            self.target_cache.set_length(slot, length)
-
-    def _hold(self, states: list[ModelDraftState], ends: list[int]) -> None:
-        """Over the target's cache, the slots' lengths cover the rows the draft has written."""
-        if self.target_cache is not None:
-            for st, end in zip(states, ends):
-                self.target_cache.set_length(st.slot, max(self.target_cache.lengths[st.slot], end))
-
     def _forward(self, states: list[ModelDraftState], feeds: list[Feed]) -> list[torch.Tensor]:
         T = max(len(f.tokens) for f in feeds)
         rows = [(st.slot, f.first + i) if i < len(f.tokens) else None for st, f in zip(states, feeds) for i in range(T)]
