@@ -60,6 +60,8 @@ EAGLE_FIELDS = (  # what vLLM's and SGLang's LlamaForCausalLMEagle3 read from th
     ("eagle_config", "dict", False),
     ("eagle_aux_hidden_state_layer_ids", "list[int]", False),
 )
+
+
 def check_head(folder: str | Path, target: str | Path, *, device: str | None = None,
                golden: bool = True) -> list[Check]:
     """Every check of the module docstring on the head in `folder` for `target` (catalog name or folder)."""
