@@ -217,6 +217,18 @@ def test_bad_controller_options_are_refused_in_one_line(text):
                                 "number 1-64 (entropy:8)")
 
 
+@pytest.mark.parametrize("drafter, tree", [("sparsespec", "static:2,2"), ("eagle3:smollm2-135m-instruct", "dynamic:4,12"),
+                                           ("dflash:smollm2-135m-instruct", "ddtree:8")])
+def test_the_entropy_controller_is_refused_with_a_tree(drafter, tree):
+    """Issue 43: entropy stops chains only; with a tree it would act as fixed:MAX, silently, so it is
+    refused at parse time in one line, and the same drafter's chain is taken."""
+    with pytest.raises(ConfigError) as error:
+        SpecOptions(drafter, tree, "entropy:6").check()
+    assert str(error.value) == (f"--controller entropy:6 stops chains early and would draft every --tree {tree} round "
+                                "to its full depth: use --tree chain, or --controller fixed:6 for this tree")
+    SpecOptions(drafter, "chain", "entropy:6").check()
+
+
 def test_a_budget_past_the_context_does_not_fit(tiny_folders):
     from outrider.models.config import ModelConfig
 

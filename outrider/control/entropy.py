@@ -23,8 +23,9 @@ are alike). V, A and S are measured as the run goes (A and S by a decayed least-
 through the proposals' times against their depths); until the first verify and proposal are
 timed it drafts MAX deep. It drafts at most MAX (default 8).
 
-Only chains from a model drafter stop early; trees and drafters that report no entropy (suffix,
-n-grams) get MAX every round, as `fixed:MAX`. A controller sees only round
+Only chains from a model drafter stop early, so a tree shape with it is refused when the options are
+checked (engine/speculator.py), in one line; drafters that report no entropy (suffix, n-grams) get
+MAX every round, as `fixed:MAX`. A controller sees only round
 statistics and never changes what is committed, so it is lossless with every drafter and
 verifier; stopping depends on the distributions the drafts came from, not on the drafts drawn, so
 a sampled chain's drafts are still draws from q.
@@ -73,6 +74,7 @@ class Line:
 class EntropyController(PerSequence):
     def __init__(self, max_depth: int = DEFAULT_MAX, decay: float = 0.99):
         self.name = f"entropy:{max_depth}"
+        self.chains_only = True  # SpecOptions.check refuses it with a tree shape (it would act as fixed:MAX)
         self.max_depth = max_depth
         self.decay = decay
         self.hits = [0.0] * (len(EDGES) + 1)  # decayed accepted drafts per entropy bin

@@ -11,8 +11,8 @@ forward (grow_together) or each alone (grow_alone, the slow reference). The shap
 - dynamic (EAGLE-2): the K best nodes expanded a depth, the N best of all kept.
 Every `Budget` field is honoured: `depth` and `nodes` bound every shape, a node whose path
 confidence falls below `min_confidence` is not expanded, and a chain asks `stop(entropies)` after
-each draft (`--controller entropy`); trees are not stopped by entropy (control/entropy.py: they get
-its MAX, as `fixed:MAX`).
+each draft (`--controller entropy`); a tree shape with that controller is refused when the options
+are checked (engine/speculator.py), since trees are not stopped by entropy.
 
 `TreeGrowers` is a mixin, parameterised by how the drafter gets q and feeds nodes. The drafter
 class gives `shape`, `target_vocab` and the sequence state (`st.rng`, `st.base` the root's

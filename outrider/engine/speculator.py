@@ -91,7 +91,12 @@ class SpecOptions:
                               f"drafter takes only --tree {builds}")
         if not (isinstance(self.max_tree_nodes, int) and self.max_tree_nodes >= 1):
             raise ConfigError(f"max_tree_nodes must be a positive integer, got {self.max_tree_nodes!r}")
-        depth = parse_controller(self.controller, profile_factory=lambda: None).max_depth
+        controller = parse_controller(self.controller, profile_factory=lambda: None)
+        if getattr(controller, "chains_only", False) and shape.kind != "chain":
+            raise ConfigError(f"{_named('--controller', self.controller)} stops chains early and would draft every "
+                              f"{_named('--tree', self.tree)} round to its full depth: use --tree chain, or "
+                              f"--controller fixed:{controller.max_depth} for this tree")
+        depth = controller.max_depth
         self.check_nodes(max(shape.max_drafts(depth), shape.fed_nodes(depth)), depth)
         if self.verifier is not None:
             verifier = verifier_entry(self.verifier)
