@@ -161,11 +161,12 @@ class DFlashHead:
             cache.write_slot(l, slot, start, k[0], v[0])
 
     @torch.inference_mode()
-    def block(self, cache: KVCache, slots: list[int], context: list[int], tokens: torch.Tensor):
+    def block(self, cache: KVCache, slots: list[int], context: list[int], tokens: torch.Tensor, first: int = 1):
         """One forward for a block per sequence: slots[s]'s first `context[s]` cache rows are its
         context (positions 0 .. context[s]-1); tokens: [S, B] its block (root, MASK...) at
-        positions context[s] .. context[s]+B-1. Returns (logits [S, B-1, Vd] float32 of slots
-        1..B-1, hidden [S, B, H] the last layer's output before the final norm)."""
+        positions context[s] .. context[s]+B-1. Returns (logits [S, B-first, Vd] float32 of slots
+        first..B-1, hidden [S, B, H] the last layer's output before the final norm). first=0 reads
+        out the root's slot too (DSpark, heads/dspark/head.py: the anchor is a prediction position)."""
         c, w = self.config, self.w
         S, B = tokens.shape
         nh, D, eps = c.num_heads, c.head_dim, c.rms_norm_eps
@@ -186,7 +187,7 @@ class DFlashHead:
             keys = torch.cat((held_k, k), dim=2)  # [S, G, L + B, D]
             values = torch.cat((held_v, v), dim=2)
             h = attend_and_mlp(h, q, keys, values, mask, layer.o, layer.post_norm, layer.gate_up, layer.down, eps)
-        logits = linear(rms_norm(h[:, 1:], w.norm, eps), w.lm_head).float()  # [S, B-1, Vd]
+        logits = linear(rms_norm(h[:, first:], w.norm, eps), w.lm_head).float()  # [S, B-first, Vd]
         return logits, h
 
     # -- the draft vocabulary (as heads/eagle3/head.py) -----------------------------------------------

@@ -29,9 +29,9 @@ def _dense(w) -> torch.Tensor:
 
 
 @torch.no_grad()
-def reference_block(head: DFlashHead, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def reference_block(head: DFlashHead, features: torch.Tensor, tokens: torch.Tensor, first: int = 1) -> torch.Tensor:
     """features: [n, taps, Ht] of positions 0..n-1 (the context); tokens: [B] the block at
-    positions n .. n+B-1 -> logits [B-1, Vd] float32 of slots 1..B-1."""
+    positions n .. n+B-1 -> logits [B-first, Vd] float32 of slots first..B-1 (DSpark: first=0)."""
     c, w = head.config, head.w
     eps, nh, G, D = c.rms_norm_eps, c.num_heads, c.num_kv_heads, c.head_dim
     n, B = features.shape[0], tokens.shape[0]
@@ -53,4 +53,4 @@ def reference_block(head: DFlashHead, features: torch.Tensor, tokens: torch.Tens
         h = h + out @ _dense(layer.o).float().T
         gate, up = (_norm(h, layer.post_norm.float(), eps) @ _dense(layer.gate_up).float().T).chunk(2, -1)
         h = h + (torch.nn.functional.silu(gate) * up) @ _dense(layer.down).float().T
-    return _norm(h[1:], w.norm.float(), eps) @ _dense(w.lm_head).float().T
+    return _norm(h[first:], w.norm.float(), eps) @ _dense(w.lm_head).float().T
