@@ -52,10 +52,10 @@ def test_peer_kinds_parse_and_bad_ones_are_refused_in_one_line():
     assert llama_server.parse_kind("llama-server") == (None, None)
     assert llama_server.parse_kind("llama-server:ngram-mod") == ("ngram-mod", None)
     assert llama_server.parse_kind("llama-server:draft-simple:8") == ("draft-simple", 8)
+    assert llama_server.parse_kind("llama-server:draft-dflash:7") == ("draft-dflash", 7)
     assert not llama_server.is_kind("llama.cpp") and llama_server.is_kind("llama-server:ngram-cache")
     for peer, why in [("llama-server:bogus", "spec type 'bogus' is not one"),
-                      ("llama-server:draft-eagle3", "export a head with `outrider export"),
-                      ("llama-server:ngram-mod:8", "applies to draft-simple only"),
+                      ("llama-server:ngram-mod:8", "applies to draft-simple and the learned draft-\\* types only"),
                       ("llama-server:draft-simple:0", "must be a positive integer")]:
         with pytest.raises(ConfigError, match=why):
             parse_config({"method": [{"name": "x", "peer": peer, "assistant": "d"}]}, "m.toml")
@@ -63,6 +63,58 @@ def test_peer_kinds_parse_and_bad_ones_are_refused_in_one_line():
         parse_config({"method": [{"name": "x", "peer": "llama-server:draft-simple"}]}, "m.toml")
     assert parse_config({"method": [{"name": "x", "peer": "llama-server:ngram-cache"}]}, "m.toml").methods[0].peer \
         == "llama-server:ngram-cache"
+
+
+def test_learned_draft_types_take_a_head_and_start_as_a_fixed_chain():
+    """draft-eagle3 / dflash / dspark: `head` required there and refused elsewhere; the command line
+    names the exported head as -md with the draft threads, and :N is a fixed chain of N (no n-min,
+    no p-min cut), as ours under fixed:N; without :N its own defaults."""
+    line = {"name": "x", "peer": "llama-server:draft-dflash:7", "head": "smollm2-135m-instruct"}
+    method = parse_config({"method": [line]}, "m.toml").methods[0]
+    assert method.head == "smollm2-135m-instruct" and "head smollm2-135m-instruct" in method.label
+    for bad, why in [({"peer": "llama-server:draft-eagle3"}, "head = .* goes with llama-server:draft-eagle3"),
+                     ({"peer": "llama-server:ngram-mod", "head": "h"}, "head = .* goes with llama-server:draft-eagle3"),
+                     ({"peer": "transformers", "head": "h"}, "head goes with llama-server's learned"),
+                     ({"drafter": "dflash:h", "head": "h"}, "head goes with a llama-server peer")]:
+        with pytest.raises(ConfigError, match=f"^m.toml: method 'x': {why}"):
+            parse_config({"method": [{"name": "x", **bad}]}, "m.toml")
+    args = llama_server.server_args(Path("bin"), Path("t.gguf"), "llama-server:draft-dflash:7", 1, 80,
+                                    Path("h.gguf"), repack=True)
+    assert (flag(args, "--spec-type"), flag(args, "-md"), flag(args, "-td"), flag(args, "-tbd")) == \
+        ("draft-dflash", "h.gguf", "1", "1")
+    assert [flag(args, f) for f in ("--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min")] == ["7", "0", "0"]
+    args = llama_server.server_args(Path("bin"), Path("t.gguf"), "llama-server:draft-eagle3", 2, 80, Path("h.gguf"),
+                                    repack=False)
+    assert flag(args, "-md") == "h.gguf" and flag(args, "--spec-type") == "draft-eagle3" and args[-1] == "--no-repack"
+    assert "--spec-draft-n-max" not in args and "--spec-draft-p-min" not in args
+    simple = llama_server.server_args(Path("bin"), Path("t.gguf"), "llama-server:draft-simple:4", 1, 80, Path("d.gguf"),
+                                      repack=True)
+    assert "--spec-draft-p-min" not in simple  # draft-simple keeps its own cut
+
+
+def test_a_learned_peer_exports_its_head_and_deletes_it_when_closed(fake, monkeypatch):
+    """The head is exported (here a stand-in writer) into the peer's own folder, started as -md,
+    and the folder is gone after close; a kind this installation lacks is unavailable."""
+    calls = []
+
+    def export(kind, head, model_path, folder):
+        calls.append((kind, head, model_path))
+        (folder / f"{kind}.gguf").write_bytes(b"GGUF")
+        return folder / f"{kind}.gguf"
+
+    monkeypatch.setattr(llama_server, "export_head", export)
+    peer = peers.make_peer("llama-server:draft-eagle3:4", fake["target"], assistant_path=None, lookup=10, threads=1,
+                           head="my-head")
+    run = peer.run([5, 6], 2)
+    head_gguf = Path(flag(fake["starts"]()[0], "-md"))
+    assert head_gguf.exists() and calls == [("eagle3", "my-head", fake["target"])]
+    peer.close()
+    assert not head_gguf.parent.exists() and run.output_ids == [7, 8]
+    monkeypatch.undo()
+    with pytest.raises(PeerUnavailable, match="no nosuch head kind with a GGUF export"):
+        llama_server.export_head("nosuch", "h", fake["target"], fake["target"])
+    with pytest.raises(PeerUnavailable, match="no shipped EAGLE-3 head of that name"):
+        llama_server.export_head("eagle3", "no-such-head", fake["target"], fake["target"])
 
 
 def test_draft_simple_starts_with_the_draft_and_threads_and_answers_with_its_timings(fake):

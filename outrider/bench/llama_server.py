@@ -3,8 +3,15 @@
     llama-server                     its plain decoding
     llama-server:TYPE                its speculative decoding, `--spec-type TYPE` (SPEC_TYPES)
     llama-server:draft-simple:N      the same with `--spec-draft-n-max N` (its default drafts 3)
+    llama-server:draft-eagle3[:N]    its learned drafters, with our head exported as GGUF: the
+    llama-server:draft-dflash[:N]    method's `head` (a shipped head's name or a head folder),
+    llama-server:draft-dspark[:N]    written by heads/gguf_export.py as `outrider export KIND HEAD
+                                     --format gguf` does, into a folder the peer deletes when closed
 
-draft-simple drafts with a draft model: the method's `assistant` (its packaged GGUF, `-md`).
+draft-simple drafts with a draft model: the method's `assistant` (its packaged GGUF, `-md`). The
+learned types draft with the exported head (`-md`, and the bench's threads as `-td`, `-tbd`); with
+:N they draft a fixed chain of N, as ours under `fixed:N` (`--spec-draft-n-max N --spec-draft-n-min
+0 --spec-draft-p-min 0`, as scripts/llamacpp_head_check.py runs them), without it its defaults.
 The server runs on the model's original GGUF (catalog models keep one), with the bench's threads
 (`-t`, `-tb`, and the draft's `-td`, `-tbd`), one slot, no web UI. Each prompt is one POST
 /completion with the bench's prompt token ids, n_predict = the prompt's budget, temperature 0,
@@ -45,8 +52,10 @@ from .peer_process import PeerFailed, PeerUnavailable
 from .runner import PromptRun
 
 PEER = "llama-server"
-SPEC_TYPES = ("draft-simple", "ngram-mod", "ngram-cache", "ngram-simple", "ngram-map-k", "ngram-map-k4v")
-NEEDS_DRAFT = {"draft-simple"}
+SPEC_TYPES = ("draft-simple", "ngram-mod", "ngram-cache", "ngram-simple", "ngram-map-k", "ngram-map-k4v",
+              "draft-eagle3", "draft-dflash", "draft-dspark")
+NEEDS_DRAFT = {"draft-simple"}  # a draft model: the method's assistant
+HEAD_KINDS = {"draft-eagle3": "eagle3", "draft-dflash": "dflash", "draft-dspark": "dspark"}  # our head kind each loads
 LOAD_TIMEOUT_S = 600.0  # to load the model(s) and answer /health
 RUN_TIMEOUT_S = 1800.0  # one prompt's completion
 CONTEXT = 8192  # -c: the longest prompt plus its budget
@@ -66,13 +75,11 @@ def parse_kind(peer: str) -> tuple[str | None, int | None]:
         return None, None
     kind = parts[1]
     if kind not in SPEC_TYPES:
-        raise ConfigError(f"llama-server spec type '{kind}' is not one the bench runs; known: {', '.join(SPEC_TYPES)}"
-                          " (draft-eagle3 / draft-dflash: export a head with `outrider export KIND HEAD --format gguf`"
-                          " and run it with scripts/llamacpp_head_check.py)")
+        raise ConfigError(f"llama-server spec type '{kind}' is not one the bench runs; known: {', '.join(SPEC_TYPES)}")
     if len(parts) == 2:
         return kind, None
-    if kind not in NEEDS_DRAFT:
-        raise ConfigError(f"'{peer}': a draft length (:N) applies to draft-simple only")
+    if kind not in NEEDS_DRAFT and kind not in HEAD_KINDS:
+        raise ConfigError(f"'{peer}': a draft length (:N) applies to draft-simple and the learned draft-* types only")
     if not parts[2].isdigit() or int(parts[2]) < 1:
         raise ConfigError(f"'{peer}': the draft length must be a positive integer, got '{parts[2]}'")
     return kind, int(parts[2])
@@ -106,10 +113,12 @@ def server_args(binary: Path, gguf: Path, kind: str, threads: int, port: int, dr
             "-tb", str(threads), "-c", str(context), "-np", str(slots), "--no-webui"]
     if spec:
         args += ["--spec-type", spec]
-    if spec in NEEDS_DRAFT:
+    if spec in NEEDS_DRAFT or spec in HEAD_KINDS:
         args += ["-md", str(draft_gguf), "-td", str(threads), "-tbd", str(threads)]
     if n_max:
         args += ["--spec-draft-n-max", str(n_max)]
+    if n_max and spec in HEAD_KINDS:  # a fixed chain of n_max, as ours under fixed:N
+        args += ["--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
     if not repack:
         args.append("--no-repack")
     return args
@@ -119,11 +128,13 @@ class LlamaServerPeer:
     """One llama-server process for one peer kind; run() and close() as a bench peer's."""
 
     def __init__(self, binary: Path, gguf: Path, kind: str, threads: int, draft_gguf: Path | None = None,
-                 slots: int = 1, context: int = CONTEXT, sampling: tuple[float, float] | None = None):
+                 slots: int = 1, context: int = CONTEXT, sampling: tuple[float, float] | None = None,
+                 head_folder: tempfile.TemporaryDirectory | None = None):
         self.binary, self.gguf, self.kind, self.threads, self.draft_gguf = binary, gguf, kind, threads, draft_gguf
         self.sampling = sampling  # (temperature, top_p) to sample with; None: greedy
         self.slots, self.context = slots, context  # -np and -c (a load test serves many clients: serve_peer.py)
         self.proc: subprocess.Popen | None = None
+        self.head_folder = head_folder  # where draft_gguf was exported to: deleted when closed
         self._log = tempfile.NamedTemporaryFile(prefix="outrider-llama-server-", suffix=".log", delete=False)
         try:
             self._start(repack=True)
@@ -140,7 +151,7 @@ class LlamaServerPeer:
             "" if self.repack else f" (with its defaults, weight repacking on, it failed: {why})")
 
     def _start(self, repack: bool) -> None:
-        self.close()
+        self._stop()
         self.port = free_port()
         self.args = server_args(self.binary, self.gguf, self.kind, self.threads, self.port, self.draft_gguf, repack,
                                 self.slots, self.context)
@@ -190,6 +201,13 @@ class LlamaServerPeer:
         return PromptRun([int(t) for t in reply.get("tokens", [])], seconds, completion_stats(reply, seconds))
 
     def close(self) -> None:
+        """Stops the server and deletes the exported head's folder, if any."""
+        self._stop()
+        if self.head_folder is not None:
+            self.head_folder.cleanup()
+            self.head_folder = None
+
+    def _stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -273,20 +291,47 @@ def free_port() -> int:
 
 
 def make_llama_server(kind: str, model_path: Path, assistant_path: Path | None, threads: int,
-                      sampling: tuple[float, float] | None = None) -> LlamaServerPeer:
+                      sampling: tuple[float, float] | None = None, head: str | None = None) -> LlamaServerPeer:
     """The peer for a model folder (its original.gguf); PeerUnavailable where it cannot run.
-    sampling: (temperature, top_p) in a bench that samples; None: greedy."""
+    sampling: (temperature, top_p) in a bench that samples; None: greedy. head: the learned
+    draft-* types' head (a shipped head's name or a folder), exported here as GGUF."""
     spec, _ = parse_kind(kind)
     binary = find_binary()
     gguf = Path(model_path) / "original.gguf"
     if not gguf.exists():
         raise PeerUnavailable(f"no original GGUF at {gguf} (only catalog models keep one)")
-    draft = None
+    draft, folder = None, None
     if spec in NEEDS_DRAFT:
         draft = Path(assistant_path or "") / "original.gguf"
         if assistant_path is None or not draft.exists():
             raise PeerUnavailable(f"{spec} needs the assistant's original GGUF; none at {draft}")
-    return LlamaServerPeer(binary, gguf, kind, threads, draft, sampling=sampling)
+    if spec in HEAD_KINDS:
+        if not head:
+            raise ConfigError(f"{kind} needs head = \"NAME\" (a shipped {HEAD_KINDS[spec]} head or a head folder)")
+        folder = tempfile.TemporaryDirectory(prefix="outrider-llama-server-head-")
+        try:
+            draft = export_head(HEAD_KINDS[spec], head, Path(model_path), Path(folder.name))
+        except Exception:
+            folder.cleanup()
+            raise
+    return LlamaServerPeer(binary, gguf, kind, threads, draft, sampling=sampling, head_folder=folder)
+
+
+def export_head(kind: str, head: str, model_path: Path, folder: Path) -> Path:
+    """The `kind` head `head` written as llama.cpp's draft GGUF into `folder`, made for the target
+    in `model_path` (its original.gguf's tokenizer goes in); PeerUnavailable for a kind this
+    installation does not have (DSpark before its package lands) or cannot write as GGUF."""
+    from ..heads.catalog import resolve_head
+    from ..heads.gguf_export import export_gguf
+    from ..heads.kinds import KINDS
+
+    if kind not in KINDS or KINDS[kind].gguf is None:
+        raise PeerUnavailable(f"no {kind} head kind with a GGUF export in this installation")
+    try:
+        source = resolve_head(head, kind)
+    except ConfigError as why:  # e.g. no shipped head of that name yet: a skipped row that says so
+        raise PeerUnavailable(str(why)) from None
+    return export_gguf(kind, source, folder / f"{kind}.gguf", model_path, target_gguf=model_path / "original.gguf")
 
 
 def _one_line(text: str) -> str:

@@ -53,7 +53,8 @@ from . import llama_server
 
 PEERS = ("transformers", "transformers-assisted", "transformers-prompt-lookup", "llama.cpp",
          "llama.cpp-prompt-lookup")
-METHOD_KEYS = {"name", "drafter", "refiner", "tree", "controller", "verifier", "peer", "assistant", "lookup", "models"}
+METHOD_KEYS = {"name", "drafter", "refiner", "tree", "controller", "verifier", "peer", "assistant", "lookup", "models",
+               "head"}
 # temperature, top_p, seed and the audit_* keys: a bench that samples (bench/sampling.py, bench/audit.py)
 SAMPLING_KEYS = {"temperature", "top_p", "seed", "audit_samples", "audit_positions", "audit_context", "audit_batch",
                  "audit_workloads"}
@@ -71,6 +72,7 @@ class Method:
     assistant: str | None = None  # transformers-assisted: the draft model
     lookup: int = 10  # prompt lookup peers: tokens per lookup
     models: tuple[str, ...] = ()  # empty: every model
+    head: str | None = None  # llama-server:draft-eagle3|dflash|dspark: our head, exported as GGUF
 
     @property
     def kind(self) -> str:
@@ -82,6 +84,7 @@ class Method:
             verifier = f", {self.spec.verifier}" if self.spec.verifier else ""
             return f"{self.name} ({self.spec.drafter}, {self.spec.tree}, {self.spec.controller}{verifier})"
         extra = f", assistant {self.assistant}" if self.assistant else ""
+        extra += f", head {self.head}" if self.head else ""
         return f"{self.name} (peer: {self.peer}{extra})"
 
     def runs_on(self, model: str) -> bool:
@@ -265,6 +268,11 @@ def _method(table: dict, where: str, line: int) -> Method:
                 raise ConfigError(f"{where}: method '{name}': {err}") from None
             if spec_type in llama_server.NEEDS_DRAFT and not table.get("assistant"):
                 raise ConfigError(f"{where}: method '{name}': {peer} needs assistant = \"MODEL\" (the draft model)")
+            if (spec_type in llama_server.HEAD_KINDS) != isinstance(table.get("head"), str):
+                raise ConfigError(f"{where}: method '{name}': head = \"NAME\" (a shipped head or a head folder) goes "
+                                  f"with llama-server:{'|'.join(llama_server.HEAD_KINDS)} and only there")
+        elif "head" in table:
+            raise ConfigError(f"{where}: method '{name}': head goes with llama-server's learned draft-* types only")
         elif peer not in PEERS:
             raise ConfigError(f"{where}: method '{name}': unknown peer '{peer}'; known: {', '.join(PEERS)}, "
                               f"llama-server[:TYPE]")
@@ -276,7 +284,9 @@ def _method(table: dict, where: str, line: int) -> Method:
         lookup = table.get("lookup", 10)
         if not isinstance(lookup, int) or lookup < 1:
             raise ConfigError(f"{where}: method '{name}': lookup must be a positive integer")
-        return Method(name, line, peer=peer, assistant=assistant, lookup=lookup, models=models)
+        return Method(name, line, peer=peer, assistant=assistant, lookup=lookup, models=models, head=table.get("head"))
+    if "head" in table:
+        raise ConfigError(f"{where}: method '{name}': head goes with a llama-server peer (our drafters name theirs)")
     if "drafter" not in table:
         raise ConfigError(f"{where}: method '{name}' needs a drafter = \"...\" or a peer = \"...\"")
     try:

@@ -159,12 +159,13 @@ def open_peer(kind: str, model_path: Path, assistant_path: Path | None, lookup: 
 
 
 def make_peer(kind: str, model_path: Path, *, assistant_path: Path | None, lookup: int, threads: int,
-              sampling: tuple[float, float] | None = None) -> PeerProcess:
+              sampling: tuple[float, float] | None = None, head: str | None = None) -> PeerProcess:
     """The peer in a child process. What can be seen from here to stop it (not installed, no
     weights for it) raises PeerUnavailable before a process starts; a crash while it loads raises
-    PeerFailed. sampling: (temperature, top_p) for a peer that samples (`samples`; the others stay greedy)."""
+    PeerFailed. sampling: (temperature, top_p) for a peer that samples (`samples`; the others stay greedy).
+    head: llama-server's learned draft-* types' head (llama_server.py)."""
     if llama_server.is_kind(kind):  # a process of its own already: no child of ours around it
-        return llama_server.make_llama_server(kind, Path(model_path), assistant_path, threads, sampling)
+        return llama_server.make_llama_server(kind, Path(model_path), assistant_path, threads, sampling, head=head)
     if kind.startswith("transformers"):
         _check_transformers(Path(model_path), kind, assistant_path)
     else:

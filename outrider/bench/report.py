@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from . import plots
+from .round_cost import round_cost_table
 from .table import (MISSING, audit_mark, audit_verdict, fmt, fmt_tau, find_run, first_difference, methods, model_names,
                     number, speedup, summary_grid, summary_of, tau, workload_names)
 
@@ -136,6 +137,7 @@ def _model_section(results: dict, model: str, plot_files: dict[str, Path], multi
     b.append(("h", 3, "Acceptance by draft position"))
     for w in loads:
         b += _acceptance_table(results, model, w)
+        b += round_cost_table(results, model, w)
     b += img("acceptance", f"acceptance by draft position, {model}")
     b += img("histogram", f"accepted-length histogram, {model}")
     return b

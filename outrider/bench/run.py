@@ -271,6 +271,7 @@ def _peers(p: Plan, model: str, store: RunStore, threads: int, bar, log, peers: 
         try:
             sampled = sampling is not None and not sampling.greedy
             extra = {"sampling": (sampling.temperature, sampling.top_p)} if sampled and peer_samples(m.peer) else {}
+            extra.update({"head": m.head} if m.head else {})
             peer = make_peer(m.peer, p.model_paths[model], assistant_path=p.model_paths.get(m.assistant),
                              lookup=m.lookup, threads=threads, **extra)
         except PeerUnavailable as why:

@@ -101,6 +101,7 @@ def aggregate(runs: list[PromptRun]) -> dict:
             "acceptance_rate": sum(accepted) / sum(proposed) if sum(proposed) else None,
             "acceptance_by_position": [a / max(p, 1) for a, p in zip(accepted, proposed)],
             "accepted_length_hist": hist,
+            "drafted": sum(r.stats.get("drafted", 0) for r in runs),  # draft nodes (bench/round_cost.py)
             "draft_s": sum(r.stats["draft_s"] for r in runs),
             "verify_s": sum(r.stats["verify_s"] for r in runs),
         })
