@@ -1,5 +1,5 @@
 """Convert a GGUF file (llama, qwen2, qwen3; qwen35's, qwen3next's and the mixtures of experts'
-metadata: qwen3moe, olmoe, llama with experts) into a Hugging Face style folder.
+metadata: qwen3moe, olmoe, llama with experts, deepseek2) into a Hugging Face style folder.
 
     convert_gguf("SmolLM2.Q4_1.gguf", "out/")   # -> out/config.json, model.safetensors,
                                                  #    tokenizer.json, tokenizer_config.json,
@@ -17,7 +17,8 @@ Two things llama.cpp's converter changes that we undo or recover (and Gemma 3's 
 - for the qwen35 and qwen3next gated-delta hybrids it renames, reorders, splits, stacks and folds
   more (gguf_hybrid.py); such a file is read in place (an imported folder), its weights not written out here.
 - the mixtures of experts (Qwen3-MoE, OLMoE, Mixtral as a llama with experts) stack each layer's
-  experts into 3-D tensors (gguf_moe.py); read in place too.
+  experts into 3-D tensors (gguf_moe.py); read in place too. So is DeepSeek-V2 / V3 (`deepseek2`:
+  latent attention, kv_b_proj kept whole or split in two, its own metadata: gguf_deepseek.py).
 - Llama 3's RoPE scaling: the converter writes no `rope.scaling` fields for it but a `rope_freqs`
   tensor, one divisor a rotating pair (llama.cpp divides each inverse frequency by it). Its values
   go into config.json as rope_parameters {"rope_type": "freq_factors", "freq_factors": [...]}
@@ -42,7 +43,7 @@ import numpy as np
 
 from . import gguf_gemma3
 from ..errors import ModelError
-from . import gguf_hybrid, gguf_moe
+from . import gguf_deepseek, gguf_hybrid, gguf_moe
 
 GGUF_NAME = "original.gguf"  # the GGUF a model folder keeps beside its converted files
 
@@ -55,6 +56,7 @@ ARCHITECTURES = {
     **{arch: (*model, False) for arch, model in gguf_moe.ARCHS.items()},  # (a llama with experts: Mixtral)
     gguf_hybrid.ARCH: (*gguf_hybrid.MODEL, False),
     gguf_hybrid.NEXT: (*gguf_hybrid.MODELS[gguf_hybrid.NEXT], False),
+    gguf_deepseek.ARCH: (*gguf_deepseek.MODELS[2], False),  # or V3, by its gating function (gguf_deepseek.py)
 }
 
 _GLOBAL_TENSORS = {
@@ -90,6 +92,8 @@ def hf_tensor_name(gguf_name: str, arch: str | None = None) -> str:
     hybrid = gguf_hybrid.hf_name(gguf_name)
     if hybrid is not None:
         return hybrid
+    if arch == gguf_deepseek.ARCH and gguf_deepseek.hf_name(gguf_name):  # its latent attention's and experts' names
+        return gguf_deepseek.hf_name(gguf_name)
     if arch == gguf_gemma3.ARCH and gguf_gemma3.hf_name(gguf_name):  # its sandwich norms' names
         return gguf_gemma3.hf_name(gguf_name)
     base, _, suffix = gguf_name.rpartition(".")
@@ -128,6 +132,8 @@ def hf_config(meta: dict, tensors: dict[str, tuple[int, ...]], rope_factors: lis
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise ModelError(f"GGUF architecture '{arch}' is not supported; supported: {', '.join(ARCHITECTURES)}")
+    if arch == gguf_deepseek.ARCH:  # latent attention and DeepSeek's experts: a config of its own
+        return gguf_deepseek.config(meta, tensors)
     model_type, model_class, _ = ARCHITECTURES[arch]
     moe = gguf_moe.is_moe(meta)
     if moe:
@@ -334,7 +340,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, log: Callable[[str]
     shapes = {t.name: tuple(int(n) for n in reversed(t.shape)) for t in reader.tensors}
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     config = hf_config(meta, shapes, None if freqs is None else _float32_rows(freqs).reshape(-1).tolist())
-    if weights and (meta["general.architecture"] in gguf_hybrid.MODELS or gguf_moe.is_moe(meta)):
+    if weights and (meta["general.architecture"] in (*gguf_hybrid.MODELS, gguf_deepseek.ARCH) or gguf_moe.is_moe(meta)):
         raise ModelError(f"{gguf_path.name}: a {meta['general.architecture']} GGUF is read in place, not converted to "
                          "safetensors; import it (outrider models import FILE.gguf, or --model FILE.gguf)")
     out_dir.mkdir(parents=True, exist_ok=True)

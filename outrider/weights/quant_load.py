@@ -51,7 +51,7 @@ from ..errors import ModelError
 from . import gguf_gemma3
 from .gguf_index import GGUFIndex
 from .gguf_convert import ARCHITECTURES, CONFIG_TENSORS, hf_tensor_name, unpermute_rotary_rows
-from . import gguf_hybrid, gguf_moe
+from . import gguf_deepseek, gguf_hybrid, gguf_moe
 from ..catalog.marker import GGUF_NAME
 from ..kernels.blocks import BLOCK, SUPPORTED_GGUF, QuantBlocks, cat_rows, check_gguf_kind, quantize
 from .quant_convert import gguf_blocks
@@ -63,7 +63,7 @@ _FAMILY = {"q8_0": "Q8", "q4": "Q4"}  # a GGUF is used natively when its project
 _AT_LOAD = {"q8_0": ("q8_0", "q8_0"), "q4": ("q4_1", "q8_0"), "q4_0": ("q4_0", "q4_0")}  # (projections, head and embedding)
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 _TABLES = ("model.embed_tokens.weight", "lm_head.weight")
-_PROJECTION = re.compile(r"blk\.\d+\.(attn_(q|k|v|output|qkv|gate)|ffn_(gate|up|down)(_exps|_shexp)?|ssm_(alpha|beta|ba|out))\.weight")
+_PROJECTION = re.compile(r"blk\.\d+\.(attn_(q|k|v|output|qkv|gate|q_a|q_b|kv_a_mqa)|ffn_(gate|up|down)(_exps|_shexp)?|ssm_(alpha|beta|ba|out))\.weight")
 
 
 def warn(line: str) -> None:
@@ -220,6 +220,8 @@ class _NativeGGUF:
             self.tensors = gguf_hybrid.tensors(index, name_of)
         elif gguf_moe.is_moe(index.meta):  # the experts stacked in 3-D, one tensor an expert here
             self.tensors = gguf_moe.tensors(index, name_of)
+        elif self.arch == gguf_deepseek.ARCH:  # its experts likewise, and kv_b_proj joined where split
+            self.tensors = gguf_deepseek.tensors(index, name_of)
         else:
             self.tensors = {name_of(name): t for name, t in index.tensors.items()
                             if name not in CONFIG_TENSORS}  # rope_freqs: read into config.json (gguf_convert.py)
