@@ -15,6 +15,9 @@
                     prefix-closed nodes best-first under offset independence, each position's top K
                     (default 8) its candidates; E > 0: one extra draft pass past the block, its E
                     best nodes hung off the greedy spine when the spine is confident enough
+    pctree:N        PCTree (docs/methods.md#pctree), for DSpark's block: the N most probable
+                    prefixes best-first, each node's children scored by the Markov head given that
+                    node's own token (one backbone pass; verified by the tree walk)
 
 Parsing is pure and refuses bad strings with a one-line ConfigError.
 """
@@ -31,7 +34,7 @@ class TreeShape:
     kind: str  # "chain", "static", "sampled", "dynamic" or "ddtree"
     branching: tuple[int, ...] = ()  # static and sampled: children per node at each depth
     top_k: int = 0  # dynamic: nodes expanded per depth (and children tried per node)
-    max_nodes: int = 0  # dynamic, ddtree, glance: drafted nodes kept
+    max_nodes: int = 0  # dynamic, ddtree, glance, pctree: drafted nodes kept
     extra: int = 0  # glance: nodes of the extra draft pass past the block (0: none)
 
     @property
@@ -58,7 +61,7 @@ class TreeShape:
             return max(depth - 1, 0)
         if self.kind in ("static", "sampled"):
             return self.max_drafts(self.max_depth(depth) - 1)
-        if self.kind in ("ddtree", "glance"):
+        if self.kind in ("ddtree", "glance", "pctree"):
             return 0  # one block forward (glance: two), nothing fed per depth
         return self.top_k * max(depth - 1, 0)
 
@@ -70,8 +73,8 @@ class TreeShape:
             return f"{self.kind}:" + ",".join(map(str, self.branching))
         if self.kind == "dynamic":
             return f"dynamic:{self.top_k},{self.max_nodes}"
-        if self.kind == "ddtree":
-            return f"ddtree:{self.max_nodes}"
+        if self.kind in ("ddtree", "pctree"):
+            return f"{self.kind}:{self.max_nodes}"
         if self.kind == "glance":
             return f"glance:{self.max_nodes},{self.top_k}" + (f",{self.extra}" if self.extra else "")
         return "chain"
@@ -89,13 +92,13 @@ def parse_shape(text: str) -> TreeShape:
         return TreeShape(kind, branching=numbers)
     if kind == "dynamic" and len(numbers) == 2 and 1 <= numbers[0] <= 16 and numbers[1] >= 1:
         return TreeShape("dynamic", top_k=numbers[0], max_nodes=numbers[1])
-    if kind == "ddtree" and len(numbers) == 1 and 1 <= numbers[0] <= 1024:
-        return TreeShape("ddtree", max_nodes=numbers[0])
+    if kind in ("ddtree", "pctree") and len(numbers) == 1 and 1 <= numbers[0] <= 1024:
+        return TreeShape(kind, max_nodes=numbers[0])
     if kind == "glance" and 1 <= len(numbers) <= 3 and 1 <= numbers[0] <= 1024:
         branch, extra = (numbers[1:] + (8, 0)[len(numbers) - 1:])[:2]
         if 1 <= branch <= 64 and 0 <= extra <= 1024:
             return TreeShape("glance", top_k=branch, max_nodes=numbers[0], extra=extra)
     raise ConfigError(
         f"--tree {text!r} is not a tree shape: use chain, static:B1,B2,... or sampled:B1,B2,... (1-16 per depth) "
-        f"or dynamic:K,N or ddtree:N or glance:N[,K[,E]] (block drafters, N <= 1024, K <= 64)"
+        f"or dynamic:K,N or ddtree:N or glance:N[,K[,E]] (block drafters, N <= 1024, K <= 64) or pctree:N (dspark)"
     )
