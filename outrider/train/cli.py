@@ -38,6 +38,14 @@ def add_parser(sub) -> None:
                         "0-based; default: DFlash's, one per draft layer spread over 1..N-3, the middle one for 1)")
     p.add_argument("--draft-vocab", type=int, default=None, help="a reduced draft vocabulary Vd with its own lm_head "
                    "(only vLLM loads it; default: the target's vocabulary through its own lm_head)")
+    p.add_argument("--objective", default="sft", choices=("sft", "opd", "length"),
+                   help="sft: cross-entropy on the data's tokens (default); opd: AdaFlash's on-policy distillation "
+                        "(the head drafts its blocks, the target scores them along the drafted prefix, reverse KL "
+                        "per slot); length: AdaFlash's adaptive length head on the frozen --init-from head "
+                        "(docs/methods.md#adaflash)")
+    p.add_argument("--init-from", default=None, metavar="HEAD",
+                   help="start from this DFlash head (a folder or a shipped head's name): its weights, layers, "
+                        "block size, MASK token and taps, with a new optimizer and schedule")
 
     from . import dartree, lilicorr
 
@@ -127,7 +135,8 @@ def run(args) -> int:
             "snapshot_every", "regenerate_batch", "time_budget", "length_group", "code_roots", "responses",
             "regenerate_only")
     own = {"eagle3": ("ttt_steps", "decay", "init_from"),
-           "dflash": ("layers", "block_size", "anchors", "gamma", "mask_token", "target_layers")}[args.train_command]
+           "dflash": ("layers", "block_size", "anchors", "gamma", "mask_token", "target_layers", "objective",
+                      "init_from")}[args.train_command]
     options = TrainOptions(**{k: getattr(args, k) for k in keys + own}, head=args.train_command,
                            progress=not args.no_progress, command=["outrider"] + sys.argv[1:])
     train(options)

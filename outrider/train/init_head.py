@@ -7,10 +7,15 @@ import torch
 from ..errors import ConfigError
 
 
-def init_head(name: str, target) -> tuple[dict[str, torch.Tensor], list[int]]:
+def init_head(name: str, target, kind: str = "eagle3") -> tuple[dict[str, torch.Tensor], list[int] | None]:
     """--init-from: (the head's tensors under the EAGLE names, float32; its layer ids in vLLM's
-    convention), after checking that it fits `target` and that this trainer can continue it."""
+    convention), after checking that it fits `target` and that this trainer can continue it.
+    kind "dflash": a DFlash head's tensors (z-lab's names, float32) and None (the job reads its
+    taps from its config)."""
     from safetensors.torch import load_file
+
+    if kind == "dflash":
+        return _dflash(name, target), None
 
     from ..heads.catalog import resolve_head
     from ..heads.files import WEIGHTS
@@ -29,3 +34,19 @@ def init_head(name: str, target) -> tuple[dict[str, torch.Tensor], list[int]]:
     renamed = {("midlayer." + k[len(prefix):] if k.startswith(prefix) else k): v for k, v in tensors.items()}
     out = {k: v.float() if v.is_floating_point() else v for k, v in renamed.items()}
     return out, list(config.taps(target.config.num_layers))
+
+
+def _dflash(name: str, target) -> dict[str, torch.Tensor]:
+    """A DFlash head's weights to continue (AdaFlash's OPD and length head start from one)."""
+    from safetensors.torch import load_file
+
+    from ..heads.catalog import resolve_head
+    from ..heads.dflash.format import misfit, read_config
+    from ..heads.files import WEIGHTS
+
+    folder = resolve_head(name, kind="dflash")
+    reason = misfit(read_config(folder), target.config)
+    if reason:
+        raise ConfigError(f"--init-from {name}: {reason}")
+    tensors = load_file(str(folder / WEIGHTS))
+    return {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}

@@ -125,7 +125,7 @@ def train(options: TrainOptions, log=None, on_step=None) -> dict:
             return {"responses": needed, "generated": responder.generated, "too_long": responder.too_long,
                     "file": str(out / "regenerated.jsonl")}
 
-    init = init_head(o.init_from, target) if o.init_from and saved is None else None
+    init = init_head(o.init_from, target, o.head) if o.init_from and saved is None else None
     if saved is not None or init is not None:
         d2t = (saved.model if saved is not None else init[0]).get("d2t")
         used = used_from_maps(d2t) if d2t is not None else torch.arange(vocab_size)

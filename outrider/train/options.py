@@ -17,13 +17,15 @@ from .budget import BUDGET_WARMUP, PLAN_AFTER
 from .data import parse_sources
 
 HEADS = ("eagle3", "dflash")
+OBJECTIVES = ("sft", "opd", "length")  # DFlash: hard labels; AdaFlash's on-policy reverse KL; its length head
 
 SAME_ON_RESUME = ("target", "data", "seq_len", "batch_size", "seed", "draft_vocab", "regenerate",
                   "max_response_tokens", "ttt_steps", "decay", "vocab_tokens", "target_dtype", "precision",
                   "init_from", "length_group", "code_roots", "head", "layers", "block_size", "anchors", "gamma",
-                  "mask_token", "target_layers")
+                  "mask_token", "target_layers", "objective")
 # what a checkpoint written before an option existed ran with
-OLD_RUNS = {"length_group": 1, "head": "eagle3", "layers": 1, "block_size": 16, "anchors": 32, "gamma": 7.0}
+OLD_RUNS = {"length_group": 1, "head": "eagle3", "layers": 1, "block_size": 16, "anchors": 32, "gamma": 7.0,
+            "objective": "sft"}
 # arguments that fix the learning-rate schedule (lr_at): a resumed run with others would jump in it
 SCHEDULE = ("steps", "tokens", "warmup_steps", "lr")
 PRECISIONS = ("fp32", "bf16")  # the head's arithmetic: fp32, or bf16 autocast (weights and optimizer fp32)
@@ -70,6 +72,7 @@ class TrainOptions:
     gamma: float = 7.0  # DFlash: slot k's loss weight is exp(-(k-1)/gamma)
     mask_token: int | None = None  # DFlash: the MASK token id (None: heads/dflash/trainable.default_mask_token)
     target_layers: list[int] | None = None  # DFlash ids (output of layer l, 0-based); None: DFlash's default
+    objective: str = "sft"  # DFlash: sft, opd (AdaFlash's on-policy distillation) or length (its length head)
     progress: bool = True
     command: list[str] = field(default_factory=list)
 
@@ -134,9 +137,15 @@ class TrainOptions:
                 raise ConfigError(f"--code-root {root}: no such folder; give a folder of .py files")
         if self.init_from is not None:  # a head that is not there: refused before anything loads
             from ..heads.catalog import resolve_head
-            from ..heads.eagle3.format import read_config
 
-            read_config(resolve_head(self.init_from))
+            if self.head == "dflash":
+                from ..heads.dflash.format import read_config as read_dflash
+
+                read_dflash(resolve_head(self.init_from, kind="dflash"))
+            else:
+                from ..heads.eagle3.format import read_config
+
+                read_config(resolve_head(self.init_from))
         out = Path(self.out)
         if out.exists() and not out.is_dir():
             raise ConfigError(f"--out {out} is a file; give a folder")
@@ -150,7 +159,11 @@ class TrainOptions:
         """The head's own options (one-line ConfigErrors)."""
         if self.head not in HEADS:
             raise ConfigError(f"unknown head {self.head!r}: train one of {', '.join(HEADS)}")
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         if self.head != "dflash":
+            if self.objective != "sft":
+                raise ConfigError(f"--objective {self.objective} trains DFlash heads (AdaFlash); use outrider train dflash")
             return
         for key, low in (("layers", 1), ("block_size", 2), ("anchors", 1)):
             value = getattr(self, key)
@@ -163,9 +176,9 @@ class TrainOptions:
         ids = self.target_layers
         if ids is not None and (not ids or not all(isinstance(i, int) and i >= 0 for i in ids)):
             raise ConfigError(f"--target-layers must be comma-separated layer ids >= 0, got {ids}")
-        if self.init_from is not None:
-            raise ConfigError("--init-from continues EAGLE-3 heads only; train a DFlash head from the start "
-                              "(or --resume its run)")
+        if self.objective == "length" and self.init_from is None:
+            raise ConfigError("--objective length trains AdaFlash's length head on a frozen DFlash head: "
+                              "give it with --init-from HEAD")
 
     @property
     def total_steps(self) -> int:

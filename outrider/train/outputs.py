@@ -19,6 +19,8 @@ def write_head(folder: Path, model, info: dict | None = None) -> None:
     writers = [("config.json", lambda p: p.write_text(json.dumps(model.export_config(), indent=1))),
                ("model.safetensors", lambda p: save_file(
                    {k: v.cpu().contiguous() for k, v in model.state_tensors().items()}, str(p)))]
+    for name, save in getattr(model, "extra_files", dict)().items():  # e.g. AdaFlash's length head
+        writers.append((name, save))
     if info is not None:
         writers.append(("snapshot.json", lambda p: p.write_text(json.dumps(info))))
     for name, write in writers:

@@ -171,9 +171,12 @@ class DFlashTrainable(torch.nn.Module):
         self.feature_scale.copy_(scale)
 
     # -- forward --------------------------------------------------------------------------------
-    def block_logits(self, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    def block_logits(self, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor,
+                     with_hidden: bool = False):
         """features [S, T, n, Ht], tokens [S, T], anchors [S, A] long (positions 0..T-1) ->
-        logits [S, A, K, Vd] of slots 1..B-1 of every anchor's block (module docstring)."""
+        logits [S, A, K, Vd] of slots 1..B-1 of every anchor's block (module docstring);
+        with_hidden: (logits, hidden [S, A, B, H] the last layer's output before the final norm,
+        the runtime head's `block` hidden, which AdaFlash's length head reads)."""
         c = self.config
         S, T = tokens.shape
         A, B = anchors.shape[1], c.block_size
@@ -209,7 +212,8 @@ class DFlashTrainable(torch.nn.Module):
             h = h + layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(m)) * layer.mlp.up_proj(m))
         out = _rms(h.view(S, A, B, -1)[:, :, 1:], self.norm.weight, eps).to(h.dtype)  # [S, A, K, H]
         readout = self.lm_head.weight if self.reduced else self.target_lm_head.to(out.dtype)
-        return F.linear(out, readout)  # [S, A, K, Vd]
+        logits = F.linear(out, readout)  # [S, A, K, Vd]
+        return (logits, h.view(S, A, B, -1)) if with_hidden else logits
 
     def anchors(self, valid: torch.Tensor, count: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Up to `count` random anchors per sequence among the positions a >= 1 whose next token
@@ -313,12 +317,31 @@ class DFlashJob:
         return self.model.step(tb, generator, self.anchors)
 
 
-def job(o, target, tokenizer, used: torch.Tensor, layer_ids=None) -> DFlashJob:
+def job(o, target, tokenizer, used: torch.Tensor, layer_ids=None):
     """The job of run options `o` (train/options.py) for `target` with draft vocabulary `used`
-    [Vd] (its taps: --target-layers, `layer_ids` is EAGLE-3's)."""
-    mask = o.mask_token if o.mask_token is not None else default_mask_token(tokenizer, target.config.vocab_size)
-    model = DFlashTrainable.for_target(target, used, seed=o.seed, layers=o.layers, block_size=o.block_size,
-                                       mask_token_id=mask, layer_ids=o.target_layers)
+    [Vd] (its taps: --target-layers, `layer_ids` is EAGLE-3's). --init-from HEAD: the head's own
+    layers, block size, MASK token and taps (the loop loads its weights). --objective: `sft` (this
+    file's step), `opd` (AdaFlash's on-policy reverse KL, opd.py) or `length` (AdaFlash's length
+    head on the frozen head, length_head.py)."""
+    layers, block, mask, ids = o.layers, o.block_size, o.mask_token, o.target_layers
+    if o.init_from is not None:
+        from ..catalog import resolve_head
+        from .format import read_config
+
+        c = read_config(resolve_head(o.init_from, kind="dflash"))
+        layers, block, mask, ids = c.num_layers, c.block_size, c.mask_token_id, c.layer_ids(target.config.num_layers)
+    mask = mask if mask is not None else default_mask_token(tokenizer, target.config.vocab_size)
+    model = DFlashTrainable.for_target(target, used, seed=o.seed, layers=layers, block_size=block,
+                                       mask_token_id=mask, layer_ids=ids)
+    objective = getattr(o, "objective", "sft")
+    if objective == "opd":
+        from .opd import OPDJob
+
+        return OPDJob(model, target, o.seed, o.anchors, o.gamma)
+    if objective == "length":
+        from .length_head import LengthJob, LengthTrainable
+
+        return LengthJob(LengthTrainable(model, 256, o.seed), target, o.seed, o.anchors)
     return DFlashJob(model, o.seed, o.anchors, o.gamma)
 
 
