@@ -220,6 +220,33 @@ def test_audit_catches_a_method_that_perturbs_a_token(tiny_folders, monkeypatch)
     assert all(m["first_difference"] == 0 for m in results["audit"]["mismatches"])
 
 
+def test_a_lossy_verifier_runs_in_a_greedy_bench_marked_lossy_and_not_counted(tiny_folders):
+    """Issue 44: verifier skipping (`verify-skip-lossy:T,G`) runs in a greedy preset: its outputs may
+    differ from autoregressive decoding, which its row says ("lossy: differs@n") without failing the
+    audit; an exact method beside it is still held to every token."""
+    from outrider.bench.results import needs_exit_failure
+    from outrider.bench.table import row_mark, summary_table
+
+    extra = """
+[[method]]
+name = "skip"
+drafter = "early-exit:1"
+controller = "fixed:4"
+verifier = "verify-skip-lossy:0,1"
+"""
+    raw = tiny_config(tiny_folders["llama"], peer=False)
+    import tomllib
+
+    raw["method"] += tomllib.loads(extra)["method"]
+    results = run_bench(plan(parse_config(raw, "tiny.toml")), threads=1, progress=False)
+    skip = next(r for r in results["runs"] if r["method"] == "skip")
+    assert skip["summary"]["lossy"] is True and skip["summary"]["lossless"] is False  # T = 0: drafts committed
+    assert results["audit"]["ok"] and results["audit"]["mismatches"] == [] and not needs_exit_failure(results)
+    assert row_mark(results, str(tiny_folders["llama"]), "skip", [skip["workload"]]).startswith("lossy: differs@")
+    assert row_mark(results, str(tiny_folders["llama"]), "ngram", [skip["workload"]]) == "ok"
+    assert "lossy methods are shown, not counted" in summary_table(results)
+
+
 def test_a_float16_cache_runs_every_method_losslessly(tiny_folders, monkeypatch):
     """kv_dtype = "float16" reaches the target (its caches are float16), is named in the run's
     identity and facts, and every method still equals autoregressive decoding with it."""

@@ -37,7 +37,8 @@ HOW_TO_READ = [
     "accepted it. Accepted-length histogram: rounds that accepted exactly a drafts.",
     "lossless: every greedy output equals autoregressive token for token. MISMATCH@n: one of our "
     "methods differed, first at output token n (a bug). differs@n: a peer differed (its numerics "
-    "are not ours; peers are not audited).",
+    "are not ours; peers are not audited). lossy: a verifier lossy by name (e.g. verify-skip-lossy), its "
+    "output allowed to differ; differs@n says where, and it is not counted against the audit.",
     "A run that samples (temperature > 0): acc is accepted draft depths over drafted ones; the last column "
     "is the distributional audit's verdict (see its section): pass / FAIL with the Bonferroni-adjusted p-value; "
     "lossy: a lossy verifier, expected to fail; the baseline is the audit's reference.",

@@ -61,6 +61,7 @@ def method_names(p, model: str, store: RunStore) -> list[str]:
 def assemble(p, store: RunStore, model_facts: dict[str, dict], threads: int) -> dict:
     """results.json from the saved prompts; every prompt of the plan must be saved."""
     runs, mismatches = [], []
+    lossy = lossy_methods(p.config)  # their differences are what they are, shown, not a failed audit
     for model in p.config.models:
         by_name = {m.name: m for m in p.config.methods}
         names = method_names(p, model, store)
@@ -69,7 +70,7 @@ def assemble(p, store: RunStore, model_facts: dict[str, dict], threads: int) -> 
             for q, line in zip(w.prompts, lines):
                 for name in names:
                     diff = line["runs"][name]["stats"].get("first_difference")
-                    if diff is not None and name != BASELINE and by_name[name].spec:
+                    if diff is not None and name != BASELINE and by_name[name].spec and name not in lossy:
                         mismatches.append({"model": model, "workload": w.name, "method": name,
                                            "prompt": q.id, "first_difference": diff})
             for name in names:
@@ -80,6 +81,8 @@ def assemble(p, store: RunStore, model_facts: dict[str, dict], threads: int) -> 
                                  ln["runs"][name]["stats"]) for ln in lines]
                 runs.append(summarize_run(model, w, name, label, kind, lst, [x.id for x in w.prompts],
                                           peer=method.peer if method else None))
+                if name in lossy:
+                    runs[-1]["summary"]["lossy"] = True
     _speedups(runs)
     sampling = _sampling(p)
     if not sampling.greedy:  # token equality says nothing of a sampled method: the audit does
@@ -107,6 +110,15 @@ def assemble(p, store: RunStore, model_facts: dict[str, dict], threads: int) -> 
     }
 
 
+def lossy_methods(config) -> set[str]:
+    """The methods whose verifier is lossy by name (spec/verifiers.py: `resispec-lossy`,
+    `verify-skip-lossy:T`, ...): run, shown and marked lossy, never counted against the audit."""
+    from ..spec.verifiers import verifier_entry
+
+    return {m.name for m in config.methods
+            if m.spec and m.spec.verifier and (e := verifier_entry(m.spec.verifier)) is not None and e.lossy}
+
+
 def _sampling(p):
     from .sampling import BenchSampling
 
@@ -116,11 +128,9 @@ def _sampling(p):
 def _audit(p, store: RunStore) -> dict:
     """The distributional audit (bench/audit.py): per model, each method's verdict over its
     audited workloads; `ok` when every lossless method of every model passed."""
-    from ..spec.verifiers import verifier_entry
     from .audit import ALPHA, LEAST, summarize
 
-    lossy = {m.name for m in p.config.methods
-             if m.spec and m.spec.verifier and (e := verifier_entry(m.spec.verifier)) is not None and e.lossy}
+    lossy = lossy_methods(p.config)
     models = {}
     for model in p.config.models:
         audits = [a for w in p.workloads if (a := store.audited(model, w.name))]
