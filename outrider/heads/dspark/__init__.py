@@ -1,4 +1,4 @@
-"""The DSpark head kind: DFlash's backbone with the anchor as first prediction position, a sequential Markov head and a confidence head.
+"""The DSpark head kind: the DFlash backbone, the anchor a prediction, a Markov head and a confidence head.
 
     head.py         the runtime head (backbone pass, one Markov step, confidence)   reference.py  the slow one
     markov.py       the Markov head (vanilla, gated, rnn; rank r) and the confidence head
