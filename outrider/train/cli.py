@@ -47,6 +47,24 @@ def add_parser(sub) -> None:
                    help="start from this DFlash head (a folder or a shipped head's name): its weights, layers, "
                         "block size, MASK token and taps, with a new optimizer and schedule")
 
+    p = tsub.add_parser("dspark", help="train a DSpark head (DFlash's backbone with the anchor as first prediction, "
+                        "a Markov head and a confidence head; docs/methods.md#dspark)")
+    _common(p)
+    p.set_defaults(run=run_dspark)
+    p.add_argument("--backbone", default=None, metavar="HEAD", help="start the backbone from this DFlash head (a folder "
+                   "or a shipped head's name): its weights, layers, block size, MASK token and taps")
+    p.add_argument("--markov", default="vanilla", choices=("vanilla", "gated", "rnn"), help="the Markov head's variant")
+    p.add_argument("--markov-rank", type=int, default=64, help="its rank r (default 64; the paper's 256)")
+    p.add_argument("--layers", type=int, default=1, help="draft layers without --backbone (default 1)")
+    p.add_argument("--block-size", type=int, default=8, help="gamma: the anchor and gamma-1 masked slots, every one "
+                   "a prediction (default 8; --backbone: the backbone's)")
+    p.add_argument("--anchors", type=int, default=32, help="random anchor blocks per sequence and step (default 32)")
+    p.add_argument("--gamma", type=float, default=7.0, help="slot j's TV weight is exp(-j/gamma) (default 7)")
+    p.add_argument("--mask-token", type=int, default=None, help="the MASK token id without --backbone")
+    p.add_argument("--target-layers", type=_ids, default=None, metavar="IDS", help="taps without --backbone "
+                   "(DFlash's convention)")
+    p.set_defaults(draft_vocab=None)
+
     from . import dartree, lilicorr
 
     p = tsub.add_parser("dartree", help="train DARTree's correction head on a frozen DFlash head "
@@ -64,6 +82,19 @@ def add_parser(sub) -> None:
     matryoshka.add_arguments(p)
     p.set_defaults(run=matryoshka.run)
 
+
+def run_dspark(args) -> int:
+    """`outrider train dspark`: the one loop (train/loop.py) with DSpark's options."""
+    from .loop import TrainOptions, train
+
+    keys = ("target", "data", "out", "steps", "tokens", "seq_len", "batch_size", "lr", "warmup_steps", "clip",
+            "draft_vocab", "vocab_tokens", "seed", "resume", "regenerate", "max_response_tokens", "checkpoint_every",
+            "threads", "device", "target_dtype", "precision", "snapshot_every", "regenerate_batch", "time_budget",
+            "length_group", "code_roots", "responses", "regenerate_only", "layers", "block_size", "anchors", "gamma",
+            "mask_token", "target_layers", "markov", "markov_rank", "backbone")
+    train(TrainOptions(**{k: getattr(args, k) for k in keys}, head="dspark", progress=not args.no_progress,
+                       command=["outrider"] + sys.argv[1:]))
+    return 0
 
 def _ids(text: str) -> list[int]:
     try:

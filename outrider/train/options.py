@@ -28,6 +28,7 @@ OLD_RUNS = {"length_group": 1, "head": "eagle3", "layers": 1, "block_size": 16, 
             "objective": "sft"}
 # arguments that fix the learning-rate schedule (lr_at): a resumed run with others would jump in it
 SCHEDULE = ("steps", "tokens", "warmup_steps", "lr")
+HEADS = HEADS + ("dspark",)  # DSpark (heads/dspark/trainable.py): DFlash's options and its own
 PRECISIONS = ("fp32", "bf16")  # the head's arithmetic: fp32, or bf16 autocast (weights and optimizer fp32)
 TARGET_DTYPES = ("float32", "bfloat16")
 
@@ -73,6 +74,9 @@ class TrainOptions:
     mask_token: int | None = None  # DFlash: the MASK token id (None: heads/dflash/trainable.default_mask_token)
     target_layers: list[int] | None = None  # DFlash ids (output of layer l, 0-based); None: DFlash's default
     objective: str = "sft"  # DFlash: sft, opd (AdaFlash's on-policy distillation) or length (its length head)
+    markov: str = "vanilla"  # DSpark: the Markov head's variant (vanilla, gated, rnn)
+    markov_rank: int = 64  # DSpark: its rank r
+    backbone: str | None = None  # DSpark: start the backbone from this DFlash head
     progress: bool = True
     command: list[str] = field(default_factory=list)
 
@@ -161,7 +165,7 @@ class TrainOptions:
             raise ConfigError(f"unknown head {self.head!r}: train one of {', '.join(HEADS)}")
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
-        if self.head != "dflash":
+        if self.head not in ("dflash", "dspark"):
             if self.objective != "sft":
                 raise ConfigError(f"--objective {self.objective} trains DFlash heads (AdaFlash); use outrider train dflash")
             return
