@@ -109,7 +109,7 @@ class AdaptiveController(PerSequence):
 
 BUILT_IN = ("fixed", "adaptive", "cost")  # parsed by parse_controller itself
 BUILT_IN_USAGES = ("fixed:N (0-64)", "adaptive[:MAX]", "cost[:MAX]")
-REGISTERED_BUILT_IN = ("libraspec", "entropy", "specla")  # modules of this package that call register_controller
+REGISTERED_BUILT_IN = ("libraspec", "entropy", "specla", "batch_verify")  # modules of this package that call register_controller
 _REGISTERED: dict[str, tuple[str, Callable[..., Controller], bool, bool]] = {}  # name -> (usage, factory, profiles, reads_model)
 _LOADED = [False]
 

@@ -76,4 +76,5 @@ register_kind(HeadKind("eagle3", "EAGLE-3", "outrider.heads.eagle3", claims=None
                        gguf="gguf"))
 register_kind(HeadKind("dflash", "DFlash", "outrider.heads.dflash", claims="format:is_dflash",
                        check="check:check_dflash", gguf="gguf"))
+register_kind(HeadKind("mtp", "MTP", "outrider.heads.mtp", claims="format:is_mtp", check="check:check_mtp"))
 register_kind(HeadKind("dspark", "DSpark", "outrider.heads.dspark", claims="format:is_dspark"))

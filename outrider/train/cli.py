@@ -65,6 +65,22 @@ def add_parser(sub) -> None:
                    "(DFlash's convention)")
     p.set_defaults(draft_vocab=None)
 
+    p = tsub.add_parser("mtp", help="train a multi-token-prediction head (DeepSeek-V3's MTP module over the target's "
+                        "last hidden state, one module reused for every draft step; --drafter mtp:DIR)")
+    _common(p)
+    p.add_argument("--ttt-steps", type=int, default=3, help="unrolled draft steps, the module fed its own hidden "
+                   "(default 3)")
+    p.add_argument("--decay", type=float, default=0.6, help="loss weight of unrolled step k is decay**k (default 0.6, "
+                   "FastMTP's)")
+    p.add_argument("--draft-vocab", type=int, default=None, help="train the loss over the target's lm_head rows of "
+                   "the Vd most frequent labels only (a CPU saving; the head still reads out over the whole "
+                   "vocabulary; default: all)")
+    from . import dfly
+
+    p = tsub.add_parser("dfly", help="train DFly's per-layer feature mix and predecessor correction on a frozen "
+                        "DFlash head (--drafter dfly:HEAD; docs/methods.md#angelspec--dfly)")
+    dfly.add_arguments(p)
+    p.set_defaults(run=dfly.run)
     from . import dartree, lilicorr
 
     p = tsub.add_parser("dartree", help="train DARTree's correction head on a frozen DFlash head "
@@ -165,7 +181,7 @@ def run(args) -> int:
             "max_response_tokens", "checkpoint_every", "threads", "device", "target_dtype", "precision",
             "snapshot_every", "regenerate_batch", "time_budget", "length_group", "code_roots", "responses",
             "regenerate_only")
-    own = {"eagle3": ("ttt_steps", "decay", "init_from"),
+    own = {"eagle3": ("ttt_steps", "decay", "init_from"), "mtp": ("ttt_steps", "decay"),
            "dflash": ("layers", "block_size", "anchors", "gamma", "mask_token", "target_layers", "objective",
                       "init_from")}[args.train_command]
     options = TrainOptions(**{k: getattr(args, k) for k in keys + own}, head=args.train_command,

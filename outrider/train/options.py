@@ -16,7 +16,7 @@ from . import checkpoint
 from .budget import BUDGET_WARMUP, PLAN_AFTER
 from .data import parse_sources
 
-HEADS = ("eagle3", "dflash")
+HEADS = ("eagle3", "dflash", "mtp")
 OBJECTIVES = ("sft", "opd", "length")  # DFlash: hard labels; AdaFlash's on-policy reverse KL; its length head
 
 SAME_ON_RESUME = ("target", "data", "seq_len", "batch_size", "seed", "draft_vocab", "regenerate",
@@ -106,9 +106,9 @@ class TrainOptions:
         for key, value in positive.items():
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
-        shortest = self.ttt_steps + 2 if self.head == "eagle3" else 3
+        shortest = self.ttt_steps + 2 if self.head in ("eagle3", "mtp") else 3
         if not isinstance(self.seq_len, int) or self.seq_len < shortest:
-            raise ConfigError(f"--seq-len must be at least {shortest}" + (" (--ttt-steps + 2)" if self.head == "eagle3"
+            raise ConfigError(f"--seq-len must be at least {shortest}" + (" (--ttt-steps + 2)" if self.head in ("eagle3", "mtp")
                               else "") + f", got {self.seq_len}")
         if self.warmup_steps is not None and self.warmup_steps < 0:
             raise ConfigError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")

@@ -1,0 +1,102 @@
+"""`outrider check-head DIR` for an MTP head: does the folder conform, and draft as recorded?
+
+One `Check` a line (heads/checks.py): layout, weights file, config fields (the ones vLLM's
+DeepSeek MTP and our loader read, with their JSON types), target (hidden size, vocabulary, layer
+count: the module is stored as layer N), tensors (names, shapes, float dtypes, nothing missing or
+extra), golden logits and tau (heads/mtp/golden.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...errors import OutriderError
+from ..checks import FLOATS, Check, dtype_problems, golden_check, weights_check
+from ..files import field_problems, read_raw
+from .format import WHAT, expected_shapes, misfit, read_config
+
+MTP_FIELDS = (
+    ("num_hidden_layers", "int", True),
+    ("num_nextn_predict_layers", "int", True),
+    ("hidden_size", "int", True),
+    ("intermediate_size", "int", True),
+    ("num_attention_heads", "int", True),
+    ("num_key_value_heads", "int", False),
+    ("head_dim", "int", False),
+    ("vocab_size", "int", True),
+    ("rms_norm_eps", "float", False),
+    ("rope_theta", "float", False),
+)
+
+
+def check_mtp(folder: str | Path, target: str | Path, *, device: str | None = None, golden: bool = True) -> list[Check]:
+    from ...catalog.resolve import resolve_model
+    from ...models.config import ModelConfig
+    from .golden import measure
+
+    folder = Path(folder)
+    checks: list[Check] = []
+    add = lambda *args: checks.append(Check(*args)) or checks[-1]  # noqa: E731
+    try:
+        raw = read_raw(folder, what=WHAT)
+    except OutriderError as err:
+        add("layout", "FAIL", str(err))
+        return checks
+    add("layout", "ok", "mtp: DeepSeek-V3's MTP module as layer N (vLLM's deepseek_mtp names)")
+    header = weights_check(folder, add, WHAT)
+    problems = field_problems(raw, MTP_FIELDS)
+    config = None
+    if problems:
+        add("config fields", "FAIL", f"{'; '.join(problems)}: fix config.json or re-export the head")
+    else:
+        try:
+            config = read_config(folder)
+            add("config fields", "ok", f"layer {config.num_target_layers}, H {config.hidden_size}")
+        except OutriderError as err:
+            add("config fields", "FAIL", str(err))
+    try:
+        target_path = resolve_model(target)
+        tcfg = ModelConfig.load(target_path)
+    except OutriderError as err:
+        add("target", "FAIL", str(err))
+        target_path = tcfg = None
+    if config is None or tcfg is None:
+        for name in ("target", "tensors")[0 if tcfg is not None else 1:]:
+            add(name, "skipped", "needs a readable config.json and target")
+    else:
+        reason = misfit(config, tcfg)
+        add("target", "FAIL" if reason else "ok", reason or f"{target}: hidden {tcfg.hidden_size}, "
+                                                          f"vocab {tcfg.vocab_size}, {tcfg.num_layers} layers")
+        _tensors(config, header, raw, add)
+    if not golden:
+        add("golden tau", "skipped", "not asked for (--no-golden)")
+    elif any(c.status == "FAIL" for c in checks):
+        failed = ", ".join(c.name for c in checks if c.status == "FAIL")
+        add("golden tau", "skipped", f"not measured: fix the failed check(s) first ({failed})")
+    else:
+        golden_check(folder, target_path, device, add, measure, "outrider export mtp")
+    return checks
+
+
+def _tensors(config, header: dict | None, raw: dict, add) -> None:
+    if header is None:
+        add("tensors", "skipped", "needs a readable model.safetensors (weights file)")
+        return
+    required, optional = expected_shapes(config)
+    problems = []
+    missing = [n for n in required if n not in header]
+    extra = [n for n in header if n not in required and n not in optional]
+    if missing:
+        problems.append(f"missing {', '.join(missing)}")
+    if extra:
+        problems.append(f"unexpected {', '.join(extra)} (not part of an MTP module)")
+    for name, shape in {**required, **optional}.items():
+        if name in header and header[name][0] != shape:
+            problems.append(f"{name} has shape {list(header[name][0])}, the config implies {list(shape)}")
+    problems += [f"{name} is {dtype}, engines expect a float" for name, (_, dtype) in header.items()
+                 if dtype not in FLOATS]
+    problems += dtype_problems(header, raw)
+    if problems:
+        add("tensors", "FAIL", f"{'; '.join(problems)}: re-export the head with `outrider export mtp`")
+    else:
+        add("tensors", "ok", f"{len(header)} tensors of layer {config.num_target_layers}")
