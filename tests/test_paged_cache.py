@@ -133,17 +133,40 @@ def test_paged_mode_is_refused_for_state_that_is_not_plain_k_v(tmp_path):
         hybrid.new_cache(2, 32, pages=8)
 
 
-def test_the_native_layer_over_pages_gives_the_slot_caches_bits(tmp_path_factory):
-    """A q4 model runs the native decoder layer: over a paged cache it reads the span copied out in
-    slot layout and writes its rows back into the pages; the logits equal the slot cache's."""
+@pytest.mark.parametrize("family,kv", [("llama", torch.float32), ("llama-d64", torch.float16)])
+def test_the_native_layer_reads_pages_in_place_with_the_slot_caches_bits(tmp_path_factory, family, kv):
+    """A q4 model runs the native decoder layer: over a paged cache it reads and writes the pages in
+    place through the row map, and the reference (read_in_place False) over each layer's span
+    copied out; the logits of both equal the slot cache's, bit for bit: a ragged prefill, one
+    slot's long prefill (the keys turned along the lanes), decode out of order over a hole, a tree,
+    a prefix shared by reference then written (copy on write). float16 K/V and head size 64 (the
+    several-heads path) in the second case."""
     from test_native_layer import make_family
 
-    native = load_decoder(make_family("llama", tmp_path_factory.mktemp("paged-native") / "llama"), "cpu", "q4")
-    caches = _both(native)
+    native = load_decoder(make_family(family, tmp_path_factory.mktemp("paged-native") / family), "cpu", "q4")
+    native.kv_dtype = kv
+    slot, paged = _both(native)
+    _, copied = _both(native)
+    copied.read_in_place = False
+    caches = (slot, paged, copied)
     rng = random.Random(3)
     a, b = [rng.randrange(3, 96) for _ in range(21)], [rng.randrange(3, 96) for _ in range(11)]
     _run(native, caches, [0, 2], [0, 0], [a, b])
+    _run(native, caches, [1], [0], [[rng.randrange(3, 96) for _ in range(17)]])  # >= 12 rows of one slot
     _run(native, caches, [2, 0], [11, 21], [[5], [6]])  # out of order, a hole at slot 1
     tree = _random_tree(rng, 7)
     _run(native, caches, [0], [22], [[rng.randrange(3, 96) for _ in tree]], [tree])
-    assert native._native is not None and caches[1].pages_used > 0
+    _run(native, caches, [1, 2], [17, 12], [[1, 2, 3], [4]])  # padding goes to the scratch page, not to page 0
+    for c in caches:  # slot 0's first 9 rows into slot 1: two pages shared, one copied
+        c.set_length(0, 22)
+        c.set_length(1, 0)
+        c.copy_rows(0, 1, 9)
+        c.set_length(1, 9)
+    for c in caches[1:]:
+        assert c.refs[c.held[1][0]] == 2
+    _run(native, caches, [1], [9], [[7, 8, 9]])
+    for c in caches:  # cut back into a shared page and written: copied first
+        c.set_length(1, 6)
+    _run(native, caches, [1, 0], [6, 22], [[10, 11], [12]])
+    assert native._native is not None and paged.pages_used > 0 and paged.k[0].dtype == kv
+    assert paged._copy is None and copied._copy is not None  # in place: no span copied

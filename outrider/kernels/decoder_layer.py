@@ -42,6 +42,10 @@ class AttentionMass(ctypes.Structure):  # attention.h: the scores option
                 ("layer", ctypes.c_int64)]
 
 
+class KVPages(ctypes.Structure):  # attention.h: paged K/V read in place (models/paged_cache.py PagedKVCache.rows_in_place)
+    _fields_ = [("rows", ctypes.c_void_p), ("map_stride", ctypes.c_int64), ("head_stride", ctypes.c_int64)]
+
+
 class LayerSpec(ctypes.Structure):  # decoder_layer.c: what differs between layers
     _fields_ = [("in_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("qkv_bias", ctypes.c_void_p),
                 ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("w", ctypes.c_void_p)]
@@ -122,16 +126,18 @@ class NativeLayers:
 
     def run(self, decoder, batch, cache, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, upto: int,
             hidden: dict, *, fill: int = 0, mass: torch.Tensor | None = None,
-            mass_at: torch.Tensor | None = None) -> torch.Tensor:
+            mass_at: torch.Tensor | None = None, pages: "KVPages | None" = None) -> torch.Tensor:
         """Layers 0..upto-1 over x [B, T, E] (a new tensor, updated in place); the K/V of the
         batch's rows go to `cache` as decoder.forward writes them; hidden[l] gets a copy of x
         after layer l for l in batch.hidden_layers. One native call for the layers between two
         taps (`run_one` below is the call a layer). fill: 0, the row kernel; 3 or 1, a prefill's
         products on the tile unit (decoder_layer.c's matmul; dispatch.PrefillPath.fill). mass [N, upto, G, L] float32 (zeroed
-        by the caller), mass_at [B * T] long (a row's entry, -1: not counted): the scores option."""
+        by the caller), mass_at [B * T] long (a row's entry, -1: not counted): the scores option.
+        pages: a paged cache's rows read in place (the batch's slots and rows as
+        PagedKVCache.rows_in_place gave them); None: a slot cache."""
         c = decoder.config
         call = LayerCall(batch, cache, x, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
-                         fill=fill, mass=mass, mass_at=mass_at)
+                         fill=fill, mass=mass, mass_at=mass_at, pages=pages)
         k_caches = (ctypes.c_void_p * upto)(*[t.data_ptr() for t in cache.k[:upto]])
         v_caches = (ctypes.c_void_p * upto)(*[t.data_ptr() for t in cache.v[:upto]])
         start = 0
@@ -164,7 +170,7 @@ class LayerCall:
 
     def __init__(self, batch, cache, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, H: int, G: int, D: int,
                  I: int, h_in: torch.Tensor | None = None, fill: int = 0, mass: torch.Tensor | None = None,
-                 mass_at: torch.Tensor | None = None):
+                 mass_at: torch.Tensor | None = None, pages: KVPages | None = None):
         B, T, E = x.shape
         self.fill = fill
         R, L = B * T, batch.kv_len
@@ -185,6 +191,7 @@ class LayerCall:
         self._rope = (self.cos.data_ptr(), self.sin.data_ptr())
         self._rows = (self.slots.data_ptr(), self.rows.data_ptr())
         self._work = self.work.data_ptr()
+        self._pages = None if pages is None else ctypes.byref(pages)  # paged K/V read in place, or a slot cache
         self.mass = None  # the scores option: AttentionMass over mass [N, layers, G, L], mass_at [R]
         if mass is not None:
             if mass.dtype != torch.float32 or not mass.is_contiguous() or mass.shape[-1] != L or mass_at is None:
@@ -201,7 +208,8 @@ class LayerCall:
             R, E, H, G, D, I, self._x, self._h_in, _ptr(input_norm), post_norm.data_ptr(), eps,
             weights, _ptr(qkv_bias), _ptr(q_norm), _ptr(k_norm), *self._rope,
             k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(2), *self._rows,
-            self._mask, self.L, self._work, torch.get_num_threads(), self.fill, self.kv_half, self._mass(index))
+            self._mask, self.L, self._work, torch.get_num_threads(), self.fill, self.kv_half, self._mass(index),
+            self._pages)
         if status != 0:
             raise ValueError(f"the native layer refused layer {index} (R={R}, L={self.L})")
 
@@ -214,7 +222,7 @@ class LayerCall:
         status = library().outrider_layers(
             start, stop, specs, k_caches, v_caches, R, E, H, G, D, I, self._x, eps, *self._rope,
             k.stride(0), k.stride(2), *self._rows, self._mask, self.L, self._work, torch.get_num_threads(),
-            self.fill, self.kv_half, self._mass(0))
+            self.fill, self.kv_half, self._mass(0), self._pages)
         if status != 0:
             raise ValueError(f"the native layer refused layers {start}..{stop - 1} (R={R}, L={self.L})")
 

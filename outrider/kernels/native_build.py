@@ -129,10 +129,10 @@ def bind_entry_points(lib) -> None:
     f32 = ctypes.c_float
     lib.outrider_layer.argtypes = [i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, ptr, ptr, ptr,
                                    ptr, ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                   ptr]  # the scores option (AttentionMass *, or NULL)
+                                   ptr, ptr]  # the scores option (AttentionMass *, or NULL); paged K/V (KVPages *, or NULL)
     lib.outrider_layer.restype = ctypes.c_int
     lib.outrider_layers.argtypes = [i64, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ptr, f32, ptr, ptr, i64,
-                                    i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int, ctypes.c_int, ctypes.c_int, ptr]
+                                    i64, ptr, ptr, ptr, i64, ptr, ctypes.c_int, ctypes.c_int, ctypes.c_int, ptr, ptr]
     lib.outrider_layers.restype = ctypes.c_int
     lib.outrider_kv_store.argtypes = [ptr, i64, ptr, i64, ctypes.c_int]
     lib.outrider_kv_store.restype = None

@@ -26,6 +26,7 @@ from .latent_layer import LatentWeights, latent_mixer
 from .layers import embedding, fold_mask, linear, rms_norm, rotary_tables, swiglu_mlp
 from .moe_layer import MoeWeights, moe_mlp
 from .paged_cache import PagedKVCache
+from .paged_native import run_native
 from .rope import frequencies
 from .sandwich_layer import sandwich_layer
 from .ring_attention import ring_views
@@ -198,13 +199,13 @@ class Decoder:
         if native is not None and path is not PrefillPath.TORCH:  # one native call a span
             if attention:
                 mass, at = self._attention_buffer(batch, cache, len(layers))
-            paged = isinstance(cache, PagedKVCache)  # a layer at a time over its span copied out as slots
-            copy = cache.slot_copy(batch, len(layers)) if paged else None
-            run = self._native.run_one if paged else self._native.run
-            x = run(self, copy.batch if paged else batch, copy if paged else cache, x, cos, sin, len(layers), hidden,
-                    fill=path.fill if path is not None else 0, mass=mass, mass_at=at)
-            if paged:
-                copy.write_back()
+            fill = path.fill if path is not None else 0
+            if isinstance(cache, PagedKVCache):  # its pages read in place (paged_native.py)
+                x = run_native(self._native, self, batch, cache, x, cos, sin, len(layers), hidden, fill=fill,
+                               mass=mass, mass_at=at)
+            else:
+                x = self._native.run(self, batch, cache, x, cos, sin, len(layers), hidden, fill=fill, mass=mass,
+                                     mass_at=at)
         else:
             x = self._torch_layers(layers, batch, cache, x, cos, sin, hidden)
         if not head:  # a pipeline stage before the last: its rows go on to the next stage

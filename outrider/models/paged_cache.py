@@ -17,11 +17,13 @@ partial last one; a write into a page held by more than one slot first copies it
 write), so sharing never changes what another slot reads.
 
 Attention over pages: `span` gathers a span's pages into [S, G, L, D] (one row gather a layer for
-K and for V, read as a view: the slow reference, exact; heads first in the pool, so a slot's
-gathered pages are its rows in order). The native decoder layer reads slot caches: over pages it
-runs a layer at a time over each layer's span copied out in slot layout, its new rows written back
-(`slot_copy`, models/decoder.py): the same bits as over slots, for a copy a layer.
-A kernel reading pages in place through the table is not written.
+K and for V, read as a view: the torch layers' path, exact; heads first in the pool, so a slot's
+gathered pages are its rows in order). The native decoder layer reads the pages in place
+(paged_native.py): `row_map` spells the block table out a row at a time, once a forward for every
+layer, and the kernel finds each key and value row through it and writes new rows through it;
+no row is copied. The slow reference beside it (paged_native.SlotCopy, `read_in_place = False`)
+copies each layer's span out in slot layout and writes the new rows back. Both give the slot
+cache's bits: the kernel's operations do not depend on where a row lives.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class PagedKVCache:
         self._read = None  # (what, length, version) and the table rows a read covers
         self._picks = None  # (those rows, the pool rows they pick)
         self._copy = None  # SlotCopy's buffers (one layer's span, K and V), kept across forwards
+        self._rowmap = None  # (span, length, version) and the row map the native layer reads pages through
+        self.read_in_place = True  # the native layer reads the pages through the row map; False: SlotCopy
 
     def _max_pages(self) -> int:
         return -(-(self.max_len + 1) // self.page_size)
@@ -289,76 +293,29 @@ class PagedKVCache:
         """A slot's first `length` keys of a layer, [G, length, D] (a copy)."""
         return self._pages(self.k[layer], self.table[slot: slot + 1, : self.pages_for(length)], length)[0]
 
-    def slot_copy(self, batch, layers: int) -> "SlotCopy":
-        """The span of `batch` copied out of the pages in the slot cache's layout, for the native
-        decoder layer (which reads slots); `write_back()` then puts the rows the forward wrote into
-        their pages."""
-        return SlotCopy(self, batch, layers)
-
     def slot_rows(self, pool: torch.Tensor, slot: int, first: int, m: int) -> torch.Tensor:
         """Rows first .. first + m - 1 of `slot` in `pool` (one of k, v): [G, m, D] (a copy; the
         prefix cache keeps them)."""
         return self._pages(pool, self.table[slot: slot + 1, : self.pages_for(first + m)], first + m)[0, :, first:]
 
+    def row_map(self, batch) -> tuple[torch.Tensor, int]:
+        """The native layer's way into the pages for `batch` (attention.h KVPages): map [S, L + 1] long,
+        S = batch.span_size, L = batch.kv_len, row j of span slot s (kv head 0) at value map[s, j] of
+        each layer's pool (map[s, L]: the scratch page's first row, where padding writes), and the
+        values between kv heads. The pages the batch's rows reach are taken and shared ones copied
+        first (`_map`); one map for every layer of a forward, remade when the table changes."""
+        self._map(batch.slots, batch.rows)
+        S, first, L = batch.span_size, batch.span_first, batch.kv_len
+        key = (first, S, L, self._version)
+        if self._rowmap is None or self._rowmap[0] != key:
+            P, D = self.page_size, self.k[0].shape[3]
+            j = torch.arange(L, device=self.table.device)
+            rows = torch.empty(S, L + 1, dtype=torch.long, device=self.table.device)  # [S, L + 1]
+            rows[:, :L] = self.table[first: first + S][:, j // P] * (P * D) + (j % P) * D
+            rows[:, L] = self.scratch_page * P * D
+            self._rowmap = (key, rows)
+        return self._rowmap[1], self.k[0].stride(0)
+
     def gather_from(self, source, src_slot: int, dst_slot: int, kept: torch.Tensor) -> None:
         raise ValueError("a paged K/V cache is not a drafter's own cache (sparsespec keeps a slot cache of its own)")
 
-
-class SlotCopy:
-    """A paged span in slot layout, one layer at a time: k[l], v[l] [S, G, L + 1, D] hold rows
-    0 .. L - 1 of the batch's span slots in layer l (L = batch.kv_len; row L is the scratch row),
-    copied out of the pages when layer l is first read, into one pair of buffers the cache keeps
-    (a layer's span, not every layer's); `batch` is the same forward with its slots counted from
-    the span's first and its padding sent to row L. The native layer, called a layer at a time,
-    writes the new rows there and reads them with the rest: the same values at the same rows as in
-    a slot cache, so the same bits. Moving to the next layer, and `write_back` after the last, copy
-    the rows the forward wrote into their pages."""
-
-    def __init__(self, paged: PagedKVCache, batch, layers: int):
-        from dataclasses import replace
-
-        S, first, L = batch.span_size, batch.span_first, batch.kv_len
-        self.paged, self.source, self.scratch_row, self.layers = paged, batch, L, layers
-        self.table = paged._span_table(("span", first, S), L)
-        G, _, _, D = paged.k[0].shape
-        need = S * G * (L + 1) * D
-        if paged._copy is None or paged._copy[0].numel() < need:  # kept: no fresh pages a forward
-            paged._copy = [torch.empty(need, dtype=paged.k[0].dtype, device=paged.k[0].device) for _ in range(2)]
-        self.bufs = [b[:need].view(S, G, L + 1, D) for b in paged._copy]
-        self.layer = -1
-        self.k, self.v = _OneLayer(self, 0), _OneLayer(self, 1)
-        rows = torch.where(batch.rows == paged.scratch_row, L, batch.rows)  # [B, T]
-        self.batch = replace(batch, slot_ids=[s - first for s in batch.slot_ids], rows=rows, span_first=0)
-
-    def load(self, layer: int) -> None:
-        """Layer `layer`'s span in the buffers (the layer before written back first)."""
-        if layer == self.layer:
-            return
-        self.write_back()
-        L = self.scratch_row
-        for buf, pool in zip(self.bufs, (self.paged.k[layer], self.paged.v[layer])):
-            buf[:, :, :L] = self.paged._pages(pool, self.table, L)
-            buf[:, :, L] = 0
-        self.layer = layer
-
-    def write_back(self) -> None:
-        """The rows the forward wrote in the loaded layer, into their pages (padding into the scratch page)."""
-        if self.layer < 0:
-            return
-        local = self.batch.slots.unsqueeze(1)  # [B, 1]
-        k, v = (buf[local, :, self.batch.rows] for buf in self.bufs)  # [B, T, G, D] each
-        self.paged.write(self.layer, self.source.slots, self.source.rows, k, v)
-        self.layer = -1
-
-
-class _OneLayer:
-    """SlotCopy's k or v as the native layer indexes them: layer i loads layer i's span first."""
-
-    def __init__(self, copy: SlotCopy, which: int):
-        self.copy, self.which = copy, which
-
-    def __getitem__(self, layer: int) -> torch.Tensor:
-        if not isinstance(layer, int) or not 0 <= layer < self.copy.layers:
-            raise IndexError(f"a paged span's copy gives one layer at a time, 0 .. {self.copy.layers - 1}")
-        self.copy.load(layer)
-        return self.copy.bufs[self.which]

@@ -59,11 +59,12 @@ void outrider_kv_store(void *cache, int64_t at, const float *src, int64_t D, int
  * multiply-adds over 8-value chunks of the head in order, the 8 lanes added as ((0+1)+(2+3)) +
  * ((4+5)+(6+7)) (the hadd tree below), then the values past the last whole chunk one by one. */
 static inline __attribute__((always_inline)) __m256 dot8(const float *q, const void *keys, int64_t row_stride,
-                                                         int64_t j0, int64_t last, int64_t D, int half) {
+                                                         const int64_t *map, int64_t j0, int64_t last, int64_t D,
+                                                         int half) {
     int64_t k[8];  /* each key's first value */
     __m256 acc[8];
     for (int l = 0; l < 8; l++) {
-        k[l] = (j0 + l <= last ? j0 + l : last) * row_stride;
+        k[l] = KV_ROW(map, j0 + l <= last ? j0 + l : last, row_stride);
         acc[l] = _mm256_setzero_ps();
     }
     int64_t i = 0;
@@ -86,13 +87,13 @@ static inline __attribute__((always_inline)) __m256 dot8(const float *q, const v
 /* out[0 .. 8 nv) = the sum over the seen keys j <= last, in order, of p[j] * value_j[0 .. 8 nv), each
  * element as o = fma(p, v, o), kept in registers across the keys. */
 static inline __attribute__((always_inline)) void weigh_values(int nv, const void *values, int64_t row_stride,
-                                                              const float *p, const uint8_t *seen, int64_t last,
-                                                              float *out, int half) {
+                                                              const int64_t *map, const float *p, const uint8_t *seen,
+                                                              int64_t last, float *out, int half) {
     __m256 o[8];
     for (int i = 0; i < nv; i++) o[i] = _mm256_setzero_ps();
     for (int64_t j = 0; j <= last; j++) {
         if (seen && !seen[j]) continue;
-        const int64_t v = j * row_stride;
+        const int64_t v = KV_ROW(map, j, row_stride);
         __m256 pj = _mm256_set1_ps(p[j]);
         for (int i = 0; i < nv; i++) o[i] = _mm256_fmadd_ps(pj, kv_load8(values, v + 8 * i, half), o[i]);
     }
@@ -101,8 +102,10 @@ static inline __attribute__((always_inline)) void weigh_values(int nv, const voi
 
 #include "attention_heads.h"  /* weigh_heads_all: several heads' weighted values at once */
 
-/* One task: row r's query heads first..first+per-1 (of kv head g) over the cache rows it sees. */
-static inline __attribute__((always_inline)) void attend_task(const Attention *job, int64_t task, int half) {
+/* One task: row r's query heads first..first+per-1 (of kv head g) over the cache rows it sees
+ * (`paged`: through job->pages' row map, the same operations on the same values). */
+static inline __attribute__((always_inline)) void attend_task(const Attention *job, int64_t task, int half,
+                                                             int paged) {
     const int64_t R = job->R, G = job->G, H = job->H, D = job->D, L = job->L, Q = (H + 2 * G) * D;
     const int64_t parts = job->parts, groups = H / G, per = groups / parts;
     const int64_t slot_stride = job->slot_stride, row_stride = job->row_stride, g_stride = slot_stride / G;
@@ -113,7 +116,9 @@ static inline __attribute__((always_inline)) void attend_task(const Attention *j
     const void *k_cache = job->k_cache, *v_cache = job->v_cache;
     /* kv head major: the threads' consecutive tasks share a head's keys and values (L2) */
     int64_t g = task / (R * parts), r = task % (R * parts) / parts, first = g * groups + task % parts * per;
-    const int64_t base = slot[r] * slot_stride + g * g_stride;  /* the task's first key and value */
+    const int64_t *map = paged ? job->pages->rows + slot[r] * job->pages->map_stride : 0;
+    const int64_t base = paged ? g * job->pages->head_stride  /* the task's first key and value */
+                               : slot[r] * slot_stride + g * g_stride;
     const void *keys = kv_at(k_cache, base, half), *values = kv_at(v_cache, base, half);
     const uint8_t *seen = mask ? mask + r * L : 0;
     int64_t last = mask ? L - 1 : crow[r];
@@ -126,7 +131,7 @@ static inline __attribute__((always_inline)) void attend_task(const Attention *j
     else
         for (int64_t j0 = 0; j0 <= last; j0 += 8)  /* 8 keys at a time: each read once per query head */
             for (int64_t a = 0; a < per; a++)
-                _mm256_storeu_ps(s + a * Lp + j0, _mm256_mul_ps(dot8(q + a * D, keys, row_stride, j0, last, D, half),
+                _mm256_storeu_ps(s + a * Lp + j0, _mm256_mul_ps(dot8(q + a * D, keys, row_stride, map, j0, last, D, half),
                                                                 _mm256_set1_ps(scale)));
     /* Unseen and past-the-end scores to -inf, and each head's greatest score: a maximum rounds
      * nothing, so in 8 lanes it is the value a loop key by key finds (up to the sign of a zero,
@@ -189,18 +194,18 @@ static inline __attribute__((always_inline)) void attend_task(const Attention *j
     for (int64_t a = 0; a < per; a++)  /* weights p = e * (1 / sum) */
         for (int64_t j = 0; j <= last; j++) s[a * Lp + j] = s[a * Lp + j] * total[a];
     int64_t done = 0;  /* heads whose p-weighted values are summed */
-    done = weigh_heads_all(per, values, row_stride, s, Lp, seen, last, out, D, half);
+    done = weigh_heads_all(per, values, row_stride, map, s, Lp, seen, last, out, D, half);
     for (int64_t a = done; a < per; a++) {  /* the p-weighted values, a head at a time */
         float *p = s + a * Lp, *o = out + a * D;
         int64_t c = 0;
-        for (; c + 64 <= D; c += 64) weigh_values(8, kv_at(values, c, half), row_stride, p, seen, last, o + c, half);
-        if (c + 32 <= D) weigh_values(4, kv_at(values, c, half), row_stride, p, seen, last, o + c, half), c += 32;
-        if (c + 16 <= D) weigh_values(2, kv_at(values, c, half), row_stride, p, seen, last, o + c, half), c += 16;
-        if (c + 8 <= D) weigh_values(1, kv_at(values, c, half), row_stride, p, seen, last, o + c, half), c += 8;
+        for (; c + 64 <= D; c += 64) weigh_values(8, kv_at(values, c, half), row_stride, map, p, seen, last, o + c, half);
+        if (c + 32 <= D) weigh_values(4, kv_at(values, c, half), row_stride, map, p, seen, last, o + c, half), c += 32;
+        if (c + 16 <= D) weigh_values(2, kv_at(values, c, half), row_stride, map, p, seen, last, o + c, half), c += 16;
+        if (c + 8 <= D) weigh_values(1, kv_at(values, c, half), row_stride, map, p, seen, last, o + c, half), c += 8;
         for (int64_t i = c; i < D; i++) o[i] = 0.0f;
         for (int64_t j = 0; j <= last && c < D; j++) {
             if (seen && !seen[j]) continue;
-            for (int64_t i = c; i < D; i++) o[i] = fmaf(p[j], kv_load1(values, j * row_stride + i, half), o[i]);
+            for (int64_t i = c; i < D; i++) o[i] = fmaf(p[j], kv_load1(values, KV_ROW(map, j, row_stride) + i, half), o[i]);
         }
     }
 }
@@ -222,13 +227,15 @@ static inline __attribute__((always_inline)) float dot1(const float *q, const vo
 
 /* One task (as the AVX2 path's attend_task): row r's query heads first..first+per-1 (of kv head g)
  * over the cache rows it sees; the softmax's sum by rank among the seen keys, in 8 lanes. */
-static inline __attribute__((always_inline)) void attend_task(const Attention *job, int64_t task, int half) {
+static inline __attribute__((always_inline)) void attend_task(const Attention *job, int64_t task, int half,
+                                                             int paged) {
     const int64_t R = job->R, G = job->G, H = job->H, D = job->D, L = job->L, Q = (H + 2 * G) * D;
     const int64_t parts = job->parts, groups = H / G, per = groups / parts;
     const int64_t slot_stride = job->slot_stride, row_stride = job->row_stride, g_stride = slot_stride / G;
     const uint8_t *mask = job->mask;
     int64_t g = task / (R * parts), r = task % (R * parts) / parts, first = g * groups + task % parts * per;
-    const int64_t base = job->slot[r] * slot_stride + g * g_stride;
+    const int64_t *map = paged ? job->pages->rows + job->slot[r] * job->pages->map_stride : 0;
+    const int64_t base = paged ? g * job->pages->head_stride : job->slot[r] * slot_stride + g * g_stride;
     const void *keys = kv_at(job->k_cache, base, half), *values = kv_at(job->v_cache, base, half);
     const uint8_t *seen = mask ? mask + r * L : 0;
     const int64_t last = mask ? L - 1 : job->crow[r];
@@ -240,7 +247,7 @@ static inline __attribute__((always_inline)) void attend_task(const Attention *j
         float *sa = s + a * Lp, top = -INFINITY, lanes[8] = {0};
         for (int64_t j = 0; j <= last; j++) {
             if (seen && !seen[j]) continue;
-            sa[j] = dot1(q + a * D, keys, j * row_stride, D, half) * job->scale;
+            sa[j] = dot1(q + a * D, keys, KV_ROW(map, j, row_stride), D, half) * job->scale;
             if (sa[j] > top) top = sa[j];
         }
         int64_t rank = 0;
@@ -258,7 +265,7 @@ static inline __attribute__((always_inline)) void attend_task(const Attention *j
             if (seen && !seen[j]) continue;
             const float p = sa[j] * total;
             sa[j] = p;  /* kept for the scores option (outrider_attention_mass), as the AVX2 path keeps it */
-            const int64_t v = j * row_stride;
+            const int64_t v = KV_ROW(map, j, row_stride);
             for (int64_t i = 0; i < D; i++) o[i] = o[i] + p * kv_load1(values, v + i, half);
         }
     }
@@ -284,8 +291,12 @@ static float *turn_keys(Attention *job, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t t = 0; t < G * runs; t++) {
         const int64_t g = t / runs, b0 = t % runs * 16, b1 = b0 + 16 < blocks ? b0 + 16 : blocks;
-        const void *keys = kv_at(job->k_cache, job->slot[0] * job->slot_stride + g * (job->slot_stride / G), job->half);
-        keys_along_lanes(keys, job->row_stride, last, D, job->half, kt + g * blocks * 8 * D, b0, b1);
+        const KVPages *pages = job->pages;
+        const int64_t *map = pages ? pages->rows + job->slot[0] * pages->map_stride : 0;
+        const void *keys = kv_at(job->k_cache, pages ? g * pages->head_stride
+                                                     : job->slot[0] * job->slot_stride + g * (job->slot_stride / G),
+                                 job->half);
+        keys_along_lanes(keys, job->row_stride, map, last, D, job->half, kt + g * blocks * 8 * D, b0, b1);
     }
     job->kt = kt, job->kt_stride = blocks * 8 * D;
     return kt;
@@ -302,8 +313,12 @@ void outrider_attend(const Attention *in, int threads) {
     const int64_t tasks = job->R * job->G * job->parts;
 #pragma omp parallel for num_threads(threads) schedule(static) if (job->R * job->H * job->L >= 2048)
     for (int64_t task = 0; task < tasks; task++) {
-        if (job->half) attend_task(job, task, 1);  /* two copies, each with its loads fixed */
-        else attend_task(job, task, 0);
+        /* four copies, each with its loads and its row addressing fixed */
+        if (job->pages) {
+            if (job->half) attend_task(job, task, 1, 1);
+            else attend_task(job, task, 0, 1);
+        } else if (job->half) attend_task(job, task, 1, 0);
+        else attend_task(job, task, 0, 0);
     }
     free(kt);
 }

@@ -6,6 +6,19 @@
 
 #include "isa.h"
 
+/* Paged K/V (models/paged_cache.py) read in place: row j of slot s, kv head 0, is value
+ * rows[s map_stride + j] of each layer's pool [G, pages + 1, P, D]; kv head g is g head_stride
+ * further. The map is the block table spelt out a row at a time (table[s][j / P] P D + (j % P) D),
+ * made once a forward for every layer; row L of each slot is the scratch page's first row (padding). */
+typedef struct {
+    const int64_t *rows;
+    int64_t map_stride, head_stride;  /* in int64s, in values */
+} KVPages;
+
+/* Row j's first value from a head's first value: j row_stride in a slot cache, map[j] over pages.
+ * attention.c's paths take `map` NULL in the copies made for slot caches (a constant after inlining). */
+#define KV_ROW(map, j, row_stride) ((map) ? (map)[j] : (j) * (row_stride))
+
 typedef struct {
     int64_t R, H, G, D, L;            /* rows, query heads, kv heads, head size, cache rows a row may see */
     int64_t parts;                    /* tasks a (row, kv head): 1, or H / G (one a query head) */
@@ -20,6 +33,8 @@ typedef struct {
     int half;                         /* the cache holds float16 */
     const float *kt;                  /* outrider_attend's own: the keys along the lanes, or NULL */
     int64_t kt_stride;                /* floats a kv head of kt */
+    const KVPages *pages;             /* NULL: the slot layout above; else the caches are page pools
+                                       * (slot_stride and row_stride unused), rows found through it */
 } Attention;
 
 void outrider_attend(const Attention *a, int threads);

@@ -41,14 +41,14 @@ typedef __m256 HeadsVec;
 /* nh heads (<= HEADS_MOST), nv vectors of HEADS_LANES values of each (<= HEADS_VECS), from value
  * column 0 of `values` and of each head's output. */
 static inline __attribute__((always_inline)) void weigh_heads(int nh, int nv, const void *values, int64_t row_stride,
-                                                             const float *p, int64_t Lp, const uint8_t *seen,
+                                                             const int64_t *map, const float *p, int64_t Lp, const uint8_t *seen,
                                                              int64_t last, float *out, int64_t D, int half) {
     HeadsVec o[HEADS_MOST][HEADS_VECS];
     for (int a = 0; a < nh; a++)
         for (int i = 0; i < nv; i++) o[a][i] = HEADS_ZERO();
     for (int64_t j = 0; j <= last; j++) {
         if (seen && !seen[j]) continue;
-        const int64_t v = j * row_stride;
+        const int64_t v = KV_ROW(map, j, row_stride);
         HeadsVec vj[HEADS_VECS];
         for (int i = 0; i < nv; i++) vj[i] = HEADS_LOAD(values, v + HEADS_LANES * i, half);
         for (int a = 0; a < nh; a++) {
@@ -65,7 +65,7 @@ static inline __attribute__((always_inline)) void weigh_heads(int nh, int nv, co
  * heads (4 or 8 vectors), up to 6 or 3 heads a pass over the keys. AVX2: head sizes a multiple of
  * 32, 3 heads (or those left) a pass, 32 of their values at a time. */
 static inline __attribute__((always_inline)) int weigh_heads_all(int64_t per, const void *values, int64_t row_stride,
-                                                                const float *p, int64_t Lp, const uint8_t *seen,
+                                                                const int64_t *map, const float *p, int64_t Lp, const uint8_t *seen,
                                                                 int64_t last, float *out, int64_t D, int half) {
 #if defined(OUTRIDER_AVX512)
     if (D != 64 && D != 128) return 0;
@@ -75,7 +75,7 @@ static inline __attribute__((always_inline)) int weigh_heads_all(int64_t per, co
         int nh = per - a < most ? (int)(per - a) : most;
         const float *pa = p + a * Lp;
         float *oa = out + a * D;
-#define HEADS(NH, NV) case NH * 16 + NV: weigh_heads(NH, NV, values, row_stride, pa, Lp, seen, last, oa, D, half); break;
+#define HEADS(NH, NV) case NH * 16 + NV: weigh_heads(NH, NV, values, row_stride, map, pa, Lp, seen, last, oa, D, half); break;
         switch (nh * 16 + nv) {
             HEADS(6, 4) HEADS(5, 4) HEADS(4, 4) HEADS(3, 4) HEADS(2, 4) HEADS(1, 4)
             HEADS(3, 8) HEADS(2, 8) HEADS(1, 8)
@@ -91,9 +91,9 @@ static inline __attribute__((always_inline)) int weigh_heads_all(int64_t per, co
         const int nh = per - a < 3 ? (int)(per - a) : 3;
         for (int64_t c = 0; c < D; c += 32) {
             const void *vc = half ? (const void *)((const uint16_t *)values + c) : (const void *)((const float *)values + c);
-            if (nh == 3) weigh_heads(3, 4, vc, row_stride, p + a * Lp, Lp, seen, last, out + a * D + c, D, half);
-            else if (nh == 2) weigh_heads(2, 4, vc, row_stride, p + a * Lp, Lp, seen, last, out + a * D + c, D, half);
-            else weigh_heads(1, 4, vc, row_stride, p + a * Lp, Lp, seen, last, out + a * D + c, D, half);
+            if (nh == 3) weigh_heads(3, 4, vc, row_stride, map, p + a * Lp, Lp, seen, last, out + a * D + c, D, half);
+            else if (nh == 2) weigh_heads(2, 4, vc, row_stride, map, p + a * Lp, Lp, seen, last, out + a * D + c, D, half);
+            else weigh_heads(1, 4, vc, row_stride, map, p + a * Lp, Lp, seen, last, out + a * D + c, D, half);
         }
     }
     return (int)per;

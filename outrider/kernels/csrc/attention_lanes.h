@@ -21,15 +21,15 @@
 /* The keys 0..last of kv head g, along the lanes: kt [blocks][D][8] float32 (block b's value i of
  * key 8 b + l at (b D + i) 8 + l; a float16 cache widened exactly, as kv_load8 widens it), a key
  * past `last` repeating key `last` (its scores are computed, then dropped as dot8's are). */
-static inline void keys_along_lanes(const void *keys, int64_t row_stride, int64_t last, int64_t D, int half,
-                                    float *kt, int64_t b0, int64_t b1) {
+static inline void keys_along_lanes(const void *keys, int64_t row_stride, const int64_t *map, int64_t last,
+                                    int64_t D, int half, float *kt, int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; b++) {
         float *dst = kt + b * D * 8;
         for (int l = 0; l < 8; l++) {
-            const int64_t j = 8 * b + l <= last ? 8 * b + l : last;
+            const int64_t j = 8 * b + l <= last ? 8 * b + l : last, at = KV_ROW(map, j, row_stride);
             for (int64_t i = 0; i < D; i++)
-                dst[i * 8 + l] = half ? outrider_half_float(((const uint16_t *)keys)[j * row_stride + i])
-                                      : ((const float *)keys)[j * row_stride + i];
+                dst[i * 8 + l] = half ? outrider_half_float(((const uint16_t *)keys)[at + i])
+                                      : ((const float *)keys)[at + i];
         }
     }
 }

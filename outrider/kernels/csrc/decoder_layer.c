@@ -107,7 +107,7 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
                    const float *qkv_bias, const float *q_norm, const float *k_norm, const float *cos,
                    const float *sin, void *k_cache, void *v_cache, int64_t slot_stride, int64_t row_stride,
                    const int64_t *slot, const int64_t *crow, const uint8_t *mask, int64_t L, float *work,
-                   int threads, int fill, int kv_half, const AttentionMass *mass) {
+                   int threads, int fill, int kv_half, const AttentionMass *mass, const KVPages *pages) {
     if (R < 1 || D > 512 || D % 2 || H % G || H / G > 64 || threads < 1) return -1;
     const int64_t Q = (H + 2 * G) * D, g_stride = slot_stride / G;  /* a slot's kv heads, one after another */
     float *qkv = work, *att = qkv + R * Q, *h = att + R * H * D, *gu = h + R * E, *act = gu + R * 2 * I;
@@ -129,7 +129,8 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
             rotate(head, cos + r * D, sin + r * D, (int)D);
         }
         for (int64_t g = 0; g < G; g++) {
-            int64_t at = slot[r] * slot_stride + g * g_stride + crow[r] * row_stride;
+            int64_t at = pages ? pages->rows[slot[r] * pages->map_stride + crow[r]] + g * pages->head_stride
+                               : slot[r] * slot_stride + g * g_stride + crow[r] * row_stride;
             outrider_kv_store(k_cache, at, row + (H + g) * D, D, kv_half);
             outrider_kv_store(v_cache, at, row + (H + G + g) * D, D, kv_half);
         }
@@ -140,7 +141,7 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
      * one task per (row, query head), so that the threads share the work evenly. Each (row, head)
      * gets its own fixed sequence of operations either way (attention.c). */
     const Attention job = {R, H, G, D, L, R * G < 2 * threads ? groups : 1, qkv, k_cache, v_cache, slot_stride,
-                           row_stride, slot, crow, mask, 1.0f / sqrtf((float)D), scores, att, kv_half};
+                           row_stride, slot, crow, mask, 1.0f / sqrtf((float)D), scores, att, kv_half, 0, 0, pages};
     outrider_attend(&job, threads);
     if (mass) outrider_attention_mass(&job, mass, threads);  /* the scores option: reads, never changes, att */
     if (matmul(&w[1], att, R, h, threads, fill)) return -1;
@@ -186,7 +187,8 @@ int outrider_layers(int64_t first, int64_t last, const LayerSpec *spec, void *co
                     void *const *v_caches, int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_t I,
                     float *x, float eps, const float *cos, const float *sin, int64_t slot_stride,
                     int64_t row_stride, const int64_t *slot, const int64_t *crow, const uint8_t *mask, int64_t L,
-                    float *work, int threads, int fill, int kv_half, const AttentionMass *mass) {
+                    float *work, int threads, int fill, int kv_half, const AttentionMass *mass,
+                    const KVPages *pages) {
     for (int64_t i = first; i < last; i++) {
         const LayerSpec *s = &spec[i];
         AttentionMass here;  /* layer i's part of the scores, when asked */
@@ -194,7 +196,7 @@ int outrider_layers(int64_t first, int64_t last, const LayerSpec *spec, void *co
         int status = outrider_layer(R, E, H, G, D, I, x, NULL, s->in_norm, s->post_norm, eps, s->w, s->qkv_bias,
                                     s->q_norm, s->k_norm, cos, sin, k_caches[i], v_caches[i], slot_stride,
                                     row_stride, slot, crow, mask, L, work, threads, fill, kv_half,
-                                    mass ? &here : NULL);
+                                    mass ? &here : NULL, pages);
         if (status) return status;
     }
     return 0;
