@@ -70,6 +70,23 @@ def test_the_tree_is_the_n_best_paths_scored_per_parent(block, nodes, depth):
     assert {p for p, _ in got} == {p for p, _ in want}
 
 
+def test_expansions_are_batched(block):
+    """The Markov steps come in a few batched calls, not one a node (the same tree: above)."""
+    head, U, hbar, anchor = block
+    rows = []
+
+    def step(base, hidden, prev, state):
+        rows.append(int(prev.numel()))
+        return head.step(base, hidden, prev, state)
+
+    tree = pctree(anchor, U, hbar, step, head.target_ids, 3, 25)
+    depth = [0] * tree.size
+    for i in range(1, tree.size):
+        depth[i] = depth[int(tree.parents[i])] + 1
+    with_children = len(set(tree.parents.tolist()[1:]))  # nodes whose children were scored, at least
+    assert tree.size == 26 and max(depth) == 3 and len(rows) < with_children and max(rows) > 1
+
+
 def test_it_reads_the_parent_where_ddtree_does_not(block):
     """At depth 2 the Markov head's bias moves each child's distribution with its parent: PCTree's
     confidences are the per-parent ones, DDTree's (marginals) differ from them."""

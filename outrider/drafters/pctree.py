@@ -11,10 +11,15 @@ Markov head given that node's own token:
     score(path)   = sum of log p along it (path probability = product)
 
 Best-first under a node budget N: a heap of candidate nodes keyed by score, seeded with the
-root's best child. Popping a candidate adds it as a node, expands it (one Markov step: its
-children's distribution, ranked) and offers its best child and its own next sibling (the parent's
-next-ranked token). A child never outscores its parent, so the N nodes taken are the N most
-probable prefixes (at most `depth` deep) and each node's parent is among them. The rnn variant's
+root's best child. Popping a candidate takes it as a node and offers its parent's next-ranked
+child; a child never outscores its parent, so the N nodes taken are the N most probable prefixes
+(at most `depth` deep) and each node's parent is among them. A taken node is expanded (one Markov
+step: its children's distribution, ranked, its best child offered) only when its own score, a
+bound on its children's, is the best in the heap; then every node waiting is expanded in the same
+batched step, and the best candidates not yet taken with them (up to WAVE rows: reading the
+Markov head's [Vd, r] output matrix once for many rows costs little more than for one, where one
+step a node read it N times). The tree is the same as expanding each node as it is taken (the
+tests hold it to the reference). The rnn variant's
 state rides with each node to its children. Budget.min_confidence stops the expansion once the
 best candidate's path probability falls below it. The tree is deterministic given the block, so it
 is verified by the tree walk at any temperature (exact).
@@ -31,12 +36,14 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import defaultdict
 from collections.abc import Callable
 
 import torch
 
 from ..spec.types import DraftTree
 
+WAVE = 16  # rows of one batched Markov step: the nodes waiting, then the best candidates not yet taken
 Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -53,24 +60,54 @@ def pctree(root: int, base: torch.Tensor, hidden: torch.Tensor, step: Step, to_t
     tokens, parents, scores, depths = [root], [-1], [0.0], [0]
     incoming: list[torch.Tensor | None] = [None]  # each node's Markov state before its step (the root's: s_0)
     ranked: dict[int, tuple[list[float], list[int]]] = {}  # node -> its children's (log-probs, target ids), best first
-    carried: dict[int, torch.Tensor] = {}  # node -> the state its children start from
-
-    def expand(node: int) -> None:
-        """One Markov step: node's children at position depths[node] + 1, ranked."""
-        d = depths[node]
-        logits, carried[node] = step(base[d: d + 1], hidden[d: d + 1], torch.tensor([tokens[node]]),
-                                     incoming[node])  # [1, Vd], [1, r]
-        top = torch.log_softmax(logits[0].float(), -1).topk(width)  # values/indices [width]
-        ranked[node] = (top.values.tolist(), to_target(top.indices).tolist())
-
-    expand(0)
+    carried: dict[int, torch.Tensor] = {}  # node -> the state its children start from [1, r]
+    early: dict[tuple[int, int], tuple] = {}  # (parent, rank) of a candidate expanded before it was taken
+    taken: dict[int, int] = defaultdict(int)  # node -> its children taken (ranks 0 .. that - 1: taken in order)
     order = itertools.count()
-    heap = [(-ranked[0][0][0], next(order), 0, 0)]  # (-score, insertion order, parent node, rank)
+    heap: list[tuple[float, int, int, int]] = []  # (-score, insertion order, node or parent, rank); rank -1: a bound
+
+    def expand(items: list[tuple[int, int]]) -> list[tuple]:
+        """One batched Markov step: (node, -1) for a taken node, (parent, rank) for a candidate ->
+        per item (its children's log-probs, their target ids, the state they start from)."""
+        at, prev, states = [], [], []
+        for n, rank in items:
+            if rank < 0:
+                at.append(depths[n]), prev.append(tokens[n]), states.append(incoming[n])
+            else:
+                at.append(depths[n] + 1), prev.append(ranked[n][1][rank]), states.append(carried[n])
+        state = None if states[0] is None else torch.cat(states)  # [m, r] (None: the root alone, s_0)
+        where = torch.tensor(at)
+        logits, out = step(base[where], hidden[where], torch.tensor(prev), state)  # [m, Vd], [m, r]
+        logits = logits.float()
+        top = logits.topk(width, dim=-1)  # values/indices [m, width]
+        values = (top.values - torch.logsumexp(logits, -1, keepdim=True)).tolist()
+        ids = to_target(top.indices).tolist()
+        return [(values[i], ids[i], out[i: i + 1]) for i in range(len(items))]
+
+    def ready(node: int, children: tuple) -> None:
+        ranked[node], carried[node] = children[:2], children[2]
+        heapq.heappush(heap, (-(scores[node] + children[0][0]), next(order), node, 0))
+
+    ready(0, expand([(0, -1)])[0])
     while heap and len(tokens) - 1 < nodes:
         neg, _, parent, rank = heapq.heappop(heap)
         if -neg < floor:
             break
+        if rank < 0:  # a taken node's bound is the best: expand it, every node waiting, and the best candidates
+            if parent not in ranked:
+                waiting = [(n, -1) for n in range(len(tokens)) if depths[n] < depth and n not in ranked]
+                room = max(WAVE - len(waiting), 0)
+                offered = ((scores[p] + v[r], p, r) for p, (v, _) in ranked.items() if depths[p] + 1 < depth
+                           for r in range(taken[p], min(taken[p] + room, len(v))) if (p, r) not in early)
+                ahead = [(p, r) for _, p, r in heapq.nlargest(room, offered)]
+                for item, children in zip(waiting + ahead, expand(waiting + ahead)):
+                    if item[1] < 0:
+                        ready(item[0], children)
+                    else:
+                        early[item] = children
+            continue
         values, ids = ranked[parent]
+        taken[parent] = rank + 1
         node = len(tokens)
         tokens.append(ids[rank])
         parents.append(parent)
@@ -79,9 +116,10 @@ def pctree(root: int, base: torch.Tensor, hidden: torch.Tensor, step: Step, to_t
         incoming.append(carried[parent])
         if rank + 1 < len(values):  # the parent's next-ranked child
             heapq.heappush(heap, (-(scores[parent] + values[rank + 1]), next(order), parent, rank + 1))
-        if depths[node] < depth and len(tokens) - 1 < nodes:  # this node's best child
-            expand(node)
-            heapq.heappush(heap, (-(scores[node] + ranked[node][0][0]), next(order), node, 0))
+        if (parent, rank) in early:
+            ready(node, early.pop((parent, rank)))
+        elif depths[node] < depth:  # its children score at most its own score: a bound until expanded
+            heapq.heappush(heap, (neg, next(order), node, -1))
     return DraftTree(torch.tensor(tokens), torch.tensor(parents), confidence=torch.tensor(scores).exp())
 
 
