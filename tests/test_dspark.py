@@ -147,7 +147,7 @@ def test_the_scheduler_admits_what_its_reference_admits():
     # steps/s 1/B: Theta = tau / B; start 2/2 = 1; +0.9 -> 2.9/3 < 1: nothing admitted
     assert admit([[0.9, 0.5], [0.8]], lambda b: 1.0 / b) == [0, 0]
     with pytest.raises(ConfigError, match="chain"):
-        DSparkDrafter(random_dspark_head(), parse_shape("ddtree:4"), (1, 2))
+        DSparkDrafter(random_dspark_head(), parse_shape("static:2,2"), (1, 2))  # chain, pctree:N, ddtree:N only
 
 
 def test_calibration_finds_a_known_temperature_and_lowers_the_ece():
@@ -161,3 +161,123 @@ def test_calibration_finds_a_known_temperature_and_lowers_the_ece():
     fitted = torch.cumprod(torch.sigmoid(logits / torch.tensor(temps)), 1)
     for k in range(3):
         assert ece(fitted[:, k], alive[:, k]) < 0.5 * ece(raw[:, k], alive[:, k])
+
+
+# -- on disk: training module = runtime head, export, check-head -----------------------------------
+FAST_PROMPTS = ("w5 w6 w7", "w3 w4")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from tiny import add_tokenizer, make_tiny
+
+    from outrider.heads.dspark.export import export_dspark
+    from outrider.heads.dspark.trainable import DSparkTrainable
+    from outrider.heads.golden import GoldenSettings
+    from outrider.train.outputs import write_head
+
+    root = tmp_path_factory.mktemp("dsexport")
+    folder = add_tokenizer(make_tiny("llama", root / "t", vocab=8, layers=4), vocab=8)
+    decoder = load_decoder(folder, "cpu")
+    module = DSparkTrainable.for_target(decoder, torch.arange(8), seed=1, layers=2, block_size=4, mask_token_id=7,
+                                        layer_ids=(0, 2), variant="rnn", rank=4)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.3)
+    write_head(root / "trained", module)
+    out = export_dspark(root / "trained", root / "out", folder, settings=GoldenSettings(max_new_tokens=10),
+                        prompts=FAST_PROMPTS)
+    return root, folder, decoder, module, out
+
+
+def test_the_training_forward_equals_the_runtime_head(exported):
+    from outrider.heads.dspark.format import load_dspark
+
+    _, _, decoder, module, out = exported
+    head = load_dspark(out, decoder)
+    g = torch.Generator().manual_seed(2)
+    feats, toks = torch.randn(1, 9, 2, 64, generator=g), torch.tensor([[3, 5, 1, 2, 6, 0, 4, 4, 1]])
+    anchors = torch.tensor([[4]])
+    prev = toks[:, 4:8].unsqueeze(1)  # [1, 1, G]: x_a .. x_{a+G-1}
+    with torch.no_grad():
+        logits, conf = module.block_logits_all(feats, toks, anchors, prev)
+    cache = head.new_cache(1, 16)
+    head.write_context(cache, 0, 0, head.fuse(feats[0, :4]))
+    block = torch.tensor([[toks[0, 4].item(), 7, 7, 7]])
+    U, hbar = head.block(cache, [0], [4], block)
+    want, want_conf = reference_chain(head, U[0], hbar[0], prev[0, 0].tolist())
+    torch.testing.assert_close(logits[0, 0], want, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.sigmoid(conf[0, 0]), want_conf, atol=1e-5, rtol=1e-4)
+
+
+def test_check_head_passes_the_export_and_fails_a_zeroed_markov_head(exported, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from outrider.heads.dspark.check import check
+    from outrider.heads.kinds import kind_of
+
+    root, folder, _, _, out = exported
+    raw = json.loads((out / "config.json").read_text())
+    assert kind_of(raw).name == "dspark" and raw["speculators_model_type"] == "dspark"
+    assert raw["markov_head_type"] == "rnn" and raw["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4
+    checks = check(out, folder)
+    assert [c.status for c in checks if c.status == "FAIL"] == [], [c.line() for c in checks]
+    assert {c.name for c in checks if c.status == "ok"} >= {"tensors", "golden logits", "golden tau"}
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    tensors = load_file(str(bad / "model.safetensors"))
+    tensors["markov_head.out_proj.weight"].zero_()
+    save_file(tensors, str(bad / "model.safetensors"))
+    failed = [c for c in check(bad, folder) if c.status == "FAIL"]
+    assert [c.name for c in failed][:1] == ["golden logits"] and "\n" not in failed[0].line()
+    mixed = tmp_path / "mixed"
+    shutil.copytree(out, mixed)
+    tensors = load_file(str(mixed / "model.safetensors"))
+    tensors["confidence_head.proj.bias"] = tensors["confidence_head.proj.bias"].half()
+    save_file(tensors, str(mixed / "model.safetensors"))
+    assert "mixed float dtypes" in next(c.detail for c in check(mixed, folder, golden=False) if c.name == "tensors")
+    gamma = tmp_path / "gamma"
+    shutil.copytree(out, gamma)
+    raw["block_size"] = 8
+    del raw["dspark_config"]  # (its 4 temperatures would fail the config fields first)
+    (gamma / "config.json").write_text(json.dumps(raw))
+    assert any(c.name == "block size" and c.status == "FAIL" for c in check(gamma, folder, golden=False))
+
+
+# -- sampling through the Markov chain: the empirical law against the exact one ----------------------
+def test_sampled_markov_chain_passes_chi_square_and_a_wrong_q_fails():
+    from collections import Counter
+
+    from enumerate_law import ToyModel, autoregressive_law, generate
+    from test_verify_chisquare import chi_square_p_value
+
+    from outrider.spec.random import PositionalRandom
+    from outrider.spec.verify_chain import verify_chain
+
+    target, drafter = ToyModel(3, seed=1), ToyModel(3, seed=2)
+    params = SamplingParams(temperature=1.0)
+    head = random_dspark_head("gated", rank=3, block=3, seed=5, scale=1.5, hidden=8, vocab=3, layers=1, heads=2,
+                              kv_heads=1, mask_token_id=0)
+    hidden = torch.randn(3, 8, generator=torch.Generator().manual_seed(3))
+
+    def block_of(committed):
+        rows = torch.stack([drafter.logits(list(committed)).float()] * 3)  # U_k: fixed by the context
+        return Block(committed[-1], len(committed) - 1, rows, hidden, vocab=3)
+
+    def honest(committed, rng):
+        return markov_chain(head, block_of(committed), 2, params, rng.drafting())
+
+    def wrong_q(committed, rng):  # drawn through the Markov head, reported as the backbone's q
+        tree = honest(committed, rng)
+        q = torch.softmax(block_of(committed).logits[:2].double(), -1).float()
+        return type(tree)(tree.tokens, tree.parents, torch.cat((q, torch.zeros(1, 3)))[: tree.size])
+
+    def p_value(propose):
+        with one_thread():
+            counts = Counter(generate([0, 1], 2, PositionalRandom(1234 + r), target, propose, verify_chain, params)
+                             for r in range(1000))
+        return chi_square_p_value(counts, autoregressive_law([0, 1], 2, target, params), 1000)
+
+    assert p_value(honest) > 1e-4
+    assert p_value(wrong_q) < 1e-4

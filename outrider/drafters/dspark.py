@@ -17,6 +17,9 @@ from). The chain stops early on `Budget.min_confidence` (survival below it) or `
 sequence of the batch drafted, each chain is cut to the depth the scheduler admits by survival
 against the target's measured steps per second (control/profile.py). Cutting a chain before the
 verify is exact: how many drafts are verified may depend on the drafts.
+`--tree pctree:N` builds PCTree's tree from the same block (pctree.py: the N most probable
+prefixes, children scored per concrete parent by the Markov head); `--tree ddtree:N` DDTree on the
+base marginals U_k alone (its baseline). Both are verified by the tree walk.
 """
 
 from __future__ import annotations
@@ -33,10 +36,13 @@ from .block import Block
 from .capabilities import Capabilities, Drafts
 from .dflash import DFlashDrafter
 from .dspark_schedule import admit
+from .pctree import pctree
 from .registry import DrafterEntry, register
 from .window import parse_options
 
-TREES = {"chain": Drafts("chain", gives_probs=True)}
+TREES = {"chain": Drafts("chain", gives_probs=True),
+         "ddtree": Drafts("tree"),  # DDTree on the base marginals U_k (the Markov head unread): PCTree's baseline
+         "pctree": Drafts("tree")}  # PCTree (pctree.py): children scored per concrete parent; both not draws
 
 
 def markov_chain(head, block: Block, depth: int, params=None, rng=None, min_confidence: float = 0.0,
@@ -97,17 +103,25 @@ class DSparkDrafter(DFlashDrafter):
     -> target steps per second) turns on the prefix scheduler."""
 
     def __init__(self, head, shape: TreeShape, taps: tuple[int, ...], sps=None, name: str = "dspark"):
-        if shape.kind != "chain":
-            raise ConfigError(f"dspark drafts chains (--tree chain); --tree {shape} is not one")
+        if shape.kind not in TREES:
+            raise ConfigError(f"dspark drafts --tree chain, pctree:N or ddtree:N; --tree {shape} is not one")
+        if sps is not None and shape.kind != "chain":
+            raise ConfigError(f"dspark's schedule=on cuts chains; it does not take --tree {shape}")
         super().__init__(head, shape, taps, (), name=name)
         self.capabilities = Capabilities(trees=TREES, needs_hidden=tuple(taps), couples=True)
         self.sps = sps
         self.admitted: list[int] = []  # every depth the scheduler admitted, round by round (tests, the bench)
 
     def max_nodes(self, depth: int) -> int:
-        return min(depth, self.head.block_size)
+        depth = min(depth, self.head.block_size)
+        return depth if self.shape.is_chain else self.shape.max_drafts(depth)
 
     def _tree(self, st, block: Block, tokens: list[int], budget: Budget) -> DraftTree:
+        if self.shape.kind == "pctree":
+            return pctree(block.root, block.logits, block.hidden, self.head.step, self.head.target_ids,
+                          min(budget.depth, block.size), min(budget.nodes, self.shape.max_nodes), budget.min_confidence)
+        if self.shape.kind == "ddtree":
+            return super()._tree(st, block, tokens, budget)
         depth = min(budget.depth, budget.nodes, block.size)
         rng = None if st.params.greedy else st.rng.at(len(tokens))
         return markov_chain(self.head, block, depth, st.params, rng, budget.min_confidence, budget.stop)
