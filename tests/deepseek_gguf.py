@@ -74,10 +74,12 @@ def _split_kv_b(arrays: dict, heads: int, nope: int, v: int) -> dict:
 
 
 def write_deepseek_gguf(folder: Path, path: Path, qtype: str = "F32", split_kv_b: bool = True,
-                        scoring_func: str | None = None) -> None:
+                        scoring_func: str | None = None, tokenizer: bool = True) -> None:
     """Write `folder` (DeepSeek-V2 or V3 saved by transformers) to `path` as the converter would
     (--outtype f32 / q8_0 for F32 / Q8_0). scoring_func: what the checkpoint's config.json names
-    (DeepSeek's own V3 configs say "sigmoid"; transformers' config class writes none)."""
+    (DeepSeek's own V3 configs say "sigmoid"; transformers' config class writes none; None: the
+    config's own `scoring_func`, if any); tokenizer=False: no tokenizer fields
+    (scripts/check_moe_gguf_layout.py compares the model's tensors and metadata only)."""
     import gguf
     import torch
     from safetensors.torch import load_file
@@ -86,6 +88,7 @@ def write_deepseek_gguf(folder: Path, path: Path, qtype: str = "F32", split_kv_b
     from moe_gguf import _add_tokenizer
 
     c = json.loads((Path(folder) / "config.json").read_text())
+    scoring_func = scoring_func or c.get("scoring_func")
     heads, rope, r = c["num_attention_heads"], c["qk_rope_head_dim"], c["kv_lora_rank"]
     nope, v = c["qk_nope_head_dim"], c["v_head_dim"]
     w = gguf.GGUFWriter(str(path), "deepseek2")
@@ -127,7 +130,8 @@ def write_deepseek_gguf(folder: Path, path: Path, qtype: str = "F32", split_kv_b
         w.add_expert_weights_norm(True)
     w.add_rope_dimension_count(rope)
     w.add_quantization_version(2)
-    _add_tokenizer(w, c, bpe)
+    if tokenizer:
+        _add_tokenizer(w, c, bpe)
     arrays = _stacked({k: t.to(torch.float32).numpy() for k, t in load_file(str(Path(folder) / "model.safetensors")).items()},
                       c["n_routed_experts"])
     if split_kv_b:
