@@ -152,3 +152,50 @@ def test_sampled_law_passes_chi_square():
         counts = Counter(generate(PROMPT, LENGTH, PositionalRandom(1234 + r), TARGET, propose, verify_tree_walk, PARAMS)
                          for r in range(RUNS))
     assert chi_square_p_value(counts, autoregressive_law(PROMPT, LENGTH, TARGET, PARAMS), RUNS) > BOUND
+
+
+# -- in the engine: --drafter dspark --tree pctree:N -----------------------------------------------
+ENGINE_PROMPTS = [[3, 4, 5, 3, 4, 5, 3], [6, 7, 3, 6, 7, 3, 6], [5], [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4]]
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    from tiny import make_tiny
+
+    from outrider.weights.loader import load_decoder
+
+    with one_thread():
+        yield load_decoder(make_tiny("llama", tmp_path_factory.mktemp("pctree") / "t", vocab=8, layers=4), "cpu")
+
+
+@pytest.mark.parametrize("tree", ["pctree:6", "ddtree:6"])
+def test_greedy_and_seeded_sampling_equal_plain_in_the_engine(tiny_target, tree):
+    from outrider.control.controllers import FixedController
+    from outrider.drafters.dspark import DSparkDrafter
+    from outrider.engine.generate import generate_ids
+    from outrider.engine.request import Request
+    from outrider.engine.speculator import SpecOptions, Speculator
+    from outrider.spec.verifiers import VERIFIERS
+
+    target = tiny_target
+    head = random_dspark_head("rnn", rank=4, block=4, hidden=64, vocab=8, layers=2, heads=4, kv_heads=2, taps=3,
+                              seed=3, embed=target.embed, lm_head=target.lm_head, mask_token_id=0)
+    shape = parse_shape(tree)
+    drafter = DSparkDrafter(head, shape, head.config.taps(target.config.num_layers))
+    spec = Speculator(SpecOptions("dspark:x", tree, "fixed:3"), drafter, FixedController(3), shape)
+    assert spec.verifier_for(SamplingParams()) is VERIFIERS["greedy_tree"].verify
+
+    def run(speculation, params=SamplingParams()):
+        done = generate_ids(target, [Request(list(p), 16, params) for p in ENGINE_PROMPTS], set(),
+                            speculation=speculation)
+        return [f.token_ids for f in done], done
+
+    with one_thread():
+        fast, done = run(spec)
+        assert fast == run(None)[0]
+        assert sum(f.round_stats.committed for f in done) > sum(f.round_stats.rounds for f in done)
+        params = SamplingParams(temperature=1.0, seed=5)
+        assert run(spec, params)[0] == run(None, params)[0]
+    assert drafter.max_nodes(7) == 6
+    with pytest.raises(ConfigError, match="schedule=on cuts chains"):
+        DSparkDrafter(head, shape, (1, 2), sps=lambda b: 1.0)
