@@ -15,6 +15,8 @@ tree verifier), so every refiner here is exact.
                 one depth per batched forward (a trained head: `outrider train dartree`)
     lilicorr    LiLiCorr: a lattice of each position's top-k, paths scored with a learned
                 pairwise correlator, the best paths packed into a tree
+    xpress      xPress: a causal low-rank refiner head over the block, Jacobi passes over its
+                argmax (`xpress[:P]`), a deterministic chain (a trained head: `outrider train xpress`)
 
 `--refiner NAME[,NAME...]` is accepted wherever `--drafter` is (generate, serve, bench methods):
 it is folded into the drafter's argument as `refine=NAME+NAME` (`with_refiners`), which only a
@@ -38,6 +40,7 @@ REFINERS = {
     "cure": "cure",
     "dartree": "dartree",
     "lilicorr": "lilicorr",
+    "xpress": "xpress",
 }
 
 
