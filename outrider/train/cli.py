@@ -91,6 +91,12 @@ def add_parser(sub) -> None:
                         "(--refiner lilicorr; docs/block-drafters.md)")
     lilicorr.add_arguments(p)
     p.set_defaults(run=lilicorr.run)
+    from . import xpress
+
+    p = tsub.add_parser("xpress", help="train xPress's causal refiner head on a frozen DFlash head "
+                        "(--refiner xpress[:P]; docs/methods.md#xpress)")
+    xpress.add_arguments(p)
+    p.set_defaults(run=xpress.run)
     from . import matryoshka
 
     p = tsub.add_parser("matryoshka", help="train a Matryoshka suite of nested models from scratch on code "
