@@ -109,7 +109,8 @@ class EngineLoop:
             raise ConfigError(f"the {speculation.options.kind} drafter reads the target's slot cache: "
                               "run it without paged K/V (--kv-memory)")
         self.cache = target.new_cache(max_running, self.max_len, pages=kv_pages, page_size=page_size)
-        take = (lambda seq, slot: take_pages(self.cache, seq, slot, self.headroom)) if self.paged else None
+        take = (lambda seq, slot: take_pages(self.cache, seq, slot, self.headroom, self.prefix_cache, self.speculation
+                                             and self.speculation.hidden_layers)) if self.paged else None
         self.scheduler = Scheduler(max_running, max_kv_rows or max_running * self.max_len, take)
         if speculation is not None:  # early exit drafts over this cache; the cost controller's batch table
             speculation.prepare(self.cache, max_running)

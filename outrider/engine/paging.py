@@ -6,7 +6,8 @@ served as always), and before each round takes the pages every decoding request'
 When the pool cannot give them, the request admitted last is preempted: its pages go back, it
 returns to the head of the queue with its committed tokens, and when it is admitted again its
 prompt and output so far are prefilled as one prompt (recompute, as vLLM does) and it goes on
-from there. What it commits never depends on that: its randomness is drawn by output position and
+from there. Pages only the prefix cache holds are given back before a request waits or is preempted
+(PagedKVCache.reclaim). What it commits never depends on that: its randomness is drawn by output position and
 its drafter restarts from the committed tokens, so greedy output is unchanged (tests/test_paging.py).
 """
 
@@ -18,6 +19,7 @@ import torch
 
 from ..errors import ConfigError
 from ..models.paged_cache import OutOfPages
+from .prompt_reuse import share_first
 
 
 def page_bytes(target, page_size: int) -> int:
@@ -58,13 +60,18 @@ def round_rows(seq, headroom: int) -> int:
     return len(seq.tokens) - 1 + (headroom if seq.speculate else 1)
 
 
-def take_pages(cache, seq, slot: int, headroom: int) -> bool:
+def take_pages(cache, seq, slot: int, headroom: int, prefix_cache=None, taps=()) -> bool:
     """The scheduler's question at admission: whether `slot` can hold the pages of `seq`'s prefill and
-    first round; when it can, the slot is emptied and takes them."""
+    first round; when it can, the slot is emptied and takes them. The prefix cache's pages for its
+    prompt are shared into the slot first (prompt_reuse.share_first), so that the pages reclaimed
+    from the cache to make room are never the ones it is about to read."""
     cache.set_length(slot, 0)
+    if prefix_cache is not None:
+        share_first(prefix_cache, cache, seq, slot, taps)
     try:
         cache.reserve(slot, fill_rows(seq) + (headroom if seq.speculate else 1))
     except OutOfPages:  # it takes nothing then: the request waits
+        cache.set_length(slot, 0)
         return False
     return True
 
@@ -77,7 +84,7 @@ def make_room(cache, running: list, decoding: list, headroom: int) -> list:
     live = list(running)
     while True:
         need = sum(cache.pages_needed(s.slot, round_rows(s, headroom)) for s in decoding if s in live)
-        if need <= cache.free_pages or len(live) <= 1:
+        if need <= cache.make_free(need) or len(live) <= 1:  # the prefix cache's own pages go first
             break
         victim = live.pop()
         victims.append(victim)

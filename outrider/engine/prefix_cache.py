@@ -1,6 +1,6 @@
 """An exact prefix cache: the K/V of full blocks of P tokens, kept after a request's prefill and at
 its end, found again by the whole token prefix before them, and copied into a new request's slot
-rows so that only the rest of its prompt is prefilled.
+rows (or, over paged K/V, shared as pages) so that only the rest of its prompt is prefilled.
 
     cache = PrefixCache(block=16, budget_bytes=512 << 20)
     n = cache.restore(state, slot, tokens)   # rows 0..n-1 of `slot` now hold the K/V of tokens[:n]:
@@ -17,10 +17,19 @@ layer, a LatentCache's latents), one tensor [blocks, heads, P, width] of its dty
 with `torch.empty` to the budget when the first block is stored (the OS commits its pages as
 blocks are written). A restore is one index_select and one copy per tensor.
 
+Paged K/V (models/paged_cache.py) with pages of P rows: no pool of its own. A block is a page of
+the K/V pool, held by reference (the page's count, one for the cache): `store` takes the slot's
+own pages (no copy), `restore` puts the cached pages at the head of the new slot's block table
+(PagedKVCache.share, no copy); a request that writes into a shared page copies it first (copy on
+write), and a page is free when its last holder drops it (the cache on eviction, a slot at its
+end). The cache's budget caps its pages; when the pool runs short, the pages only the cache holds
+go first, least recent first (PagedKVCache.reclaim), before a request waits or is preempted. A new
+pool (LLM.generate makes an engine a call) gets the most recent blocks copied over once.
+A block size other than the page size keeps the pool of its own and copies.
+
 Eviction: least recently used first, among blocks no one holds (`refs`: a restore holds its
-blocks while it copies them; a paged store would hold them while a request reads them). A
-lookup touches the blocks it matched from the deepest up, so a block is always more recent than
-the blocks after it and the least recent block is a leaf.
+blocks while it copies them). A lookup touches the blocks it matched from the deepest up, so a
+block is always more recent than the blocks after it and the least recent block is a leaf.
 
 Exact: the rows copied are the bits the prefill (or decoding) computed; they equal a whole
 prefill's only where the prefill gives the same bits in any chunks. `why_not_exact` says where
@@ -65,6 +74,7 @@ class PrefixCache:
         self.block = block
         self.budget_bytes = budget_bytes
         self.pool: list[torch.Tensor] | None = None  # per state tensor: [capacity, heads, P, width]
+        self.pages = None  # paged K/V whose pages the blocks are (held by reference), or None
         self.capacity = 0  # blocks the pool holds
         self._index: dict[tuple[int, tuple[int, ...]], Block] = {}  # (parent serial, tokens) -> block
         self._lru: OrderedDict[int, Block] = OrderedDict()  # serial -> block, least recent first
@@ -77,6 +87,11 @@ class PrefixCache:
     def restore(self, state: KVCache, slot: int, tokens: list[int]) -> int:
         """Copy the K/V of the longest cached prefix of `tokens` made of whole blocks into rows
         0..n-1 of `slot`; returns n (0: nothing cached). The slot's length is the caller's."""
+        if self.shares(state):  # pages by reference: no copy
+            blocks = self._match(tokens) if self._pool_for(state) else []
+            if blocks:
+                state.share(slot, [b.row for b in blocks])
+            return len(blocks) * self.block
         blocks = self._match(tokens)
         if not blocks:
             return 0
@@ -105,15 +120,19 @@ class PrefixCache:
         whole = len(tokens) // self.block
         if whole == 0 or not self._pool_for(state):
             return 0
+        shares = self.shares(state)
         chain = self._match(tokens)
         self._hold(chain, 1)  # not evicted to make room for their own continuation
+        added = []  # held too while the store goes on (a store past the budget stops, not evicts its own)
         try:
             parent = chain[-1].serial if chain else -1
-            added = []
             for i in range(len(chain), whole):
                 row = self._take_row()
                 if row is None:
                     break
+                if shares:  # the slot's own page, held by the cache too
+                    row = state.held[slot][i]
+                    state.hold(row)
                 key = (parent, tuple(tokens[i * self.block:(i + 1) * self.block]))
                 block = Block(self._serial, parent, key[1], row)
                 self._serial += 1
@@ -121,9 +140,10 @@ class PrefixCache:
                     self._lru[parent].children.add(block.serial)
                 self._index[key] = block
                 self._lru[block.serial] = block
+                block.refs += 1
                 added.append(block)
                 parent = block.serial
-            if added:
+            if added and not shares:
                 first, m = len(chain) * self.block, len(added) * self.block
                 rows = torch.tensor([b.row for b in added], device=self.pool[0].device)
                 for own, kept in zip(_tensors(state), self.pool):
@@ -133,7 +153,7 @@ class PrefixCache:
                                      .permute(1, 0, 2, 3))
             self._touch(chain + added)
         finally:
-            self._hold(chain, -1)
+            self._hold(chain + added, -1)
         return len(added)
 
     def record(self, queried: int, hit: int) -> None:
@@ -176,13 +196,25 @@ class PrefixCache:
             block.refs += delta
 
     def _take_row(self) -> int | None:
-        """A free pool row, evicting the least recent unheld block (and the blocks after it)."""
-        if not self._free:
+        """A free pool row, evicting the least recent unheld block (and the blocks after it); over
+        pages, room for one more block (-1) or None."""
+        if (len(self._lru) >= self.capacity) if self.pages is not None else not self._free:
             victim = next((b for b in self._lru.values() if b.refs == 0 and not b.children), None)
             if victim is None:
                 return None
             self._evict(victim)
-        return self._free.pop()
+        return -1 if self.pages is not None else self._free.pop()
+
+    def _reclaim(self, n: int) -> None:
+        """PagedKVCache.reclaim: evict least recent leaves whose page only the cache holds, until n
+        pages are free or none is left."""
+        while n > 0:
+            victim = next((b for b in self._lru.values()
+                           if b.refs == 0 and not b.children and self.pages.refs[b.row] == 1), None)
+            if victim is None:
+                return
+            self._evict(victim)
+            n -= 1
 
     def _evict(self, block: Block) -> None:
         for child in list(block.children):
@@ -192,11 +224,49 @@ class PrefixCache:
         del self._index[(block.parent, block.tokens)]
         if block.parent in self._lru:
             self._lru[block.parent].children.discard(block.serial)
-        self._free.append(block.row)
+        if self.pages is not None:
+            self.pages.drop(block.row)  # free if no slot holds it
+        else:
+            self._free.append(block.row)
+
+    def shares(self, state) -> bool:
+        """Whether blocks are `state`'s pages by reference: paged K/V with pages of a block, and no
+        pool of copies made before."""
+        return getattr(state, "paged", False) and state.page_size == self.block and self.pool is None
+
+    def _bind(self, state) -> None:
+        """The blocks become pages of `state`'s pool: the first one bound, or a new pool of the same
+        model (the most recent blocks that fit copied over, the rest forgotten)."""
+        old = self.pages
+        if old is not None and (len(old.k), old.k[0].shape[0], old.k[0].shape[3], old.k[0].dtype) != (
+                len(state.k), state.k[0].shape[0], state.k[0].shape[3], state.k[0].dtype):
+            raise ValueError("this prefix cache holds another model's K/V: give each model its own")
+        self.capacity = min(self.budget_bytes // state.page_bytes(), state.num_pages) if state.k else 0
+        blocks = list(self._lru.values())  # least recent first: a block's parent is kept before it
+        keep = min(len(blocks), self.capacity, state.free_pages) if old is not None else 0
+        for block in blocks[: len(blocks) - keep]:
+            if block.serial in self._lru:
+                self._evict(block)
+        if keep:
+            kept = blocks[len(blocks) - keep:]
+            src = torch.tensor([b.row for b in kept], device=state.k[0].device)
+            for block, page in zip(kept, state.take(keep)):
+                block.row = page
+            dst = torch.tensor([b.row for b in kept], device=state.k[0].device)
+            for new, was in zip((*state.k, *state.v), (*old.k, *old.v)):
+                new[:, dst] = was[:, src]  # [G, keep, P, D]
+        if old is not None:
+            old.reclaim = None
+        self.pages = state
+        state.reclaim = self._reclaim
 
     def _pool_for(self, state: KVCache) -> bool:
         """The pool, allocated at the first store for `state`'s tensors; False when the budget
         holds no block. A state of another layout than the pool's is refused."""
+        if self.shares(state):
+            if self.pages is not state:
+                self._bind(state)
+            return self.capacity > 0
         tensors = _tensors(state)
         heads = 0 if getattr(state, "paged", False) else 1  # a page pool's [heads, pages, P, width]
         if self.pool is None:

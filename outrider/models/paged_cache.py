@@ -14,7 +14,9 @@ only at masked columns (finite values times a zero weight), so the result equals
 
 `copy_rows` shares the source's whole pages by reference (a count per page) and copies the
 partial last one; a write into a page held by more than one slot first copies it (copy on
-write), so sharing never changes what another slot reads.
+write), so sharing never changes what another slot reads. The prefix cache (engine/prefix_cache.py)
+holds pages the same way (`hold`, `drop`, `share`: a count each holder), and gives back the pages
+only it holds when the pool runs short (`reclaim`, asked by `reserve`, copy on write and `make_free`).
 
 Attention over pages: `span` gathers a span's pages into [S, G, L, D] (one row gather a layer for
 K and for V, read as a view: the torch layers' path, exact; heads first in the pool, so a slot's
@@ -65,6 +67,7 @@ class PagedKVCache:
         self._copy = None  # SlotCopy's buffers (one layer's span, K and V), kept across forwards
         self._rowmap = None  # (span, length, version) and the row map the native layer reads pages through
         self.read_in_place = True  # the native layer reads the pages through the row map; False: SlotCopy
+        self.reclaim = None  # reclaim(n): free up to n pages held by no slot (the prefix cache's), or None
 
     def _max_pages(self) -> int:
         return -(-(self.max_len + 1) // self.page_size)
@@ -101,7 +104,7 @@ class PagedKVCache:
         """Hold pages for rows 0 .. rows - 1 of `slot`; OutOfPages when the pool cannot give them
         (then it holds what it held before)."""
         need = self.pages_needed(slot, rows)
-        if need > len(self._free):
+        if need > self.make_free(need):
             raise OutOfPages(f"slot {slot} needs {need} more K/V pages for {rows} rows, {len(self._free)} are free")
         for _ in range(need):
             page = heapq.heappop(self._free)
@@ -129,7 +132,7 @@ class PagedKVCache:
         page = self.held[slot][index]
         if self.refs[page] == 1:
             return
-        if not self._free:
+        if not self.make_free(1):
             raise OutOfPages(f"slot {slot} must copy a shared K/V page before writing it, and no page is free")
         fresh = heapq.heappop(self._free)
         for cache in (*self.k, *self.v):
@@ -138,6 +141,45 @@ class PagedKVCache:
         self.refs[fresh] = 1
         self.held[slot][index] = fresh
         self.table[slot, index] = fresh
+        self._version += 1
+
+    def make_free(self, n: int) -> int:
+        """Free pages, after asking `reclaim` for what is short of n."""
+        if n > len(self._free) and self.reclaim is not None:
+            self.reclaim(n - len(self._free))
+        return len(self._free)
+
+    def hold(self, page: int) -> None:
+        """One more holder of `page` (the prefix cache keeping a slot's page)."""
+        self.refs[page] += 1
+
+    def drop(self, page: int) -> None:
+        """One holder fewer: the page is free when it was the last."""
+        self.refs[page] -= 1
+        if self.refs[page] == 0:
+            heapq.heappush(self._free, page)
+
+    def take(self, n: int) -> list[int]:
+        """n free pages held by the caller (no slot), lowest first; OutOfPages when fewer are free."""
+        if n > self.make_free(n):
+            raise OutOfPages(f"{n} K/V pages asked for, {len(self._free)} are free")
+        pages = [heapq.heappop(self._free) for _ in range(n)]
+        for page in pages:
+            self.refs[page] = 1
+        return pages
+
+    def share(self, slot: int, pages: list[int]) -> None:
+        """Slot `slot`'s first len(pages) pages become `pages`, by reference (what it held there given
+        back): a prefix's rows without a copy; a later write into one copies it first."""
+        held = self.held[slot]
+        for index, page in enumerate(pages):
+            self.hold(page)
+            if index < len(held):
+                self.drop(held[index])
+                held[index] = page
+            else:
+                held.append(page)
+            self.table[slot, index] = page
         self._version += 1
 
     # -- the state calls --------------------------------------------------------------------------
