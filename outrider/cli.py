@@ -121,6 +121,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", default=None,
                        help="the targets' dtype (float32, q4, q8_0, ...); default: each model's own, as `models list` says")
     bench.add_argument("--kv-dtype", default=None, help=KV_HELP)
+    bench.add_argument("--expert-budget", default=None, metavar="FRACTION[,store=mmap|direct]",
+                       help="a mixture of experts: every method with only this share of the routed experts resident "
+                            "(the rest read from the safetensors on demand: page cache, or O_DIRECT), the bytes moved "
+                            "a token beside the ratios (bench/expert_budget.py)")
     bench.add_argument("--out", default=None,
                        help="output folder, new or empty (default: bench-results/<time>); "
                             "finished prompts are saved there as they go")

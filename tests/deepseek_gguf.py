@@ -132,8 +132,8 @@ def write_deepseek_gguf(folder: Path, path: Path, qtype: str = "F32", split_kv_b
     w.add_quantization_version(2)
     if tokenizer:
         _add_tokenizer(w, c, bpe)
-    arrays = _stacked({k: t.to(torch.float32).numpy() for k, t in load_file(str(Path(folder) / "model.safetensors")).items()},
-                      c["n_routed_experts"])
+    saved = load_file(str(Path(folder) / "model.safetensors"))
+    arrays = _stacked({k: t.to(torch.float32).numpy() for k, t in saved.items()}, c["n_routed_experts"])
     if split_kv_b:
         arrays = _split_kv_b(arrays, heads, nope, v)
     for name in sorted(arrays):

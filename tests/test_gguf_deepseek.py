@@ -80,7 +80,8 @@ def test_the_config_is_the_checkpoints(models, name):
     want = json.loads((hf / "config.json").read_text())
     for file in ("F32-split", "F32-whole"):
         config = json.loads((imported[file] / "config.json").read_text())
-        for key in ("architectures", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+        for key in ("architectures", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                    "v_head_dim",
                     "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size",
                     "first_k_dense_replace", "routed_scaling_factor", "n_group", "topk_group", "intermediate_size"):
             assert config.get(key) == want.get(key), (file, key)

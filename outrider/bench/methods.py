@@ -59,7 +59,7 @@ METHOD_KEYS = {"name", "drafter", "refiner", "tree", "controller", "verifier", "
 SAMPLING_KEYS = {"temperature", "top_p", "seed", "audit_samples", "audit_positions", "audit_context", "audit_batch",
                  "audit_workloads"}
 TOP_KEYS = {"models", "workloads", "prompts", "max_new_tokens", "threads", "dtype", "kv_dtype",
-            "method"} | SAMPLING_KEYS
+            "method", "expert_budget"} | SAMPLING_KEYS
 PRESETS = Path(__file__).parent / "presets"
 
 
@@ -112,6 +112,9 @@ class BenchConfig:
     audit_context: int | None = None  # 0: the whole prompt
     audit_batch: int | None = None
     audit_workloads: tuple[str, ...] | None = None  # None: the first workload
+    # "FRACTION[,store=mmap|direct]": every method with the routed experts behind a store of that
+    # share (bench/expert_budget.py); None: every expert resident
+    expert_budget: str | None = None
 
 
 # The settings a command line can override, by key: the flag that does.
@@ -119,7 +122,7 @@ FLAGS = {"models": "--model", "workloads": "--workload", "prompts": "--prompts",
          "max_new_tokens": "--max-new-tokens", "threads": "--threads", "dtype": "--dtype", "kv_dtype": "--kv-dtype",
          "temperature": "--temperature", "top_p": "--top-p", "seed": "--seed", "audit_samples": "--audit-samples",
          "audit_positions": "--audit-positions", "audit_context": "--audit-context", "audit_batch": "--audit-batch",
-         "audit_workloads": "--audit-workload"}
+         "audit_workloads": "--audit-workload", "expert_budget": "--expert-budget"}
 
 
 def with_overrides(config: BenchConfig, overrides: dict) -> BenchConfig:
@@ -212,8 +215,16 @@ def parse_config(raw: dict, source: str, lines: list[int] | None = None) -> Benc
         from ..weights.loader import parse_kv_dtype
 
         parse_kv_dtype(str(kv_dtype))
+    budget = raw.get("expert_budget")
+    if budget is not None:
+        from .expert_budget import ExpertBudget
+
+        try:
+            budget = str(ExpertBudget.parse(budget))
+        except ConfigError as err:
+            raise ConfigError(f"{source}: expert_budget: {str(err).partition(': ')[2]}") from None
     return BenchConfig(source, tuple(models), tuple(workloads), tuple(methods), *numbers, dtype, raw, kv_dtype,
-                       **_sampling(raw, source))
+                       **_sampling(raw, source), expert_budget=budget)
 
 
 def _sampling(raw: dict, source: str) -> dict:

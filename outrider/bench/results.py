@@ -46,6 +46,8 @@ def identity(p, model_facts: dict[str, dict], threads: int) -> dict:
         "threads": threads,
         # a bench that samples is another run (named only then: greedy runs saved before resume as they did)
         **({"sampling": _sampling(p).describe()} if not _sampling(p).greedy else {}),
+        # a budgeted run is another run (named only then: runs saved before resume as they did)
+        **({"expert_budget": p.config.expert_budget} if p.config.expert_budget else {}),
         # not compared on --resume, read back by it (settings.py): the methods file as it ran
         SETTINGS: {"preset": p.config.preset, "source": p.config.source, "config": p.config.raw},
     }

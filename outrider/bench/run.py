@@ -40,6 +40,7 @@ from ..models.config import ModelConfig
 from ..weights.loader import auto_dtype, load_decoder, parse_dtype, parse_kv_dtype
 from ..engine.speculator import Speculator
 from .methods import BenchConfig
+from .expert_budget import BudgetTier, ExpertBudget
 from .peers import PeerFailed, PeerUnavailable, make_peer
 from .audit import BATCH, CONTEXT, POSITIONS, SAMPLES, audit_prompt
 from .peers import samples as peer_samples
@@ -63,6 +64,10 @@ def plan(config: BenchConfig, log=print) -> Plan:
     workloads = [load_workload(w, limit=config.prompts, max_new_tokens=config.max_new_tokens)
                  for w in config.workloads]
     params = BenchSampling.of(config).params()
+    peers = [m.name for m in config.methods if m.peer]
+    if config.expert_budget and peers:  # bench/expert_budget.py
+        raise ConfigError(f"--expert-budget runs our methods' experts through a store; peer(s) {', '.join(peers)} run "
+                          "their own models outside it: drop them (a methods file without peers) or the budget")
     for m in config.methods:  # what the temperature rules out (a sampled tree when greedy, a verifier unfit)
         if m.spec:
             try:
@@ -167,6 +172,7 @@ def _run_model(p: Plan, model: str, store: RunStore, threads: int, bar, log, sam
 def _run_workloads(p: Plan, model: str, store: RunStore, target, tok, eos: set[int], path: Path, peers: dict,
                    bar, log, sampling: BenchSampling) -> None:
     params = None if sampling.greedy else sampling.params()
+    tier = BudgetTier(ExpertBudget.parse(p.config.expert_budget), target, path) if p.config.expert_budget else None
     for w in p.workloads:
         if all(store.done(model, w.name, q.id) for q in w.prompts):
             continue
@@ -181,13 +187,15 @@ def _run_workloads(p: Plan, model: str, store: RunStore, target, tok, eos: set[i
                 _replay(specs, target, ids[prompt.id], w.budget(prompt), eos, saved, sampling, w.name, prompt.id)
                 continue
             runs: dict[str, PromptRun] = {}
+            if tier is not None:  # what the prompt's prefill alone reads from a cold store, before any seed is set
+                tier.prefill((w.name, prompt.id), lambda: run_ours(target, None, ids[prompt.id], 1, eos, params))
             for name in method_names(p, model, store):
                 bar.set_description(f"{model} | {w.name} | {i + 1}/{len(w.prompts)} | {name}")
                 seed = sampling.seed_torch(w.name, prompt.id)  # the same for every method of the prompt
-                if name == BASELINE:
-                    r = run_ours(target, None, ids[prompt.id], w.budget(prompt), eos, params)
-                elif name in specs:
-                    r = run_ours(target, specs[name], ids[prompt.id], w.budget(prompt), eos, params)
+                if name == BASELINE or name in specs:
+                    spec, prompt_ids, budget = specs.get(name), ids[prompt.id], w.budget(prompt)
+                    r = _budgeted(tier, (w.name, prompt.id),
+                                  lambda: run_ours(target, spec, prompt_ids, budget, eos, params))
                 else:
                     sampled = not sampling.greedy and peer_samples(p_method(p, name).peer)
                     try:
@@ -207,6 +215,16 @@ def _run_workloads(p: Plan, model: str, store: RunStore, target, tok, eos: set[i
             store.add_prompt(model, w.name, prompt.id, {
                 name: {"output_ids": r.output_ids, "seconds": r.seconds, "stats": r.stats}
                 for name, r in runs.items()})
+
+
+def _budgeted(tier: BudgetTier | None, key, run) -> PromptRun:
+    """run() as it is, or under the expert budget's store (a fresh one), with what its prompt's
+    prefill alone reads (tier.prefill, measured before the prompt's methods) beside what it read."""
+    if tier is None:
+        return run()
+    r = tier.run(run)
+    r.stats["expert_prefill_bytes"] = tier.prefill_bytes[key]
+    return r
 
 
 def p_method(p: Plan, name: str):

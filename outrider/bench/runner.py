@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..engine.generate import generate_ids
+from .expert_budget import mb_per_token
 from ..engine.request import Request
 from ..models.decoder import Decoder
 from ..sampling import SamplingParams
@@ -81,6 +82,11 @@ def aggregate(runs: list[PromptRun]) -> dict:
         prefill = sum(r.stats["prefill_s"] for r in runs)
         out["prefill_s"] = prefill
         out["decode_tokens_per_s"] = tokens / max(seconds - prefill, 1e-9)  # the prompts' prefill left out
+    moved = mb_per_token(runs)  # under --expert-budget: the decode's expert traffic (bench/expert_budget.py)
+    if moved is not None:
+        out["expert_mb_per_token"] = moved
+        out["expert_misses"] = sum(r.stats["expert_misses"] for r in runs)
+        out["expert_stall_s"] = sum(r.stats["expert_stall_s"] for r in runs)
     if runs and "rounds" in runs[0].stats:
         rounds = sum(r.stats["rounds"] for r in runs)
         committed = sum(r.stats["committed"] for r in runs)

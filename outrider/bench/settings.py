@@ -50,6 +50,10 @@ def flag_overrides(args) -> dict:
 
         parse_kv_dtype(args.kv_dtype)
         overrides["kv_dtype"] = args.kv_dtype
+    if getattr(args, "expert_budget", None) is not None:  # bench/expert_budget.py
+        from .expert_budget import ExpertBudget
+
+        overrides["expert_budget"] = str(ExpertBudget.parse(args.expert_budget))
     return overrides
 
 

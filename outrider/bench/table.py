@@ -15,6 +15,10 @@ last column says whether the greedy output equalled the baseline's token for tok
 
 A figure that does not apply (a peer has no tau) or was not measured is shown as "-".
 
+A run under `--expert-budget` (bench/expert_budget.py) adds "MB/tok": the MiB of routed experts the
+decode read from the file per output token (the prompt's prefill reads subtracted), every method
+under the same resident budget.
+
 A bench that samples (bench/sampling.py) adds "acc" (accepted draft depths over drafted ones) and
 its last column is the distributional audit's verdict per method (bench/audit.py): "pass p=0.41"
 (the Bonferroni-adjusted smallest p-value), "FAIL p=2e-07", "lossy: FAIL ..." (a lossy verifier,
@@ -25,6 +29,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from .expert_budget import ExpertBudget
 
 KIND_ORDER = {"baseline": 0, "ours": 1, "peer": 2}
 MISSING = "-"
@@ -196,8 +202,9 @@ def summary_grid(results: dict, model: str, vs_transformers: bool = False):
     [label, kind, *per workload (tok/s, x AR[, x HF], decode, tau, prefill), lossless]: decode is the
     decode-only speed-up over our baseline's (prefill left out), prefill the mean seconds a prompt."""
     loads = workload_names(results, model)
+    budgeted = bool((results.get("config") or {}).get("expert_budget"))  # bench/expert_budget.py
     per = ["tok/s", "x AR"] + (["x HF"] if vs_transformers else []) + ["decode", "tau"] + \
-        (["acc"] if sampled(results) else []) + ["prefill"]
+        (["acc"] if sampled(results) else []) + ["prefill"] + (["MB/tok"] if budgeted else [])
     rows = []
     for m in methods(results, model):
         row = [m.label, m.kind]
@@ -211,6 +218,8 @@ def summary_grid(results: dict, model: str, vs_transformers: bool = False):
             if sampled(results):
                 row.append(fmt(s.get("acceptance_rate"), "{:.2f}"))
             row.append(fmt(prefill_per_prompt(run), "{:.2f}s"))
+            if budgeted:  # the decode's expert bytes a token under the budget
+                row.append(fmt(s.get("expert_mb_per_token"), "{:.2f}"))
         row.append(audit_mark(results, model, m.name, m.kind) if sampled(results) else
                    row_mark(results, model, m.name, loads))
         rows.append(row)
@@ -252,9 +261,12 @@ def summary_table(results: dict) -> str:
     out = []
     for model in model_names(results):
         loads, per, rows = summary_grid(results, model)
+        budget = (results.get("config") or {}).get("expert_budget")  # as the file or flag gave it
         out.append(f"{model}: tokens/s and x AR (speed-up over our autoregressive baseline, same run) over "
                    f"wall time, prefill included; decode = x AR without the prefill; tau = tokens per round; "
-                   f"prefill = seconds a prompt")
+                   f"prefill = seconds a prompt" +
+                   (f"; MB/tok = MiB of experts the decode read a token, under --expert-budget "
+                    f"{ExpertBudget.parse(budget)}" if budget else ""))
         out += _text_table(loads, per, rows, "audit" if sampled(results) else "lossless")
         out += [f"FAILED: peer {s['method']}: {s.get('reason')}" for s in failed(results, model)] + [""]
     if not out:
