@@ -29,7 +29,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from .capabilities import Capabilities
 
-BUILT_IN = ("ngram", "suffix", "draft_model", "early_exit", "eagle3", "hybrid", "oilbird", "ooo", "sparsespec", "dflash", "toolspec", "s2moe", "draftexpert", "matryoshka", "adaflash", "dspark", "mtp", "dfly", "angelspec")  # modules of this package that register
+BUILT_IN = ("ngram", "suffix", "draft_model", "early_exit", "eagle3", "hybrid", "oilbird", "ooo", "sparsespec", "dflash", "dblast", "toolspec", "s2moe", "draftexpert", "matryoshka", "adaflash", "dspark", "mtp", "dfly", "angelspec")  # modules of this package that register
 
 
 def no_argument(text: str) -> None:
