@@ -37,10 +37,10 @@ def target(tmp_path_factory):
     return load_decoder(make_tiny("llama", tmp_path_factory.mktemp("dfly") / "t", vocab=8, layers=4), "cpu")
 
 
-def extra(seed=5, gate=1.0, up=0.5, layers=2, hidden=64):
+def extra(seed=5, gate=1.0, up=0.5, layers=2, hidden=64, down=0.3):
     g = torch.Generator().manual_seed(seed)
     return DFlyWeights((0, 2, 3), torch.randn(layers, 3, generator=g), torch.full((layers,), gate) + 0.3 * torch.arange(layers),
-                       torch.randn(hidden, hidden, generator=g) * 0.3, torch.randn(8, hidden, generator=g) * 0.3,
+                       torch.randn(hidden, hidden, generator=g) * 0.3, torch.randn(8, hidden, generator=g) * down,
                        torch.randn(hidden, 8, generator=g) * up)
 
 
@@ -166,3 +166,20 @@ def test_angelspec_routes_each_request_and_stays_exact(target, tmp_path):
     assert [f.token_ids for f in got] == [f.token_ids for f in run(target, None)]
     assert router.routed == {"mtp": 1, "dfly": 3}
     assert sum(f.round_stats.committed for f in got) > sum(f.round_stats.rounds for f in got)
+
+
+def test_the_drafted_chain_is_read_out_slot_after_slot(target):
+    from outrider.spec.types import Budget
+
+    head = dfly(target, seed=6, down=50.0)  # a correction strong enough to change argmaxes (the embeddings are ~0.02)
+    drafter = DFlyDrafter(head, parse_shape("chain"))
+    prompt = TEXT[:8]
+    drafter.start(0, prompt, SamplingParams(), hidden=features(target, head, prompt)[:-1])
+    tree = drafter.propose(0, prompt, Budget(4, 4))
+    drafts = tree.tokens.tolist()  # [root, t1..t4]
+    block = torch.full((1, head.block_size), head.config.mask_token_id, dtype=torch.long)
+    block[0, 0] = prompt[-1]
+    _, hidden = head.block(drafter.cache, [drafter._states[0].slot], [len(prompt) - 1], block)
+    for k in range(1, len(drafts)):  # slot k's argmax given the token drafted at slot k-1
+        assert drafts[k] == int(head.correct(hidden[0, k], torch.tensor(drafts[k - 1])).argmax())
+    assert len(set(drafts)) > 2  # not one token over and over: the predecessors differ

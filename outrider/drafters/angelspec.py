@@ -1,4 +1,4 @@
-"""`--drafter angelspec:MTP_HEAD+DFLY_HEAD[,route=auto|mtp|dfly]`: AngelSpec's routing by domain (seed card 2.25).
+"""`--drafter angelspec:MTP_HEAD+DFLY_HEAD[,vocab=N][,route=auto|mtp|dfly]`: AngelSpec's routing by domain (seed card 2.25).
 
 AngelSpec specialises structure and data together: an MTP drafter for diverse chat, a
 block-diffusion drafter (DFly) for code and math. Here each request is routed once, when it
@@ -30,7 +30,7 @@ from .base import DrafterBase
 from .capabilities import Capabilities, Drafts
 from .registry import DrafterEntry, register
 
-USAGE = "angelspec:MTP_HEAD+DFLY_HEAD[,route=auto|mtp|dfly]"
+USAGE = "angelspec:MTP_HEAD+DFLY_HEAD[,vocab=N][,route=auto|mtp|dfly]"
 TREES = {"chain": Drafts("chain", gives_probs=True)}
 ROUTES = ("auto", "mtp", "dfly")
 CODE = re.compile(r"\bdef |\bclass |\bimport |\breturn\b|```|[{};]|\w\(|\"name\"\s*:|\"arguments\"")
@@ -101,14 +101,14 @@ class AngelSpecDrafter(DrafterBase):
 
 
 def _split(argument: str) -> tuple[str, str, str]:
-    heads, _, options = argument.partition(",")
+    """`MTP+DFLY[,vocab=N][,route=R]` -> (MTP, DFLY[,vocab=N], R): vocab= is DFly's."""
+    from .window import parse_options
+
+    heads, options = parse_options(argument, ("route",))
+    route = options.get("route", "auto")
+    if route not in ROUTES:
+        raise ConfigError(f"angelspec takes route=auto|mtp|dfly after the heads, got route={route!r}")
     mtp, plus, dfly = heads.partition("+")
-    route = "auto"
-    if options:
-        key, _, value = options.partition("=")
-        if key != "route" or value not in ROUTES or "," in value:
-            raise ConfigError(f"angelspec takes route=auto|mtp|dfly after the heads, got {options!r}")
-        route = value
     if not plus or not mtp or not dfly:
         raise ConfigError(f"use {USAGE}: an MTP head and a DFlash head with DFly weights, joined by '+'")
     return mtp, dfly, route

@@ -115,8 +115,8 @@ def run(args) -> int:
             hits += (logits.argmax(-1) == labels).float().sum(0)
             seen += len(anchors)
         if step % 10 == 0:
-            record = {"step": step, "loss": round(float(loss), 4), "acc": [round(float(h) / seen, 4) for h in hits],
-                      "gate": [round(float(g), 4) for g in extra.gate], "elapsed_s": round(time.perf_counter() - start, 1)}
+            record = {"step": step, "loss": round(float(loss.detach()), 4), "acc": [round(float(h) / seen, 4) for h in hits],
+                      "gate": [round(float(g), 4) for g in extra.gate.detach()], "elapsed_s": round(time.perf_counter() - start, 1)}
             log.append(record)
             print(json.dumps(record), file=sys.stderr)
             hits.zero_()
