@@ -18,7 +18,8 @@ DTYPE_HELP = ("q8_0, q4 or gguf (weights kept quantized, float32 activations; ex
               "builds (`models list` says which), else float32; bfloat16 on CUDA (exact up to near-ties too)")
 
 REFINER_HELP = ("block refiners, chained in order: ddtree, retrace[:SHARE], cure[:H], dartree[:PATH], "
-                "lilicorr[:PATH] (needs --drafter dflash:... and --tree ddtree:N; default: none: the block as drafted; "
+                "lilicorr[:PATH], xpress[:P] (needs --drafter dflash:... and --tree ddtree:N; default: none: the block "
+                "as drafted; "
                 "docs/block-drafters.md)")
 TREE_DEFAULT = "chain"
 CONTROLLER_DEFAULT = {"generate": "fixed:4", "serve": "cost"}
