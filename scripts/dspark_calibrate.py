@@ -23,12 +23,12 @@ def collect(head, target, text: list[int], prompt_len: int):
     """(conf logits [A, G], alive [A, G] bool) over the generated positions a of `text`."""
     from outrider.heads.dspark.golden import replay
 
-    n, G = len(text), head.block_size
+    n, B, G = len(text), head.block_size, head.gamma
     anchors = list(range(prompt_len, n - 1))
     if not anchors:
         return torch.zeros(0, G), torch.zeros(0, G, dtype=torch.bool)
     _, _, own = replay(head, target, text, prompt_len)
-    block = torch.full((len(anchors), G), head.config.mask_token_id, dtype=torch.long)
+    block = torch.full((len(anchors), B), head.config.mask_token_id, dtype=torch.long)
     block[:, 0] = torch.tensor([text[a] for a in anchors])
     U, hbar = head.block(own, [0] * len(anchors), anchors, block)
     padded = torch.tensor(text + [-1] * (G + 1))

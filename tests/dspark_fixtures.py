@@ -10,7 +10,7 @@ from outrider.heads.dspark.markov import ConfidenceHead, MarkovHead
 
 
 def random_dspark_head(variant: str = "vanilla", rank: int = 8, block: int = 6, seed: int = 0, scale: float = 0.5,
-                       temperatures: tuple[float, ...] = (), **backbone) -> DSparkHead:
+                       temperatures: tuple[float, ...] = (), anchor_predicts: bool = True, **backbone) -> DSparkHead:
     """A DSpark head with random weights (its Markov output projection too, scaled by `scale`,
     so the correction is not zero); `backbone` goes to dflash_fixtures.random_head (hidden, vocab,
     layers, heads, kv_heads, taps, embed, lm_head, draft_vocab, mask_token_id)."""
@@ -22,5 +22,5 @@ def random_dspark_head(variant: str = "vanilla", rank: int = 8, block: int = 6, 
     with torch.no_grad():
         for p in list(markov.parameters()) + list(conf.parameters()):
             p.copy_(torch.randn(p.shape, generator=g) * scale)
-    spec = DSparkConfig(c, variant, rank, True, tuple(temperatures))
+    spec = DSparkConfig(c, variant, rank, True, tuple(temperatures), anchor_predicts)
     return DSparkHead(spec, dflash, markov.eval(), conf.eval())

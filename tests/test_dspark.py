@@ -47,9 +47,10 @@ def target(tmp_path_factory):
     return load_decoder(make_tiny("llama", tmp_path_factory.mktemp("dspark") / "t", vocab=8, layers=4), "cpu")
 
 
-def head_for(target, variant="vanilla", seed=3, block=5):
+def head_for(target, variant="vanilla", seed=3, block=5, anchor_predicts=True):
     return random_dspark_head(variant, rank=4, block=block, seed=seed, hidden=64, vocab=8, layers=2, heads=4,
-                              kv_heads=2, taps=3, embed=target.embed, lm_head=target.lm_head, mask_token_id=0)
+                              kv_heads=2, taps=3, embed=target.embed, lm_head=target.lm_head, mask_token_id=0,
+                              anchor_predicts=anchor_predicts)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -82,8 +83,8 @@ def test_the_temperature_divides_the_confidence_logit():
     torch.testing.assert_close(torch.logit(b.confidence(hb, prev, 0)), la / 2, atol=1e-5, rtol=1e-4)
 
 
-def speculator(target, variant="vanilla", depth=4, sps=None):
-    h = head_for(target, variant)
+def speculator(target, variant="vanilla", depth=4, sps=None, anchor_predicts=True):
+    h = head_for(target, variant, anchor_predicts=anchor_predicts)
     shape = parse_shape("chain")
     drafter = DSparkDrafter(h, shape, h.config.taps(target.config.num_layers), sps)
     return Speculator(SpecOptions("dspark:x", "chain", f"fixed:{depth}"), drafter, FixedController(depth), shape)
@@ -103,6 +104,19 @@ def plain(target):
 def test_greedy_equals_autoregressive(target, plain, variant):
     spec = speculator(target, variant)
     assert spec.verifier_for(SamplingParams()) is VERIFIERS["greedy_chain"].verify
+    assert run(target, spec) == plain
+
+
+def test_over_dflash_s_own_readout_the_positions_are_slots_1_to_b_minus_1(target, plain):
+    h = random_dspark_head(seed=6, anchor_predicts=False)
+    feats, toks = torch.randn(5, 2, 32), torch.tensor([[9, 1, 1, 1, 1, 1]])
+    cache = h.new_cache(1, 16)
+    h.write_context(cache, 0, 0, h.fuse(feats))
+    U, hbar = h.block(cache, [0], [5], toks)
+    assert h.gamma == 5 and U.shape[1] == 5 and hbar.shape[1] == 5
+    torch.testing.assert_close(U[0], h.backbone.block(cache, [0], [5], toks)[0][0])  # DFlash's own logits
+    spec = speculator(target, "rnn", anchor_predicts=False)
+    assert spec.drafter.max_nodes(9) == 4  # block 5: 4 positions
     assert run(target, spec) == plain
 
 
@@ -281,3 +295,60 @@ def test_sampled_markov_chain_passes_chi_square_and_a_wrong_q_fails():
 
     assert p_value(honest) > 1e-4
     assert p_value(wrong_q) < 1e-4
+
+
+def test_a_training_step_aligns_labels_previous_tokens_and_the_target_rows(exported):
+    """A module that reads out exactly the next token, against a target whose row at p is that
+    token too: every scored slot is a hit with nearly no loss, and the Markov head was fed x_{a+j}."""
+    from types import SimpleNamespace
+
+    _, _, _, module, _ = exported
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, 8, (2, 12), generator=g)
+    nxt = torch.cat((tokens[:, 1:], tokens[:, :1]), 1)  # [S, T] x_{p+1} (the last wraps: never scored)
+    tb = SimpleNamespace(tokens=tokens, valid=torch.ones(2, 12, dtype=torch.bool), features=torch.zeros(2, 12, 2, 64),
+                         draft_logits=torch.nn.functional.one_hot(nxt, 8).float() * 60)
+
+    def perfect(features, toks, anchors, prev):
+        G = prev.shape[-1]
+        at = anchors.unsqueeze(-1) + torch.arange(G)  # [S, A, G]
+        assert torch.equal(prev, toks.gather(1, at.clamp(max=11).view(2, -1)).view_as(at))  # x_{a+j}
+        label = toks.gather(1, (at + 1).clamp(max=11).view(2, -1)).view_as(at)
+        return torch.nn.functional.one_hot(label, 8).float() * 60, torch.full(label.shape, 30.0)
+
+    module.block_logits_all, saved = perfect, module.block_logits_all
+    try:
+        out = module.step(tb, torch.Generator().manual_seed(0), 3)
+    finally:
+        del module.block_logits_all
+    assert sum(out.rows) > 0 and out.hits == [float(r) for r in out.rows]
+    assert all(float(s) < 1e-6 * max(r, 1) for s, r in zip(out.sums, out.rows))
+
+
+def test_the_golden_computes_are_the_chain_teacher_forced_on_the_text():
+    from outrider.heads.dspark.golden import forced_logits
+
+    h = random_dspark_head("rnn", seed=8)
+    text = [3, 9, 4, 17, 2, 60, 33, 5, 8, 1, 12, 40]
+    cache = h.new_cache(1, 24)
+    h.write_context(cache, 0, 0, h.fuse(torch.randn(len(text), 2, 32)))
+    got = forced_logits(h, cache, text, [4, 7])
+    for i, a in enumerate((4, 7)):
+        U, hbar = h.block(cache, [0], [a], torch.tensor([[text[a]] + [1] * 5]))
+        padded = text + [text[-1]] * 6
+        want, _ = reference_chain(h, U[0], hbar[0], padded[a:a + 6])
+        torch.testing.assert_close(got[i], want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_shipped_head_resolves_and_conforms():
+    from outrider.drafters.registry import parse_drafter
+    from outrider.heads.catalog import resolve_head
+    from outrider.heads.dspark.check import check
+
+    folder = resolve_head("smollm2-135m-instruct", "dspark")
+    assert folder.parent.name == "dspark" and (folder / "outrider_golden.json").is_file()
+    assert (folder / "model.safetensors").stat().st_size <= 25 * 2**20
+    checks = check(folder, "smollm2-135m-instruct", golden=False)
+    assert [c.line() for c in checks if c.status == "FAIL"] == []
+    assert {"tensors", "config fields", "target", "calibration", "block size"} <= {c.name for c in checks if c.status == "ok"}
+    assert str(folder) in str(parse_drafter("dspark:smollm2-135m-instruct")[1])

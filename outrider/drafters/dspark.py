@@ -113,7 +113,7 @@ class DSparkDrafter(DFlashDrafter):
         self.admitted: list[int] = []  # every depth the scheduler admitted, round by round (tests, the bench)
 
     def max_nodes(self, depth: int) -> int:
-        depth = min(depth, self.head.block_size)
+        depth = min(depth, self.head.gamma)
         return depth if self.shape.is_chain else self.shape.max_drafts(depth)
 
     def _tree(self, st, block: Block, tokens: list[int], budget: Budget) -> DraftTree:

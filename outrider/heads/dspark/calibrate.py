@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-GRID = tuple(round(0.25 * 1.1 ** i, 4) for i in range(40))  # 0.25 .. ~10, geometric
+GRID = tuple(sorted({1.0, *(round(0.25 * 1.1 ** i, 4) for i in range(40))}))  # 0.25 .. ~10, geometric, and 1
 
 
 def ece(pred: torch.Tensor, hit: torch.Tensor, bins: int = 10) -> float:

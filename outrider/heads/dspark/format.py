@@ -7,9 +7,12 @@ and `modeling.py`, read through the file index: architectures ["Qwen3DSparkModel
 num_target_layers, num_hidden_layers, block_size, mask_token_id, target_layer_ids,
 enable_confidence_head, confidence_head_with_markov, markov_rank, markov_head_type), the fields a
 speculators-style loader reads (`speculators_model_type: "dspark"`, `speculators_config` with
-`algorithm: "dspark"` and `proposal_methods[0].speculative_tokens = block_size`, modelled on
+`algorithm: "dspark"` and `proposal_methods[0].speculative_tokens = gamma`, modelled on
 speculators' eagle3 config: ASSUMED, no speculators or vLLM release that names "dspark" was found
-in the index), and ours: `dspark_config.temperatures` (the per-position calibration). Tensors:
+in the index), and ours: `dspark_config.temperatures` (the per-position calibration) and
+`dspark_config.anchor_predicts` (true: the paper's readout, every slot a position; false: DFlash's
+slots 1..B-1, a head made over a frozen DFlash backbone, which DeepSpec's loader does not know:
+only Outrider drafts such a head as trained). Tensors:
 
     fc.weight, hidden_norm.weight, norm.weight, layers.{l}.*     as DFlash (heads/dflash/format.py)
     lm_head.weight, d2t, t2d                                    only for a reduced draft vocabulary
@@ -74,9 +77,10 @@ def read_config(folder: str | Path) -> DSparkConfig:
             draft_vocab_size=None if draft is None or int(draft) == vocab else int(draft),
             num_target_layers=int(raw["num_target_layers"]) if raw.get("num_target_layers") is not None else None)
         variant, rank = str(raw["markov_head_type"]), int(raw["markov_rank"])
-        temps = (raw.get("dspark_config") or {}).get("temperatures") or []
+        extra = raw.get("dspark_config") or {}
+        temps = extra.get("temperatures") or []
         spec = DSparkConfig(backbone, variant, rank, bool(raw.get("enable_confidence_head", True)),
-                            tuple(float(t) for t in temps))
+                            tuple(float(t) for t in temps), bool(extra.get("anchor_predicts", True)))
     except KeyError as missing:
         raise ModelError(f"{path}: missing field {missing}; is this a DSpark head's config.json?") from None
     except (TypeError, ValueError) as err:
@@ -94,7 +98,7 @@ def read_config(folder: str | Path) -> DSparkConfig:
 def misfit(spec: DSparkConfig, target_config) -> str | None:
     """Why this head cannot draft for the target, or None."""
     if spec.gamma < 1:
-        return f"block_size {spec.gamma} must be at least 1"
+        return f"block_size {spec.backbone.block_size} drafts {spec.gamma} positions; it must draft at least 1"
     c = spec.backbone
     if c.block_size < 2:  # the backbone's own rule; a one-slot DSpark block is still a prediction
         c = DFlashConfig(**{**c.__dict__, "block_size": 2})
@@ -181,7 +185,8 @@ def config_json(spec: DSparkConfig, *, dtype: str, num_target_layers: int | None
         "target_layer_ids": list(c.layer_ids(n_layers)), "layer_types": ["full_attention"] * c.num_layers,
         "enable_confidence_head": spec.confidence, "confidence_head_with_markov": spec.confidence,
         "markov_rank": spec.markov_rank, "markov_head_type": spec.markov_variant, "torch_dtype": dtype,
-        "dspark_config": {"temperatures": list(spec.temperatures) or [1.0] * spec.gamma},
+        "dspark_config": {"temperatures": list(spec.temperatures) or [1.0] * spec.gamma,
+                          "anchor_predicts": spec.anchor_predicts},
         "speculators_model_type": "dspark",
         "speculators_config": {"algorithm": "dspark",
                                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": spec.gamma}],

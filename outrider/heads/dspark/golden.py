@@ -50,23 +50,23 @@ def measure(head_dir: str | Path, target: str | Path, settings: GoldenSettings =
         finally:
             torch.set_num_threads(threads)
     rounds, committed = sum(r["rounds"] for r in results), sum(r["committed"] for r in results)
-    resolved = {"temperature": 0.0, "tree": "chain", **asdict(settings), "depth": head.block_size,
+    resolved = {"temperature": 0.0, "tree": "chain", **asdict(settings), "depth": head.gamma,
                 "chat": chat, "threads": 1, "linear": "linear", "drafting": "dspark chains replayed on greedy text"}
     return {"settings": resolved, "prompts": list(prompts), "prompt_ids": prompt_ids, "results": results,
             "rounds": rounds, "committed": committed, "tau": committed / max(rounds, 1),
             "measured_on": machine(settings.device),
             "computes": measured_part("dspark blocks [x_a, MASK...] at every generated position a, slots 1..gamma, "
-                                      "Markov head teacher-forced on the text", head.block_size, anchors, tops)}
+                                      "Markov head teacher-forced on the text", head.gamma, anchors, tops)}
 
 
 @torch.inference_mode()
 def forced_logits(head, own, text: list[int], anchors: list[int]) -> torch.Tensor:
     """[A, gamma, V] over the target vocabulary: the blocks at `anchors` over the context rows
     0..a-1 of slot 0 of `own`, each slot corrected by the Markov head with the text's previous token."""
-    G = head.block_size
+    B, G = head.block_size, head.gamma
     if not anchors:
         return torch.zeros(0, G, head.config.vocab_size)
-    block = torch.full((len(anchors), G), head.config.mask_token_id, dtype=torch.long, device=head.device)
+    block = torch.full((len(anchors), B), head.config.mask_token_id, dtype=torch.long, device=head.device)
     block[:, 0] = torch.tensor([text[a] for a in anchors], device=head.device)
     U, hbar = head.block(own, [0] * len(anchors), anchors, block)  # [A, G, Vd], [A, G, H]
     padded = text + [text[-1]] * G
@@ -95,13 +95,13 @@ def replay(head, target, text: list[int], prompt_len: int):
     out = target.forward(causal_batch([tokens], hidden_layers=tuple(sorted(set(taps))), scratch_row=cache.scratch_row,
                                       device=target.device), cache)
     features = torch.stack([out.hidden[t][0] for t in taps], dim=1)  # [n, taps, Ht]
-    G = head.block_size
-    own = head.new_cache(1, n + G)
+    B, G = head.block_size, head.gamma
+    own = head.new_cache(1, n + B)
     head.write_context(own, 0, 0, head.fuse(features))
     rounds = committed = 0
     a = prompt_len
     while a < n - 1:
-        block = torch.full((1, G), head.config.mask_token_id, dtype=torch.long, device=target.device)
+        block = torch.full((1, B), head.config.mask_token_id, dtype=torch.long, device=target.device)
         block[0, 0] = text[a]
         U, hbar = head.block(own, [0], [a], block)
         chain = markov_chain(head, Block(text[a], a, U[0], hbar[0], head.config.vocab_size, head.w.draft_to_target), G)

@@ -9,6 +9,10 @@ is read out, so gamma inputs give gamma base logits:
 
     U_k    = lm_head(norm(h[k-1]))         [Vd]  position k = 1..gamma predicts x_{n-1+k}
     hbar_k = norm(h[k-1])                  [H]   what the Markov and confidence heads read
+
+`anchor_predicts` false (ours, not the paper's) keeps DFlash's readout instead: slots 1..B-1 are
+positions 1..gamma = B-1 (h[k] for position k), so a DFlash head's backbone drafts as trained and
+only the Markov and confidence heads are new (`outrider train dspark --backbone-mode frozen`).
     logits_k = U_k + bias_k(x_{k-1}, hbar_k, s_{k-1})      (markov.py; x_0 the anchor)
     c_k    = sigmoid(logit_k / T_k)        the calibrated chance that position k is accepted
                                            given positions < k were; survival a_k = c_1 ... c_k
@@ -36,10 +40,17 @@ class DSparkConfig:
     markov_rank: int = 64  # r
     confidence: bool = True  # a confidence head (reading [hbar_k; e_k])
     temperatures: tuple[float, ...] = field(default_factory=tuple)  # [gamma] T_k; () = all 1
+    anchor_predicts: bool = True  # the paper's: slot 0 (the anchor) is position 1; False: DFlash's slots 1..B-1
+
+    @property
+    def first(self) -> int:
+        """The block slot of position 1."""
+        return 0 if self.anchor_predicts else 1
 
     @property
     def gamma(self) -> int:
-        return self.backbone.block_size
+        """Positions drafted per block."""
+        return self.backbone.block_size - self.first
 
     def temperature(self, k: int) -> float:
         """T of position index k (0-based: position k+1)."""
@@ -66,7 +77,12 @@ class DSparkHead:
 
     @property
     def block_size(self) -> int:
+        """The block's width B (the anchor and B-1 MASK slots); `gamma` positions are drafted."""
         return self.backbone.block_size
+
+    @property
+    def gamma(self) -> int:
+        return self.spec.gamma
 
     def new_cache(self, num_slots: int, max_len: int):
         return self.backbone.new_cache(num_slots, max_len)
@@ -86,10 +102,11 @@ class DSparkHead:
     # -- DSpark ---------------------------------------------------------------------------------
     @torch.inference_mode()
     def block(self, cache, slots: list[int], context: list[int], tokens: torch.Tensor):
-        """The backbone pass (DFlashHead.block, every slot read out): tokens [S, gamma] (anchor,
+        """The backbone pass (DFlashHead.block, slots `spec.first`.. read out): tokens [S, B] (anchor,
         MASK...) -> (U [S, gamma, Vd] float32, hbar [S, gamma, H] the normed hidden states)."""
-        logits, h = self.backbone.block(cache, slots, context, tokens, first=0)
-        return logits, rms_norm(h, self.w.norm, self.config.rms_norm_eps)
+        first = self.spec.first
+        logits, h = self.backbone.block(cache, slots, context, tokens, first=first)
+        return logits, rms_norm(h[:, first:], self.w.norm, self.config.rms_norm_eps)
 
     @torch.inference_mode()
     def step(self, base: torch.Tensor, hidden: torch.Tensor, prev: torch.Tensor, state: torch.Tensor | None = None):

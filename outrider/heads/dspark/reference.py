@@ -15,8 +15,8 @@ from ..dflash.reference import reference_block as dflash_reference
 
 
 def reference_block(head, features: torch.Tensor, tokens: torch.Tensor):
-    """features [n, taps, Ht] (the context), tokens [gamma] (anchor, MASK...) -> U [gamma, Vd] float32."""
-    return dflash_reference(head.backbone, features, tokens, first=0).float()
+    """features [n, taps, Ht] (the context), tokens [B] (anchor, MASK...) -> U [gamma, Vd] float32."""
+    return dflash_reference(head.backbone, features, tokens, first=head.spec.first).float()
 
 
 def _sig(x: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,9 @@ previous token: teacher forcing) and p_t the target's distribution at position a
                w_j = exp(-j / gamma_w)               (the paper's alphas (0.1, 0.9, 1.0))
 
 Slots score while their labels form a leading run inside the sequence and the loss mask
-(DeepSpec's cumulative eval mask). Parameters carry z-lab's backbone names plus
+(DeepSpec's cumulative eval mask). `--backbone-mode frozen` (ours, not the paper's) keeps a DFlash
+backbone's own readout (slot j+1 predicts x_{a+1+j}, `anchor_predicts` false) and trains only the
+Markov and confidence heads on it. Parameters carry z-lab's backbone names plus
 `markov_head.*` and `confidence_head.proj.*` (heads/dspark/format.py); `--backbone HEAD` starts
 fc, hidden_norm, the layers and norm from a DFlash head (the shipped one for SmolLM2).
 """
@@ -52,8 +54,9 @@ class DSparkTrainable(DFlashTrainable):
     kind = "dspark"
 
     def __init__(self, config: DFlashConfig, embed: torch.Tensor, lm_head: torch.Tensor, used: torch.Tensor, *,
-                 seed: int = 0, variant: str = "vanilla", rank: int = 64):
+                 seed: int = 0, variant: str = "vanilla", rank: int = 64, anchor_predicts: bool = True):
         super().__init__(config, embed, lm_head, used, seed=seed)
+        self.first = 0 if anchor_predicts else 1  # the block slot of position 1
         c = config
         self.markov_head = MarkovHead(variant, rank, c.hidden_size, c.vocab_size, c.draft_vocab_size, seed=seed)
         self.confidence_head = ConfidenceHead(c.hidden_size, rank, seed=seed)
@@ -62,7 +65,8 @@ class DSparkTrainable(DFlashTrainable):
 
     @classmethod
     def for_target(cls, target, used: torch.Tensor, *, seed: int, layers: int, block_size: int, mask_token_id: int,
-                   layer_ids=None, variant: str = "vanilla", rank: int = 64) -> "DSparkTrainable":
+                   layer_ids=None, variant: str = "vanilla", rank: int = 64,
+                   anchor_predicts: bool = True) -> "DSparkTrainable":
         t = target.config
         if not isinstance(target.lm_head, torch.Tensor) or not isinstance(target.embed, torch.Tensor):
             raise ValueError("train against a float target (--target-dtype float32 or bfloat16), not quantized weights")
@@ -74,14 +78,21 @@ class DSparkTrainable(DFlashTrainable):
             block_size=block_size, mask_token_id=mask_token_id, target_layer_ids=ids,
             draft_vocab_size=int(used.numel()) if used.numel() < t.vocab_size else None,
             num_target_layers=t.num_layers)
-        head = cls(config, target.embed.float(), target.lm_head, used, seed=seed, variant=variant, rank=rank)
+        head = cls(config, target.embed.float(), target.lm_head, used, seed=seed, variant=variant, rank=rank,
+                   anchor_predicts=anchor_predicts)
         with torch.no_grad():  # as DFlash's: a tenth of the target's readout scale
             head.norm.weight.copy_(0.1 * target.norm.float())
         return head
 
     def spec(self) -> DSparkConfig:
         m = self.markov_head
-        return DSparkConfig(self.config, m.variant, m.rank, True, tuple(self.temperatures))
+        return DSparkConfig(self.config, m.variant, m.rank, True, tuple(self.temperatures), self.first == 0)
+
+    def freeze_backbone(self) -> None:
+        """Train only the Markov and confidence heads (the backbone's parameters left as loaded)."""
+        for name, param in self.named_parameters():
+            if not name.startswith(("markov_head.", "confidence_head.")):
+                param.requires_grad_(False)
 
     def load_backbone(self, tensors: dict[str, torch.Tensor]) -> None:
         """Start fc, hidden_norm, the layers and norm from a DFlash head's tensors (z-lab's names,
@@ -105,7 +116,7 @@ class DSparkTrainable(DFlashTrainable):
 
     def weights(self, gamma: float) -> list[float]:
         """Every slot's loss is weighted inside `step` (the TV term's w_j); the loop adds them evenly."""
-        return [1.0] * self.config.block_size
+        return [1.0] * (self.config.block_size - self.first)
 
     # -- forward --------------------------------------------------------------------------------
     def block_hidden(self, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
@@ -153,15 +164,14 @@ class DSparkTrainable(DFlashTrainable):
     def block_logits_all(self, features, tokens, anchors, prev):
         """(logits [S, A, gamma, Vd] with the Markov correction, conf logit [S, A, gamma]); prev
         [S, A, gamma] the previous tokens (teacher forcing)."""
-        hbar = self.block_hidden(features, tokens, anchors)
+        hbar = self.block_hidden(features, tokens, anchors)[:, :, self.first:]  # [S, A, gamma, H]
         logits = self.readout(hbar) + self.markov_head.block_bias(prev, hbar)
         conf = self.confidence_head.logit(hbar, self.markov_head.prev_embeddings(prev))
         return logits, conf
 
     def step(self, tb, generator: torch.Generator, count: int, decay: float = 7.0) -> StepOutput:
         """One step on a target batch (its logits on the draft vocabulary: tb.draft_logits)."""
-        c = self.config
-        B = c.block_size
+        B = self.config.block_size - self.first  # gamma positions
         tokens, valid = tb.tokens, tb.valid
         S, T = tokens.shape
         anchors, real = self.anchors(valid, count, generator)  # [S, A]
@@ -232,6 +242,7 @@ def job(o, target, tokenizer, used: torch.Tensor, layer_ids=None) -> DSparkJob:
 
     mask = o.mask_token if o.mask_token is not None else default_mask_token(tokenizer, target.config.vocab_size)
     layers, block, ids, tensors = o.layers, o.block_size, o.target_layers, None
+    frozen = getattr(o, "backbone_mode", "paper") == "frozen"
     if getattr(o, "backbone", None):
         from safetensors.torch import load_file
 
@@ -245,8 +256,14 @@ def job(o, target, tokenizer, used: torch.Tensor, layer_ids=None) -> DSparkJob:
         tensors = load_file(str(folder / "model.safetensors"))
     model = DSparkTrainable.for_target(target, used, seed=o.seed, layers=layers, block_size=block, mask_token_id=mask,
                                        layer_ids=ids, variant=getattr(o, "markov", "vanilla"),
-                                       rank=getattr(o, "markov_rank", 64))
+                                       rank=getattr(o, "markov_rank", 64), anchor_predicts=not frozen)
     if tensors is not None:
         model.load_backbone(tensors)
+    if frozen:
+        if tensors is None:
+            from ...errors import ConfigError
+
+            raise ConfigError("--backbone-mode frozen keeps a DFlash head's backbone: give it with --backbone HEAD")
+        model.freeze_backbone()
     return DSparkJob(model, o.seed, o.anchors, o.gamma)
 
