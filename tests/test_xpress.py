@@ -158,7 +158,8 @@ def test_greedy_speculation_with_xpress_equals_plain(target, tmp_path_factory, p
     folder = tmp_path_factory.mktemp("xw")
     random_weights(seed=4, scale=2.0, block=5, hidden=64).save(folder)
     shape = parse_shape("ddtree:6")
-    drafter = DFlashDrafter(h, shape, h.config.taps(target.config.num_layers), (make_refiner(f"xpress:{passes}", h, folder),))
+    refiner = make_refiner(f"xpress:{passes}", h, folder)
+    drafter = DFlashDrafter(h, shape, h.config.taps(target.config.num_layers), (refiner,))
     spec = Speculator(SpecOptions("dflash:x", "ddtree:6", "fixed:4"), drafter, FixedController(4), shape)
     assert run(target, spec) == run(target, None)
     from outrider.sampling import SamplingParams
@@ -179,7 +180,6 @@ def test_training_lowers_the_loss_and_learns_a_rule_jacobi_then_follows(target):
     # the trained head from a block of a new sequence: Jacobi's chain is the rule's continuation
     x = XPressHead(w, h)
     ids = [5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0]
-    from outrider.models.batch import causal_batch  # noqa: F401  (target_view builds the batch)
     from outrider.train.xpress import target_view
 
     with torch.inference_mode():
@@ -204,7 +204,8 @@ def test_target_labels_are_the_targets_greedy_tokens(target):
 
     h = _tiny_head(target)
     ids = [2] + list(generate_ids(target, [Request([2], 16)], set())[0].token_ids)  # greedy from one token
-    got = [collect(h, target, [ids], 6, 100, random.Random(0), labels, log=lambda *_: None) for labels in ("target", "text")]
+    got = [collect(h, target, [ids], 6, 100, random.Random(0), labels, log=lambda *_: None)
+           for labels in ("target", "text")]
     assert torch.equal(got[0][2], got[1][2])
     assert torch.equal(got[0][1], got[1][1])  # the same blocks, predecessors the text's
     assert len(set(ids)) > 2 and got[0][2].shape == (6, 4)

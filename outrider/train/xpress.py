@@ -158,7 +158,8 @@ def sequences_from(args, target_folder) -> list[list[int]]:
 
 def add_arguments(p) -> None:
     p.add_argument("--target", required=True, help="catalog name or model folder of the target")
-    p.add_argument("--head", required=True, help="the DFlash head it refines: a folder or a shipped head's name (dflash:NAME or NAME)")
+    p.add_argument("--head", required=True, help="the DFlash head it refines: a folder or a shipped head's name "
+                   "(dflash:NAME or NAME)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--data", help="training sources (train/data.py: code, code-completions, ...; their own text)")
     src.add_argument("--responses", help="a regenerated.jsonl of this target (lines with `ids`)")

@@ -77,7 +77,8 @@ class XPressWeights:
             return torch.randn(*shape, generator=g) / fan ** 0.5
 
         return XPressWeights(rnd(r, H, fan=H), rnd(r, H, fan=H), rnd(r, H, fan=H), torch.ones(H),
-                             rnd(r, 2 * r, fan=3 * r), rnd(r, r, fan=3 * r), torch.zeros(r, block_size, block_size), torch.ones(r),
+                             rnd(r, 2 * r, fan=3 * r), rnd(r, r, fan=3 * r), torch.zeros(r, block_size, block_size),
+                             torch.ones(r),
                              rnd(M, r, fan=r), rnd(M, r, fan=r), rnd(r, M, fan=M) * 0.1, torch.zeros(H, r))
 
     def tensors(self) -> dict[str, torch.Tensor]:
