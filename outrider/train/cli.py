@@ -53,6 +53,9 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run_dspark)
     p.add_argument("--backbone", default=None, metavar="HEAD", help="start the backbone from this DFlash head (a folder "
                    "or a shipped head's name): its weights, layers, block size, MASK token and taps")
+    p.add_argument("--backbone-mode", default="paper", choices=("paper", "frozen"), help="paper: the anchor is the "
+                   "first prediction, every weight trained from the backbone (DSpark's); frozen: the DFlash backbone "
+                   "kept as it drafts (slots 1..B-1), only the Markov and confidence heads trained (needs --backbone)")
     p.add_argument("--markov", default="vanilla", choices=("vanilla", "gated", "rnn"), help="the Markov head's variant")
     p.add_argument("--markov-rank", type=int, default=64, help="its rank r (default 64; the paper's 256)")
     p.add_argument("--layers", type=int, default=1, help="draft layers without --backbone (default 1)")
@@ -113,7 +116,7 @@ def run_dspark(args) -> int:
             "draft_vocab", "vocab_tokens", "seed", "resume", "regenerate", "max_response_tokens", "checkpoint_every",
             "threads", "device", "target_dtype", "precision", "snapshot_every", "regenerate_batch", "time_budget",
             "length_group", "code_roots", "responses", "regenerate_only", "layers", "block_size", "anchors", "gamma",
-            "mask_token", "target_layers", "markov", "markov_rank", "backbone")
+            "mask_token", "target_layers", "markov", "markov_rank", "backbone", "backbone_mode")
     train(TrainOptions(**{k: getattr(args, k) for k in keys}, head="dspark", progress=not args.no_progress,
                        command=["outrider"] + sys.argv[1:]))
     return 0

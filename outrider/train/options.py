@@ -77,6 +77,7 @@ class TrainOptions:
     markov: str = "vanilla"  # DSpark: the Markov head's variant (vanilla, gated, rnn)
     markov_rank: int = 64  # DSpark: its rank r
     backbone: str | None = None  # DSpark: start the backbone from this DFlash head
+    backbone_mode: str = "paper"  # DSpark: paper (all trained, the anchor a position) or frozen
     progress: bool = True
     command: list[str] = field(default_factory=list)
 
