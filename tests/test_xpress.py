@@ -174,9 +174,11 @@ def test_training_lowers_the_loss_and_learns_a_rule_jacobi_then_follows(target):
     h = _tiny_head(target)
     seqs = [[(i * 3 + j) % 8 for j in range(24)] for i in range(6)]  # x_{t+1} = x_t + 1 mod 8
     lines = []
-    w = train(h, target, seqs, steps=120, rank=8, anchors=12, batch=16, lr=3e-2, labels="text", log=lines.append)
+    w = train(h, target, seqs, steps=120, rank=8, anchors=12, batch=16, lr=3e-2, labels="text", weight_decay=0.01,
+              keep_best=True, log=lines.append)
     losses = [float(l.split("loss ")[1].split()[0]) for l in lines if l.startswith("step")]
     assert losses[-1] < 0.5 * losses[0]
+    assert any(l.startswith("kept step ") for l in lines)  # the best held-out check's weights
     # the trained head from a block of a new sequence: Jacobi's chain is the rule's continuation
     x = XPressHead(w, h)
     ids = [5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0]

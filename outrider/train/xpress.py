@@ -107,7 +107,10 @@ def accuracy(pred: torch.Tensor, labels: torch.Tensor) -> list[float]:
 
 def train(head, target, sequences: list[list[int]], steps: int, rank: int = 256, anchors: int = 32,
           batch: int = 64, lr: float = 2e-3, seed: int = 0, gamma: float = 7.0, labels: str = "target",
-          max_blocks: int = 20000, collect_seconds: float | None = None, log=print) -> XPressWeights:
+          max_blocks: int = 20000, collect_seconds: float | None = None, weight_decay: float = 0.0,
+          keep_best: bool = False, log=print) -> XPressWeights:
+    """keep_best: every 100 steps measure the held-out accuracy (mean over slots) and return the
+    weights of the best check instead of the last step's."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     B = head.block_size
@@ -118,10 +121,10 @@ def train(head, target, sequences: list[list[int]], steps: int, rank: int = 256,
     init = XPressWeights.init(head.config.hidden_size, rank, B, seed)
     params = {k: torch.nn.Parameter(v.to(head.dtype)) for k, v in init.tensors().items()}
     x = XPressHead(XPressWeights(**params), head, product=F.linear)
-    opt = torch.optim.AdamW(params.values(), lr=lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(params.values(), lr=lr, weight_decay=weight_decay)
     w = slot_weights(B, gamma)
     warm = max(1, steps // 20)
-    start = time.perf_counter()
+    start, best = time.perf_counter(), None
     for step in range(steps):
         for g in opt.param_groups:  # linear warmup, cosine decay
             g["lr"] = lr * min(1.0, (step + 1) / warm) * 0.5 * (1 + math.cos(math.pi * step / steps))
@@ -132,15 +135,31 @@ def train(head, target, sequences: list[list[int]], steps: int, rank: int = 256,
         torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
         opt.step()
         if step == 0 or (step + 1) % 100 == 0 or step + 1 == steps:
-            log(f"step {step + 1}/{steps} loss {float(loss.detach()):.3f} ({time.perf_counter() - start:.0f} s)")
-    with torch.no_grad():
-        hv, pv, lv, bv = hidden[held], prev[held], lab[held], base[held]
-        preds = torch.cat([loss_of(x, head, hv[i:i + 256], pv[i:i + 256], lv[i:i + 256], w)[1]
-                           for i in range(0, hv.shape[0], 256)])
-        own, refined = accuracy(bv, lv), accuracy(preds, lv)
+            note = ""
+            if keep_best and ((step + 1) % 100 == 0 or step + 1 == steps):
+                score = sum(held_accuracy(x, head, hidden[held], prev[held], lab[held], w)) / (B - 1)
+                if best is None or score > best[0]:
+                    best = (score, step + 1, {k: v.detach().clone() for k, v in params.items()})
+                note = f" held-out {score:.3f}"
+            log(f"step {step + 1}/{steps} loss {float(loss.detach()):.3f}{note} ({time.perf_counter() - start:.0f} s)")
+    if best is not None:
+        log(f"kept step {best[1]} (held-out {best[0]:.3f})")
+        with torch.no_grad():
+            for k, v in best[2].items():
+                params[k].copy_(v)
+    own = accuracy(base[held], lab[held])
+    refined = held_accuracy(x, head, hidden[held], prev[held], lab[held], w)
     log("held-out accuracy per slot (true predecessors): block " + " ".join(f"{a:.3f}" for a in own)
         + " | xpress " + " ".join(f"{a:.3f}" for a in refined))
     return XPressWeights(**{k: v.detach().float() for k, v in params.items()})
+
+
+@torch.no_grad()
+def held_accuracy(x: XPressHead, head, hidden, prev, labels, weights) -> list[float]:
+    """Per-slot accuracy of the refined argmax with the true predecessors."""
+    preds = torch.cat([loss_of(x, head, hidden[i:i + 256], prev[i:i + 256], labels[i:i + 256], weights)[1]
+                       for i in range(0, hidden.shape[0], 256)])
+    return accuracy(preds, labels)
 
 
 def sequences_from(args, target_folder) -> list[list[int]]:
@@ -179,6 +198,9 @@ def add_arguments(p) -> None:
                    help="target: the target's own argmax after each prefix (default); text: the next token")
     p.add_argument("--gamma", type=float, default=7.0, help="slot k's loss weight is exp(-(k-1)/gamma) (default 7)")
     p.add_argument("--lr", type=float, default=2e-3, help="AdamW peak learning rate (default 2e-3)")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0)")
+    p.add_argument("--keep-best", action="store_true", help="check the held-out accuracy every 100 steps and keep "
+                   "the best check's weights (default: the last step's)")
     p.add_argument("--seed", type=int, default=0, help="initialisation, sequence and anchor order (default 0)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
 
@@ -199,7 +221,8 @@ def run(args) -> int:
 
         head = reduce_readout(head, folder, args.vocab)
     w = train(head, target, sequences_from(args, folder), args.steps, args.rank, args.anchors, args.batch, args.lr,
-              args.seed, args.gamma, args.labels, args.max_blocks, args.collect_seconds)
+              args.seed, args.gamma, args.labels, args.max_blocks, args.collect_seconds, args.weight_decay,
+              args.keep_best)
     print(w.save(args.out))
     return 0
 
