@@ -211,3 +211,20 @@ def test_target_labels_are_the_targets_greedy_tokens(target):
     assert torch.equal(got[0][2], got[1][2])
     assert torch.equal(got[0][1], got[1][1])  # the same blocks, predecessors the text's
     assert len(set(ids)) > 2 and got[0][2].shape == (6, 4)
+
+
+def test_a_reduced_readout_maps_ids_both_ways():
+    """A head reading out a draft vocabulary (dflash:NAME,vocab=N): Jacobi's chain in target ids
+    equals the reference's, and training labels map to draft ids and back."""
+    from outrider.heads.vocab_map import to_draft_ids, to_target_ids
+
+    m = torch.tensor([0, 2, 3, 5, 7, 11, 13, 40, 63])
+    h = random_head(hidden=H, vocab=V, block=B, seed=5, mask_token_id=1, draft_vocab=m)
+    w = random_weights(seed=6, scale=2.0)
+    g = torch.Generator().manual_seed(3)
+    blk = Block(9, 1, torch.randn(B - 1, m.numel(), generator=g), torch.randn(B, H, generator=g) * 2, V, m,
+                committed=[7, 9])
+    chain, _ = jacobi(XPressHead(w, h), blk, B - 1, 3, 1)
+    assert chain == reference_jacobi(w, h, blk, B - 1, 3, 1) and set(chain) <= set(m.tolist())
+    d, kept = to_draft_ids(m, torch.tensor([40, 4, 0, 63]), V)
+    assert kept.tolist() == [True, False, True, True] and to_target_ids(m, d[kept]).tolist() == [40, 0, 63]

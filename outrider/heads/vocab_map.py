@@ -15,6 +15,17 @@ def to_target_ids(m: torch.Tensor | None, draft_ids: torch.Tensor) -> torch.Tens
     return draft_ids if m is None else m[draft_ids.to(m.device)]
 
 
+def to_draft_ids(m: torch.Tensor | None, target_ids: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target ids [n] -> (draft ids [n], kept [n] bool: the token is in the draft vocabulary; draft
+    id 0 where it is not). The inverse of `to_target_ids`, for training labels."""
+    if m is None:
+        return target_ids, torch.ones_like(target_ids, dtype=torch.bool)
+    inv = torch.full((vocab,), -1, dtype=torch.long)
+    inv[m.cpu()] = torch.arange(m.numel())
+    d = inv[target_ids.cpu()].to(target_ids.device)
+    return d.clamp(min=0), d >= 0
+
+
 def to_target_logits(m: torch.Tensor | None, logits: torch.Tensor, vocab: int) -> torch.Tensor:
     """[..., Vd] -> [..., V]: the draft logits at their target ids, -inf elsewhere (what vLLM does)."""
     if m is None:

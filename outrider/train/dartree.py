@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..drafters.refiners.dartree import CorrectionHead
+from ..heads.vocab_map import to_draft_ids
 from ..models.batch import causal_batch
 from .lilicorr import read_ids
 
@@ -34,13 +35,7 @@ def _features(target, ids: list[int], taps: tuple[int, ...]) -> torch.Tensor:
 
 def _draft_ids(head, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Target ids [m] -> (draft ids [m], kept [m] bool: the token is in the draft vocabulary)."""
-    m = head.w.draft_to_target
-    if m is None:
-        return tokens, torch.ones_like(tokens, dtype=torch.bool)
-    inv = torch.full((head.config.vocab_size,), -1, dtype=torch.long)
-    inv[m.cpu()] = torch.arange(m.numel())
-    d = inv[tokens]
-    return d.clamp(min=0), d >= 0
+    return to_draft_ids(head.w.draft_to_target, tokens, head.config.vocab_size)
 
 
 def train(head, target, sequences: list[list[int]], steps: int, hidden: int = 256, anchors: int = 8,

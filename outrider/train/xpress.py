@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..drafters.refiners.xpress_head import XPressHead, XPressWeights
+from ..heads.vocab_map import to_draft_ids
 from ..models.batch import causal_batch
 from ..models.layers import linear, rms_norm
 
@@ -42,17 +43,6 @@ def target_view(target, ids: list[int], taps: tuple[int, ...]) -> tuple[torch.Te
     feats = torch.stack([out.hidden[t][0].float() for t in taps], dim=1).clone()
     last = rms_norm(out.hidden[N][0], target.norm, target.config.rms_norm_eps)  # [n, Ht]
     return feats, linear(last, target.lm_head).argmax(-1).clone()
-
-
-def draft_ids(head, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Target ids [m] -> (draft ids [m], kept [m] bool: in the block head's readout)."""
-    m = head.w.draft_to_target
-    if m is None:
-        return tokens, torch.ones_like(tokens, dtype=torch.bool)
-    inv = torch.full((head.config.vocab_size,), -1, dtype=torch.long)
-    inv[m.cpu()] = torch.arange(m.numel())
-    d = inv[tokens]
-    return d.clamp(min=0), d >= 0
 
 
 def collect(head, target, sequences: list[list[int]], anchors: int, max_blocks: int, rng: random.Random,
@@ -95,7 +85,7 @@ def slot_weights(B: int, gamma: float) -> torch.Tensor:
 def loss_of(x: XPressHead, head, hidden, prev, labels, weights) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted cross-entropy of the refined logits and their argmax (target ids) [n, B-1]."""
     logits = x.logits(hidden, prev)  # [n, B-1, Vd]
-    want, kept = draft_ids(head, labels.reshape(-1))
+    want, kept = to_draft_ids(head.w.draft_to_target, labels.reshape(-1), head.config.vocab_size)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), want, reduction="none")  # [n(B-1)]
     w = (weights.expand_as(labels).reshape(-1) * kept).float()
     return (ce * w).sum() / w.sum().clamp(min=1e-9), head.target_ids(logits.argmax(-1))
