@@ -58,7 +58,7 @@ from .commit import token_logprobs
 from .drafting import why as failure
 from .request import Completion, Request, TokenLogprob, check_request
 from .paging import fill_rows, make_room, take_pages
-from .prefix_cache import PrefixCache, why_not_exact
+from .prefix_cache import PrefixCache, exact_prefill
 from .round import run_round
 from .scheduler import Scheduler
 from .sequence import Sequence, with_seed
@@ -114,7 +114,7 @@ class EngineLoop:
         self.scheduler = Scheduler(max_running, max_kv_rows or max_running * self.max_len, take)
         if speculation is not None:  # early exit drafts over this cache; the cost controller's batch table
             speculation.prepare(self.cache, max_running)
-        self.prefix_cache_note = why_not_exact(target, self.cache) if prefix_cache is not None else None
+        self.prefix_cache_note = exact_prefill(target, self.cache) if prefix_cache is not None else None
         self.prefix_cache = prefix_cache if self.prefix_cache_note is None else None
         if self.prefix_cache is not None and speculation is not None and speculation.hidden_layers:
             self.prefix_cache_note = (f"the {speculation.options.kind} drafter reads the prompt's hidden states, "

@@ -34,10 +34,14 @@ block is always more recent than the blocks after it and the least recent block 
 Exact: the rows copied are the bits the prefill (or decoding) computed; they equal a whole
 prefill's only where the prefill gives the same bits in any chunks. `why_not_exact` says where
 that does not hold (the engine then keeps the cache off and says why): a prefill through the
-torch layers or the float GEMM (config gemm_prefill, auto on Intel) or the AMX tiles, whose
-summation order depends on how many rows a forward holds; and a slot state that is not K/V
-rows by position: recurrent (gated-delta) layers, whose state at a block boundary is not kept,
-or sliding-window rings.
+torch layers or the float GEMM (config gemm_prefill=on) or the AMX tiles, whose summation order
+depends on how many rows a forward holds; and a slot state that is not K/V rows by position:
+recurrent (gated-delta) layers, whose state at a block boundary is not kept, or sliding-window
+rings. Where the GEMM was only the CPU's default (gemm_prefill=auto, Intel), an engine with the
+cache prefills in the native layer instead and keeps the cache on (`exact_prefill`): the fill
+kernel's bits do not depend on the chunk, the GEMM's do (the rows under 96 take another kernel,
+MKL's sgemm splits its sums by the row count at two threads, and torch's attention over a whole
+prompt and over a chunk with a mask are different kernels: docs/serving.md, "Prefix cache").
 """
 
 from __future__ import annotations
@@ -287,6 +291,19 @@ def _tensors(state: KVCache) -> list[torch.Tensor]:
     return [*state.k, *state.v]
 
 
+def exact_prefill(target, state) -> str | None:
+    """An engine with the prefix cache asks this instead of why_not_exact: where the float GEMM
+    would prefill only because config gemm_prefill is auto (Intel), the target prefills in the
+    native layer instead (Decoder.exact_prefill: the fill kernel, the same bits whole, in any chunks
+    or restored from the cache) and the cache is on; None then, else why it stays off (the target
+    prefills as the CPU's rule says)."""
+    target.exact_prefill = True
+    why = why_not_exact(target, state)
+    if why is not None:
+        target.exact_prefill = False
+    return why
+
+
 def why_not_exact(target, state) -> str | None:
     """Why a prefix restored from the cache would not be the bits of a whole prefill on this
     target and CPU (the cache is then off), or None."""
@@ -304,7 +321,7 @@ def why_not_exact(target, state) -> str | None:
             how = "take the AMX tiles (config amx_prefill)"
             fix = "--config amx_prefill=false"
         elif plan.gemm_prefill:
-            how = "take the float GEMM (config gemm_prefill, auto on Intel)"
+            how = "take the float GEMM (config gemm_prefill=on)"
             fix = "--config gemm_prefill=off"
         else:
             return ("prefills of this model run in the torch layers, whose K/V bits depend on how a prompt is "

@@ -102,6 +102,10 @@ class Decoder:
         # a draft model's: its prompt may be multiplied in bfloat16 (dispatch.Plan.prefill; its
         # numerics change only what it proposes, never what is committed)
         self.drafter_prefill_bf16 = drafter
+        # set by an engine with the prefix cache (engine/prefix_cache.py exact_prefill): a prefill the
+        # float GEMM would take by config gemm_prefill=auto runs in the native layer instead, the same
+        # bits in any chunks
+        self.exact_prefill = False
         # the K/V cache's dtype: None, the compute dtype; torch.float16 halves the bytes attention
         # reads (llama.cpp's default cache type; a model of its own, exact under speculation)
         self.kv_dtype = kv_dtype
@@ -335,7 +339,12 @@ class Decoder:
     def _cpu_prefill(self, rows: int) -> PrefillPath:
         """The CPU's rule for a prefill of `rows` rows in this model (its weights' layout, whether
         it is a drafter's)."""
-        return dispatch.plan().prefill(rows, lanes=self._native.lanes, drafter=self.drafter_prefill_bf16)
+        plan = dispatch.plan()
+        path = plan.prefill(rows, lanes=self._native.lanes, drafter=self.drafter_prefill_bf16)
+        if (path is PrefillPath.TORCH and getattr(self, "exact_prefill", False) and current().gemm_prefill == "auto"
+                and not plan.lossy_bf16 and not (self.drafter_prefill_bf16 and plan.drafter_bf16)):
+            return PrefillPath.NATIVE  # the GEMM's bits depend on the chunk; the prefix cache needs them not to
+        return path
 
     def _choose_linear_paths(self) -> None:
         """Measure the CPU's fastest matrix-product path for this model's weight shapes, once per
