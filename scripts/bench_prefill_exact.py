@@ -8,7 +8,9 @@ the fill kernel), a prompt of the largest size is prefilled whole and in chunks 
 of them at a 16-token block edge as a prefix-cache restore makes), and every layer's K/V rows are
 compared bit for bit with the whole prefill's. Then each size is prefilled whole, the paths
 interleaved in every round, and the median seconds and tokens a second are printed with the
-ratio native / GEMM in the same run.
+ratio native / GEMM in the same run. Last, torch's float GEMM alone on the model's product shapes
+(random float32 rows and weights): whether a row's result depends on how many rows the call
+holds, at one and at two threads (`--gemm-rows`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,11 @@ def main() -> None:
     ap.add_argument("--tokens", default="128,256,512")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--gemm-rows", action="store_true", help="only the GEMM row probe")
     args = ap.parse_args()
+    if args.gemm_rows:
+        gemm_rows()
+        return
     torch.set_num_threads(args.threads)
     from outrider import LLM
     from outrider.config import overriding
@@ -76,6 +82,21 @@ def main() -> None:
         print(json.dumps({"tokens": s, "seconds": {k: round(v, 3) for k, v in med.items()},
                           "tok_s": {k: round(s / v, 1) for k, v in med.items()},
                           "native_vs_gemm_speed": round(med["gemm"] / med["native"], 3)}), flush=True)
+
+
+def gemm_rows(shapes=((576, 1728), (576, 3072), (1536, 576))) -> None:
+    """A [512, K] x [K, N] product against its rows taken [start, start + M) in a call of their own:
+    which (start, M) give other bits, per thread count (SmolLM2's qkv, gate_up, down shapes)."""
+    gen = torch.Generator().manual_seed(0)
+    cuts = [(0, 96), (0, 128), (0, 135), (16, 121), (128, 128), (135, 121), (0, 300), (5, 300)]
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        for K, N in shapes:
+            x, w = torch.randn(512, K, generator=gen), torch.randn(N, K, generator=gen)
+            whole = x @ w.t()
+            differ = [[a, m] for a, m in cuts if not torch.equal(x[a:a + m] @ w.t(), whole[a:a + m])]
+            print(json.dumps({"threads": threads, "K": K, "N": N, "row_cuts_differing_from_512_rows": differ}),
+                  flush=True)
 
 
 if __name__ == "__main__":
