@@ -39,11 +39,12 @@ from outrider.drafters.dblast_chain import (
     MixtureBlock,
     _chain,
     coupled_chain,
+    greedy_mixture_chain,
     posterior_log_rows,
     posterior_rows_reference,
     sampled_by_component,
 )
-from outrider.drafters.dblast_mixture import MixtureHead, MixtureWeights, load_weights
+from outrider.drafters.dblast_mixture import MixtureHead, MixtureWeights, load_weights, mixture_reference
 from outrider.engine.generate import generate_ids
 from outrider.engine.request import Request
 from outrider.engine.speculator import SpecOptions, Speculator
@@ -135,6 +136,27 @@ def test_posterior_rows_equal_explicit_bayes():
     batched = posterior_log_rows(probs.log().unsqueeze(0), pi.log().unsqueeze(0), torch.tensor([tokens])).exp()[0]
     torch.testing.assert_close(batched, want, atol=1e-12, rtol=0)
     assert not torch.allclose(want[1], torch.einsum("m,mv->v", pi, probs[:, 1]))  # the prefix does move it
+    greedy = greedy_mixture_chain(block, 4).tokens[1:].tolist()  # each draft the argmax of its posterior row
+    assert greedy == [int(posterior_rows_reference(probs, pi, greedy)[i].argmax()) for i in range(4)]
+    two = torch.tensor([[[0.8, 0.1, 0.1], [0.1, 0.8, 0.1]], [[0.1, 0.1, 0.8], [0.8, 0.1, 0.1]]], dtype=torch.float64)
+    mixed = MixtureBlock(9, torch.tensor([0.4, 0.6]).log(), two.log().float(), 3)
+    assert greedy_mixture_chain(mixed, 2).tokens.tolist() == [9, 2, 0]  # not component 0's argmax (0, 1)
+
+
+def test_the_mixture_head_equals_its_reference():
+    from test_dflash_spec import head_for
+
+    class Target:  # what head_for reads: a shared embedding and output head
+        embed, lm_head = torch.randn(8, 64), torch.randn(8, 64)
+
+    head = head_for(Target())
+    mixture = random_mixture(head)
+    h, base = torch.randn(head.block_size, 64), torch.randn(head.block_size - 1, 8)
+    log_pi, logits = mixture(h, base)
+    want_pi, want = mixture_reference(mixture.w, head.w.lm_head, h, base, head.w.norm, head.config.rms_norm_eps)
+    torch.testing.assert_close(log_pi, want_pi, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits, want, atol=1e-4, rtol=1e-5)
+    assert (logits[0] - logits[1]).abs().max() > 0.1  # the components differ
 
 
 @pytest.mark.parametrize("params", [T1, T07], ids=["t1", "t0.7_topk2"])
@@ -213,7 +235,9 @@ def target(tmp_path_factory):
 
 def random_mixture(head, seed=1, scale=0.8) -> MixtureHead:
     w = MixtureWeights.init(3, 4, head.block_size - 1, head.config.hidden_size, seed=seed, scale=scale)
-    w.proj = torch.randn(head.config.hidden_size, 4, generator=torch.Generator().manual_seed(seed)) * scale
+    g = torch.Generator().manual_seed(seed)
+    w.proj = torch.randn(head.config.hidden_size, 4, generator=g) * scale
+    w.gate_bias = torch.randn(3, generator=g)
     return MixtureHead(w, head)
 
 

@@ -119,6 +119,21 @@ def mixture_logits(w: MixtureWeights, readout: torch.Tensor, h: torch.Tensor, ba
     return log_pi, base.float().unsqueeze(-3) + a @ readout  # [..., M, K, Vd]
 
 
+def mixture_reference(w: MixtureWeights, lm_head: torch.Tensor, h: torch.Tensor, base: torch.Tensor,
+                      norm: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The slow form of `mixture_logits` for one block, component by component and position by
+    position (lm_head: [Vd, H] float). h: [B, H], base: [K, Vd] -> (log_pi [M], logits [M, K, Vd])."""
+    def normed(x):
+        return x / torch.sqrt(x.pow(2).mean() + eps) * norm
+
+    K = base.shape[0]
+    n = [normed(h[k].float()) for k in range(K + 1)]
+    score = w.gate @ torch.cat((n[0], torch.stack(n[1:]).mean(0))) + w.gate_bias  # [M]
+    rows = [[base[k].float() + lm_head @ (w.proj @ (w.comp[z] @ n[k + 1] + w.bias[z, k])) for k in range(K)]
+            for z in range(w.components)]
+    return torch.log_softmax(score, -1), torch.stack([torch.stack(r) for r in rows])
+
+
 class MixtureHead:
     """The mixture over a DFlash head (`head`: DFlashHead; its norm and lm_head are read, not copied)."""
 

@@ -201,6 +201,21 @@ def sampled_responses(target, path, data: str, count: int, max_tokens: int, temp
     return [(p + list(d.token_ids), len(p)) for p, d in zip(prompts, done)]
 
 
+def own_responses(path, data: str, count: int, max_tokens: int) -> list[tuple[list[int], int]]:
+    """The items' own responses (code-completions: the stdlib function's body) instead of the
+    target's: [(prompt + response ids, prompt length)], the response cut to `max_tokens`."""
+    from ..weights.tokenizer import load_tokenizer
+    from .data import Encoder, load_corpus
+
+    encoder = Encoder(load_tokenizer(path), 1 << 16)
+    out = []
+    for item in [i for i in load_corpus(data, regenerate=False).items if i.kind != "text"][:count]:
+        for e in encoder.examples(item):
+            prompt = e.mask.index(True)
+            out.append((e.tokens[: prompt + max_tokens], prompt))
+    return out
+
+
 def add_arguments(p) -> None:
     p.add_argument("--target", required=True, help="catalog name or model folder of the target")
     p.add_argument("--head", required=True, help="the frozen DFlash head: a folder or a shipped head's name")
@@ -208,6 +223,8 @@ def add_arguments(p) -> None:
                    "(train/data.py; default code-completions:160: stdlib defs and docstrings, not HumanEval)")
     p.add_argument("--count", type=int, default=160, help="prompts answered (default 160)")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per sampled answer (default 128)")
+    p.add_argument("--own-responses", action="store_true", help="train on the items' own responses (the stdlib "
+                   "bodies) instead of answers the target samples (no generation: all the time to training)")
     p.add_argument("--out", required=True, help="output folder (dblast.safetensors, recipe.json)")
     p.add_argument("--steps", type=int, default=2000, help="optimizer steps (default 2000)")
     p.add_argument("--time-budget", type=float, default=480.0, help="stop training after this many seconds (default 480)")
@@ -219,7 +236,7 @@ def add_arguments(p) -> None:
                    "tokens and the label per position (default 64; evaluation uses the whole vocabulary)")
     p.add_argument("--temperatures", default="0.3,0.7,1.0", help="sampling temperatures of the answers, and T "
                    "drawn per step for the acceptance term (default 0.3,0.7,1.0)")
-    p.add_argument("--ce", type=float, default=0.1, help="weight of the mixture's log-likelihood term (default 0.1)")
+    p.add_argument("--ce", type=float, default=0.0, help="weight of the mixture's log-likelihood term (default 0: at 0.02 it pulled the rows toward the text and away from the target)")
     p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default 3e-3)")
     p.add_argument("--held-out", type=int, default=12, help="answers kept out for the final tau (default 12)")
     p.add_argument("--seed", type=int, default=0)
@@ -237,8 +254,9 @@ def run(args) -> int:
     target = load_decoder(path, "cpu")
     head = load_dflash(parse_argument(args.head.removeprefix("dflash:")), target)
     temps = [float(t) for t in args.temperatures.split(",")]
-    seqs = [s for s in sampled_responses(target, path, args.data, args.count, args.max_tokens, temps, args.seed)
-            if len(s[0]) - s[1] > head.block_size + 4]
+    drawn = own_responses(path, args.data, args.count, args.max_tokens) if args.own_responses else \
+        sampled_responses(target, path, args.data, args.count, args.max_tokens, temps, args.seed)
+    seqs = [s for s in drawn if len(s[0]) - s[1] > head.block_size + 4]
     random.Random(args.seed).shuffle(seqs)
     held, train_seqs = seqs[: args.held_out], seqs[args.held_out:]
     print(f"data {args.data}: {len(seqs)} answers ({len(held)} held out)", flush=True)
