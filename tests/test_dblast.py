@@ -325,3 +325,37 @@ def test_cli_argument_and_refusals(tmp_path):
 
 class _FakeHead:
     pass
+
+
+def test_training_terms_start_at_the_block_and_the_objective_raises_tau():
+    """proj = 0: the mixture's tau equals the block's (whole vocabulary and candidates alike); a few
+    Adam steps on the acceptance objective raise the mixture's tau on a fixed batch of blocks."""
+    from test_dflash_spec import head_for
+
+    from outrider.train.dblast import block_terms
+
+    class Target:
+        embed, lm_head = torch.randn(8, 64), torch.randn(8, 64)
+
+    head = head_for(Target())
+    g = torch.Generator().manual_seed(3)
+    hidden, base = torch.randn(6, head.block_size, 64, generator=g), torch.randn(6, head.block_size - 1, 8, generator=g)
+    t_logits = torch.randn(6, head.block_size - 1, 8, generator=g) * 2
+    labels = t_logits.argmax(-1)
+    w = MixtureWeights.init(3, 4, head.block_size - 1, 64, seed=0, scale=0.3)
+    lm_head = head.w.lm_head.float()
+    for top in (None, 2):
+        tau, base_tau, _ = block_terms(w, lm_head, head, hidden, base, t_logits, labels, 0.7, top)
+        torch.testing.assert_close(tau, base_tau)
+    params = [w.comp, w.bias, w.proj, w.gate, w.gate_bias]
+    for t in params:
+        t.requires_grad_(True)
+    opt = torch.optim.Adam(params, lr=3e-2)
+    for _ in range(30):
+        loss = -block_terms(w, lm_head, head, hidden, base, t_logits, labels, 0.7, 2)[0].mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        tau, base_tau, _ = block_terms(w, lm_head, head, hidden, base, t_logits, labels, 0.7)
+    assert float(tau.mean()) > float(base_tau.mean()) + 0.05

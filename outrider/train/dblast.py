@@ -91,15 +91,15 @@ def block_terms(w, lm_head, head, hidden, base, t_logits, labels, temperature, t
     logits = base.unsqueeze(1) + a @ (lm_head @ w.proj).T  # [A, M, K, V]
     log_t, log_1 = torch.log_softmax(logits / temperature, -1), torch.log_softmax(logits, -1)
     p = torch.softmax(t_logits / temperature, -1)  # [A, K, V]
-    with torch.no_grad():
-        base_tau = expected_tau(p, torch.log_softmax(base / temperature, -1))
+    log_b = torch.log_softmax(base / temperature, -1).detach()  # the block's own rows
     at = labels
     if top is not None:
         ids, keep, at = candidates(t_logits, base, labels, top)  # [A, K, N]
         hide = torch.where(keep, 0.0, -1e4)  # a repeat gets no mass (finite: no NaN gradients)
         wide = ids.unsqueeze(1).expand(-1, logits.shape[1], -1, -1)  # [A, M, K, N]
         log_t, log_1 = log_t.gather(-1, wide) + hide.unsqueeze(1), log_1.gather(-1, wide) + hide.unsqueeze(1)
-        p = p.gather(-1, ids) * keep
+        p, log_b = p.gather(-1, ids) * keep, log_b.gather(-1, ids) + hide  # the block's tau on the same candidates
+    base_tau = expected_tau(p, log_b)
     rows_t = posterior_log_rows(log_t, log_pi, at)  # [A, K, N or V]
     rows_1 = posterior_log_rows(log_1, log_pi, at)
     return expected_tau(p, rows_t), base_tau, rows_1.gather(-1, at.unsqueeze(-1)).squeeze(-1)
