@@ -135,3 +135,15 @@ def test_exports(setup, tmp_path):
     assert torch.equal(tensors["model.layers.4.embed_tokens.weight"], target.embed)
     a, b = load_mtp(out, target), load_mtp(head_dir, target)  # the same drafts with its own copies
     assert torch.equal(a.w.lm_head, b.w.lm_head) and a.w.lm_head is not b.w.lm_head
+
+
+def test_the_shipped_head_is_small_with_its_recipe_and_conforms(smollm2_path):
+    from outrider.heads.catalog import drafters_for, resolve_head
+
+    head = resolve_head("smollm2-135m-instruct", "mtp")
+    assert "mtp:smollm2-135m-instruct" in drafters_for("smollm2-135m-instruct")
+    assert all(p.stat().st_size <= 25 * 1024 * 1024 for p in head.iterdir())
+    info = json.loads((head / "train_info.json").read_text())
+    assert info["seed"] == 0 and info["tokens"] > 0 and "reproduce" in info
+    checks = check_mtp(head, smollm2_path, golden=False)
+    assert all(c.status != "FAIL" for c in checks), [c.line() for c in checks]
