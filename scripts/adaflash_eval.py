@@ -3,8 +3,8 @@
     python scripts/adaflash_eval.py --drafter NAME=SPEC [--drafter ...] [--prompts 4] [--new-tokens 64]
 
 Each --drafter is a label and a `--drafter` spec (e.g. `sft=dflash:smollm2-135m-instruct`,
-`opd+len=adaflash:out/opd-len`), run greedily as a chain under `fixed:K` (K = --depth, default the
-block's 7) on SmolLM2-135M-Instruct over the first --prompts prompts of humaneval, toolcall and
+`opd+len=adaflash:out/opd-len`, `cut1=dflash:smollm2-135m-instruct@1`), run greedily as a chain under
+`fixed:K` (K = --depth, default the block's 7, or the spec's own @K) on SmolLM2-135M-Instruct over the first --prompts prompts of humaneval, toolcall and
 code-edit (bench/workloads.py, the bench's own prompt encoding). Per drafter and workload: tau
 (tokens committed per target forward) as the mean over prompts and its variance over prompts;
 across the three workloads the mean of the workload means and their variance (the card's "tau
@@ -66,7 +66,10 @@ def main(argv=None) -> int:
     specs = []
     for item in args.drafter:
         label, _, spec = item.partition("=")
-        specs.append((label, Speculator.build(SpecOptions(spec, "chain", f"fixed:{args.depth}"), target, path), spec))
+        spec, _, depth = spec.partition("@")  # SPEC@K: this drafter's own fixed:K
+        controller = f"fixed:{depth or args.depth}"
+        specs.append((label, Speculator.build(SpecOptions(spec, "chain", controller), target, path),
+                      f"{spec} {controller}"))
     rows = []
     for name in WORKLOADS:
         for ids in prompts[name]:

@@ -175,3 +175,18 @@ def test_bad_options_are_one_line_errors(tmp_path, target):
         options(target, tmp_path / "d.jsonl", tmp_path / "o", objective="opd").check()
     with pytest.raises(ConfigError, match="objective"):
         options(target, tmp_path / "d.jsonl", tmp_path / "o", head="dflash", objective="rl").check()
+
+
+def test_the_shipped_length_head_is_found_by_name_and_small_with_its_recipe():
+    import json
+
+    from outrider.drafters.adaflash import SHIPPED
+
+    folder = SHIPPED / "smollm2-135m-instruct"
+    _, argument = parse_drafter("adaflash:smollm2-135m-instruct")
+    assert f"length={folder / FILE}" in argument
+    assert (folder / FILE).stat().st_size <= 25 * 1024 * 1024 and LengthHead.load(folder / FILE).block_size == 8
+    recipe = json.loads((folder / "recipe.json").read_text())
+    assert recipe["seed"] == 0 and "--objective" in recipe["command"] and recipe["tokens"] > 0
+    _, off = parse_drafter("adaflash:smollm2-135m-instruct,length=off")
+    assert "length=off" in off

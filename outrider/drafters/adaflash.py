@@ -3,8 +3,9 @@ blocks are cut to the length AdaFlash's length head predicts (heads/dflash/lengt
 
 PATH_OR_NAME is a DFlash head (as `dflash:`: a folder in z-lab's layout or a shipped head's
 name) with its length head beside it (`adaflash.safetensors`, written by `outrider train dflash
---objective length --init-from HEAD`); `length=FILE` names another, `length=off` drafts as plain
-`dflash:` does (the OPD-trained head alone). Each round the head drafts its block in one forward
+--objective length --init-from HEAD`); for a shipped head's name, the length head shipped for it
+(`heads/shipped/adaflash/<name>/adaflash.safetensors`, recipe.json beside it); `length=FILE` names
+another, `length=off` drafts as plain `dflash:` does (the OPD-trained head alone). Each round the head drafts its block in one forward
 (drafters/dflash.py) and the length head reads the block's hidden states (mean-pooled and last
 row) to choose how many of its K = B-1 tokens the target verifies:
 `clamp(round(ratio * K) + margin, 1, K)` (margin default 1), within the controller's depth. The
@@ -29,6 +30,7 @@ from .registry import DrafterEntry, register
 from .window import parse_options
 
 USAGE = "adaflash:PATH_OR_NAME[,length=FILE|off][,margin=M][,vocab=N]"
+SHIPPED = Path(__file__).resolve().parents[1] / "heads" / "shipped" / "adaflash"  # <target name>/adaflash.safetensors
 
 
 class AdaFlashDrafter(DFlashDrafter):
@@ -79,7 +81,11 @@ def parse_argument(text: str) -> str:
         raise ConfigError("adaflash:PATH needs the folder of a DFlash head (config.json + model.safetensors, "
                           "adaflash.safetensors beside it) or the name of a shipped head")
     from ..heads.catalog import resolve_head
+    from ..heads.dflash.length_head import FILE
 
+    named = not Path(folder).expanduser().is_dir()
+    if named and length is None and (SHIPPED / folder / FILE).is_file():
+        length = str(SHIPPED / folder / FILE)  # the length head shipped for this shipped head
     folder = str(resolve_head(folder, kind="dflash"))  # a folder, or a shipped DFlash head by its target's name
     path = _length_file(folder, length)
     if path is not None and not path.is_file():
