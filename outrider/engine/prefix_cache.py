@@ -296,7 +296,8 @@ def exact_prefill(target, state) -> str | None:
     would prefill only because config gemm_prefill is auto (Intel), the target prefills in the
     native layer instead (Decoder.exact_prefill: the fill kernel, the same bits whole, in any chunks
     or restored from the cache) and the cache is on; None then, else why it stays off (the target
-    prefills as the CPU's rule says)."""
+    prefills as the CPU's rule says). The target keeps it: every later engine on it (with the cache
+    or without) prefills alike, so their answers agree."""
     target.exact_prefill = True
     why = why_not_exact(target, state)
     if why is not None:
