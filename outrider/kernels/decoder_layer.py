@@ -11,6 +11,18 @@ unless the rule keeps the torch path and its float GEMM for many rows). The torc
 tests/test_native_layer.py compares the two, and checks that a row's result does not depend on
 the other rows of its batch.
 
+A mixture of experts (Qwen3-MoE, Qwen2-MoE, Mixtral: config.mlp_kinds) runs its attention here
+and its MLP in torch: an MoE layer's call is attention only (decoder_layer.c with I = 0: x += attn
+W_o^T), then its router and experts by moe_layer.moe_mlp (the rows grouped by expert, each chosen
+expert's QuantLinear read once a forward) on rms_norm(x) and added to x in place; its dense
+layers (mlp_only_layers, DeepSeek's first layers) stay whole native layers. One call a layer then,
+not one a span. The MoE part is the torch layer's own code, so expert skip, expert selection, an
+expert store and a draft expert act on it as on the torch layer. Its experts' QuantLinear products
+take the row kernel, in a prefill too; its float router product (and Qwen2-MoE's shared gate) is
+layers.linear's, whose bits follow the row count, as on the torch layer: a verify's rows equal
+one-token steps within float rounding, not bit for bit (a router computed row by row would make
+them so: left). The torch layer is the reference: tests/test_native_moe.py.
+
 The scores option (`mass`, SparseSpec-L's selection): run() adds the attention weights each row
 gave each key, summed over the query heads of a K/V head, into mass [N, layers, G, L] at the row's
 entry (`mass_at`); the forward's outputs are the same bits with it or without it
@@ -91,6 +103,7 @@ class NativeLayers:
     # every matrix in qmatmul_i8.c's int8-activation layout: the row kernel is then the fast path at
     # any number of rows, a prefill's too (dispatch.Plan.prefill)
     lanes: bool = False
+    moe: tuple = ()  # per layer: its MLP a mixture of experts, run in torch after a native attention-only call
 
     @staticmethod
     def matrices(mats: list) -> "ctypes.Array | None":
@@ -110,19 +123,33 @@ class NativeLayers:
         if not enabled() or library() is None or decoder.device.type != "cpu" or decoder.dtype != torch.float32:
             return None
         c = decoder.config
-        # kinds decoder_layer.c does not run: other mixers, MoE MLPs, partial rotary, the output gate,
-        # q/k norms over the whole projection (OLMoE)
-        if c.layer_kinds or c.mlp_kinds or c.rotary != c.head_dim or c.attn_output_gate or c.qk_norm_whole:
+        # kinds decoder_layer.c does not run: other mixers, partial rotary, the output gate, q/k norms
+        # over the whole projection (OLMoE); MoE MLPs run in torch after an attention-only call
+        if c.layer_kinds or c.rotary != c.head_dim or c.attn_output_gate or c.qk_norm_whole:
             return None
-        arrays = [cls.matrices([w.qkv, w.o, w.gate_up, w.down]) for w in decoder.layers]
+        moe = tuple(w.moe is not None for w in decoder.layers)
+        arrays = [cls.attention_only([w.qkv, w.o]) if m else cls.matrices([w.qkv, w.o, w.gate_up, w.down])
+                  for w, m in zip(decoder.layers, moe)]
         if not c.plain_block or any(a is None for a in arrays):  # Gemma 3's windows, sandwich norms ...: torch layers
             return None
         specs = (LayerSpec * len(arrays))(*[
             LayerSpec(_ptr(w.input_norm), _ptr(w.post_norm), _ptr(w.qkv_bias), _ptr(w.q_norm), _ptr(w.k_norm),
                       ctypes.addressof(a)) for w, a in zip(decoder.layers, arrays)])
-        kernels = [getattr(p, "kernel", None) for w in decoder.layers for m in (w.qkv, w.o, w.gate_up, w.down)
-                   for p in getattr(m, "parts", [m])]
-        return cls(arrays, specs, lanes=all(k == "i8" for k in kernels))
+        mats = [m for w in decoder.layers for m in (
+            (w.qkv, w.o, *w.moe.gate_up, *w.moe.down) if w.moe is not None else (w.qkv, w.o, w.gate_up, w.down))]
+        kernels = [getattr(p, "kernel", None) for m in mats for p in getattr(m, "parts", [m])]
+        return cls(arrays, specs, lanes=all(k == "i8" for k in kernels), moe=moe if any(moe) else ())
+
+    @staticmethod
+    def attention_only(mats: list) -> "ctypes.Array | None":
+        """(QWeight * 4) for an MoE layer's [qkv, o] (its MLP is torch's: decoder_layer.c with I = 0
+        reads no gate_up or down), or None unless both are native."""
+        found = [_native_weight(m) for m in mats]
+        if any(w is None for w in found):
+            return None
+        array = (QWeight * 4)(*found, QWeight(), QWeight())
+        array._keep = [w._keep for w in found if hasattr(w, "_keep")]
+        return array
 
     def run(self, decoder, batch, cache, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, upto: int,
             hidden: dict, *, fill: int = 0, mass: torch.Tensor | None = None,
@@ -138,6 +165,8 @@ class NativeLayers:
         c = decoder.config
         call = LayerCall(batch, cache, x, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
                          fill=fill, mass=mass, mass_at=mass_at, pages=pages)
+        if self.moe:  # a mixture of experts: a call a layer, its MLP in torch between them
+            return self._layers(decoder, call, upto, hidden)
         k_caches = (ctypes.c_void_p * upto)(*[t.data_ptr() for t in cache.k[:upto]])
         v_caches = (ctypes.c_void_p * upto)(*[t.data_ptr() for t in cache.v[:upto]])
         start = 0
@@ -155,11 +184,25 @@ class NativeLayers:
         c = decoder.config
         call = LayerCall(batch, cache, x, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
                          fill=fill, mass=mass, mass_at=mass_at)
+        return self._layers(decoder, call, upto, hidden)
+
+    def _layers(self, decoder, call: "LayerCall", upto: int, hidden: dict) -> torch.Tensor:
+        """Layers 0..upto-1, one native call each; an MoE layer's (self.moe) attention only, then its
+        MLP by moe_layer.moe_mlp, added to call.x in place."""
+        from ..models.layers import rms_norm
+        from ..models.moe_layer import moe_mlp
+
+        c = decoder.config
+        R, E = call.shape[:2]
+        x = call.x.view(R, E)  # the native calls' x: updated in place
         for index in range(upto):
             w = decoder.layers[index]
+            moe = bool(self.moe) and self.moe[index]
             call.run(index, self.weights[index], w.input_norm, w.post_norm, c.rms_norm_eps, w.qkv_bias, w.q_norm,
-                     w.k_norm)
-            if index + 1 in batch.hidden_layers:
+                     w.k_norm, attention_only=moe)
+            if moe:  # [R, E]: the torch layer's MLP on the same rows, its products on the row kernel
+                x.add_(moe_mlp(w.moe, c.moe, rms_norm(x, w.post_norm, c.rms_norm_eps)))
+            if index + 1 in call.hidden_layers:
                 hidden[index + 1] = call.x.clone()
         return call.x
 
@@ -173,6 +216,7 @@ class LayerCall:
                  mass_at: torch.Tensor | None = None, pages: KVPages | None = None):
         B, T, E = x.shape
         self.fill = fill
+        self.hidden_layers = batch.hidden_layers
         R, L = B * T, batch.kv_len
         self.shape, self.cache, self.L = (R, E, H, G, D, I), cache, L
         if cache.k[0].dtype not in (torch.float32, torch.float16):
@@ -200,9 +244,11 @@ class LayerCall:
             self.mass = AttentionMass(mass.data_ptr(), self.mass_at.data_ptr(), mass.shape[1], 0)
 
     def run(self, index: int, weights, input_norm, post_norm, eps: float, qkv_bias=None, q_norm=None,
-            k_norm=None) -> None:
-        """Layer `index` of the cache with `weights` ((QWeight * 4)); updates self.x."""
+            k_norm=None, attention_only: bool = False) -> None:
+        """Layer `index` of the cache with `weights` ((QWeight * 4)); updates self.x (attention_only:
+        x += its attention's output, no MLP: an MoE layer's, NativeLayers._layers)."""
         R, E, H, G, D, I = self.shape
+        I = 0 if attention_only else I
         k, v = self.cache.k[index], self.cache.v[index]
         status = library().outrider_layer(
             R, E, H, G, D, I, self._x, self._h_in, _ptr(input_norm), post_norm.data_ptr(), eps,

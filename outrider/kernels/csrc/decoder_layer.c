@@ -17,6 +17,8 @@
  * different kinds (QWeight.parts), each multiplied on its own into its columns. Rotary is torch's
  * formula, x * cos + (-x2 or x1) * sin, operation for operation.
  *
+ * I == 0: attention only, x += attn W_o^T and no MLP (w[2], w[3] not read): the caller runs the MLP
+ * (a mixture of experts: kernels/decoder_layer.py runs its router and experts in torch).
  * h_in: the qkv product's input [R, w[0].in] when the caller normed it itself (an EAGLE-3 head's
  * [norm(embedding) ; norm(hidden)]); NULL: rmsnorm(x) with in_norm, as a decoder layer.
  * Shapes (floats, row-major): x [R, E]; cos, sin [R, D]; mask [R, L] bytes (NULL: row r sees the
@@ -145,6 +147,11 @@ int outrider_layer(int64_t R, int64_t E, int64_t H, int64_t G, int64_t D, int64_
     outrider_attend(&job, threads);
     if (mass) outrider_attention_mass(&job, mass, threads);  /* the scores option: reads, never changes, att */
     if (matmul(&w[1], att, R, h, threads, fill)) return -1;
+    if (I == 0) {  /* attention only: the caller runs the MLP (an MoE layer's, in torch: kernels/decoder_layer.py) */
+#pragma omp parallel for num_threads(threads) schedule(static) if (many)
+        for (int64_t i = 0; i < R * E; i++) x[i] = x[i] + h[i];
+        return 0;
+    }
 #pragma omp parallel for num_threads(threads) schedule(static) if (many)
     for (int64_t r = 0; r < R; r++) {
         for (int64_t i = r * E; i < (r + 1) * E; i++) x[i] = x[i] + h[i];
