@@ -43,8 +43,10 @@ def previous_tokens(block: Block, mask_token: int) -> tuple[int, int]:
 
 
 def jacobi(head: XPressHead, block: Block, depth: int, passes: int, mask_token: int) -> tuple[list[int], int]:
-    """The fast path: the refined chain (target ids, `depth` long) and the passes run (early stop
-    at a fixed point). Only slots 0..depth are read out (causal: later slots change nothing before)."""
+    """The fast path: the refined chain (target ids, `depth` long) and the passes run. Causality
+    saves work without changing the result: only slots 1..depth are read out, and a pass reads out
+    only the slots after the previous pass's first change (slot k reads the tokens of slots < k, so
+    the slots up to that change would come out the same); no change at all is a fixed point (stop)."""
     depth = min(depth, block.size)
     tokens = block.target_ids(block.logits[:depth].argmax(-1))  # [d]
     if passes < 1 or depth < 1:
@@ -52,14 +54,19 @@ def jacobi(head: XPressHead, block: Block, depth: int, passes: int, mask_token: 
     before, root = previous_tokens(block, mask_token)
     hn, c = head.features(block.hidden.unsqueeze(0))  # [1, B, H], [1, B, r]: the global mean over the whole block
     head_prev = torch.tensor([before, root])
-    ran = 0
+    ran, first = 0, 1  # slots first..d are read out this pass
     for _ in range(passes):
         prev = torch.cat((head_prev, tokens[:-1])).unsqueeze(0)  # [1, d+1]
-        new = block.target_ids(head.logits_from(hn, c, prev)[0].argmax(-1))  # [d]
+        tail = block.target_ids(head.logits_from(hn, c, prev, first)[0].argmax(-1))  # [d - first + 1]
+        new = torch.cat((tokens[: first - 1], tail))  # [d]
         ran += 1
-        if torch.equal(new, tokens):
-            break
+        changed = (new != tokens).nonzero()
         tokens = new
+        if changed.numel() == 0:
+            break
+        first = int(changed[0, 0]) + 2  # token i is slot i+1's: slots up to i+1 read the same tokens next pass
+        if first > depth:
+            break  # the change was at the last slot: the next pass would change nothing
     return tokens.tolist(), ran
 
 

@@ -137,9 +137,9 @@ class XPressHead:
         c = self._linear(torch.cat((local, glob), -1), p.in_c)  # [S, B, r]
         return hn, c
 
-    def logits_from(self, hn: torch.Tensor, c: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-        """hn, c from `features` (first T <= B slots), prev: [S, T] long target ids -> refined
-        logits [S, T-1, Vd] float32 of slots 1..T-1."""
+    def logits_from(self, hn: torch.Tensor, c: torch.Tensor, prev: torch.Tensor, first: int = 1) -> torch.Tensor:
+        """hn, c from `features`, prev: [S, T] long target ids (slots 0..T-1, T <= B) -> refined
+        logits [S, T-first, Vd] float32 of slots first..T-1 (only those rows are read out)."""
         p = self.p
         T = prev.shape[1]
         e = rms_norm(embedding(prev.to(hn.device), self.head.w.embed).to(hn.dtype), p.norm_e, self.eps)  # [S, T, H]
@@ -148,8 +148,8 @@ class XPressHead:
         x = x + torch.einsum("ckj,sjc->skc", L, x)  # the causal mixer
         n = rms_norm(x, p.mlp_norm, self.eps)
         x = x + self._linear(F.silu(self._linear(n, p.gate)) * self._linear(n, p.up), p.down)  # [S, T, r]
-        out = hn[:, 1:T] + self._linear(x[:, 1:], p.up_o)  # [S, T-1, H]
-        return self._linear(out, self.head.w.lm_head).float()  # [S, T-1, Vd]
+        out = hn[:, first:T] + self._linear(x[:, first:], p.up_o)  # [S, T-first, H]
+        return self._linear(out, self.head.w.lm_head).float()  # [S, T-first, Vd]
 
     def logits(self, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
         """hidden: [S, B, H], prev: [S, B] -> refined [S, B-1, Vd]."""
