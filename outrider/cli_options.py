@@ -31,7 +31,7 @@ class HelpFormatter(argparse.HelpFormatter):
     """Fills DRAFTERS and CONTROLLERS in a help string with the drafters registered in
     drafters/registry.py and the controllers of control/controllers.py (their usage, as
     `--drafter` / `--controller` spell them), only when help is shown: one list, no copy to keep
-    in step."""
+    in step. Lines wrap at spaces only, so a name such as `batch-verify:K` stays whole."""
 
     def _get_help_string(self, action):
         text = super()._get_help_string(action)
@@ -45,6 +45,11 @@ class HelpFormatter(argparse.HelpFormatter):
 
             text = text.replace(CONTROLLERS, " | ".join(controller_usages()).replace("%", "%%"))
         return text
+
+    def _split_lines(self, text, width):  # a name such as batch-verify:K is never cut at its hyphen
+        import textwrap
+
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
 
 
 CONFIG_HELP = "a runtime config key (repeatable): KEY=VALUE, e.g. linear=chunked; `outrider config` lists them"
