@@ -81,7 +81,7 @@ def add_parser(sub) -> None:
     from . import dfly
 
     p = tsub.add_parser("dfly", help="train DFly's per-layer feature mix and predecessor correction on a frozen "
-                        "DFlash head (--drafter dfly:HEAD; docs/methods.md#angelspec--dfly)")
+                        "DFlash head (--drafter dfly:HEAD; docs/methods.md#angelspec--dfly-and-mtp)")
     dfly.add_arguments(p)
     p.set_defaults(run=dfly.run)
     from . import dartree, lilicorr
