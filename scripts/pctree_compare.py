@@ -7,7 +7,7 @@ HEAD: a DSpark head folder (config.json + model.safetensors, heads/dspark/format
 head's target name. For each prompt the target generates greedily (plain decoding), one target
 forward over prompt + output gives the tapped hidden states, and each drafting policy is replayed
 along that text as greedy speculative decoding with it would run: each round, with the last
-committed token at position a, ONE DSpark backbone pass over [x_a, MASK x (gamma-1)] (context rows
+committed token at position a, ONE DSpark backbone pass over the block [x_a, MASK...] (context rows
 0..a-1) gives U [gamma, Vd] and hbar [gamma, H] (shared by every policy at that anchor), then
 
     chain:N    DSpark's own chain: position k's token the argmax of U_k + Markov bias given the
@@ -140,7 +140,8 @@ def main() -> int:
     head = load_dspark(resolve_head(args.head, "dspark"), llm.target)
     budgets = [int(b) for b in args.budgets.split(",")]
     policies = [(p, n) for n in budgets for p in ("chain", "ddtree", "pctree")]
-    report = {"target": args.target, "head": args.head, "gamma": head.block_size,
+    gamma = getattr(head, "gamma", head.block_size)  # positions drafted (DSparkHead.gamma)
+    report = {"target": args.target, "head": args.head, "gamma": gamma,
               "markov": f"{head.spec.markov_variant} r={head.spec.markov_rank}", "workloads": {}}
     for name in args.workloads.split(","):
         w = load_workload(name, limit=args.prompts, max_new_tokens=args.max_new_tokens)
