@@ -154,7 +154,7 @@ def main() -> int:
                 t = totals.setdefault(key, {"rounds": 0, "committed": 0, "build_s": 0.0})
                 for field in t:
                     t[field] += r[field]
-        print(f"\n{name}: {len(w.prompts)} prompts x {args.max_new_tokens} tokens, gamma {head.block_size}, "
+        print(f"\n{name}: {len(w.prompts)} prompts x {args.max_new_tokens} tokens, gamma {gamma}, "
               f"Markov head {report['markov']}")
         print(f"{'policy':>10} {'rounds':>7} {'tau':>6} {'build ms':>9}")
         for key, t in totals.items():
