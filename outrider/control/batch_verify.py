@@ -90,7 +90,7 @@ class BatchVerifyController:
         return Budget(self.depth, nodes_for(self.depth), 0.0)
 
     def budget(self, seq_id: int) -> Budget:
-        return Budget(self.depth, 1 << 16, 0.0)  # the tree shape's own nodes at depth K
+        return self.budget_for(lambda depth: depth)  # one sequence alone, as libraspec's: a chain's nodes
 
     def budgets(self, seq_ids: list[int], batch_size: int, nodes_for) -> list[Budget]:
         return [self.budget_for(nodes_for)] * len(seq_ids)
