@@ -17,9 +17,11 @@ the layers the drafter reads. The built-in drafters declare:
     sparsespec             as draft-model (the target drafting for itself)
     dflash                 chain     a chain             yes: each position's draft drawn from its q
                            ddtree    a tree              no: the best prefixes of the marginals
+    dblast                 chain     a chain             yes: drafts by component, each row the posterior-
+                                                             marginalised q(. | drafts so far)
     hybrid:[K,]DRAFTER     DRAFTER's a tree              no (suffix trees or DRAFTER's drafts, q dropped)
 
-needs_hidden (eagle3, dflash, oilbird; sparsespec where the native layer does not run) and
+needs_hidden (eagle3, dflash, dblast, oilbird; sparsespec where the native layer does not run) and
 needs_attention (sparsespec) ask the verify forward for hidden states or attention scores too.
 
 How `gives_probs` depends on the shape and on sampling: it is declared per `--tree` kind, and it
