@@ -26,6 +26,9 @@ def main() -> None:
     ap.add_argument("--workload", default="humaneval")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--runs", default="dflash,chain,schedule", help="which of dflash, chain, schedule to run")
+    ap.add_argument("--one-at-a-time", action="store_true", help="generate the prompts one by one (a batch of 1: "
+                    "the scheduler's verify starts at 1 token, not at the batch's size)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     from outrider.bench.workloads import load_workload
@@ -39,17 +42,19 @@ def main() -> None:
 
     gamma = dspark_config(resolve_head(args.head, "dspark")).gamma
     block = dflash_config(resolve_head(args.dflash, "dflash")).block_size
-    runs = [(f"dflash:{args.dflash}", block - 1), (f"dspark:{args.head}", gamma),
-            (f"dspark:{args.head},schedule=on", gamma)]
+    runs = {"dflash": (f"dflash:{args.dflash}", block - 1), "chain": (f"dspark:{args.head}", gamma),
+            "schedule": (f"dspark:{args.head},schedule=on", gamma)}
+    runs = [runs[name] for name in args.runs.split(",")]
     for drafter, depth in runs:
         llm = LLM(args.target, drafter=drafter, controller=f"fixed:{depth}", dtype="float32")
         began = time.perf_counter()
-        done = llm.generate(texts, args.max_new_tokens)
+        done = ([llm.generate(t, args.max_new_tokens) for t in texts] if args.one_at_a_time
+                else llm.generate(texts, args.max_new_tokens))
         seconds = time.perf_counter() - began
         rounds = sum(c.round_stats.rounds for c in done)
         committed = sum(c.round_stats.committed for c in done)
         drafted = sum(c.round_stats.drafted for c in done)
-        print(json.dumps({"drafter": drafter, "depth": depth, "prompts": len(texts), "rounds": rounds,
+        print(json.dumps({"drafter": drafter, "depth": depth, "batch": 1 if args.one_at_a_time else len(texts), "prompts": len(texts), "rounds": rounds,
                           "committed": committed, "drafted": drafted, "tau": round(committed / max(rounds, 1), 3),
                           "seconds": round(seconds, 2), "equal_to_plain": [c.token_ids for c in done] == plain}),
               flush=True)

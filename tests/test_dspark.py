@@ -270,8 +270,8 @@ def test_sampled_markov_chain_passes_chi_square_and_a_wrong_q_fails():
     from outrider.spec.verify_chain import verify_chain
 
     target, drafter = ToyModel(3, seed=1), ToyModel(3, seed=2)
-    params = SamplingParams(temperature=1.0)
-    head = random_dspark_head("gated", rank=3, block=3, seed=5, scale=1.5, hidden=8, vocab=3, layers=1, heads=2,
+    params, RUNS = SamplingParams(temperature=1.0), 300
+    head = random_dspark_head("gated", rank=3, block=3, seed=5, scale=3.0, hidden=8, vocab=3, layers=1, heads=2,
                               kv_heads=1, mask_token_id=0)
     hidden = torch.randn(3, 8, generator=torch.Generator().manual_seed(3))
 
@@ -290,8 +290,8 @@ def test_sampled_markov_chain_passes_chi_square_and_a_wrong_q_fails():
     def p_value(propose):
         with one_thread():
             counts = Counter(generate([0, 1], 2, PositionalRandom(1234 + r), target, propose, verify_chain, params)
-                             for r in range(1000))
-        return chi_square_p_value(counts, autoregressive_law([0, 1], 2, target, params), 1000)
+                             for r in range(RUNS))
+        return chi_square_p_value(counts, autoregressive_law([0, 1], 2, target, params), RUNS)
 
     assert p_value(honest) > 1e-4
     assert p_value(wrong_q) < 1e-4

@@ -59,7 +59,8 @@ class MarkovHead(torch.nn.Module):
         gen = torch.Generator().manual_seed(seed)
         H, r = hidden_size, rank
         self.prev_embed = torch.nn.Module()
-        self.prev_embed.weight = _param(vocab_size, r, gen, std)  # [V, r]
+        self.prev_embed.weight = _param(vocab_size, r, gen, r ** -0.5)  # [V, r]: rows of norm ~1, so that
+        # out_proj (from zero) moves the logits within a few steps (at std 0.02 it did not in 16)
         self.out_proj = torch.nn.Module()
         self.out_proj.weight = torch.nn.Parameter(torch.zeros(Vd, r))  # [Vd, r]: starts as no correction
         width = {"vanilla": 0, "gated": H + r, "rnn": 2 * r + H}[variant]
