@@ -58,9 +58,10 @@ class MixtureBlock:
     def size(self) -> int:
         return int(self.logits.shape[1])
 
-    def probs(self, params: SamplingParams) -> torch.Tensor:
-        """[M, K, V] float64: q_k(. | z) under `params` (greedy: softmax at temperature 1)."""
-        full = to_target_logits(self.to_target, self.logits.double(), self.vocab)  # [M, K, V]
+    def probs(self, params: SamplingParams, depth: int | None = None) -> torch.Tensor:
+        """[M, depth or K, V] float64: q_k(. | z) under `params` (greedy: softmax at temperature 1)."""
+        keep = None if depth is None else max(depth, 1)
+        full = to_target_logits(self.to_target, self.logits[:, :keep].double(), self.vocab)  # [M, depth, V]
         if params.greedy:
             return torch.softmax(full, dim=-1)
         p = warp_probs(full, params)
@@ -102,7 +103,7 @@ def sampled_by_component(block: MixtureBlock, depth: int, params: SamplingParams
                          stop=None) -> DraftTree:
     """Draw z ~ pi, then each position from its component (rng: the drafter's own streams, already
     `.at(len(committed))`); each draft carries the posterior-marginalised row."""
-    probs = block.probs(params)  # [M, K, V]
+    probs = block.probs(params, depth)  # [M, depth, V]
     z = rng.categorical(block.pi(), offset=0, index=COMPONENT)
     return _chain(block, probs, depth, lambda d, row: rng.categorical(probs[z, d], offset=d), min_confidence, stop)
 
@@ -111,13 +112,13 @@ def coupled_chain(block: MixtureBlock, depth: int, params: SamplingParams, rng, 
                   stop=None) -> DraftTree:
     """Each draft drawn from its posterior-marginalised row with the walk's token uniform (rng: the
     request's own streams, `.at(len(committed))`): the same joint law as drawing by component."""
-    probs = block.probs(params)
+    probs = block.probs(params, depth)
     return _chain(block, probs, depth, lambda d, row: rng.categorical(row, offset=d), min_confidence, stop)
 
 
 def greedy_mixture_chain(block: MixtureBlock, depth: int, min_confidence: float = 0.0, stop=None) -> DraftTree:
     """The argmax of each posterior-marginalised row (the likeliest next draft given the drafts so far)."""
-    probs = block.probs(SamplingParams())
+    probs = block.probs(SamplingParams(), depth)
     return _chain(block, probs, depth, lambda d, row: int(row.argmax()), min_confidence, stop)
 
 
