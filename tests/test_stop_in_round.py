@@ -54,8 +54,30 @@ def model(folder):
 
 
 def reference(target, params: SamplingParams) -> list[int]:
-    """The target's own continuation of PROMPT, past every stopping point."""
-    return generate_ids(target, [Request(PROMPT, 40, params, ignore_eos=True)], set())[0].token_ids
+    """The target's own continuation of PROMPT, past every stopping point (a copy: the plain
+    decoding of one target and sampling is worked out once per module, see `plain_of`)."""
+    key = ("reference", id(target), params)
+    if key not in _PLAIN:
+        _PLAIN[key] = generate_ids(target, [Request(PROMPT, 40, params, ignore_eos=True)], set())[0].token_ids
+    return list(_PLAIN[key])
+
+
+_PLAIN: dict = {}  # plain decoding's results, which do not depend on the shape or place of a case
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _plain_results_forgotten():
+    yield
+    _PLAIN.clear()
+
+
+def plain_of(target, decode, params, kind: str, sampling: str, setting: dict):
+    """run(...) without speculation for a stop kind and sampling: the same for every shape and
+    place of the round, so run once per module (the completion is only read)."""
+    key = ("plain", id(target), kind, sampling)
+    if key not in _PLAIN:
+        _PLAIN[key] = run(target, decode, params, setting)
+    return _PLAIN[key]
 
 
 def stop_position(ref: list[int], decode) -> int:
@@ -123,7 +145,7 @@ def test_stop_inside_a_round_equals_plain_decoding(model, kind, place, shape, sa
     ref = reference(target, params)
     at = stop_position(ref, decode)
     setting = stop_setting(kind, ref, at, decode)
-    plain, plain_forwards = run(target, decode, params, setting)
+    plain, plain_forwards = plain_of(target, decode, params, kind, sampling, setting)
     spec, oracle = oracle_spec(ref, shape, at, PLACES[place])
     fast, fast_forwards = run(target, decode, params, setting, spec)
     assert fast.token_ids == plain.token_ids
@@ -152,13 +174,19 @@ def test_stop_inside_a_round_equals_plain_decoding(model, kind, place, shape, sa
         assert oracle.rounds[-1][0] == first and fast_forwards == 1 + len(oracle.rounds)
 
 
-@pytest.mark.parametrize("place", list(PLACES))
-def test_streamed_text_and_stop_through_llm_generate(folder, place):
-    """The Python API front end: the oracle in an LLM, a stop string reached at each place of a
-    round; streamed pieces add up to the text, equal to plain decoding's."""
+@pytest.fixture(scope="module")
+def llm(folder):
+    """One LLM for the module's API cases (each sets its own speculator, after its plain run)."""
     from outrider import LLM
 
-    llm = LLM(str(folder), device="cpu")
+    return LLM(str(folder), device="cpu")
+
+
+@pytest.mark.parametrize("place", list(PLACES))
+def test_streamed_text_and_stop_through_llm_generate(llm, place):
+    """The Python API front end: the oracle in an LLM, a stop string reached at each place of a
+    round; streamed pieces add up to the text, equal to plain decoding's."""
+    llm.speculator = None  # the previous case's oracle
     prompt = " ".join(f"w{t}" for t in PROMPT)
     ids = llm.encode(prompt)
     ref = generate_ids(llm.target, [Request(ids, 40, ignore_eos=True)], set())[0].token_ids
