@@ -88,7 +88,8 @@ def parse_argument(text: str) -> str:
     folder = resolve_head(head_text, kind="dflash")
     path = _mixture_path(head_text, folder, mix)
     if not path.is_file():
-        raise ConfigError(f"no DBLast mixture at {path}: give mix=PATH (a {FILE} from python -m outrider.train.dblast)")
+        where = str(path) if mix else f"{SHIPPED / head_text / FILE} (shipped) or {folder / FILE} (beside the head)"
+        raise ConfigError(f"no DBLast mixture at {where}: give mix=PATH (a {FILE} from python -m outrider.train.dblast)")
     return f"{folder},mix={path}"
 
 
