@@ -267,7 +267,7 @@ def test_greedy_equals_plain_and_seeded_sampling_equals_plain_sampling(target):
     assert run(target, spec, seeded) == run(target, None, seeded)
 
 
-def engine_p_value(target, spec, runs=600):
+def engine_p_value(target, spec, runs=300):
     prompt, params = [3, 4, 5], SamplingParams(temperature=1.0)
     torch.manual_seed(0)
     done = generate_ids(target, [Request(list(prompt), 2, params) for _ in range(runs)], set(), speculation=spec)
