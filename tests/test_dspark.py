@@ -352,3 +352,39 @@ def test_the_shipped_head_resolves_and_conforms():
     assert [c.line() for c in checks if c.status == "FAIL"] == []
     assert {"tensors", "config fields", "target", "calibration", "block size"} <= {c.name for c in checks if c.status == "ok"}
     assert str(folder) in str(parse_drafter("dspark:smollm2-135m-instruct")[1])
+
+
+# -- `outrider train dspark` on the one loop -----------------------------------------------------------
+def test_train_dspark_on_the_one_loop_lowers_the_loss_and_a_frozen_backbone_stays(tmp_path):
+    import random
+
+    from safetensors.torch import load_file
+    from train_common import SEQ, log_of, options, words, write_jsonl
+    from tiny import add_tokenizer, make_tiny
+
+    from outrider.heads.dflash.trainable import DFlashTrainable
+    from outrider.heads.dspark.format import load_dspark
+    from outrider.train.loop import train
+    from outrider.train.outputs import write_head
+
+    target = add_tokenizer(make_tiny("llama", tmp_path / "t", vocab=96, layers=4))
+    one = write_jsonl(tmp_path / "one.jsonl", [{"text": words(random.Random(5), SEQ)}])
+    common = dict(steps=6, lr=3e-3, warmup_steps=0, head="dspark", block_size=4, anchors=8, draft_vocab=None,
+                  markov_rank=4)
+    train(options(target, one, tmp_path / "paper", **common), log=lambda m: None)
+    log = log_of(tmp_path / "paper")
+    assert log[-1]["loss"] < log[0]["loss"] and len(log[-1]["step_acc"]) == 4  # every slot a position
+    assert load_dspark(tmp_path / "paper", load_decoder(target, "cpu")).gamma == 4
+    decoder = load_decoder(target, "cpu")
+    backbone = DFlashTrainable.for_target(decoder, torch.arange(96), seed=2, layers=1, block_size=4, mask_token_id=95,
+                                          layer_ids=(1,))
+    write_head(tmp_path / "dflash", backbone)
+    train(options(target, one, tmp_path / "frozen", backbone=str(tmp_path / "dflash"), backbone_mode="frozen",
+                  **common), log=lambda m: None)
+    before, after = load_file(str(tmp_path / "dflash" / "model.safetensors")), \
+        load_file(str(tmp_path / "frozen" / "model.safetensors"))
+    for name, tensor in before.items():
+        torch.testing.assert_close(after[name], tensor, rtol=1e-5, atol=1e-6)  # the backbone as it was
+    assert float(after["markov_head.out_proj.weight"].abs().max()) > 0  # the Markov head trained
+    head = load_dspark(tmp_path / "frozen", decoder)
+    assert head.gamma == 3 and not head.spec.anchor_predicts and len(log_of(tmp_path / "frozen")[-1]["step_acc"]) == 3
