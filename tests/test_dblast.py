@@ -359,3 +359,18 @@ def test_training_terms_start_at_the_block_and_the_objective_raises_tau():
     with torch.no_grad():
         tau, base_tau, _ = block_terms(w, lm_head, head, hidden, base, t_logits, labels, 0.7)
     assert float(tau.mean()) > float(base_tau.mean()) + 0.05
+
+
+def test_the_shipped_mixture_loads_with_its_recipe():
+    import json
+    from pathlib import Path
+
+    from outrider.drafters.dblast import SHIPPED
+
+    folder = SHIPPED / "smollm2-135m-instruct"
+    w = load_weights(folder)
+    assert (w.components, w.rank, w.positions, w.comp.shape[2]) == (4, 32, 7, 576)  # SmolLM2's DFlash head: H 576, B 8
+    assert (folder / "dblast.safetensors").stat().st_size < 25_000_000
+    recipe = json.loads((folder / "recipe.json").read_text())
+    assert recipe["seed"] == 0 and "python -m outrider.train.dblast" in recipe["command"]
+    assert parse_argument("smollm2-135m-instruct").endswith(str(Path("dblast") / "smollm2-135m-instruct" / "dblast.safetensors"))
