@@ -85,7 +85,7 @@ def write_deepseek_gguf(folder: Path, path: Path, qtype: str = "F32", split_kv_b
     from safetensors.torch import load_file
 
     import test_gguf_import as bpe
-    from moe_gguf import _add_tokenizer
+    from moe_gguf import _add_tokenizer, add_tensor, finish, renamed
 
     c = json.loads((Path(folder) / "config.json").read_text())
     scoring_func = scoring_func or c.get("scoring_func")
@@ -137,17 +137,5 @@ def write_deepseek_gguf(folder: Path, path: Path, qtype: str = "F32", split_kv_b
     if split_kv_b:
         arrays = _split_kv_b(arrays, heads, nope, v)
     for name in sorted(arrays):
-        x = arrays[name]
-        gname = name
-        for old, new in RENAMES:
-            gname = gname.replace(old, new)
-        if qtype == "F32" or x.ndim <= 1 or gname.endswith("_norm.weight") or ".ffn_gate_inp." in gname:
-            w.add_tensor(gname, x.astype(np.float32))
-        else:
-            kind = gguf.GGMLQuantizationType[qtype]
-            data = gguf.quants.quantize(x, kind)
-            w.add_tensor(gname, data, raw_shape=data.shape, raw_dtype=kind)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        add_tensor(w, renamed(name, RENAMES), arrays[name], qtype)
+    finish(w)

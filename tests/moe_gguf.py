@@ -108,15 +108,30 @@ def write_moe_gguf(folder: Path, path: Path, qtype: str = "F32", tokenizer: bool
             x = _permute(x, heads)
         elif arch == "llama" and ".self_attn.k_proj." in name:
             x = _permute(x, kv_heads)
-        gname = name
-        for old, new in RENAMES:
-            gname = gname.replace(old, new)
-        if qtype == "F32" or x.ndim <= 1 or gname.endswith("_norm.weight") or ".ffn_gate_inp." in gname:
-            w.add_tensor(gname, x.astype(np.float32))
-        else:
-            kind = gguf.GGMLQuantizationType[qtype]
-            data = gguf.quants.quantize(x, kind)
-            w.add_tensor(gname, data, raw_shape=data.shape, raw_dtype=kind)
+        add_tensor(w, renamed(name, RENAMES), x, qtype)
+    finish(w)
+
+
+def renamed(name: str, renames) -> str:
+    """A Hugging Face name under gguf-py's, by the (old, new) pairs in order."""
+    for old, new in renames:
+        name = name.replace(old, new)
+    return name
+
+
+def add_tensor(w, gname: str, x: np.ndarray, qtype: str) -> None:
+    """x as the converter types it: 1-D tensors, norms and the router F32, the rest in qtype."""
+    import gguf
+
+    if qtype == "F32" or x.ndim <= 1 or gname.endswith("_norm.weight") or ".ffn_gate_inp." in gname:
+        w.add_tensor(gname, x.astype(np.float32))
+    else:
+        kind = gguf.GGMLQuantizationType[qtype]
+        data = gguf.quants.quantize(x, kind)
+        w.add_tensor(gname, data, raw_shape=data.shape, raw_dtype=kind)
+
+
+def finish(w) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -143,7 +143,7 @@ def test_what_the_file_cannot_say_is_refused(models):
                           ({"deepseek2.expert_gating_func": 3}, "expert_gating_func 3"),
                           ({"deepseek2.attention.key_length_mla": 40}, "shapes disagree")):
         with pytest.raises(ModelError, match=words) as err:
-            gguf_deepseek.config({**index.meta, **change}, shapes)
+            gguf_deepseek.config({**index.meta, **change}, shapes, {})
         assert "\n" not in str(err.value)
     half = {n: t for n, t in index.tensors.items() if n != "blk.2.attn_v_b.weight"}
     with pytest.raises(ModelError, match="blk.2|layer 2"):

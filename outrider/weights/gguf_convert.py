@@ -133,7 +133,7 @@ def hf_config(meta: dict, tensors: dict[str, tuple[int, ...]], rope_factors: lis
     if arch not in ARCHITECTURES:
         raise ModelError(f"GGUF architecture '{arch}' is not supported; supported: {', '.join(ARCHITECTURES)}")
     if arch == gguf_deepseek.ARCH:  # latent attention and DeepSeek's experts: a config of its own
-        return gguf_deepseek.config(meta, tensors)
+        return gguf_deepseek.config(meta, tensors, ids_and_inert(meta))
     model_type, model_class, _ = ARCHITECTURES[arch]
     moe = gguf_moe.is_moe(meta)
     if moe:
@@ -153,7 +153,6 @@ def hf_config(meta: dict, tensors: dict[str, tuple[int, ...]], rope_factors: lis
         raise ModelError(f"GGUF shapes disagree with its metadata (q rows {q_rows}, {heads} heads of "
                          f"{head_dim}) or use partial rotary; this file is not supported")
     tied = "output.weight" not in tensors
-    bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
     theta = _decimal(key("rope.freq_base", 10000.0))
     config = {
         "architectures": [model_class],
@@ -172,13 +171,7 @@ def hf_config(meta: dict, tensors: dict[str, tuple[int, ...]], rope_factors: lis
         "max_position_embeddings": int(key("context_length", 2048)),
         "vocab_size": tensors["token_embd.weight"][0],
         "tie_word_embeddings": tied,
-        "bos_token_id": bos,
-        "eos_token_id": eos,
-        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
-        "attention_dropout": 0.0,
-        "use_cache": True,
-        "torch_dtype": "float32",
-        "dtype": "float32",
+        **ids_and_inert(meta),
     }
     if arch == gguf_gemma3.ARCH:  # its own fields, and a RoPE per layer type (gguf_gemma3.py)
         fields = gguf_gemma3.config_fields(meta, hidden, heads, head_dim, int(key("block_count")))
@@ -205,6 +198,15 @@ def hf_config(meta: dict, tensors: dict[str, tuple[int, ...]], rope_factors: lis
         config["rope_parameters"]["partial_rotary_factor"] = fields.pop("partial_rotary_factor")
         config.update(fields)
     return config
+
+
+def ids_and_inert(meta: dict) -> dict:
+    """config.json's token ids from a GGUF's tokenizer fields, and the fields every converted
+    config writes the same (no dropout, the cache on, float32)."""
+    return {"bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+            "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+            "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
+            "attention_dropout": 0.0, "use_cache": True, "torch_dtype": "float32", "dtype": "float32"}
 
 
 def _decimal(value: float) -> float:

@@ -45,6 +45,7 @@ import re
 import numpy as np
 
 from ..errors import ModelError
+from .gguf_hybrid import EXPERTS  # the stacked experts' names: ffn_gate_exps -> gate_proj ...
 
 ARCH = "deepseek2"
 MODELS = {2: ("deepseek_v2", "DeepseekV2ForCausalLM"), 3: ("deepseek_v3", "DeepseekV3ForCausalLM")}
@@ -69,7 +70,6 @@ LAYER_TENSORS = {
     "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
     "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
 }
-EXPERTS = {"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "up_proj", "ffn_down_exps.weight": "down_proj"}
 SPLIT = ("attn_k_b.weight", "attn_v_b.weight")  # the current converter's kv_b_proj, in two
 _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
 
@@ -113,7 +113,7 @@ def tensors(index, name_of) -> dict:
     experts one tensor an expert, attn_k_b + attn_v_b as one kv_b_proj, a multi-token-prediction
     block past block_count as mtp.* (not read, as for a safetensors checkpoint), the rest by
     LAYER_TENSORS or `name_of` (hf_tensor_name)."""
-    from .gguf_index import IndexedTensor
+    from .gguf_moe import one_an_expert
 
     layers = int(index.meta[f"{ARCH}.block_count"])
     out, split = {}, {}
@@ -122,11 +122,7 @@ def tensors(index, name_of) -> dict:
         if match and int(match.group(1)) >= layers:
             out[f"mtp.{name}"] = t
         elif match and match.group(2) in EXPERTS:
-            if len(t.shape) != 3:
-                raise ModelError(f"GGUF tensor '{name}' is {list(t.shape)}, not [experts, out, in]")
-            p = f"model.layers.{match.group(1)}.mlp.experts."
-            for j in range(t.shape[0]):  # data: [experts, out, in] floats or [experts, out, row bytes]
-                out[f"{p}{j}.{EXPERTS[match.group(2)]}.weight"] = IndexedTensor(name, t.type, t.shape[1:], t.data[j])
+            out.update(one_an_expert(t, int(match.group(1)), EXPERTS[match.group(2)]))
         elif match and match.group(2) in SPLIT:
             split.setdefault(int(match.group(1)), {})[match.group(2)] = t
         elif match:
@@ -142,8 +138,9 @@ def tensors(index, name_of) -> dict:
     return out
 
 
-def config(meta: dict, shapes: dict[str, tuple[int, ...]]) -> dict:
-    """The config.json of a deepseek2 GGUF (shapes: gguf name -> Hugging Face shape)."""
+def config(meta: dict, shapes: dict[str, tuple[int, ...]], common: dict) -> dict:
+    """The config.json of a deepseek2 GGUF (shapes: gguf name -> Hugging Face shape; common: the
+    token ids and inert fields every converted config has, gguf_convert.ids_and_inert)."""
     key = lambda name, default=None: meta.get(f"{ARCH}.{name}", default)  # noqa: E731
     scaling = key("rope.scaling.type")
     if scaling not in (None, "none"):
@@ -195,13 +192,7 @@ def config(meta: dict, shapes: dict[str, tuple[int, ...]]) -> dict:
         "max_position_embeddings": int(key("context_length", 2048)),
         "tie_word_embeddings": "output.weight" not in shapes,
         "attention_bias": False,
-        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
-        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
-        "attention_dropout": 0.0,
-        "use_cache": True,
-        "torch_dtype": "float32",
-        "dtype": "float32",
+        **common,
         "first_k_dense_replace": int(key("leading_dense_block_count", 0)) if experts else layers,
         "n_routed_experts": experts or None,
         "n_shared_experts": int(key("expert_shared_count", 0)),

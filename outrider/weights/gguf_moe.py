@@ -49,20 +49,27 @@ def model(meta: dict) -> tuple[str, str]:
 def tensors(index, name_of) -> dict:
     """An MoE GGUF's tensors (gguf_index.IndexedTensor) under the names the loader asks for: the
     stacked experts one [out, in] tensor an expert, the rest by `name_of` (hf_tensor_name)."""
-    from .gguf_index import IndexedTensor
-
     out = {}
     for name, t in index.tensors.items():
         match = _BLOCK.fullmatch(name)
         if match and match.group(2) in EXPERTS:
-            if len(t.shape) != 3:
-                raise ModelError(f"GGUF tensor '{name}' is {list(t.shape)}, not [experts, out, in]")
-            p = f"model.layers.{match.group(1)}.mlp.experts."
-            for j in range(t.shape[0]):  # data: [experts, out, in] floats or [experts, out, row bytes]
-                out[f"{p}{j}.{EXPERTS[match.group(2)]}.weight"] = IndexedTensor(name, t.type, t.shape[1:], t.data[j])
+            out.update(one_an_expert(t, int(match.group(1)), EXPERTS[match.group(2)]))
         else:
             out[name_of(name)] = t
     return out
+
+
+def one_an_expert(t, layer: int, proj: str) -> dict:
+    """A stacked expert tensor t [experts, out, in] (gguf_index.IndexedTensor) as one [out, in]
+    tensor an expert, `model.layers.{layer}.mlp.experts.{j}.{proj}.weight` (proj: gate_proj, ...)."""
+    from .gguf_index import IndexedTensor
+
+    if len(t.shape) != 3:
+        raise ModelError(f"GGUF tensor '{t.name}' is {list(t.shape)}, not [experts, out, in]")
+    p = f"model.layers.{layer}.mlp.experts."
+    # data: [experts, out, in] floats or [experts, out, row bytes]
+    return {f"{p}{j}.{proj}.weight": IndexedTensor(t.name, t.type, t.shape[1:], t.data[j])
+            for j in range(t.shape[0])}
 
 
 def config_fields(meta: dict, tensors: dict) -> dict:
