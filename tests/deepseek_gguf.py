@@ -41,23 +41,9 @@ RENAMES = [("model.embed_tokens.weight", "token_embd.weight"), ("model.norm.weig
            ("self_attn.o_proj", "attn_output"), ("mlp.gate.e_score_correction_bias", "exp_probs_b.bias"),
            ("mlp.gate.", "ffn_gate_inp."), ("mlp.shared_experts.gate_proj", "ffn_gate_shexp"),
            ("mlp.shared_experts.up_proj", "ffn_up_shexp"), ("mlp.shared_experts.down_proj", "ffn_down_shexp"),
-           ("mlp.experts.gate_proj", "ffn_gate_exps"), ("mlp.experts.up_proj", "ffn_up_exps"),
-           ("mlp.experts.down_proj", "ffn_down_exps"), ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"),
+           ("experts.gate_proj", "ffn_gate_exps"), ("experts.up_proj", "ffn_up_exps"),  # moe_gguf._stacked's
+           ("experts.down_proj", "ffn_down_exps"), ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"),
            ("mlp.down_proj", "ffn_down")]
-
-
-def _stacked(arrays: dict, experts: int) -> dict:
-    """Per-expert tensors -> `model.layers.N.mlp.experts.<gate_proj|up_proj|down_proj>.weight` [experts, out, in]."""
-    out = {}
-    for name in sorted(arrays):
-        if ".mlp.experts." not in name:
-            out[name] = arrays[name]
-            continue
-        base, rest = name.split(".mlp.experts.")
-        part = rest.split(".")[1]
-        out[f"{base}.mlp.experts.{part}.weight"] = np.stack(
-            [arrays[f"{base}.mlp.experts.{j}.{part}.weight"] for j in range(experts)])
-    return out
 
 
 def _split_kv_b(arrays: dict, heads: int, nope: int, v: int) -> dict:
@@ -85,7 +71,7 @@ def write_deepseek_gguf(folder: Path, path: Path, qtype: str = "F32", split_kv_b
     from safetensors.torch import load_file
 
     import test_gguf_import as bpe
-    from moe_gguf import _add_tokenizer, add_tensor, finish, renamed
+    from moe_gguf import _add_tokenizer, _stacked, add_tensor, finish, renamed
 
     c = json.loads((Path(folder) / "config.json").read_text())
     scoring_func = scoring_func or c.get("scoring_func")

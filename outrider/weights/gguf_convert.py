@@ -133,7 +133,7 @@ def hf_config(meta: dict, tensors: dict[str, tuple[int, ...]], rope_factors: lis
     if arch not in ARCHITECTURES:
         raise ModelError(f"GGUF architecture '{arch}' is not supported; supported: {', '.join(ARCHITECTURES)}")
     if arch == gguf_deepseek.ARCH:  # latent attention and DeepSeek's experts: a config of its own
-        return gguf_deepseek.config(meta, tensors, ids_and_inert(meta))
+        return gguf_deepseek.config(meta, tensors, common_fields(meta, arch))
     model_type, model_class, _ = ARCHITECTURES[arch]
     moe = gguf_moe.is_moe(meta)
     if moe:
@@ -163,15 +163,9 @@ def hf_config(meta: dict, tensors: dict[str, tuple[int, ...]], rope_factors: lis
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": _decimal(key("attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": theta,
-        "rope_scaling": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": theta},
-        "max_position_embeddings": int(key("context_length", 2048)),
         "vocab_size": tensors["token_embd.weight"][0],
         "tie_word_embeddings": tied,
-        **ids_and_inert(meta),
+        **common_fields(meta, arch),
     }
     if arch == gguf_gemma3.ARCH:  # its own fields, and a RoPE per layer type (gguf_gemma3.py)
         fields = gguf_gemma3.config_fields(meta, hidden, heads, head_dim, int(key("block_count")))
@@ -200,10 +194,16 @@ def hf_config(meta: dict, tensors: dict[str, tuple[int, ...]], rope_factors: lis
     return config
 
 
-def ids_and_inert(meta: dict) -> dict:
-    """config.json's token ids from a GGUF's tokenizer fields, and the fields every converted
-    config writes the same (no dropout, the cache on, float32)."""
-    return {"bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+def common_fields(meta: dict, arch: str) -> dict:
+    """What every converted config.json reads alike from a GGUF: SiLU, the RMS epsilon, plain RoPE
+    of rope.freq_base, the context, the token ids from the tokenizer fields, and the inert fields
+    (no dropout, the cache on, float32)."""
+    key = lambda name, default=None: meta.get(f"{arch}.{name}", default)  # noqa: E731
+    theta = _decimal(key("rope.freq_base", 10000.0))
+    return {"hidden_act": "silu", "rms_norm_eps": _decimal(key("attention.layer_norm_rms_epsilon", 1e-6)),
+            "rope_theta": theta, "rope_scaling": None, "rope_parameters": {"rope_type": "default", "rope_theta": theta},
+            "max_position_embeddings": int(key("context_length", 2048)),
+            "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
             "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
             "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
             "attention_dropout": 0.0, "use_cache": True, "torch_dtype": "float32", "dtype": "float32"}

@@ -140,7 +140,8 @@ def tensors(index, name_of) -> dict:
 
 def config(meta: dict, shapes: dict[str, tuple[int, ...]], common: dict) -> dict:
     """The config.json of a deepseek2 GGUF (shapes: gguf name -> Hugging Face shape; common: the
-    token ids and inert fields every converted config has, gguf_convert.ids_and_inert)."""
+    activation, RMS epsilon, RoPE, context, token ids and inert fields every converted config has,
+    gguf_convert.common_fields)."""
     key = lambda name, default=None: meta.get(f"{ARCH}.{name}", default)  # noqa: E731
     scaling = key("rope.scaling.type")
     if scaling not in (None, "none"):
@@ -169,7 +170,6 @@ def config(meta: dict, shapes: dict[str, tuple[int, ...]], common: dict) -> dict
     groups = int(key("expert_group_count") or 1)
     grouped = groups > 1
     scale = key("expert_weights_scale")
-    theta = _decimal(key("rope.freq_base", 10000.0))
     out = {
         "architectures": [MODELS[version][1]],
         "model_type": MODELS[version][0],
@@ -184,12 +184,6 @@ def config(meta: dict, shapes: dict[str, tuple[int, ...]], common: dict) -> dict
         "qk_nope_head_dim": qk - rope,
         "qk_rope_head_dim": rope,
         "v_head_dim": v,
-        "hidden_act": "silu",
-        "rms_norm_eps": _decimal(key("attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": theta,
-        "rope_scaling": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": theta},
-        "max_position_embeddings": int(key("context_length", 2048)),
         "tie_word_embeddings": "output.weight" not in shapes,
         "attention_bias": False,
         **common,
