@@ -76,7 +76,7 @@ def test_the_comparison_catches_a_lost_weight(monkeypatch):
     x = torch.randn(1, 5, E, generator=torch.Generator().manual_seed(5))
     want = moe_mlp_per_token(w, cfg, x)
     real = moe_layer.route
-    monkeypatch.setattr(moe_layer, "route", lambda *a: (torch.ones_like(real(*a)[0]), real(*a)[1]))
+    monkeypatch.setattr(moe_layer, "route", lambda *a, **k: (torch.ones_like(real(*a, **k)[0]), real(*a, **k)[1]))
     assert not torch.allclose(moe_mlp(w, cfg, x), want, atol=1e-4)
 
 

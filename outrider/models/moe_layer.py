@@ -85,16 +85,28 @@ def fewer_experts(top_k: int, renormalise: bool = False):
         _SKIP.reset(token)
 
 
-def router_scores(x: torch.Tensor, router: torch.Tensor, cfg: MoeConfig) -> torch.Tensor:
-    """x [M, E] -> [M, N] float32: each row's router scores (softmax or sigmoid of its logits), as route() has them."""
-    logits = linear(x.float(), router.float()) if cfg.router_float32 else linear(x, router)  # [M, N]
+def row_exact_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, in], weight [out, in] -> [M, out], each row by its own one-row product: a row's bits
+    do not depend on how many rows came with it (a BLAS product's do: its path and blocking change
+    with M), so a k-token verify routes each row as a one-token decode step would. The float
+    router of a model whose experts are kept quantized (exact) is multiplied so."""
+    if x.shape[0] <= 1:
+        return linear(x, weight)
+    return torch.cat([linear(x[m: m + 1], weight) for m in range(x.shape[0])])  # [M, out]
+
+
+def router_scores(x: torch.Tensor, router: torch.Tensor, cfg: MoeConfig, exact: bool = False) -> torch.Tensor:
+    """x [M, E] -> [M, N] float32: each row's router scores (softmax or sigmoid of its logits), as
+    route() has them; `exact`: the logits row by row (row_exact_linear)."""
+    product = row_exact_linear if exact else linear
+    logits = product(x.float(), router.float()) if cfg.router_float32 else product(x, router)  # [M, N]
     if cfg.scoring == "softmax":
         return torch.softmax(logits, dim=-1, dtype=torch.float32)
     return torch.sigmoid(logits.float())
 
 
 def route(x: torch.Tensor, router: torch.Tensor, cfg: MoeConfig,
-          score_bias: torch.Tensor | None = None, allowed: torch.Tensor | None = None
+          score_bias: torch.Tensor | None = None, allowed: torch.Tensor | None = None, exact: bool = False
           ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, E] -> (weights [M, k] in x's dtype, float32 where cfg.weights_float32; experts [M, k]
     long): each row's k experts of the
@@ -102,8 +114,8 @@ def route(x: torch.Tensor, router: torch.Tensor, cfg: MoeConfig,
     choosing, within the row's best groups where cfg.n_group > 1), weighted by their unbiased
     scores, renormalised over the k when cfg.norm_topk_prob, times cfg.routed_scale. `allowed`
     [M, N] bool (LOSSY expert selection): each row chooses among its allowed experts only (each
-    row must allow at least k)."""
-    scores = router_scores(x, router, cfg)  # [M, N]
+    row must allow at least k). `exact`: the router's logits row by row (row_exact_linear)."""
+    scores = router_scores(x, router, cfg, exact)  # [M, N]
     choice = scores if score_bias is None else scores + score_bias  # [M, N]
     if cfg.n_group > 1:
         choice = _within_best_groups(choice, cfg)
@@ -179,8 +191,15 @@ def _routed(w: MoeWeights, cfg: MoeConfig, flat: torch.Tensor) -> tuple[torch.Te
     """route() of flat [M, E]'s rows, or the selection's inside `selecting` (LOSSY)."""
     selection = _SELECT.get()
     if selection is None:
-        return route(flat, w.router, cfg, w.score_bias)
+        return route(flat, w.router, cfg, w.score_bias, exact=_experts_exact(w))
     return selection.route(w, cfg, flat)
+
+
+def _experts_exact(w: MoeWeights) -> bool:
+    """Whether the experts are kept quantized (QuantLinear: each row's product bit-identical however
+    many rows are multiplied), so the float router and shared gate must be row-exact too. Experts
+    behind an expert store (a LayerExperts, float) are not looked at: reading one counts a use."""
+    return isinstance(w.gate_up, list) and not isinstance(w.gate_up[0], torch.Tensor)
 
 
 def _with_shared(w: MoeWeights, flat: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -188,6 +207,7 @@ def _with_shared(w: MoeWeights, flat: torch.Tensor, out: torch.Tensor) -> torch.
     if w.shared_gate_up is not None:
         shared = swiglu_mlp(flat, w.shared_gate_up, w.shared_down)  # [M, E]
         if w.shared_gate is not None:
-            shared = torch.sigmoid(linear(flat, w.shared_gate)) * shared  # [M, 1] * [M, E]
+            gate = (row_exact_linear if _experts_exact(w) else linear)(flat, w.shared_gate)  # [M, 1]
+            shared = torch.sigmoid(gate) * shared  # [M, 1] * [M, E]
         out = out + shared
     return out
