@@ -118,14 +118,20 @@ def summary(finished):
     return [(f.token_ids, f.round_stats.rounds, f.round_stats.drafted, f.round_stats.accepted_by_position) for f in finished]
 
 
+@pytest.fixture(scope="module")
+def plain_outputs(models) -> list[list[int]]:
+    """The target's greedy output on PROMPTS without drafts: once, for every drafter and shape."""
+    return [f.token_ids for f in run(models[0], None)]
+
+
 CASES = [("draft-model", "chain"), ("draft-model", "static:2,2,1"), ("draft-model", "dynamic:3,6"),
          ("early-exit", "chain"), ("eagle3", "chain"), ("eagle3", "static:2,1,1"), ("eagle3", "dynamic:2,5")]
 
 
 @pytest.mark.parametrize("kind,shape", CASES)
-def test_batch_equals_alone_with_one_forward_per_depth(models, kind, shape):
+def test_batch_equals_alone_with_one_forward_per_depth(models, plain_outputs, kind, shape):
     target = models[0]
-    plain = [f.token_ids for f in run(target, None)]
+    plain = plain_outputs
     fast = drafter_of(kind, models, shape)
     together = run(target, speculator(fast, shape))
     assert [f.token_ids for f in together] == plain
@@ -144,11 +150,11 @@ def test_batch_equals_alone_with_one_forward_per_depth(models, kind, shape):
 
 
 @pytest.mark.parametrize("kind", ["draft-model", "eagle3"])
-def test_requests_joining_and_leaving(models, kind):
+def test_requests_joining_and_leaving(models, plain_outputs, kind):
     """Two running at a time (slots freed and taken again), then all five at once on a drafter
     cache of four slots (it grows): the same output."""
     target = models[0]
-    plain = [f.token_ids for f in run(target, None)]
+    plain = plain_outputs
     recording = drafter_of(kind, models, "chain")
     spec = speculator(recording, "chain", 3)
     assert [f.token_ids for f in run(target, spec, max_running=2, chunk_size=4)] == plain
@@ -204,13 +210,13 @@ class _Budgeted:
 
 
 @pytest.mark.parametrize("kind", ["draft-model", "eagle3"])
-def test_one_grower_honours_every_budget_field_for_every_model_drafter(models, kind):
+def test_one_grower_honours_every_budget_field_for_every_model_drafter(models, plain_outputs, kind):
     """Issue 43: the draft model and the EAGLE-3 head grow their trees with the one grower
     (drafters/model_growers.py), so every shape honours every Budget field for both: at most
     `nodes` drafts, no node below `min_confidence` expanded, a chain stopped by `stop`; greedy
     output stays plain's."""
     target = models[0]
-    plain = [f.token_ids for f in run(target, None)]
+    plain = plain_outputs
     for shape in ("chain", "static:2,2,1", "dynamic:2,4"):
         for nodes, confidence, stop_after in ((2, 0.0, None), (3, 0.0, 1), (3, 0.5, None)):
             drafter = drafter_of(kind, models, shape).drafter
