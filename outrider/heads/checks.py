@@ -87,6 +87,49 @@ def _name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def target_of(target, add) -> tuple:
+    """(the target's folder, its ModelConfig), or (None, None) after a FAIL saying why it cannot be read."""
+    from ..catalog.resolve import resolve_model
+    from ..models.config import ModelConfig
+
+    try:
+        target_path = resolve_model(target)
+        return target_path, ModelConfig.load(target_path)
+    except OutriderError as err:
+        add("target", "FAIL", str(err))
+        return None, None
+
+
+def shape_problems(header: dict, required: dict, optional: dict, what: str, ignore: tuple = ()) -> list[str]:
+    """What is wrong with a head's tensor names and shapes against those its config implies:
+    `required` and `optional` name -> shape; `what` ends the unexpected-tensor message; `ignore`
+    names a layout may carry without the config implying them."""
+    problems = []
+    missing = [n for n in required if n not in header]
+    extra = [n for n in header if n not in required and n not in optional and n not in ignore]
+    if missing:
+        problems.append(f"missing {', '.join(missing)}")
+    if extra:
+        problems.append(f"unexpected {', '.join(extra)} ({what})")
+    for name, shape in {**required, **optional}.items():
+        if name in header and header[name][0] != shape:
+            problems.append(f"{name} has shape {list(header[name][0])}, the config implies {list(shape)}")
+    return problems
+
+
+def golden_last(checks: list, add, golden: bool, folder: Path, target_path, device, measure,
+                export_command: str) -> None:
+    """The golden re-measured, last: skipped when not asked for or while any check failed (their
+    names said), else golden_check."""
+    failed = [c.name for c in checks if c.status == "FAIL"]
+    if not golden:
+        add("golden tau", "skipped", "not asked for (--no-golden)")
+    elif failed:
+        add("golden tau", "skipped", f"not measured: fix the failed check(s) first ({', '.join(failed)})")
+    else:
+        golden_check(folder, target_path, device, add, measure, export_command)
+
+
 def golden_check(folder: Path, target_path, device, add, measure, export_command: str) -> None:
     """Re-measure the folder's outrider_golden.json with `measure` (its kind's) and compare."""
     try:

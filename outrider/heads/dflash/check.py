@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ...errors import OutriderError
-from ..checks import FLOATS, Check, dtype_problems, golden_check, weights_check
+from ..checks import FLOATS, Check, dtype_problems, golden_last, shape_problems, target_of, weights_check
 from ..golden import GOLDEN, read_golden
 from .format import WHAT, expected_shapes, misfit, read_config
 from ..vocab_map import draft_to_target
@@ -55,8 +55,6 @@ DFLASH_FIELDS = (  # what z-lab's DFlashDraftModel, vLLM's DFlashQwen3ForCausalL
 def check_dflash(folder: str | Path, target: str | Path, *, device: str | None = None,
                  golden: bool = True) -> list[Check]:
     """Every check of the module docstring on the DFlash head in `folder` for `target`."""
-    from ...catalog.resolve import resolve_model
-    from ...models.config import ModelConfig
     from .golden import measure
 
     folder = Path(folder)
@@ -81,12 +79,7 @@ def check_dflash(folder: str | Path, target: str | Path, *, device: str | None =
             add("config fields", "ok", f"L {config.num_layers}, B {config.block_size}, H {config.hidden_size}")
         except OutriderError as err:
             add("config fields", "FAIL", str(err))
-    try:
-        target_path = resolve_model(target)
-        tcfg = ModelConfig.load(target_path)
-    except OutriderError as err:
-        add("target", "FAIL", str(err))
-        target_path = tcfg = None
+    target_path, tcfg = target_of(target, add)
     if config is None or tcfg is None:
         for name in ("target", "tensors", "vocab map", "mask token", "layer ids")[0 if tcfg is not None else 1:]:
             add(name, "skipped", "needs a readable config.json and target")
@@ -96,13 +89,7 @@ def check_dflash(folder: str | Path, target: str | Path, *, device: str | None =
         _vocab(folder, config, header, add)
         _mask_and_layers(config, tcfg, add)
     _block_size(folder, config, add)
-    if not golden:
-        add("golden tau", "skipped", "not asked for (--no-golden)")
-    elif any(c.status == "FAIL" for c in checks):
-        failed = ", ".join(c.name for c in checks if c.status == "FAIL")
-        add("golden tau", "skipped", f"not measured: fix the failed check(s) first ({failed})")
-    else:
-        golden_check(folder, target_path, device, add, measure, "outrider export dflash")
+    golden_last(checks, add, golden, folder, target_path, device, measure, "outrider export dflash")
     return checks
 
 
@@ -120,16 +107,7 @@ def _tensors(config, tcfg, header: dict | None, raw: dict, add) -> None:
         add("tensors", "skipped", "needs a readable model.safetensors (weights file)")
         return
     required, optional = expected_shapes(config, tcfg.num_layers)
-    problems = []
-    missing = [n for n in required if n not in header]
-    extra = [n for n in header if n not in required and n not in optional and n not in ("d2t", "t2d")]
-    if missing:
-        problems.append(f"missing {', '.join(missing)}")
-    if extra:
-        problems.append(f"unexpected {', '.join(extra)} (not part of a DFlash head; SGLang would ignore it)")
-    for name, shape in {**required, **optional}.items():
-        if name in header and header[name][0] != shape:
-            problems.append(f"{name} has shape {list(header[name][0])}, the config implies {list(shape)}")
+    problems = shape_problems(header, required, optional, "not part of a DFlash head; SGLang would ignore it", ignore=("d2t", "t2d"))
     for name, (_, dtype) in header.items():
         want = {"d2t": (torch.int64,), "t2d": (torch.bool,)}.get(name, FLOATS)
         if dtype not in want:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...errors import OutriderError
-from ..checks import FLOATS, Check, dtype_problems, golden_check, weights_check
+from ..checks import FLOATS, Check, dtype_problems, golden_last, shape_problems, target_of, weights_check
 from ..files import field_problems, read_raw
 from ..golden import GOLDEN, read_golden
 from .format import WHAT, expected_shapes, misfit, read_config
@@ -54,8 +54,6 @@ DSPARK_FIELDS = (
 
 def check(folder: str | Path, target: str | Path, *, device: str | None = None, golden: bool = True) -> list[Check]:
     """Every check of the module docstring on the DSpark head in `folder` for `target`."""
-    from ...catalog.resolve import resolve_model
-    from ...models.config import ModelConfig
     from .golden import measure
 
     folder = Path(folder)
@@ -78,12 +76,7 @@ def check(folder: str | Path, target: str | Path, *, device: str | None = None, 
             add("config fields", "ok", f"gamma {spec.gamma}, markov {spec.markov_variant} r {spec.markov_rank}")
         except OutriderError as err:
             add("config fields", "FAIL", str(err))
-    try:
-        target_path = resolve_model(target)
-        tcfg = ModelConfig.load(target_path)
-    except OutriderError as err:
-        add("target", "FAIL", str(err))
-        target_path = tcfg = None
+    target_path, tcfg = target_of(target, add)
     if spec is None or tcfg is None:
         for name in ("target", "tensors")[0 if tcfg is not None else 1:]:
             add(name, "skipped", "needs a readable config.json and target")
@@ -94,13 +87,7 @@ def check(folder: str | Path, target: str | Path, *, device: str | None = None, 
         _tensors(spec, tcfg, header, raw, add)
     _calibration(raw, spec, add)
     _block_size(folder, spec, add)
-    if not golden:
-        add("golden tau", "skipped", "not asked for (--no-golden)")
-    elif any(c.status == "FAIL" for c in checks):
-        failed = ", ".join(c.name for c in checks if c.status == "FAIL")
-        add("golden tau", "skipped", f"not measured: fix the failed check(s) first ({failed})")
-    else:
-        golden_check(folder, target_path, device, add, measure, "outrider export dspark")
+    golden_last(checks, add, golden, folder, target_path, device, measure, "outrider export dspark")
     return checks
 
 
@@ -109,16 +96,7 @@ def _tensors(spec, tcfg, header: dict | None, raw: dict, add) -> None:
         add("tensors", "skipped", "needs a readable model.safetensors (weights file)")
         return
     required, optional = expected_shapes(spec, tcfg.num_layers)
-    problems = []
-    missing = [n for n in required if n not in header]
-    extra = [n for n in header if n not in required and n not in optional]
-    if missing:
-        problems.append(f"missing {', '.join(missing)}")
-    if extra:
-        problems.append(f"unexpected {', '.join(extra)} (not part of a DSpark head of this variant)")
-    for name, shape in {**required, **optional}.items():
-        if name in header and header[name][0] != shape:
-            problems.append(f"{name} has shape {list(header[name][0])}, the config implies {list(shape)}")
+    problems = shape_problems(header, required, optional, "not part of a DSpark head of this variant")
     import torch
 
     for name, (_, dtype) in header.items():

@@ -37,7 +37,7 @@ import torch
 from ...errors import OutriderError
 from ..files import WEIGHTS, read_raw
 from .format import expected_shapes, layer_prefix, layout, misfit, read_config
-from ..checks import FLOATS, Check, dtype_problems, golden_check, weights_check
+from ..checks import FLOATS, Check, dtype_problems, golden_last, shape_problems, target_of, weights_check
 from .golden import measure
 from .speculators import class_check, schema_problems
 from ..files import field_problems
@@ -83,14 +83,7 @@ def check_head(folder: str | Path, target: str | Path, *, device: str | None = N
     names = _tensors_check(folder, kind, config, tcfg, header, raw, add)
     _vocab_check(folder, config, names, add)
     _layers_check(config, tcfg, add)
-    if not golden:
-        add("golden tau", "skipped", "not asked for (--no-golden)")
-        return checks
-    failed = [c.name for c in checks if c.status == "FAIL"]
-    if failed:
-        add("golden tau", "skipped", f"not measured: fix the failed check(s) first ({', '.join(failed)})")
-    else:
-        _golden_check(folder, target_path, device, add)
+    golden_last(checks, add, golden, folder, target_path, device, measure, "outrider export eagle3")
     return checks
 
 
@@ -135,14 +128,8 @@ def _class_check(raw: dict, kind: str, add) -> None:
 
 
 def _target_check(target, config, header: dict | None, add):
-    from ...catalog.resolve import resolve_model
-    from ...models.config import ModelConfig
-
-    try:
-        target_path = resolve_model(target)
-        tcfg = ModelConfig.load(target_path)
-    except OutriderError as err:
-        add("target", "FAIL", str(err))
+    target_path, tcfg = target_of(target, add)
+    if tcfg is None:
         return None, None
     if config is None:
         add("target", "skipped", "needs a readable config.json")
@@ -175,15 +162,7 @@ def _tensors_check(folder: Path, kind: str, config, tcfg, header: dict | None, r
     elif prefix != want and any(n.startswith(prefix) for n in header):
         problems.append(f"decoder-layer tensors are named {prefix}* but the {kind} layout loads {want}*")
         required = {(prefix + n[len(want):] if n.startswith(want) else n): s for n, s in required.items()}
-    missing = [n for n in required if n not in header]
-    extra = [n for n in header if n not in required and n not in optional]
-    if missing:
-        problems.append(f"missing {', '.join(missing)}")
-    if extra:
-        problems.append(f"unexpected {', '.join(extra)} (not part of an EAGLE-3 head)")
-    for name, shape in {**required, **optional}.items():
-        if name in header and header[name][0] != shape:
-            problems.append(f"{name} has shape {list(header[name][0])}, the config implies {list(shape)}")
+    problems += shape_problems(header, required, optional, "not part of an EAGLE-3 head")
     for name, (_, dtype) in header.items():
         if name == "d2t" and dtype != torch.int64:
             problems.append(f"d2t is {dtype}, engines expect int64")
@@ -243,7 +222,3 @@ def _layers_check(config, tcfg, add) -> None:
                                  "eagle_aux_hidden_state_layer_ids")
     else:
         add("layer ids", "ok", f"{stored} = hidden states {list(taps)} of {tcfg.num_layers} layers")
-
-
-def _golden_check(folder: Path, target_path, device, add) -> None:
-    golden_check(folder, target_path, device, add, measure, "outrider export eagle3")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...errors import OutriderError
-from ..checks import FLOATS, Check, dtype_problems, golden_check, weights_check
+from ..checks import FLOATS, Check, dtype_problems, golden_last, shape_problems, target_of, weights_check
 from ..files import field_problems, read_raw
 from .format import WHAT, expected_shapes, misfit, read_config
 
@@ -30,8 +30,6 @@ MTP_FIELDS = (
 
 
 def check_mtp(folder: str | Path, target: str | Path, *, device: str | None = None, golden: bool = True) -> list[Check]:
-    from ...catalog.resolve import resolve_model
-    from ...models.config import ModelConfig
     from .golden import measure
 
     folder = Path(folder)
@@ -54,12 +52,7 @@ def check_mtp(folder: str | Path, target: str | Path, *, device: str | None = No
             add("config fields", "ok", f"layer {config.num_target_layers}, H {config.hidden_size}")
         except OutriderError as err:
             add("config fields", "FAIL", str(err))
-    try:
-        target_path = resolve_model(target)
-        tcfg = ModelConfig.load(target_path)
-    except OutriderError as err:
-        add("target", "FAIL", str(err))
-        target_path = tcfg = None
+    target_path, tcfg = target_of(target, add)
     if config is None or tcfg is None:
         for name in ("target", "tensors")[0 if tcfg is not None else 1:]:
             add(name, "skipped", "needs a readable config.json and target")
@@ -68,13 +61,7 @@ def check_mtp(folder: str | Path, target: str | Path, *, device: str | None = No
         add("target", "FAIL" if reason else "ok", reason or f"{target}: hidden {tcfg.hidden_size}, "
                                                           f"vocab {tcfg.vocab_size}, {tcfg.num_layers} layers")
         _tensors(config, header, raw, add)
-    if not golden:
-        add("golden tau", "skipped", "not asked for (--no-golden)")
-    elif any(c.status == "FAIL" for c in checks):
-        failed = ", ".join(c.name for c in checks if c.status == "FAIL")
-        add("golden tau", "skipped", f"not measured: fix the failed check(s) first ({failed})")
-    else:
-        golden_check(folder, target_path, device, add, measure, "outrider export mtp")
+    golden_last(checks, add, golden, folder, target_path, device, measure, "outrider export mtp")
     return checks
 
 
@@ -83,16 +70,7 @@ def _tensors(config, header: dict | None, raw: dict, add) -> None:
         add("tensors", "skipped", "needs a readable model.safetensors (weights file)")
         return
     required, optional = expected_shapes(config)
-    problems = []
-    missing = [n for n in required if n not in header]
-    extra = [n for n in header if n not in required and n not in optional]
-    if missing:
-        problems.append(f"missing {', '.join(missing)}")
-    if extra:
-        problems.append(f"unexpected {', '.join(extra)} (not part of an MTP module)")
-    for name, shape in {**required, **optional}.items():
-        if name in header and header[name][0] != shape:
-            problems.append(f"{name} has shape {list(header[name][0])}, the config implies {list(shape)}")
+    problems = shape_problems(header, required, optional, "not part of an MTP module")
     problems += [f"{name} is {dtype}, engines expect a float" for name, (_, dtype) in header.items()
                  if dtype not in FLOATS]
     problems += dtype_problems(header, raw)
