@@ -16,47 +16,23 @@ all anchors of a prompt in one backbone call: a zeroed Markov or backbone tensor
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from ...config import overriding
-from ..golden import PROMPTS, GoldenSettings, machine
-from ..golden_compute import measured_part, top_of
+from ..golden import PROMPTS, GoldenSettings
+from ..golden_replay import measure_replayed
 
 
 def measure(head_dir: str | Path, target: str | Path, settings: GoldenSettings = GoldenSettings(),
             prompts=PROMPTS) -> dict:
     """The record's measured part for the DSpark head in `head_dir` on `target` (the chain: gamma)."""
-    from ...llm import LLM
     from .format import load_dspark
 
-    threads = torch.get_num_threads()
-    with overriding(linear="linear", threads=1):
-        try:
-            llm = LLM(str(target), device=settings.device, dtype=settings.dtype)
-            head = load_dspark(head_dir, llm.target)
-            chat = settings.chat if settings.chat is not None else bool(getattr(llm.tokenizer, "chat_template", None))
-            results, prompt_ids, anchors, tops = [], [], [], []
-            for prompt in prompts:
-                ids = llm.encode(prompt, chat)
-                out = list(llm.generate(prompt, settings.max_new_tokens, chat=chat).token_ids)
-                prompt_ids.append(ids)
-                rounds, committed, own = replay(head, llm.target, ids + out, len(ids))
-                results.append({"rounds": rounds, "committed": committed, "output_ids": out})
-                anchors.append(list(range(len(ids), len(ids) + len(out) - 1)))
-                tops.append(top_of(forced_logits(head, own, ids + out, anchors[-1])))
-        finally:
-            torch.set_num_threads(threads)
-    rounds, committed = sum(r["rounds"] for r in results), sum(r["committed"] for r in results)
-    resolved = {"temperature": 0.0, "tree": "chain", **asdict(settings), "depth": head.gamma,
-                "chat": chat, "threads": 1, "linear": "linear", "drafting": "dspark chains replayed on greedy text"}
-    return {"settings": resolved, "prompts": list(prompts), "prompt_ids": prompt_ids, "results": results,
-            "rounds": rounds, "committed": committed, "tau": committed / max(rounds, 1),
-            "measured_on": machine(settings.device),
-            "computes": measured_part("dspark blocks [x_a, MASK...] at every generated position a, slots 1..gamma, "
-                                      "Markov head teacher-forced on the text", head.gamma, anchors, tops)}
+    return measure_replayed(head_dir, target, settings, prompts, load=load_dspark, replay=replay, logits=forced_logits,
+                            depth=lambda head: head.gamma, drafting="dspark chains replayed on greedy text",
+                            computes=("dspark blocks [x_a, MASK...] at every generated position a, slots 1..gamma, "
+                                      "Markov head teacher-forced on the text"))
 
 
 @torch.inference_mode()
