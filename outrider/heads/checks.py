@@ -87,6 +87,25 @@ def _name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def config_check(folder: Path, raw: dict, fields, read_config, summary, add):
+    """The head's config read by its kind's `read_config` once its fields have the types the
+    kind's table `fields` says (files.field_problems); "config fields" ok with `summary(config)`,
+    or a FAIL saying what to fix; the config or None."""
+    from .files import field_problems
+
+    problems = field_problems(raw, fields)
+    if problems:
+        add("config fields", "FAIL", f"{'; '.join(problems)}: fix config.json or re-export the head")
+        return None
+    try:
+        config = read_config(folder)
+    except OutriderError as err:
+        add("config fields", "FAIL", str(err))
+        return None
+    add("config fields", "ok", summary(config))
+    return config
+
+
 def target_of(target, add) -> tuple:
     """(the target's folder, its ModelConfig), or (None, None) after a FAIL saying why it cannot be read."""
     from ..catalog.resolve import resolve_model

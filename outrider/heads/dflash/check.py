@@ -26,11 +26,12 @@ from pathlib import Path
 import torch
 
 from ...errors import OutriderError
-from ..checks import FLOATS, Check, dtype_problems, golden_last, shape_problems, target_of, weights_check
+from ..checks import (FLOATS, Check, config_check, dtype_problems, golden_last, shape_problems, target_of,
+                      weights_check)
 from ..golden import GOLDEN, read_golden
 from .format import WHAT, expected_shapes, misfit, read_config
 from ..vocab_map import draft_to_target
-from ..files import field_problems, read_raw
+from ..files import read_raw
 
 DFLASH_FIELDS = (  # what z-lab's DFlashDraftModel, vLLM's DFlashQwen3ForCausalLM and SGLang's DFlashDraftModel read
     ("architectures", "list[str]", True),
@@ -69,16 +70,7 @@ def check_dflash(folder: str | Path, target: str | Path, *, device: str | None =
     add("layout", "ok", "dflash: z-lab's DFlashDraftModel, for " + ("vLLM only (a reduced draft vocabulary)"
                                                                     if reduced else "z-lab's DFlash, vLLM and SGLang"))
     header = weights_check(folder, add, WHAT)
-    problems = field_problems(raw, DFLASH_FIELDS)
-    config = None
-    if problems:
-        add("config fields", "FAIL", f"{'; '.join(problems)}: fix config.json or re-export the head")
-    else:
-        try:
-            config = read_config(folder)
-            add("config fields", "ok", f"L {config.num_layers}, B {config.block_size}, H {config.hidden_size}")
-        except OutriderError as err:
-            add("config fields", "FAIL", str(err))
+    config = config_check(folder, raw, DFLASH_FIELDS, read_config, lambda c: f"L {c.num_layers}, B {c.block_size}, H {c.hidden_size}", add)
     target_path, tcfg = target_of(target, add)
     if config is None or tcfg is None:
         for name in ("target", "tensors", "vocab map", "mask token", "layer ids")[0 if tcfg is not None else 1:]:

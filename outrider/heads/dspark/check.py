@@ -21,8 +21,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...errors import OutriderError
-from ..checks import FLOATS, Check, dtype_problems, golden_last, shape_problems, target_of, weights_check
-from ..files import field_problems, read_raw
+from ..checks import (FLOATS, Check, config_check, dtype_problems, golden_last, shape_problems, target_of,
+                      weights_check)
+from ..files import read_raw
 from ..golden import GOLDEN, read_golden
 from .format import WHAT, expected_shapes, misfit, read_config
 
@@ -66,16 +67,7 @@ def check(folder: str | Path, target: str | Path, *, device: str | None = None, 
         return checks
     add("layout", "ok", "dspark: DeepSpec's Qwen3DSparkModel fields + speculators_model_type dspark (assumed layout)")
     header = weights_check(folder, add, WHAT)
-    problems = field_problems(raw, DSPARK_FIELDS)
-    spec = None
-    if problems:
-        add("config fields", "FAIL", f"{'; '.join(problems)}: fix config.json or re-export the head")
-    else:
-        try:
-            spec = read_config(folder)
-            add("config fields", "ok", f"gamma {spec.gamma}, markov {spec.markov_variant} r {spec.markov_rank}")
-        except OutriderError as err:
-            add("config fields", "FAIL", str(err))
+    spec = config_check(folder, raw, DSPARK_FIELDS, read_config, lambda c: f"gamma {c.gamma}, markov {c.markov_variant} r {c.markov_rank}", add)
     target_path, tcfg = target_of(target, add)
     if spec is None or tcfg is None:
         for name in ("target", "tensors")[0 if tcfg is not None else 1:]:

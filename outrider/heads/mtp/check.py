@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...errors import OutriderError
-from ..checks import FLOATS, Check, dtype_problems, golden_last, shape_problems, target_of, weights_check
-from ..files import field_problems, read_raw
+from ..checks import (FLOATS, Check, config_check, dtype_problems, golden_last, shape_problems, target_of,
+                      weights_check)
+from ..files import read_raw
 from .format import WHAT, expected_shapes, misfit, read_config
 
 MTP_FIELDS = (
@@ -42,16 +43,7 @@ def check_mtp(folder: str | Path, target: str | Path, *, device: str | None = No
         return checks
     add("layout", "ok", "mtp: DeepSeek-V3's MTP module as layer N (vLLM's deepseek_mtp names)")
     header = weights_check(folder, add, WHAT)
-    problems = field_problems(raw, MTP_FIELDS)
-    config = None
-    if problems:
-        add("config fields", "FAIL", f"{'; '.join(problems)}: fix config.json or re-export the head")
-    else:
-        try:
-            config = read_config(folder)
-            add("config fields", "ok", f"layer {config.num_target_layers}, H {config.hidden_size}")
-        except OutriderError as err:
-            add("config fields", "FAIL", str(err))
+    config = config_check(folder, raw, MTP_FIELDS, read_config, lambda c: f"layer {c.num_target_layers}, H {c.hidden_size}", add)
     target_path, tcfg = target_of(target, add)
     if config is None or tcfg is None:
         for name in ("target", "tensors")[0 if tcfg is not None else 1:]:
