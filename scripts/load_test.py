@@ -68,8 +68,10 @@ def parse_args(argv=None, with_against: bool = False) -> tuple:
     ap.add_argument("--out", default=None, help="output folder (default load-results/<time>)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="off/on pairs per closed-loop level, every other one on first (figures pooled)")
-    ap.add_argument("--no-prefix-cache", action="store_true",
-                    help="the server's prefix cache off (fair comparisons where prompts repeat or share a prefix)")
+    ap.add_argument("--prefix-cache", action="store_true",
+                    help="keep the server's prefix cache on (default: off, for a fair comparison: the off and on "
+                         "phases send the same prompts, so a later phase would reuse an earlier one's prefill)")
+    ap.add_argument("--no-prefix-cache", action="store_true", help="the server's prefix cache off (the default)")
     ap.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                     help="the server's --config (e.g. gemm_prefill=off, where the prefix cache needs it)")
     ap.add_argument("--against", default=None, metavar="llama-server[:TYPE]",
@@ -85,7 +87,7 @@ def parse_args(argv=None, with_against: bool = False) -> tuple:
                     workload=args.workload, concurrency=_numbers(args.concurrency, int, "--concurrency"),
                     modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()), threads=args.threads,
                     device=args.device, request_timeout=args.request_timeout,
-                    server_args=(("--no-prefix-cache",) if args.no_prefix_cache else ())
+                    server_args=(() if args.prefix_cache and not args.no_prefix_cache else ("--no-prefix-cache",))
                     + tuple(a for c in args.config for a in ("--config", c)), repeats=args.repeats, **settings)
     out = Path(args.out or Path("load-results") / time.strftime("%Y%m%d-%H%M%S"))
     return (plan.check(), out, args.against) if with_against else (plan.check(), out)

@@ -1,5 +1,5 @@
 """scripts/load_test.py's options for fair A/B runs (issue 42, items 6 and 7): --repeats pooled per
-level, the server's CPU time per phase, --no-prefix-cache and --config passed to the server."""
+level, the server's CPU time per phase, the prefix cache off unless --prefix-cache, and --config passed to the server."""
 
 from __future__ import annotations
 
@@ -42,8 +42,10 @@ def test_the_server_flags_and_repeats_reach_the_plan():
     plan, _ = load_script().parse_args(["--quick", "--no-prefix-cache", "--config", "gemm_prefill=off",
                                         "--repeats", "3"])
     assert plan.server_args == ("--no-prefix-cache", "--config", "gemm_prefill=off") and plan.repeats == 3
+    # the cache is off unless asked for: the on and off phases send the same prompts
+    assert load_script().parse_args(["--quick", "--prefix-cache"])[0].server_args == ()
     plan, _ = load_script().parse_args(["--quick"])
-    assert plan.server_args == () and plan.repeats == 1
+    assert plan.server_args == ("--no-prefix-cache",) and plan.repeats == 1
     with pytest.raises(ConfigError, match="--repeats must be a positive integer"):
         LoadPlan(repeats=0).check()
 
