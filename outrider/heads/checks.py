@@ -119,6 +119,13 @@ def target_of(target, add) -> tuple:
         return None, None
 
 
+def fit_check(config, tcfg, target, misfit, add) -> None:
+    """"target" ok with the target's sizes, or a FAIL with the kind's `misfit(config, tcfg)` reason."""
+    reason = misfit(config, tcfg)
+    add("target", "FAIL" if reason else "ok", reason or f"{target}: hidden {tcfg.hidden_size}, "
+                                                        f"vocab {tcfg.vocab_size}, {tcfg.num_layers} layers")
+
+
 def shape_problems(header: dict, required: dict, optional: dict, what: str, ignore: tuple = ()) -> list[str]:
     """What is wrong with a head's tensor names and shapes against those its config implies:
     `required` and `optional` name -> shape; `what` ends the unexpected-tensor message; `ignore`

@@ -70,7 +70,8 @@ def check_dflash(folder: str | Path, target: str | Path, *, device: str | None =
     add("layout", "ok", "dflash: z-lab's DFlashDraftModel, for " + ("vLLM only (a reduced draft vocabulary)"
                                                                     if reduced else "z-lab's DFlash, vLLM and SGLang"))
     header = weights_check(folder, add, WHAT)
-    config = config_check(folder, raw, DFLASH_FIELDS, read_config, lambda c: f"L {c.num_layers}, B {c.block_size}, H {c.hidden_size}", add)
+    config = config_check(folder, raw, DFLASH_FIELDS, read_config,
+                          lambda c: f"L {c.num_layers}, B {c.block_size}, H {c.hidden_size}", add)
     target_path, tcfg = target_of(target, add)
     if config is None or tcfg is None:
         for name in ("target", "tensors", "vocab map", "mask token", "layer ids")[0 if tcfg is not None else 1:]:

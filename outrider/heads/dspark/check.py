@@ -21,8 +21,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...errors import OutriderError
-from ..checks import (FLOATS, Check, config_check, dtype_problems, golden_last, shape_problems, target_of,
-                      weights_check)
+from ..checks import (FLOATS, Check, config_check, dtype_problems, fit_check, golden_last, shape_problems,
+                      target_of, weights_check)
 from ..files import read_raw
 from ..golden import GOLDEN, read_golden
 from .format import WHAT, expected_shapes, misfit, read_config
@@ -67,15 +67,14 @@ def check(folder: str | Path, target: str | Path, *, device: str | None = None, 
         return checks
     add("layout", "ok", "dspark: DeepSpec's Qwen3DSparkModel fields + speculators_model_type dspark (assumed layout)")
     header = weights_check(folder, add, WHAT)
-    spec = config_check(folder, raw, DSPARK_FIELDS, read_config, lambda c: f"gamma {c.gamma}, markov {c.markov_variant} r {c.markov_rank}", add)
+    spec = config_check(folder, raw, DSPARK_FIELDS, read_config,
+                        lambda c: f"gamma {c.gamma}, markov {c.markov_variant} r {c.markov_rank}", add)
     target_path, tcfg = target_of(target, add)
     if spec is None or tcfg is None:
         for name in ("target", "tensors")[0 if tcfg is not None else 1:]:
             add(name, "skipped", "needs a readable config.json and target")
     else:
-        reason = misfit(spec, tcfg)
-        add("target", "FAIL" if reason else "ok", reason or f"{target}: hidden {tcfg.hidden_size}, "
-                                                            f"vocab {tcfg.vocab_size}, {tcfg.num_layers} layers")
+        fit_check(spec, tcfg, target, misfit, add)
         _tensors(spec, tcfg, header, raw, add)
     _calibration(raw, spec, add)
     _block_size(folder, spec, add)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...errors import OutriderError
-from ..checks import (FLOATS, Check, config_check, dtype_problems, golden_last, shape_problems, target_of,
-                      weights_check)
+from ..checks import (FLOATS, Check, config_check, dtype_problems, fit_check, golden_last, shape_problems,
+                      target_of, weights_check)
 from ..files import read_raw
 from .format import WHAT, expected_shapes, misfit, read_config
 
@@ -43,15 +43,14 @@ def check_mtp(folder: str | Path, target: str | Path, *, device: str | None = No
         return checks
     add("layout", "ok", "mtp: DeepSeek-V3's MTP module as layer N (vLLM's deepseek_mtp names)")
     header = weights_check(folder, add, WHAT)
-    config = config_check(folder, raw, MTP_FIELDS, read_config, lambda c: f"layer {c.num_target_layers}, H {c.hidden_size}", add)
+    config = config_check(folder, raw, MTP_FIELDS, read_config,
+                          lambda c: f"layer {c.num_target_layers}, H {c.hidden_size}", add)
     target_path, tcfg = target_of(target, add)
     if config is None or tcfg is None:
         for name in ("target", "tensors")[0 if tcfg is not None else 1:]:
             add(name, "skipped", "needs a readable config.json and target")
     else:
-        reason = misfit(config, tcfg)
-        add("target", "FAIL" if reason else "ok", reason or f"{target}: hidden {tcfg.hidden_size}, "
-                                                          f"vocab {tcfg.vocab_size}, {tcfg.num_layers} layers")
+        fit_check(config, tcfg, target, misfit, add)
         _tensors(config, header, raw, add)
     golden_last(checks, add, golden, folder, target_path, device, measure, "outrider export mtp")
     return checks
